@@ -1,0 +1,1 @@
+"""LlamaDesk core: LLaMA-family inference in PyTorch. Never imports Qt."""

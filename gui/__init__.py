@@ -1,0 +1,1 @@
+"""LlamaDesk Qt front end."""
