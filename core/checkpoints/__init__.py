@@ -1,0 +1,66 @@
+"""Checkpoint formats. :func:`load` looks at what is on disk and picks the loader."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import CheckpointError
+from .common import LoadedModel, ProgressFn, resolve_device, resolve_dtype
+
+GGUF_MAGIC = b"GGUF"
+
+
+def detect(path: str | Path) -> str:
+    """'meta', 'hf' or 'gguf' for what is at path; CheckpointError listing what was looked for."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CheckpointError(f"no such file or folder: {p}")
+    if p.is_file():
+        try:
+            with open(p, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise CheckpointError(f"cannot read {p}: {e.strerror}") from None
+        if magic == GGUF_MAGIC:
+            return "gguf"
+        raise CheckpointError(f"{p.name} is not a GGUF file (no GGUF magic); open a .gguf file, "
+                              "a Meta folder (params.json + consolidated.*.pth) or a Hugging Face "
+                              "folder (config.json + *.safetensors)")
+    names = {c.name for c in p.iterdir()}
+    if "params.json" in names and any(n.startswith("consolidated.") and n.endswith(".pth") for n in names):
+        return "meta"
+    if "config.json" in names and (any(n.endswith(".safetensors") for n in names)
+                                   or "model.safetensors.index.json" in names or "pytorch_model.bin" in names):
+        return "hf"
+    ggufs = sorted(n for n in names if n.endswith(".gguf"))
+    if len(ggufs) == 1:
+        return "gguf"
+    raise CheckpointError(
+        f"{p} holds no model: looked for params.json + consolidated.*.pth (Meta), config.json + "
+        "*.safetensors or pytorch_model.bin (Hugging Face), or one .gguf file")
+
+
+def load(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | None = None,
+         progress: ProgressFn | None = None) -> LoadedModel:
+    """Load any supported checkpoint (Meta folder, Hugging Face folder, GGUF file).
+
+    Args:
+        device: 'auto', 'cpu', 'cuda' or 'mps'.
+        dtype: 'auto', 'float32', 'bfloat16' or 'float16'.
+        max_seq_len: limit the context (default: the model's own).
+        progress: called with (fraction 0..1, stage text).
+    """
+    p = Path(path).expanduser()
+    kind = detect(p)
+    if kind == "meta":
+        from .meta import load_meta
+        return load_meta(p, device=device, dtype=dtype, max_seq_len=max_seq_len, progress=progress)
+    if kind == "hf":
+        from .hf import load_hf
+        return load_hf(p, device=device, dtype=dtype, max_seq_len=max_seq_len, progress=progress)
+    from .gguf import load_gguf
+    if p.is_dir():
+        p = next(iter(sorted(p.glob("*.gguf"))))
+    return load_gguf(p, device=device, dtype=dtype, max_seq_len=max_seq_len, progress=progress)
+
+
+__all__ = ["load", "detect", "LoadedModel", "ProgressFn", "resolve_device", "resolve_dtype", "CheckpointError"]

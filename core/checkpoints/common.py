@@ -1,0 +1,165 @@
+"""What every checkpoint format shares: devices, dtypes, and building a model safely."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+from ..errors import CheckpointError, SettingsError
+from ..model import ModelArgs, Transformer
+
+ProgressFn = Callable[[float, str], None]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, with everything needed to talk to it."""
+    model: Transformer
+    tokenizer: Any  # core.tokenizer.Tokenizer
+    chat_format: Any  # core.chat_format.ChatFormat
+    args: ModelArgs
+    stop_ids: set[int]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.info.get("name", "model")
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """'auto' picks cuda, then mps, then cpu; anything else must be available."""
+    name = str(device or "auto")
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise SettingsError(f"unknown device '{name}' (use auto, cpu, cuda or mps)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SettingsError("device 'cuda' was asked for, but no CUDA GPU is available")
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise SettingsError("device 'mps' was asked for, but Apple's MPS is not available")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise SettingsError(f"unsupported device '{name}' (use auto, cpu, cuda or mps)")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """'auto': bfloat16 on CUDA (float16 without bf16 support), float16 on MPS, float32 on CPU.
+
+    float32 on CPU because most CPUs without AMX run bf16 matmuls slower than float32
+    (bench/bench_engine.py measures both).
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype or "auto")
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device.type == "mps":
+            return torch.float16
+        return torch.float32
+    if name not in DTYPES:
+        raise SettingsError(f"unknown dtype '{name}' (use auto, float32, bfloat16 or float16)")
+    return DTYPES[name]
+
+
+def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint must provide, by Meta name, with its shape."""
+    with torch.device("meta"):
+        model = Transformer(args)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if args.tie_word_embeddings:
+        shapes.pop("output.weight", None)
+    return shapes
+
+
+def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor]] | Iterable,
+                *, device: torch.device, dtype: torch.dtype, source: str,
+                progress: ProgressFn | None = None, ignore: Iterable[str] = ()) -> Transformer:
+    """Build on the meta device and assign each checked tensor in the target dtype.
+
+    Args:
+        tensors: Meta-named tensors, as a mapping name -> zero-argument loader (so one
+            tensor at a time is materialised) or an iterable of (name, loader) pairs.
+        source: the file or folder named in errors.
+        ignore: tensor names the format carries that the model derives (e.g. rope.freqs).
+
+    Raises:
+        CheckpointError naming the file and the tensor for an unknown, missing or
+        misshapen tensor; no half-built model escapes.
+    """
+    items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
+    shapes = expected_shapes(args)
+    ignore = set(ignore)
+    state: dict[str, torch.Tensor] = {}
+    total = max(len(items), 1)
+    for i, (name, load) in enumerate(items):
+        if name in ignore or (args.tie_word_embeddings and name == "output.weight"):
+            continue
+        if name not in shapes:
+            raise CheckpointError("unexpected tensor (not part of a Llama model)", file=source, tensor=name)
+        try:
+            t = load()
+        except CheckpointError:
+            raise
+        except Exception as e:  # a corrupt or truncated file surfaces here
+            raise CheckpointError(f"could not read tensor: {e}", file=source, tensor=name) from None
+        if tuple(t.shape) != shapes[name]:
+            raise CheckpointError(
+                f"shape {tuple(t.shape)} does not fit the model's {shapes[name]}", file=source, tensor=name)
+        if t.is_floating_point() is False:
+            raise CheckpointError(f"tensor has non-float dtype {t.dtype}", file=source, tensor=name)
+        state[name] = t.to(device=device, dtype=dtype)
+        if progress:
+            progress((i + 1) / total, f"loading {name}")
+    missing = [k for k in shapes if k not in state]
+    if missing:
+        raise CheckpointError(f"missing tensor ({len(missing)} missing in all)", file=source, tensor=missing[0])
+    with torch.device("meta"):
+        model = Transformer(args)
+    model.load_state_dict(state, assign=True, strict=not args.tie_word_embeddings)
+    if args.tie_word_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+    model.eval().requires_grad_(False)
+    return model
+
+
+def model_info(fmt: str, path: Path, args: ModelArgs, model: Transformer, tokenizer, chat_format,
+               **extra: Any) -> dict[str, Any]:
+    """The facts `info` and the GUI show about a loaded model."""
+    w = model.tok_embeddings.weight
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    info = {
+        "format": fmt,
+        "path": str(path),
+        "name": path.stem if path.is_file() else path.name,
+        "parameters": model.num_parameters(),
+        "context_length": args.max_seq_len,
+        "vocab_size": args.vocab_size,
+        "dim": args.dim,
+        "n_layers": args.n_layers,
+        "n_heads": args.n_heads,
+        "n_kv_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "hidden_dim": args.hidden_dim,
+        "norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "rope_scaling": args.rope_scaling,
+        "tie_word_embeddings": args.tie_word_embeddings,
+        "dtype": str(w.dtype).removeprefix("torch."),
+        "device": str(w.device),
+        "memory_bytes": nbytes,
+        "tokenizer": getattr(tokenizer, "kind", type(tokenizer).__name__),
+        "chat_format": chat_format.name,
+    }
+    info.update(extra)
+    return info

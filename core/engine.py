@@ -1,0 +1,489 @@
+"""Generation: prefill and decode loops that yield typed events.
+
+One :class:`Engine` owns a model, its tokenizer and a KV cache that it keeps between
+requests, so a chat turn that extends the previous prompt only prefills its new tokens.
+Everything is a Python generator: callers iterate events, and cancel through a
+``threading.Event`` that is checked between prefill chunks and at every decode step.
+
+Rows of the batch are "lanes": a comparison runs N sampler settings over one prompt
+(prefilled once, copied into N rows), and ``generate_batch`` runs different prompts
+side by side. A single reply is a comparison of one lane, so both share one loop.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from .errors import SettingsError
+from .kv_cache import KVCache
+from .sampling import SamplingParams, filter_logits, top_alternatives
+from .tokenizer import StreamDecoder, Tokenizer
+
+STOP_REASONS = ("eos", "stop", "length", "context", "cancelled")
+
+
+@dataclass
+class Prefilled:
+    """The prompt has been run: ``prompt_tokens`` in all, ``cached_tokens`` reused."""
+    prompt_tokens: int
+    cached_tokens: int
+    seconds: float
+
+
+@dataclass
+class Token:
+    """One generated token of one lane.
+
+    ``text`` is what to append to the visible reply (it may be empty while a UTF-8
+    character or a possible stop string is incomplete); ``piece`` is this token's own
+    text for display; ``logprob`` is under the model's raw distribution.
+    """
+    lane: int
+    index: int
+    token_id: int
+    text: str
+    piece: str
+    logprob: float
+    top: dict | None = None  # raw / filtered alternatives when inspection is on
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    ttft_s: float = 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        n = self.prompt_tokens - self.cached_tokens
+        return n / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        # The first token comes from the prefill's logits; decode made the rest.
+        n = max(self.generated_tokens - 1, 0)
+        return n / self.decode_s if self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+            "generated_tokens": self.generated_tokens, "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s, "ttft_s": self.ttft_s,
+            "prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
+        }
+
+
+@dataclass
+class Done:
+    """A lane finished; ``stop_reason`` is one of STOP_REASONS."""
+    lane: int
+    stop_reason: str
+    tokens: list[int]
+    text: str
+    logprobs: list[float]
+    params: SamplingParams
+    stats: Stats
+    stop_token: int | None = None
+
+
+Event = Prefilled | Token | Done
+
+
+@dataclass
+class _Lane:
+    index: int
+    params: SamplingParams
+    generator: torch.Generator
+    decoder: StreamDecoder
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    emitted: int = 0  # chars of text already sent
+    done: Done | None = None
+
+    def stop_holdback(self) -> int:
+        """Chars at the end of text that could start a stop string: hold them back."""
+        hold = 0
+        for s in self.params.stop:
+            for n in range(min(len(s) - 1, len(self.text)), hold, -1):
+                if self.text.endswith(s[:n]):
+                    hold = n
+                    break
+        return hold
+
+
+def _check_cancel(cancel: threading.Event | None) -> bool:
+    return cancel is not None and cancel.is_set()
+
+
+class Engine:
+    """Runs requests against one model and keeps its KV cache between them.
+
+    Args:
+        model: a :class:`core.model.Transformer` in eval mode.
+        tokenizer: the model's tokenizer.
+        max_context: most positions a request may use (default: the model's context).
+        prefill_chunk: prompt tokens per forward pass, so cancel lands between chunks.
+    """
+
+    def __init__(self, model, tokenizer: Tokenizer, *, max_context: int | None = None,
+                 prefill_chunk: int = 512, stop_ids: Sequence[int] | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_context = int(max_context or model.args.max_seq_len)
+        self.prefill_chunk = prefill_chunk
+        self.stop_ids = set(stop_ids if stop_ids is not None else tokenizer.stop_ids)
+        self.cache = KVCache.for_model(model)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.tok_embeddings.weight.device
+
+    # -- prefill ---------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _prefill_row(self, row: int, prompt: list[int], cancel) -> tuple[torch.Tensor | None, int]:
+        """Run prompt through row's cache, reusing what the row holds.
+
+        Returns:
+            (last logits [V] or None when cancelled, number of reused tokens).
+        """
+        reuse = self.cache.reusable_prefix(row, prompt)
+        self.cache.tokens[row] = list(prompt[:reuse])
+        view = self.cache.row(row)
+        logits = None
+        pos = reuse
+        while pos < len(prompt):
+            if _check_cancel(cancel):
+                return None, reuse
+            chunk = prompt[pos: pos + self.prefill_chunk]
+            x = torch.tensor([chunk], device=self.device)
+            logits = self.model(x, pos, view, last_only=True)[0, -1]
+            pos += len(chunk)
+            self.cache.tokens[row] = list(prompt[:pos])
+        return logits, reuse
+
+    def _check_prompt(self, prompt: list[int]) -> None:
+        if not prompt:
+            raise SettingsError("the prompt is empty: nothing to condition on")
+        if len(prompt) >= self.max_context:
+            raise SettingsError(
+                f"the prompt is {len(prompt)} tokens, but the context holds {self.max_context}")
+        vocab = self.model.args.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise SettingsError(f"token id {bad[0]} is outside the vocabulary (size {vocab})")
+
+    # -- public entry points ---------------------------------------------------------
+
+    def generate(self, prompt: list[int], params: SamplingParams, *, cancel: threading.Event | None = None,
+                 strip_leading_space: bool = False, inspect: int = 0) -> Iterator[Event]:
+        """Stream one reply to ``prompt`` (token ids, BOS included).
+
+        Yields Prefilled, then Token events, then one Done. Beam search (num_beams > 1)
+        yields its tokens once the best beam is known.
+        """
+        if params.num_beams > 1:
+            return self._beam(prompt, params.validate(), cancel, strip_leading_space)
+        return self.generate_lanes(prompt, [params], cancel=cancel,
+                                   strip_leading_space=strip_leading_space, inspect=inspect)
+
+    def generate_lanes(self, prompt: list[int], lanes: Sequence[SamplingParams], *,
+                       cancel: threading.Event | None = None, strip_leading_space: bool = False,
+                       inspect: int = 0) -> Iterator[Event]:
+        """Decode one prompt under several sampler settings together (a comparison).
+
+        The prompt is prefilled once, copied into one cache row per lane, and every step
+        decodes all unfinished lanes in one batched forward.
+        """
+        if not 1 <= len(lanes) <= 8:
+            raise SettingsError(f"a comparison has 1 to 8 lanes, got {len(lanes)}")
+        return self._run([prompt] * len(lanes), list(lanes), cancel, strip_leading_space, inspect, shared=True)
+
+    def generate_batch(self, prompts: Sequence[list[int]], params: SamplingParams, *,
+                       cancel: threading.Event | None = None, strip_leading_space: bool = False) -> Iterator[Event]:
+        """Decode several different prompts side by side with the same settings."""
+        if not prompts:
+            raise SettingsError("no prompts given")
+        base = params.resolved()
+        # Seed each row differently but reproducibly so rows of a batch do not mirror each other.
+        lanes = [SamplingParams.from_dict({**base.to_dict(), "seed": base.seed + i}) for i in range(len(prompts))]
+        return self._run([list(p) for p in prompts], lanes, cancel, strip_leading_space, 0, shared=False)
+
+    # -- the decode loop -------------------------------------------------------------
+
+    def _run(self, prompts, params_list, cancel, strip_leading_space, inspect, shared) -> Iterator[Event]:
+        params_list = [p.validate().resolved() for p in params_list]
+        for p in prompts:
+            self._check_prompt(p)
+        return self._loop(prompts, params_list, cancel, strip_leading_space, inspect, shared)
+
+    @torch.inference_mode()
+    def _loop(self, prompts, params_list, cancel, strip_leading_space, inspect, shared) -> Iterator[Event]:
+        t0 = time.perf_counter()
+        n = len(prompts)
+        dev = self.device
+        need = max(min(len(p) + q.max_new_tokens, self.max_context) for p, q in zip(prompts, params_list))
+        self.cache.ensure(n, need)
+        lanes = [
+            _Lane(i, q, q.generator(dev), StreamDecoder(self.tokenizer, strip_leading_space=strip_leading_space), p)
+            for i, (p, q) in enumerate(zip(prompts, params_list))
+        ]
+        stats = [Stats(prompt_tokens=len(p)) for p in prompts]
+
+        # Prefill: once for a shared prompt, else row by row.
+        first_logits: list[torch.Tensor | None] = []
+        if shared:
+            logits, reuse = self._prefill_row(0, prompts[0], cancel)
+            for r in range(1, n):
+                self.cache.copy_row(0, r, len(prompts[0]))
+            first_logits = [logits] * n
+            reused = [reuse] * n
+        else:
+            reused = []
+            for r, p in enumerate(prompts):
+                logits, reuse = self._prefill_row(r, p, cancel)
+                first_logits.append(logits)
+                reused.append(reuse)
+        t_prefill = time.perf_counter() - t0
+        for s, r in zip(stats, reused):
+            s.cached_tokens, s.prefill_s = r, t_prefill
+        yield Prefilled(prompt_tokens=len(prompts[0]), cached_tokens=reused[0], seconds=t_prefill)
+        if any(l is None for l in first_logits):
+            for lane in lanes:
+                yield self._finish(lane, "cancelled", stats[lane.index])
+            return
+
+        rows = list(range(n))  # rows[i] = lane index held in cache row i
+        positions = [len(p) for p in prompts]  # next position to write, per lane
+        logits_by_lane = {i: first_logits[i] for i in range(n)}
+        t_decode = time.perf_counter()
+        while rows:
+            # Sample one token for every active lane from its logits.
+            feed: list[int] = []
+            for lane_idx in rows:
+                lane, st = lanes[lane_idx], stats[lane_idx]
+                ev = self._sample(lane, logits_by_lane[lane_idx], inspect)
+                if st.ttft_s == 0.0:
+                    st.ttft_s = time.perf_counter() - t0
+                if ev is not None:
+                    yield ev
+                if lane.done is None and positions[lane_idx] >= self.max_context:
+                    lane.done = self._finish(lane, "context", None)
+                if lane.done is not None:
+                    st.generated_tokens = len(lane.tokens)
+                    st.decode_s = time.perf_counter() - t_decode
+                    lane.done.stats = st
+                    yield lane.done
+                feed.append(lane.tokens[-1] if lane.tokens else 0)
+            if _check_cancel(cancel):
+                for lane_idx in rows:
+                    lane = lanes[lane_idx]
+                    if lane.done is None:
+                        st = stats[lane_idx]
+                        st.generated_tokens = len(lane.tokens)
+                        st.decode_s = time.perf_counter() - t_decode
+                        yield self._finish(lane, "cancelled", st)
+                self._remember(lanes, rows, positions)
+                return
+            keep = [k for k, li in enumerate(rows) if lanes[li].done is None]
+            if not keep:
+                self._remember(lanes, rows, positions)
+                return
+            if len(keep) < len(rows):
+                # Compact: surviving lanes move to the lowest rows so the batch shrinks.
+                for new_row, old_row in enumerate(keep):
+                    if new_row != old_row:
+                        self.cache.copy_row(old_row, new_row, positions[rows[old_row]])
+                feed = [feed[k] for k in keep]
+                rows = [rows[k] for k in keep]
+            x = torch.tensor(feed, device=dev).view(len(rows), 1)
+            pos_list = [positions[li] for li in rows]
+            if all(p == pos_list[0] for p in pos_list):
+                pos = pos_list[0]
+            else:
+                pos = torch.tensor(pos_list, device=dev)
+            out = self.model(x, pos, self.cache, last_only=True)[:, -1]  # [B, V]
+            for r, li in enumerate(rows):
+                logits_by_lane[li] = out[r]
+                positions[li] += 1
+                self.cache.tokens[r] = lanes[li].prompt + lanes[li].tokens
+
+    def _remember(self, lanes, rows, positions) -> None:
+        """Record what row 0 holds so the next turn can reuse it."""
+        # After compaction row r holds lane rows[r]; rows that finished earlier were
+        # overwritten, so only the surviving mapping is trustworthy.
+        for r, li in enumerate(rows):
+            lane = lanes[li]
+            self.cache.tokens[r] = (lane.prompt + lane.tokens)[: positions[li]]
+        for r in range(len(rows), self.cache.batch):
+            self.cache.tokens[r] = []
+
+    def _sample(self, lane: _Lane, logits: torch.Tensor, inspect: int) -> Token | None:
+        """Pick lane's next token; returns its event, or None if the lane just stopped."""
+        q = lane.params
+        previous = None
+        if q.repetition_penalty != 1.0:
+            previous = torch.tensor(lane.prompt + lane.tokens, device=logits.device)
+        filtered = filter_logits(logits, q, previous)
+        if q.greedy:
+            tok = int(filtered.argmax())
+        else:
+            tok = int(torch.multinomial(filtered.softmax(-1), 1, generator=lane.generator))
+        logprob = float(torch.log_softmax(logits, -1)[tok])
+        if tok in self.stop_ids:
+            lane.done = self._finish(lane, "eos", None, stop_token=tok)
+            return None
+        lane.tokens.append(tok)
+        lane.logprobs.append(logprob)
+        lane.text += lane.decoder.push(tok)
+        reason = None
+        for s in q.stop:
+            at = lane.text.find(s)
+            if at >= 0:
+                lane.text = lane.text[:at]
+                reason = "stop"
+        if reason is None and len(lane.tokens) >= q.max_new_tokens:
+            reason = "length"
+        if reason is not None:
+            if reason != "stop":
+                lane.text += lane.decoder.flush()
+            safe = len(lane.text)
+        else:
+            safe = len(lane.text) - lane.stop_holdback()
+        delta = lane.text[lane.emitted:safe] if safe > lane.emitted else ""
+        lane.emitted = max(lane.emitted, safe)
+        top = top_alternatives(logits, q, previous, k=inspect) if inspect else None
+        ev = Token(lane.index, len(lane.tokens) - 1, tok, delta, self._piece(tok), logprob, top)
+        if reason is not None:
+            lane.done = self._finish(lane, reason, None)
+        return ev
+
+    def _piece(self, tok: int) -> str:
+        return self.tokenizer.token_bytes(tok).decode("utf-8", errors="replace")
+
+    def _finish(self, lane: _Lane, reason: str, stats: Stats | None, stop_token: int | None = None) -> Done:
+        if reason in ("eos", "context", "cancelled"):
+            lane.text += lane.decoder.flush()
+        return Done(lane.index, reason, list(lane.tokens), lane.text, list(lane.logprobs),
+                    lane.params, stats, stop_token)
+
+    # -- beam search -----------------------------------------------------------------
+
+    def _beam(self, prompt, params: SamplingParams, cancel, strip_leading_space) -> Iterator[Event]:
+        self._check_prompt(prompt)
+        return self._beam_loop(prompt, params, cancel, strip_leading_space)
+
+    @torch.inference_mode()
+    def _beam_loop(self, prompt, params, cancel, strip_leading_space) -> Iterator[Event]:
+        t0 = time.perf_counter()
+        nb = params.num_beams
+        max_new = min(params.max_new_tokens, self.max_context - len(prompt))
+        self.cache.ensure(nb, len(prompt) + max_new)
+        logits, reuse = self._prefill_row(0, prompt, cancel)
+        stats = Stats(prompt_tokens=len(prompt), cached_tokens=reuse, prefill_s=time.perf_counter() - t0)
+        yield Prefilled(len(prompt), reuse, stats.prefill_s)
+        lane = _Lane(0, params, params.generator(), StreamDecoder(self.tokenizer, strip_leading_space=strip_leading_space), prompt)
+        if logits is None:
+            yield self._finish(lane, "cancelled", stats)
+            return
+        for r in range(1, nb):
+            self.cache.copy_row(0, r, len(prompt))
+        pos = len(prompt)
+        t_dec = time.perf_counter()
+
+        def step(tokens: list[int], origin: list[int]) -> torch.Tensor | None:
+            nonlocal pos
+            if _check_cancel(cancel):
+                return None
+            self.cache.reorder(torch.tensor(origin, device=self.device), pos)
+            x = torch.tensor(tokens, device=self.device).view(len(tokens), 1)
+            out = self.model(x, pos, self.cache, last_only=True)[:, -1]
+            pos += 1
+            return out
+
+        result = beam_search(step, logits, num_beams=nb, max_new_tokens=max_new, stop_ids=self.stop_ids,
+                             length_penalty=params.length_penalty)
+        reason = "cancelled" if result.cancelled else ("eos" if result.stop_token is not None else
+                                                       ("length" if max_new == params.max_new_tokens else "context"))
+        self.cache.reset()  # beams reordered rows; nothing reliable to reuse
+        stats.ttft_s = time.perf_counter() - t0
+        for i, (tok, lp) in enumerate(zip(result.tokens, result.logprobs)):
+            lane.tokens.append(tok)
+            lane.logprobs.append(lp)
+            delta = lane.decoder.push(tok)
+            lane.text += delta
+            yield Token(0, i, tok, delta, self._piece(tok), lp)
+        stats.generated_tokens = len(lane.tokens)
+        stats.decode_s = time.perf_counter() - t_dec
+        yield self._finish(lane, reason, stats, stop_token=result.stop_token)
+
+
+@dataclass
+class BeamResult:
+    tokens: list[int]
+    logprobs: list[float]
+    score: float
+    stop_token: int | None
+    cancelled: bool = False
+
+
+def beam_search(step: Callable[[list[int], list[int]], torch.Tensor | None], first_logits: torch.Tensor, *,
+                num_beams: int, max_new_tokens: int, stop_ids: set[int], length_penalty: float = 1.0) -> BeamResult:
+    """Beam search over a step function.
+
+    Args:
+        step: step(last_tokens, origin) -> logits [len(last_tokens), V]: feeds each
+            beam's last token, after reordering state so beam i continues beam origin[i];
+            returns None to cancel.
+        first_logits: logits [V] after the prompt.
+
+    Returns:
+        the best hypothesis by sum of log-probs / length ** length_penalty.
+    """
+    def norm(score: float, length: int) -> float:
+        return score / (max(length, 1) ** length_penalty)
+
+    beams: list[tuple[float, list[int], list[float]]] = [(0.0, [], [])]
+    finished: list[tuple[float, list[int], list[float], int]] = []
+    logp = torch.log_softmax(first_logits.float(), -1).unsqueeze(0)  # [1, V]
+    for t in range(max_new_tokens):
+        scores = torch.tensor([b[0] for b in beams]).view(-1, 1) + logp.cpu()
+        flat = scores.view(-1)
+        cand = torch.topk(flat, min(2 * num_beams, flat.numel()))
+        V = logp.shape[-1]
+        nxt: list[tuple[float, list[int], list[float]]] = []
+        origin: list[int] = []
+        for s, idx in zip(cand.values.tolist(), cand.indices.tolist()):
+            b, tok = divmod(idx, V)
+            tok_lp = float(logp[b, tok])
+            if tok in stop_ids:
+                finished.append((norm(s, len(beams[b][1]) + 1), beams[b][1], beams[b][2], tok))
+            else:
+                nxt.append((s, beams[b][1] + [tok], beams[b][2] + [tok_lp]))
+                origin.append(b)
+            if len(nxt) == num_beams:
+                break
+        best_running = max(norm(s, len(toks)) for s, toks, _ in nxt) if nxt else float("-inf")
+        if len(finished) >= num_beams and max(f[0] for f in finished) >= best_running:
+            break
+        beams = nxt
+        if t == max_new_tokens - 1 or not beams:
+            break
+        out = step([b[1][-1] for b in beams], origin)
+        if out is None:
+            best = max(beams, key=lambda b: norm(b[0], len(b[1])))
+            return BeamResult(best[1], best[2], best[0], None, cancelled=True)
+        logp = torch.log_softmax(out.float(), -1)
+    pool = [(f[0], f[1], f[2], f[3]) for f in finished]
+    pool += [(norm(s, len(toks)), toks, lps, None) for s, toks, lps in beams]
+    best = max(pool, key=lambda f: f[0])
+    return BeamResult(best[1], best[2], best[0], best[3])

@@ -1,0 +1,126 @@
+"""Preallocated per-layer key/value storage, reused across requests and turns."""
+from __future__ import annotations
+
+import torch
+
+_GROW = 256  # grow capacity in steps so a chat does not reallocate every turn
+
+
+class KVCache:
+    """Keys and values of every layer for ``batch`` rows of up to ``capacity`` positions.
+
+    Stored as [B, Hkv, capacity, D] per layer in the model's dtype and device. The cache
+    remembers which token ids each row holds (``tokens``) so a new prompt that extends
+    them only needs its new tokens prefilled.
+    """
+
+    def __init__(self, *, n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device | str, batch: int = 1, capacity: int = 0):
+        self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        self.dtype, self.device = dtype, torch.device(device)
+        self.batch, self.capacity = 0, 0
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.tokens: list[list[int]] = []
+        self.ensure(batch, capacity)
+
+    @classmethod
+    def for_model(cls, model, *, batch: int = 1, capacity: int = 0) -> "KVCache":
+        """A cache matching ``model``'s layers, heads, dtype and device."""
+        a = model.args
+        w = model.tok_embeddings.weight
+        return cls(n_layers=a.n_layers, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
+                   dtype=w.dtype, device=w.device, batch=batch, capacity=capacity)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def ensure(self, batch: int, capacity: int) -> None:
+        """Make room for ``batch`` rows of ``capacity`` positions, keeping what is held."""
+        if batch <= self.batch and capacity <= self.capacity:
+            return
+        new_b = max(batch, self.batch)
+        new_c = max(self.capacity, -(-capacity // _GROW) * _GROW)
+        shape = (new_b, self.n_kv_heads, new_c, self.head_dim)
+        for store in (self.k, self.v):
+            for i in range(self.n_layers):
+                fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                if i < len(store):
+                    old = store[i]
+                    fresh[: old.shape[0], :, : old.shape[2]] = old
+                    store[i] = fresh
+                else:
+                    store.append(fresh)
+        self.tokens += [[] for _ in range(new_b - len(self.tokens))]
+        self.batch, self.capacity = new_b, new_c
+
+    def reset(self) -> None:
+        """Forget what every row holds (the memory stays allocated)."""
+        self.tokens = [[] for _ in range(self.batch)]
+
+    def update(self, layer: int, pos: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Write k, v [B, Hkv, T, D] at positions pos.. and return all keys/values so far.
+
+        Args:
+            layer: layer index.
+            pos: start position shared by the B rows, or positions [B, T] per row.
+
+        Returns:
+            (keys, values), each [B, Hkv, end, D] where end is one past the last position.
+        """
+        B, _, T, _ = k.shape
+        kc, vc = self.k[layer], self.v[layer]
+        if isinstance(pos, torch.Tensor):
+            rows = torch.arange(B, device=pos.device).view(B, 1).expand(B, T)
+            kc[rows, :, pos] = k.transpose(1, 2)  # advanced dims first: [B, T, Hkv, D]
+            vc[rows, :, pos] = v.transpose(1, 2)
+            end = int(pos.max()) + 1
+        else:
+            end = pos + T
+            kc[:B, :, pos:end] = k
+            vc[:B, :, pos:end] = v
+        return kc[:B, :, :end], vc[:B, :, :end]
+
+    def copy_row(self, src: int, dst: int, length: int) -> None:
+        """Duplicate the first ``length`` positions of row src into row dst."""
+        for store in (self.k, self.v):
+            for t in store:
+                t[dst, :, :length] = t[src, :, :length]
+        self.tokens[dst] = list(self.tokens[src][:length])
+
+    def reorder(self, index: torch.Tensor, length: int) -> None:
+        """Rows become rows ``index`` of before (beam search); positions < length kept."""
+        n = index.numel()
+        for store in (self.k, self.v):
+            for t in store:
+                t[:n, :, :length] = t[index, :, :length]
+        old = self.tokens
+        idx = index.tolist()
+        self.tokens[:n] = [list(old[i][:length]) for i in idx]
+
+    def reusable_prefix(self, row: int, tokens: list[int]) -> int:
+        """How many leading ``tokens`` row already holds (always leaves one to run)."""
+        held = self.tokens[row]
+        n = 0
+        limit = min(len(held), len(tokens) - 1)
+        while n < limit and held[n] == tokens[n]:
+            n += 1
+        return n
+
+    def row(self, index: int) -> "_RowView":
+        """A view with the same ``update`` that reads and writes row ``index`` alone."""
+        return _RowView(self, index)
+
+
+class _RowView:
+    """One row of a KVCache, presented as a batch of one (for per-row prefill)."""
+
+    def __init__(self, cache: KVCache, index: int):
+        self.cache, self.index = cache, index
+
+    def update(self, layer: int, pos: int, k: torch.Tensor, v: torch.Tensor):
+        r, end = self.index, pos + k.shape[2]
+        kc, vc = self.cache.k[layer], self.cache.v[layer]
+        kc[r:r + 1, :, pos:end] = k
+        vc[r:r + 1, :, pos:end] = v
+        return kc[r:r + 1, :, :end], vc[r:r + 1, :, :end]

@@ -1,0 +1,131 @@
+"""Our Transformer against transformers' LlamaForCausalLM on tiny random checkpoints."""
+import pytest
+import torch
+
+from core.kv_cache import KVCache
+from tests.helpers import meta_from_hf, tiny_hf
+
+CONFIGS = {
+    "mha": {},
+    "gqa2": dict(num_key_value_heads=2),
+    "gqa4_8heads": dict(num_attention_heads=8, num_key_value_heads=2),
+    "mqa": dict(num_key_value_heads=1),
+    "theta500k": dict(rope_theta=500000.0),
+    "llama31_scaled": dict(rope_theta=500000.0, max_position_embeddings=2048,
+                           rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    "tied": dict(tie_word_embeddings=True),
+    "head_dim32": dict(head_dim=32, num_attention_heads=4, num_key_value_heads=2),
+}
+
+
+def hf_greedy(hf, prompt, n):
+    """Greedy decoding with transformers' full forward each step (no generate() processors)."""
+    ids = list(prompt)
+    lps = []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = hf(torch.tensor([ids])).logits[0, -1].float()
+            t = int(logits.argmax())
+            lps.append(float(torch.log_softmax(logits, -1)[t]))
+            ids.append(t)
+    return ids[len(prompt):], torch.tensor(lps)
+
+
+def our_greedy(model, prompt, n):
+    cache = KVCache.for_model(model, capacity=len(prompt) + n)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), 0, cache.row(0), last_only=True)[0, -1]
+        toks, lps, pos = [], [], len(prompt)
+        for _ in range(n):
+            t = int(logits.argmax())
+            toks.append(t)
+            lps.append(float(torch.log_softmax(logits, -1)[t]))
+            logits = model(torch.tensor([[t]]), pos, cache)[0, -1]
+            pos += 1
+    return toks, torch.tensor(lps)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_match_transformers(name):
+    hf = tiny_hf(**CONFIGS[name])
+    ours = meta_from_hf(hf)
+    # Long enough for the scaled-RoPE config: positions past the 64-token original context.
+    T = 300 if name == "llama31_scaled" else 40
+    ids = torch.randint(0, 96, (2, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits.float()
+        got = ours(ids)
+    assert got.shape == ref.shape
+    torch.testing.assert_close(torch.log_softmax(got, -1), torch.log_softmax(ref, -1), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["mha", "gqa2", "theta500k", "llama31_scaled", "tied"])
+def test_greedy_ids_and_logprobs_match_transformers(name):
+    hf = tiny_hf(**CONFIGS[name])
+    ours = meta_from_hf(hf)
+    prompt = [1] + [5 + (i * 7) % 90 for i in range(120 if name == "llama31_scaled" else 12)]
+    ref_ids, ref_lp = hf_greedy(hf, prompt, 24)
+    got_ids, got_lp = our_greedy(ours, prompt, 24)
+    assert got_ids == ref_ids
+    torch.testing.assert_close(got_lp, ref_lp, atol=1e-4, rtol=0)
+
+
+def test_scaled_rope_changes_long_range_logits():
+    """Guards the test above: scaling must matter at these lengths, or it proves nothing."""
+    cfg = CONFIGS["llama31_scaled"]
+    hf = tiny_hf(**cfg)
+    plain = tiny_hf(**{**cfg, "rope_scaling": None})
+    ids = torch.randint(0, 96, (1, 300), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        a, b = meta_from_hf(hf)(ids), meta_from_hf(plain)(ids)
+    assert (a[0, -1] - b[0, -1]).abs().max() > 1e-2
+
+
+def test_cached_decode_equals_full_forward():
+    model = meta_from_hf(tiny_hf(num_key_value_heads=2))
+    ids = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(ids)
+        cache = KVCache.for_model(model, capacity=30)
+        steps = [model(ids[:, :10], 0, cache)]
+        steps += [model(ids[:, i:i + 1], i, cache) for i in range(10, 22)]
+        steps.append(model(ids[:, 22:], 22, cache))  # a chunk after a cached prefix
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+def test_batched_prefill_equals_token_by_token():
+    model = meta_from_hf(tiny_hf())
+    ids = torch.randint(0, 96, (1, 25), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        cache = KVCache.for_model(model, capacity=25)
+        one_by_one = torch.cat([model(ids[:, i:i + 1], i, cache) for i in range(25)], 1)
+        batched = model(ids, 0, KVCache.for_model(model, capacity=25))
+    torch.testing.assert_close(batched, one_by_one, atol=1e-5, rtol=0)
+
+
+def test_rows_at_different_positions_match_each_alone():
+    """Batched prompts of different lengths: per-row positions and masks."""
+    model = meta_from_hf(tiny_hf(num_key_value_heads=2))
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 96, (n,), generator=g).tolist() for n in (7, 19, 12)]
+    with torch.no_grad():
+        cache = KVCache.for_model(model, batch=3, capacity=40)
+        last = []
+        for r, p in enumerate(prompts):
+            last.append(model(torch.tensor([p]), 0, cache.row(r), last_only=True)[0, -1])
+        nxt = torch.tensor([[int(l.argmax())] for l in last])
+        pos = torch.tensor([len(p) for p in prompts])
+        batched = model(nxt, pos, cache)[:, -1]
+        for r, p in enumerate(prompts):
+            alone = model(torch.tensor([p + [int(nxt[r])]]))[0, -1]
+            torch.testing.assert_close(batched[r], alone, atol=1e-5, rtol=0)
+
+
+def test_kv_cache_in_model_dtype_and_sized_by_request():
+    model = meta_from_hf(tiny_hf()).to(torch.bfloat16)
+    cache = KVCache.for_model(model, capacity=10)
+    assert cache.k[0].dtype == torch.bfloat16
+    assert cache.capacity < 1024  # not max_seq_len up front
+    cache.ensure(1, 300)
+    assert cache.capacity >= 300
