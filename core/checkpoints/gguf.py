@@ -1,0 +1,334 @@
+"""GGUF files (llama.cpp's format): metadata -> ModelArgs, tensors dequantized at load.
+
+The file is memory-mapped by ``gguf.GGUFReader``; each tensor is dequantized on its own,
+straight into the compute dtype, so the only full copy in RAM is the model itself.
+GGUF "llama" tensors are already in Meta's interleaved RoPE layout: no permutation.
+"""
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError, TokenizerError
+from ..model import ModelArgs, rope_frequencies
+from .common import LoadedModel, ProgressFn, build_model, model_info, resolve_device, resolve_dtype
+
+# Types whose tensors are stored as plain floats; anything else is quantized blocks.
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+_LAYER_MAP = {
+    "attn_q.weight": "attention.wq.weight",
+    "attn_k.weight": "attention.wk.weight",
+    "attn_v.weight": "attention.wv.weight",
+    "attn_output.weight": "attention.wo.weight",
+    "ffn_gate.weight": "feed_forward.w1.weight",
+    "ffn_down.weight": "feed_forward.w2.weight",
+    "ffn_up.weight": "feed_forward.w3.weight",
+    "attn_norm.weight": "attention_norm.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+}
+_TOP_MAP = {
+    "token_embd.weight": "tok_embeddings.weight",
+    "output_norm.weight": "norm.weight",
+    "output.weight": "output.weight",
+}
+_BLK = re.compile(r"blk\.(\d+)\.(.+)")
+# Llama 3.1+ GGUFs carry the scaled-RoPE factors as a tensor; we turn them into constants.
+ROPE_FREQS = "rope_freqs.weight"
+_NONE_ID = 0xFFFFFFFF  # llama.cpp writes -1 (as uint32) for "no such token"
+
+
+def meta_name(gguf_name: str) -> str | None:
+    """The Meta tensor name for a GGUF llama tensor name, or None if it has none."""
+    if gguf_name in _TOP_MAP:
+        return _TOP_MAP[gguf_name]
+    m = _BLK.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER_MAP:
+        return f"layers.{m.group(1)}.{_LAYER_MAP[m.group(2)]}"
+    return None
+
+
+def gguf_name(meta: str) -> str:
+    """The GGUF tensor name for a Meta name (inverse of meta_name)."""
+    for k, v in _TOP_MAP.items():
+        if v == meta:
+            return k
+    _, idx, tail = meta.split(".", 2)
+    for k, v in _LAYER_MAP.items():
+        if v == tail:
+            return f"blk.{idx}.{k}"
+    raise KeyError(meta)
+
+
+def open_reader(path: Path):
+    """GGUFReader on a copy-on-write map (tensors are writable, the file never is)."""
+    from gguf import GGUFReader
+    try:
+        return GGUFReader(path, "c")
+    except Exception as e:  # truncated or corrupt: numpy/struct errors of many kinds
+        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"not a readable GGUF file (truncated or corrupt?): {msg}",
+                              file=str(path)) from None
+
+
+class Metadata:
+    """Typed access to a reader's key/value fields, with errors that name the key."""
+
+    def __init__(self, reader, path: Path):
+        self.fields = reader.fields
+        self.path = path
+
+    def get(self, key: str, default: Any = None) -> Any:
+        f = self.fields.get(key)
+        if f is None:
+            return default
+        try:
+            return f.contents()
+        except Exception as e:
+            raise CheckpointError(f"metadata key '{key}' cannot be read: {e}", file=str(self.path)) from None
+
+    def require(self, key: str) -> Any:
+        v = self.get(key)
+        if v is None:
+            raise CheckpointError(f"metadata key '{key}' is missing", file=str(self.path))
+        return v
+
+    def token_id(self, key: str) -> int | None:
+        v = self.get(key)
+        return None if v is None or int(v) in (_NONE_ID, -1) else int(v)
+
+
+def args_from_gguf(md: Metadata, tensors: dict[str, Any], max_seq_len: int | None) -> ModelArgs:
+    """ModelArgs from GGUF llama metadata (and tensor shapes where metadata is silent)."""
+    arch = md.get("general.architecture")
+    if arch != "llama":
+        raise CheckpointError(f"architecture '{arch}' is not supported (only 'llama')", file=str(md.path))
+    p = "llama."
+    dim = int(md.require(p + "embedding_length"))
+    n_heads = int(md.require(p + "attention.head_count"))
+    n_kv = int(md.get(p + "attention.head_count_kv", n_heads))
+    head_dim = int(md.get(p + "attention.key_length", dim // n_heads))
+    rot = md.get(p + "rope.dimension_count")
+    if rot is not None and int(rot) != head_dim:
+        raise CheckpointError(f"partial rotary embeddings ({rot} of {head_dim} dims) are not supported",
+                              file=str(md.path))
+    emb = tensors.get("token_embd.weight")
+    vocab = md.get(p + "vocab_size")
+    if vocab is None:
+        if emb is None:
+            raise CheckpointError("missing tensor", file=str(md.path), tensor="token_embd.weight")
+        vocab = int(emb.shape[1])  # ne order: [dim, vocab]
+    hidden = md.get(p + "feed_forward_length")
+    if hidden is None:
+        gate = tensors.get("blk.0.ffn_gate.weight")
+        if gate is None:
+            raise CheckpointError("metadata key 'llama.feed_forward_length' is missing", file=str(md.path))
+        hidden = int(gate.shape[1])
+    scaling = None
+    kind = md.get(p + "rope.scaling.type")
+    if kind not in (None, "none"):
+        if kind != "llama3":
+            raise CheckpointError(f"rope scaling type '{kind}' is not supported (only llama3 via rope_freqs)",
+                                  file=str(md.path))
+    ctx = int(md.get(p + "context_length", 4096))
+    args = ModelArgs(
+        dim=dim, n_layers=int(md.require(p + "block_count")), n_heads=n_heads, n_kv_heads=n_kv,
+        vocab_size=int(vocab), hidden_dim=int(hidden), head_dim=head_dim,
+        norm_eps=_f32(md.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=_f32(md.get(p + "rope.freq_base", 10000.0)), rope_scaling=scaling,
+        tie_word_embeddings="output.weight" not in tensors,
+        max_seq_len=int(max_seq_len or ctx),
+    )
+    return args
+
+
+def _f32(v: float) -> float:
+    """A float32 metadata value as the decimal it was written from (9.9999997e-06 -> 1e-05)."""
+    return float(f"{float(v):.7g}")
+
+
+def scaling_from_rope_freqs(factors: np.ndarray, args: ModelArgs, orig_ctx: float | None,
+                            source: str) -> dict[str, float] | None:
+    """Llama 3 scaling constants that reproduce llama.cpp's rope_freqs factors.
+
+    llama.cpp divides each base frequency by its factor. The llama3 rule makes the factors
+    1 at high frequency, ``factor`` at low frequency and a smooth blend between, which is
+    linear in 1/wavelength; two blended points fix that line, and the line plus the original
+    context fix low/high_freq_factor. The result is checked against the tensor.
+    """
+    f = np.asarray(factors, dtype=np.float64).reshape(-1)
+    if f.shape[0] != args.head_dim // 2:
+        raise CheckpointError(f"rope_freqs has {f.shape[0]} entries, expected {args.head_dim // 2}",
+                              file=source, tensor=ROPE_FREQS)
+    if np.allclose(f, 1.0):
+        return None
+    base = ModelArgs(**{**args.__dict__, "rope_scaling": None, "use_scaled_rope": False})
+    inv = rope_frequencies(base).double().numpy()
+    factor = float(f.max())
+    old = float(orig_ctx or 8192)
+    mid = (f > 1 + 1e-6) & (f < factor - 1e-6 * factor)
+    if mid.sum() >= 2:
+        s = (1 / f[mid] - 1 / factor) / (1 - 1 / factor)  # blend weight of the unscaled freq
+        x = inv[mid] / (2 * math.pi)  # 1 / wavelength
+        a, b = np.polyfit(x, s, 1)
+        low = -b * old / a
+        high = low + old / a
+        cand = {"factor": factor, "low_freq_factor": float(low), "high_freq_factor": float(high),
+                "original_max_position_embeddings": old}
+    else:  # no blended entries to fit: Meta's constants, with the file's factor
+        cand = {"factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": old}
+    got = rope_frequencies(ModelArgs(**{**base.__dict__, "rope_scaling": cand})).double().numpy()
+    if not np.allclose(got, inv / f, rtol=1e-4, atol=0):
+        raise CheckpointError("rope_freqs factors do not follow Llama 3 RoPE scaling", file=source,
+                              tensor=ROPE_FREQS)
+    return cand
+
+
+def tensor_loader(t, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
+    """A loader that dequantizes one GGUF tensor into ``dtype`` in numpy (row-major) shape."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+
+    shape = tuple(int(n) for n in reversed(t.shape.tolist()))  # GGUF lists dims fastest-first
+
+    def load() -> torch.Tensor:
+        kind = t.tensor_type
+        data = t.data
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable arrays
+            if kind == Q.F32:
+                out = torch.from_numpy(np.asarray(data).view(np.float32))
+            elif kind == Q.F16:
+                out = torch.from_numpy(np.asarray(data).view(np.float16))
+            elif kind == Q.BF16:
+                out = torch.from_numpy(np.asarray(data).view(np.int16)).view(torch.bfloat16)
+            else:
+                out = torch.from_numpy(dequantize(np.asarray(data), kind))
+        if out.numel() != math.prod(shape):
+            raise CheckpointError(f"holds {out.numel()} values, its header says {shape}")
+        return out.reshape(shape).to(dtype)
+
+    return load
+
+
+def tokenizer_from_gguf(md: Metadata, source: str):
+    """The tokenizer embedded in a GGUF file, with its chat template (or None)."""
+    from ..tokenizer import hf_byte_level_from_vocab, sentencepiece_from_vocab
+
+    model = md.get("tokenizer.ggml.model")
+    if model is None:
+        raise CheckpointError("the file has no embedded tokenizer (tokenizer.ggml.model)", file=source)
+    tokens = md.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise CheckpointError("the embedded tokenizer has no token list (tokenizer.ggml.tokens)", file=source)
+    n = len(tokens)
+    types = md.get("tokenizer.ggml.token_type") or [1] * n
+    bos = md.token_id("tokenizer.ggml.bos_token_id")
+    eos = md.token_id("tokenizer.ggml.eos_token_id")
+    for key, i in (("bos", bos), ("eos", eos)):
+        if i is not None and not 0 <= i < n:
+            raise CheckpointError(f"tokenizer.ggml.{key}_token_id {i} is outside the {n}-token vocabulary",
+                                  file=source)
+    try:
+        if model == "llama":
+            scores = md.get("tokenizer.ggml.scores") or [0.0] * n
+            tok = sentencepiece_from_vocab(
+                tokens, scores, types, bos_id=bos, eos_id=eos,
+                unk_id=md.token_id("tokenizer.ggml.unknown_token_id"),
+                pad_id=md.token_id("tokenizer.ggml.padding_token_id"),
+                add_dummy_prefix=bool(md.get("tokenizer.ggml.add_space_prefix", True)))
+        elif model == "gpt2":
+            merges = md.get("tokenizer.ggml.merges")
+            if merges is None:
+                raise CheckpointError("gpt2 tokenizer without tokenizer.ggml.merges", file=source)
+            tok = hf_byte_level_from_vocab(tokens, merges, types, bos_id=bos, eos_id=eos)
+        else:
+            raise CheckpointError(f"embedded tokenizer '{model}' is not supported (llama or gpt2)", file=source)
+    except TokenizerError as e:
+        raise CheckpointError(f"embedded tokenizer: {e}", file=source) from None
+    # llama.cpp records end-of-turn ids separately from EOS (Llama 3 Instruct: <|eot_id|>).
+    extra = {i for i in (md.token_id("tokenizer.ggml.eot_token_id"), md.token_id("tokenizer.ggml.eom_token_id"))
+             if i is not None and 0 <= i < n}
+    tok.stop_ids = set(tok.stop_ids) | extra
+    return tok, md.get("tokenizer.chat_template")
+
+
+def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | None = None,
+              progress: ProgressFn | None = None) -> LoadedModel:
+    """Load a GGUF file of architecture llama (F32/F16/BF16 and quantized types, dequantized).
+
+    Raises:
+        CheckpointError naming the file (and tensor or metadata key) for anything that does
+        not fit: another architecture, a truncated file, a missing or misshapen tensor, an
+        unsupported quantization, a vocabulary larger than the embedding.
+    """
+    from ..chat_format import chat_format_for
+
+    path = Path(path)
+    source = str(path)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if progress:
+        progress(0.0, "reading GGUF header")
+    reader = open_reader(path)
+    md = Metadata(reader, path)
+    by_name = {t.name: t for t in reader.tensors}
+    args = args_from_gguf(md, by_name, max_seq_len)
+    tok, template = tokenizer_from_gguf(md, source)
+    if tok.vocab_size > args.vocab_size:
+        raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the embedding only "
+                              f"{args.vocab_size}", file=source, tensor="token_embd.weight")
+    if ROPE_FREQS in by_name:
+        factors = tensor_loader(by_name[ROPE_FREQS], torch.float64)()
+        orig = md.get("llama.rope.scaling.original_context_length")
+        args.rope_scaling = scaling_from_rope_freqs(factors.numpy(), args, orig, source)
+    types = sorted({t.tensor_type.name for t in reader.tensors})
+    items = []
+    for name, t in by_name.items():
+        if name == ROPE_FREQS:
+            continue
+        meta = meta_name(name)
+        if meta is None:
+            raise CheckpointError("unexpected tensor (not part of a llama model)", file=source, tensor=name)
+        items.append((meta, _named_errors(tensor_loader(t, dt), name, source)))
+    unsupported = _unsupported_types(reader)
+    if unsupported:
+        raise CheckpointError(f"tensor type {unsupported[1]} cannot be dequantized", file=source,
+                              tensor=unsupported[0])
+    model = build_model(args, items, device=dev, dtype=dt, source=source, progress=progress)
+    fmt = chat_format_for(tok, template=template)
+    stop = set(tok.stop_ids) | fmt.stop_ids()
+    info = model_info("gguf", path, args, model, tok, fmt, tensor_types=types,
+                      dequantized=any(t not in FLOAT_TYPES for t in types),
+                      chat_template_source="gguf" if template else None,
+                      general_name=md.get("general.name"))
+    return LoadedModel(model, tok, fmt, args, stop, info)
+
+
+def _named_errors(load: Callable[[], torch.Tensor], gguf_tensor: str, source: str):
+    """Errors from one tensor name the GGUF tensor (what the user can find in the file)."""
+    def wrapped() -> torch.Tensor:
+        try:
+            return load()
+        except CheckpointError as e:
+            raise CheckpointError(str(e).split(" — ")[0], file=source, tensor=gguf_tensor) from None
+        except Exception as e:
+            raise CheckpointError(f"could not read tensor: {e}", file=source, tensor=gguf_tensor) from None
+    return wrapped
+
+
+def _unsupported_types(reader) -> tuple[str, str] | None:
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import _type_traits  # what gguf.quants.dequantize can do
+
+    for t in reader.tensors:
+        if t.tensor_type not in (Q.F32, Q.F16) and t.tensor_type not in _type_traits:
+            return t.name, t.tensor_type.name
+    return None
