@@ -1,0 +1,768 @@
+"""Persistent conversations in SQLite (stdlib ``sqlite3``, WAL mode).
+
+Messages form a tree: every message has a ``parent_id`` (None for the first one), and
+messages that share a parent and a role are *versions* of each other (a regenerated
+reply, an edited-and-resent user message). A conversation remembers the leaf of the
+branch on screen (``current_leaf_id``); :meth:`History.current_path` walks from the root
+to it. Nothing is ever overwritten by a branch switch, so every version stays reachable.
+
+Durability: each public write is one transaction (``with conn:``), the journal is WAL
+with ``synchronous=FULL``, so a committed message survives the process being killed.
+The schema version lives in ``PRAGMA user_version``; :data:`MIGRATIONS` upgrades old
+files in place.
+
+Never imports Qt: the CLI and the tests use it too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import LlamaDeskError
+
+__all__ = ["History", "Conversation", "Message", "HistoryError", "SCHEMA_VERSION",
+           "EXPORT_FORMAT", "EXPORT_VERSION"]
+
+SCHEMA_VERSION = 1
+EXPORT_FORMAT = "llamadesk.conversation"
+EXPORT_VERSION = 1
+APP_DIR_NAME = "LlamaDesk"
+KINDS = ("chat", "comparison")
+
+
+class HistoryError(LlamaDeskError):
+    """A history operation that cannot be done: unknown id, bad import data, newer file."""
+
+
+@dataclass
+class Conversation:
+    id: int
+    title: str
+    created_at: float
+    updated_at: float
+    kind: str  # "chat" | "comparison"
+    current_leaf_id: int | None
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Message:
+    id: int
+    conversation_id: int
+    parent_id: int | None
+    role: str
+    text: str
+    settings: dict | None
+    seed: int | None
+    model_id: str | None
+    stats: dict | None
+    stop_reason: str | None
+    created_at: float
+    meta: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- schema
+
+_SCHEMA_V1 = """
+CREATE TABLE conversations (
+    id              INTEGER PRIMARY KEY,
+    title           TEXT    NOT NULL,
+    created_at      REAL    NOT NULL,
+    updated_at      REAL    NOT NULL,
+    kind            TEXT    NOT NULL DEFAULT 'chat',
+    current_leaf_id INTEGER,
+    meta            TEXT    NOT NULL DEFAULT '{}',
+    -- text held in meta that search must see (a comparison's prompt and lanes)
+    search_text     TEXT    NOT NULL DEFAULT ''
+);
+CREATE TABLE messages (
+    id              INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    parent_id       INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+    role            TEXT    NOT NULL,
+    text            TEXT    NOT NULL,
+    settings        TEXT,
+    seed            INTEGER,
+    model_id        TEXT,
+    stats           TEXT,
+    stop_reason     TEXT,
+    created_at      REAL    NOT NULL,
+    meta            TEXT    NOT NULL DEFAULT '{}'
+);
+CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+CREATE INDEX messages_by_parent ON messages(parent_id);
+CREATE INDEX conversations_by_update ON conversations(updated_at);
+"""
+
+# MIGRATIONS[v] upgrades a version-v database to v+1 (run inside one transaction).
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+
+_MESSAGE_COLUMNS = ("id", "conversation_id", "parent_id", "role", "text", "settings", "seed",
+                    "model_id", "stats", "stop_reason", "created_at", "meta")
+_JSON_FIELDS = ("settings", "stats", "meta")
+_UPDATABLE = ("role", "text", "settings", "seed", "model_id", "stats", "stop_reason", "meta")
+
+
+def _json_default(obj: Any) -> Any:
+    # Lanes may carry tensors / numpy arrays of tokens or logprobs; store their values.
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def _dumps(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        return json.dumps(value, ensure_ascii=False, default=_json_default)
+    except (TypeError, ValueError) as e:
+        raise HistoryError(f"cannot store value in history: {e}") from None
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _contains(haystack: str | None, needle: str | None) -> int:
+    # Registered as an SQL function: SQLite's LIKE/lower() fold ASCII only, casefold() all.
+    if not haystack or needle is None:
+        return 0
+    return int(needle in haystack.casefold())
+
+
+class History:
+    """The conversation store. One instance per database file; safe to share between
+    threads (calls are serialized by a lock), though the app uses it from the UI thread."""
+
+    def __init__(self, path: str | Path):
+        self.path = path if str(path) == ":memory:" else Path(path).expanduser()
+        if isinstance(self.path, Path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        try:
+            # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE), so a
+            # write never starts while holding a read snapshot that another process changed.
+            self._conn = sqlite3.connect(str(self.path), isolation_level=None,
+                                         check_same_thread=False, timeout=10.0)
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            if self.path != ":memory:":
+                mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise HistoryError(f"cannot use WAL journal for {self.path} (got {mode})")
+            # FULL: a commit is on disk before add_message returns (a chat turn is tiny).
+            self._conn.execute("PRAGMA synchronous = FULL")
+            self._conn.create_function("ld_contains", 2, _contains, deterministic=True)
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            raise HistoryError(f"cannot open history {self.path}: {e}") from None
+
+    # ------------------------------------------------------------------ plumbing
+
+    @staticmethod
+    def default_path() -> Path:
+        """``$LLAMADESK_DATA_DIR/history.sqlite3``, else the platform user data folder
+        (the same place Qt's AppDataLocation names for the app "LlamaDesk")."""
+        env = os.environ.get("LLAMADESK_DATA_DIR")
+        if env:
+            return Path(env).expanduser() / "history.sqlite3"
+        home = Path.home()
+        if sys.platform == "win32":
+            base = Path(os.environ.get("APPDATA") or home / "AppData" / "Roaming")
+        elif sys.platform == "darwin":
+            base = home / "Library" / "Application Support"
+        else:
+            xdg = os.environ.get("XDG_DATA_HOME", "")
+            # The XDG spec says relative values are invalid and must be ignored.
+            base = Path(xdg) if xdg and os.path.isabs(xdg) else home / ".local" / "share"
+        return base / APP_DIR_NAME / "history.sqlite3"
+
+    def close(self) -> None:
+        """Close the database (idempotent)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None  # type: ignore[assignment]
+
+    def __enter__(self) -> "History":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _tx(self):
+        """One write transaction; BEGIN IMMEDIATE takes the write lock up front."""
+        return _Transaction(self)
+
+    def _q(self, sql: str, args: tuple | list = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            if self._conn is None:
+                raise HistoryError("history is closed")
+            return self._conn.execute(sql, args).fetchall()
+
+    def _migrate(self) -> None:
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise HistoryError(f"history {self.path} was written by a newer LlamaDesk "
+                               f"(schema {version}, this version reads up to {SCHEMA_VERSION})")
+        if version == SCHEMA_VERSION:
+            return
+        with self._tx() as c:
+            if version == 0:
+                has_tables = c.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
+                if has_tables:
+                    raise HistoryError(f"{self.path} is not a LlamaDesk history database")
+                c.executescript_in_tx(_SCHEMA_V1)
+                version = 1
+            while version < SCHEMA_VERSION:
+                MIGRATIONS[version](c.conn)
+                version += 1
+            # PRAGMA cannot take parameters; version is our own int.
+            c.execute(f"PRAGMA user_version = {int(version)}")
+
+    # ------------------------------------------------------------------ rows
+
+    @staticmethod
+    def _conv(row: sqlite3.Row) -> Conversation:
+        return Conversation(id=row["id"], title=row["title"], created_at=row["created_at"],
+                            updated_at=row["updated_at"], kind=row["kind"],
+                            current_leaf_id=row["current_leaf_id"],
+                            meta=_loads(row["meta"]) or {})
+
+    @staticmethod
+    def _msg(row: sqlite3.Row) -> Message:
+        d = {k: row[k] for k in _MESSAGE_COLUMNS}
+        for k in _JSON_FIELDS:
+            d[k] = _loads(d[k])
+        d["meta"] = d["meta"] or {}
+        return Message(**d)
+
+    def _message_row(self, msg_id: int) -> sqlite3.Row:
+        rows = self._q("SELECT * FROM messages WHERE id = ?", (msg_id,))
+        if not rows:
+            raise HistoryError(f"no message with id {msg_id}")
+        return rows[0]
+
+    def _check_conv(self, conv_id: int) -> sqlite3.Row:
+        rows = self._q("SELECT * FROM conversations WHERE id = ?", (conv_id,))
+        if not rows:
+            raise HistoryError(f"no conversation with id {conv_id}")
+        return rows[0]
+
+    # ------------------------------------------------------------------ conversations
+
+    def create_conversation(self, title: str = "New chat", *, kind: str = "chat",
+                            meta: dict | None = None) -> Conversation:
+        """A new, empty conversation."""
+        if kind not in KINDS:
+            raise HistoryError(f"conversation kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        now = time.time()
+        with self._tx() as c:
+            cur = c.execute("INSERT INTO conversations (title, created_at, updated_at, kind, meta)"
+                            " VALUES (?, ?, ?, ?, ?)", (title, now, now, kind, _dumps(meta or {})))
+            conv_id = cur.lastrowid
+        return self.conversation(conv_id)
+
+    def conversations(self, search: str | None = None, kind: str | None = None) -> list[Conversation]:
+        """All conversations, most recently updated first; ``search`` keeps those whose
+        title or any message contains it (case-insensitive)."""
+        sql = "SELECT * FROM conversations c WHERE 1"
+        args: list = []
+        if kind is not None:
+            sql += " AND c.kind = ?"
+            args.append(kind)
+        if search:
+            needle = search.casefold()
+            sql += (" AND (ld_contains(c.title, ?) OR ld_contains(c.search_text, ?) OR EXISTS"
+                    " (SELECT 1 FROM messages m WHERE m.conversation_id = c.id"
+                    "  AND ld_contains(m.text, ?)))")
+            args += [needle, needle, needle]
+        sql += " ORDER BY c.updated_at DESC, c.id DESC"
+        return [self._conv(r) for r in self._q(sql, args)]
+
+    def conversation(self, conv_id: int) -> Conversation:
+        """One conversation; HistoryError if unknown."""
+        return self._conv(self._check_conv(conv_id))
+
+    def rename(self, conv_id: int, title: str) -> None:
+        with self._tx() as c:
+            cur = c.execute("UPDATE conversations SET title = ?, updated_at = ? WHERE id = ?",
+                            (title, time.time(), conv_id))
+            if cur.rowcount == 0:
+                raise HistoryError(f"no conversation with id {conv_id}")
+
+    def set_meta(self, conv_id: int, meta: dict) -> None:
+        """Replace a conversation's meta dict (e.g. the model it was started with)."""
+        with self._tx() as c:
+            cur = c.execute("UPDATE conversations SET meta = ?, updated_at = ? WHERE id = ?",
+                            (_dumps(meta), time.time(), conv_id))
+            if cur.rowcount == 0:
+                raise HistoryError(f"no conversation with id {conv_id}")
+
+    def delete_conversation(self, conv_id: int) -> None:
+        """Delete a conversation and all its messages (a no-op if already gone)."""
+        with self._tx() as c:
+            # Children first would be needed without cascade; the FK cascade does it.
+            c.execute("DELETE FROM messages WHERE conversation_id = ?", (conv_id,))
+            c.execute("DELETE FROM conversations WHERE id = ?", (conv_id,))
+
+    # ------------------------------------------------------------------ messages
+
+    def add_message(self, conv_id: int, *, role: str, text: str, parent_id: int | None = None,
+                    settings: dict | None = None, seed: int | None = None,
+                    model_id: str | None = None, stats: dict | None = None,
+                    stop_reason: str | None = None, meta: dict | None = None,
+                    make_current: bool = True) -> Message:
+        """Append a message under ``parent_id`` (None: a root). With ``make_current`` the
+        new message becomes the conversation's current leaf."""
+        now = time.time()
+        with self._tx() as c:
+            if c.execute("SELECT 1 FROM conversations WHERE id = ?", (conv_id,)).fetchone() is None:
+                raise HistoryError(f"no conversation with id {conv_id}")
+            if parent_id is not None:
+                p = c.execute("SELECT conversation_id FROM messages WHERE id = ?",
+                              (parent_id,)).fetchone()
+                if p is None or p[0] != conv_id:
+                    raise HistoryError(f"parent message {parent_id} is not in conversation {conv_id}")
+            cur = c.execute(
+                "INSERT INTO messages (conversation_id, parent_id, role, text, settings, seed,"
+                " model_id, stats, stop_reason, created_at, meta)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (conv_id, parent_id, role, text, _dumps(settings),
+                 None if seed is None else int(seed), model_id, _dumps(stats), stop_reason,
+                 now, _dumps(meta or {})))
+            msg_id = cur.lastrowid
+            if make_current:
+                c.execute("UPDATE conversations SET current_leaf_id = ?, updated_at = ? WHERE id = ?",
+                          (msg_id, now, conv_id))
+            else:
+                c.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conv_id))
+        return self.message(msg_id)
+
+    def message(self, msg_id: int) -> Message:
+        """One message; HistoryError if unknown."""
+        return self._msg(self._message_row(msg_id))
+
+    def update_message(self, msg_id: int, **fields) -> Message:
+        """Change some of a message's fields (text, stats, stop_reason, ... — not its place
+        in the tree); returns the updated message."""
+        bad = sorted(set(fields) - set(_UPDATABLE))
+        if bad:
+            raise HistoryError(f"cannot update message field(s) {', '.join(bad)}; "
+                               f"updatable: {', '.join(_UPDATABLE)}")
+        if not fields:
+            return self.message(msg_id)
+        sets, args = [], []
+        for k, v in fields.items():
+            sets.append(f"{k} = ?")  # k is from the _UPDATABLE whitelist
+            if k in _JSON_FIELDS:
+                v = _dumps(v if v is not None or k != "meta" else {})
+            elif k == "seed" and v is not None:
+                v = int(v)
+            args.append(v)
+        with self._tx() as c:
+            cur = c.execute(f"UPDATE messages SET {', '.join(sets)} WHERE id = ?", (*args, msg_id))
+            if cur.rowcount == 0:
+                raise HistoryError(f"no message with id {msg_id}")
+            c.execute("UPDATE conversations SET updated_at = ? WHERE id ="
+                      " (SELECT conversation_id FROM messages WHERE id = ?)", (time.time(), msg_id))
+        return self.message(msg_id)
+
+    def delete_message(self, msg_id: int) -> None:
+        """Delete a message and everything below it. If the current leaf was in that
+        subtree, the current leaf moves to the deleted message's parent (None for a root)."""
+        with self._tx() as c:
+            row = c.execute("SELECT conversation_id, parent_id FROM messages WHERE id = ?",
+                            (msg_id,)).fetchone()
+            if row is None:
+                raise HistoryError(f"no message with id {msg_id}")
+            conv_id, parent_id = row
+            subtree = {r[0] for r in c.execute(_SUBTREE_SQL, (msg_id,))}
+            leaf = c.execute("SELECT current_leaf_id FROM conversations WHERE id = ?",
+                             (conv_id,)).fetchone()[0]
+            new_leaf = parent_id if leaf in subtree else leaf
+            c.execute("DELETE FROM messages WHERE id = ?", (msg_id,))  # FK cascade: subtree
+            c.execute("UPDATE conversations SET current_leaf_id = ?, updated_at = ? WHERE id = ?",
+                      (new_leaf, time.time(), conv_id))
+
+    def messages(self, conv_id: int) -> list[Message]:
+        """Every message of a conversation (all branches), in insertion order."""
+        self._check_conv(conv_id)
+        return [self._msg(r) for r in
+                self._q("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conv_id,))]
+
+    def current_path(self, conv_id: int) -> list[Message]:
+        """The branch on screen: root → current leaf ([] for an empty conversation)."""
+        leaf = self._check_conv(conv_id)["current_leaf_id"]
+        if leaf is None:
+            return []
+        return self.path_to(leaf)
+
+    def path_to(self, msg_id: int) -> list[Message]:
+        """Root → ``msg_id``."""
+        rows = self._q(_ANCESTORS_SQL, (msg_id,))
+        if not rows:
+            raise HistoryError(f"no message with id {msg_id}")
+        return [self._msg(r) for r in reversed(rows)]
+
+    def children(self, msg_id: int | None, conv_id: int | None = None) -> list[Message]:
+        """Direct replies to ``msg_id`` (for None: the roots of ``conv_id``), oldest first."""
+        if msg_id is None:
+            if conv_id is None:
+                raise HistoryError("children(None) needs conv_id")
+            rows = self._q("SELECT * FROM messages WHERE conversation_id = ? AND parent_id IS NULL"
+                           " ORDER BY id", (conv_id,))
+        else:
+            rows = self._q("SELECT * FROM messages WHERE parent_id = ? ORDER BY id", (msg_id,))
+        return [self._msg(r) for r in rows]
+
+    def siblings(self, msg_id: int) -> list[Message]:
+        """The versions of a message: same conversation, same parent, same role (itself
+        included), oldest first."""
+        row = self._message_row(msg_id)
+        rows = self._q("SELECT * FROM messages WHERE conversation_id = ? AND parent_id IS ?"
+                       " AND role = ? ORDER BY id",
+                       (row["conversation_id"], row["parent_id"], row["role"]))
+        return [self._msg(r) for r in rows]
+
+    def select(self, msg_id: int) -> None:
+        """Put ``msg_id`` on screen: the current leaf becomes the most recently created leaf
+        below it (itself if it has no replies)."""
+        with self._tx() as c:
+            row = c.execute("SELECT conversation_id FROM messages WHERE id = ?", (msg_id,)).fetchone()
+            if row is None:
+                raise HistoryError(f"no message with id {msg_id}")
+            # Newest descendant that has no children; ids grow with time.
+            leaf = c.execute(_NEWEST_LEAF_SQL, (msg_id,)).fetchone()[0]
+            c.execute("UPDATE conversations SET current_leaf_id = ? WHERE id = ?",
+                      (leaf if leaf is not None else msg_id, row[0]))
+
+    def set_current_leaf(self, conv_id: int, msg_id: int | None) -> None:
+        """Make exactly ``msg_id`` the end of the branch on screen (None: empty)."""
+        with self._tx() as c:
+            if msg_id is not None:
+                row = c.execute("SELECT conversation_id FROM messages WHERE id = ?",
+                                (msg_id,)).fetchone()
+                if row is None or row[0] != conv_id:
+                    raise HistoryError(f"message {msg_id} is not in conversation {conv_id}")
+            cur = c.execute("UPDATE conversations SET current_leaf_id = ? WHERE id = ?",
+                            (msg_id, conv_id))
+            if cur.rowcount == 0:
+                raise HistoryError(f"no conversation with id {conv_id}")
+
+    # ------------------------------------------------------------------ comparisons
+
+    def save_comparison(self, title: str, prompt: dict, lanes: list[dict]) -> Conversation:
+        """Store a finished comparison: ``prompt`` (e.g. {"messages": [...]} or {"text": ...},
+        plus "chat_format") and one dict per lane (settings, seed, text, tokens, logprobs,
+        stop_reason, stats, ...). Returns a conversation of kind "comparison"."""
+        if not isinstance(prompt, dict) or not isinstance(lanes, list) \
+                or not all(isinstance(lane, dict) for lane in lanes):
+            raise HistoryError("save_comparison needs a prompt dict and a list of lane dicts")
+        data = {"prompt": prompt, "lanes": lanes}
+        meta_json = _dumps({"comparison": data})
+        now = time.time()
+        with self._tx() as c:
+            cur = c.execute(
+                "INSERT INTO conversations (title, created_at, updated_at, kind, meta, search_text)"
+                " VALUES (?, ?, ?, 'comparison', ?, ?)",
+                (title, now, now, meta_json, _comparison_text(data)))
+            conv_id = cur.lastrowid
+        return self.conversation(conv_id)
+
+    def comparison(self, conv_id: int) -> dict:
+        """{"prompt": ..., "lanes": [...]} of a comparison conversation."""
+        conv = self.conversation(conv_id)
+        data = conv.meta.get("comparison")
+        if conv.kind != "comparison" or not isinstance(data, dict):
+            raise HistoryError(f"conversation {conv_id} is not a comparison")
+        return data
+
+    # ------------------------------------------------------------------ export / import
+
+    def export_markdown(self, conv_id: int) -> str:
+        """The branch on screen (or a comparison's prompt and lanes) as readable Markdown;
+        each reply is followed by a one-line summary of how it was generated."""
+        conv = self.conversation(conv_id)
+        out = [f"# {conv.title}", "",
+               f"_{conv.kind.capitalize()} · created {_fmt_time(conv.created_at)} · "
+               f"exported from LlamaDesk_", ""]
+        if conv.kind == "comparison":
+            data = self.comparison(conv_id)
+            out += ["## Prompt", "", _prompt_markdown(data.get("prompt") or {}), ""]
+            for i, lane in enumerate(data.get("lanes") or [], 1):
+                out += [f"## Lane {i}", "", str(lane.get("text", "")), ""]
+                line = _settings_line(lane.get("settings"), lane.get("seed"), lane.get("model_id"),
+                                      lane.get("stats"), lane.get("stop_reason"))
+                if line:
+                    out += [f"> {line}", ""]
+        for m in self.current_path(conv_id):
+            out += [f"## {m.role.capitalize()}", "", m.text, ""]
+            if m.role == "assistant":
+                line = _settings_line(m.settings, m.seed, m.model_id, m.stats, m.stop_reason)
+                n = len(self.siblings(m.id))
+                if n > 1:
+                    line = f"version {[s.id for s in self.siblings(m.id)].index(m.id) + 1} of {n}" \
+                           + (f" · {line}" if line else "")
+                if line:
+                    out += [f"> {line}", ""]
+        return "\n".join(out).rstrip() + "\n"
+
+    def export_json(self, conv_id: int) -> dict:
+        """Everything about a conversation — the whole message tree with settings, seeds
+        and stats — as a JSON-ready dict that :meth:`import_json` reads back."""
+        conv = self.conversation(conv_id)
+        msgs = self.messages(conv_id)
+        return {
+            "format": EXPORT_FORMAT,
+            "version": EXPORT_VERSION,
+            "exported_at": time.time(),
+            "conversation": {
+                "title": conv.title, "kind": conv.kind, "created_at": conv.created_at,
+                "updated_at": conv.updated_at, "current_leaf_id": conv.current_leaf_id,
+                "meta": conv.meta,
+            },
+            "messages": [
+                {k: getattr(m, k) for k in _MESSAGE_COLUMNS if k != "conversation_id"}
+                for m in msgs
+            ],
+        }
+
+    def import_json(self, data: dict) -> Conversation:
+        """Create a new conversation from :meth:`export_json` output (fresh ids). Raises
+        HistoryError, writing nothing, when the data is not a valid export."""
+        conv, msgs = _validate_export(data)
+        now = time.time()
+        with self._tx() as c:
+            meta = conv.get("meta") or {}
+            search = _comparison_text(meta["comparison"]) if conv["kind"] == "comparison" \
+                and isinstance(meta.get("comparison"), dict) else ""
+            cur = c.execute(
+                "INSERT INTO conversations (title, created_at, updated_at, kind, meta, search_text)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (conv["title"], conv.get("created_at", now), conv.get("updated_at", now),
+                 conv["kind"], _dumps(meta), search))
+            new_conv = cur.lastrowid
+            id_map: dict[int, int] = {}
+            for m in msgs:  # parents come before children (checked by _validate_export)
+                cur = c.execute(
+                    "INSERT INTO messages (conversation_id, parent_id, role, text, settings, seed,"
+                    " model_id, stats, stop_reason, created_at, meta)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (new_conv, id_map.get(m.get("parent_id")), m["role"], m["text"],
+                     _dumps(m.get("settings")), m.get("seed"), m.get("model_id"),
+                     _dumps(m.get("stats")), m.get("stop_reason"), m.get("created_at", now),
+                     _dumps(m.get("meta") or {})))
+                id_map[m["id"]] = cur.lastrowid
+            leaf = conv.get("current_leaf_id")
+            c.execute("UPDATE conversations SET current_leaf_id = ? WHERE id = ?",
+                      (id_map.get(leaf) if leaf is not None else None, new_conv))
+        return self.conversation(new_conv)
+
+
+# --------------------------------------------------------------------------- helpers
+
+_SUBTREE_SQL = """
+WITH RECURSIVE sub(id) AS (
+    SELECT id FROM messages WHERE id = ?
+    UNION ALL
+    SELECT m.id FROM messages m JOIN sub ON m.parent_id = sub.id
+)
+SELECT id FROM sub
+"""
+
+_NEWEST_LEAF_SQL = """
+WITH RECURSIVE sub(id) AS (
+    SELECT id FROM messages WHERE id = ?
+    UNION ALL
+    SELECT m.id FROM messages m JOIN sub ON m.parent_id = sub.id
+)
+SELECT max(id) FROM sub WHERE NOT EXISTS (SELECT 1 FROM messages k WHERE k.parent_id = sub.id)
+"""
+
+_ANCESTORS_SQL = """
+WITH RECURSIVE up(id, depth) AS (
+    SELECT id, 0 FROM messages WHERE id = ?
+    UNION ALL
+    SELECT m.parent_id, up.depth + 1 FROM messages m JOIN up ON m.id = up.id
+    WHERE m.parent_id IS NOT NULL
+)
+SELECT messages.* FROM up JOIN messages ON messages.id = up.id ORDER BY up.depth
+"""
+
+
+class _Transaction:
+    """``with history._tx() as c:`` — BEGIN IMMEDIATE … COMMIT, ROLLBACK on error,
+    holding the instance lock for the whole transaction."""
+
+    def __init__(self, history: History):
+        self.h = history
+
+    def __enter__(self) -> "_Transaction":
+        self.h._lock.acquire()
+        if self.h._conn is None:
+            self.h._lock.release()
+            raise HistoryError("history is closed")
+        self.conn = self.h._conn
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self.h._lock.release()
+            raise
+        return self
+
+    def execute(self, sql: str, args: tuple | list = ()) -> sqlite3.Cursor:
+        return self.conn.execute(sql, args)
+
+    def executescript_in_tx(self, script: str) -> None:
+        # executescript() would COMMIT first; run the statements one by one instead.
+        for stmt in script.split(";"):
+            if stmt.strip():
+                self.conn.execute(stmt)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.conn.execute("COMMIT")
+            else:
+                self.conn.execute("ROLLBACK")
+        finally:
+            self.h._lock.release()
+        if isinstance(exc, sqlite3.DatabaseError):
+            raise HistoryError(f"history database error: {exc}") from exc
+
+
+def _fmt_time(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def _num(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _settings_line(settings: dict | None, seed: int | None, model_id: str | None,
+                   stats: dict | None, stop_reason: str | None) -> str:
+    """'temperature 0.7 · top_p 0.9 · seed 42 · model x · 12 tokens · 3.1 tok/s · stop: eos'."""
+    parts: list[str] = []
+    s = settings or {}
+    for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens",
+              "num_beams", "chat_format"):
+        if k in s and s[k] is not None:
+            parts.append(f"{k} {_num(s[k])}")
+    if s.get("stop"):
+        parts.append("stop " + ", ".join(repr(x) for x in s["stop"]))
+    if seed is None:
+        seed = s.get("seed")
+    if seed is not None:
+        parts.append(f"seed {seed}")
+    if model_id:
+        parts.append(f"model {model_id}")
+    st = stats or {}
+    for k, label in (("tokens", "tokens"), ("new_tokens", "tokens"), ("ttft_s", "s to first token"),
+                     ("tokens_per_s", "tok/s")):
+        if isinstance(st.get(k), (int, float)):
+            v = st[k]
+            parts.append(f"{v:.2f} {label}" if isinstance(v, float) else f"{v} {label}")
+    if stop_reason:
+        parts.append(f"stop: {stop_reason}")
+    return " · ".join(parts)
+
+
+def _prompt_markdown(prompt: dict) -> str:
+    if isinstance(prompt.get("messages"), list):
+        return "\n\n".join(f"**{str(m.get('role', '?')).capitalize()}:** {m.get('content', m.get('text', ''))}"
+                           for m in prompt["messages"] if isinstance(m, dict))
+    return str(prompt.get("text", ""))
+
+
+def _comparison_text(data: dict) -> str:
+    """The words of a comparison that search should find (prompt and lane texts)."""
+    parts: list[str] = []
+    prompt = data.get("prompt") or {}
+    if isinstance(prompt, dict):
+        parts.append(_prompt_markdown(prompt))
+    for lane in data.get("lanes") or []:
+        if isinstance(lane, dict):
+            parts.append(str(lane.get("text", "")))
+    return "\n".join(parts).casefold()
+
+
+def _validate_export(data: Any) -> tuple[dict, list[dict]]:
+    """Check an export dict thoroughly before anything is written."""
+    def bad(msg: str):
+        raise HistoryError(f"not a valid LlamaDesk conversation file: {msg}")
+
+    if not isinstance(data, dict):
+        bad(f"expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != EXPORT_FORMAT:
+        bad(f"format is {data.get('format')!r}, expected {EXPORT_FORMAT!r}")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        bad("missing or non-integer 'version'")
+    if version > EXPORT_VERSION:
+        raise HistoryError(f"conversation file version {version} was written by a newer "
+                           f"LlamaDesk (this one reads up to {EXPORT_VERSION})")
+    if version < 1:
+        bad(f"unknown version {version}")
+    conv = data.get("conversation")
+    if not isinstance(conv, dict):
+        bad("missing 'conversation' object")
+    if not isinstance(conv.get("title"), str):
+        bad("conversation 'title' must be a string")
+    conv = dict(conv)
+    conv.setdefault("kind", "chat")
+    if conv["kind"] not in KINDS:
+        bad(f"conversation kind {conv['kind']!r} is not one of {', '.join(KINDS)}")
+    if conv.get("meta") is not None and not isinstance(conv["meta"], dict):
+        bad("conversation 'meta' must be an object")
+    for k in ("created_at", "updated_at"):
+        if k in conv and not isinstance(conv[k], (int, float)):
+            bad(f"conversation '{k}' must be a number")
+    msgs = data.get("messages", [])
+    if not isinstance(msgs, list):
+        bad("'messages' must be a list")
+    seen: set[int] = set()
+    for i, m in enumerate(msgs):
+        where = f"message #{i + 1}"
+        if not isinstance(m, dict):
+            bad(f"{where} is not an object")
+        mid = m.get("id")
+        if not isinstance(mid, int) or isinstance(mid, bool):
+            bad(f"{where} has no integer 'id'")
+        if mid in seen:
+            bad(f"{where} repeats id {mid}")
+        pid = m.get("parent_id")
+        if pid is not None and pid not in seen:
+            bad(f"{where} (id {mid}) has parent_id {pid!r}, which is not an earlier message")
+        if not isinstance(m.get("role"), str) or not m["role"]:
+            bad(f"{where} (id {mid}) has no 'role'")
+        if not isinstance(m.get("text"), str):
+            bad(f"{where} (id {mid}) has no string 'text'")
+        for k in ("settings", "stats", "meta"):
+            if m.get(k) is not None and not isinstance(m[k], dict):
+                bad(f"{where} (id {mid}): '{k}' must be an object")
+        seed = m.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            bad(f"{where} (id {mid}): 'seed' must be an integer")
+        for k in ("model_id", "stop_reason"):
+            if m.get(k) is not None and not isinstance(m[k], str):
+                bad(f"{where} (id {mid}): '{k}' must be a string")
+        if "created_at" in m and not isinstance(m["created_at"], (int, float)):
+            bad(f"{where} (id {mid}): 'created_at' must be a number")
+        seen.add(mid)
+    leaf = conv.get("current_leaf_id")
+    if leaf is not None and leaf not in seen:
+        bad(f"current_leaf_id {leaf!r} is not one of the messages")
+    return conv, msgs
