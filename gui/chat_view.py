@@ -1,0 +1,395 @@
+"""The transcript: one framed widget per message, Markdown bodies, a live streaming reply.
+
+Each message is a :class:`MessageWidget` (role, version switcher "‹ 2/3 ›", action
+buttons, a Markdown body, a stats footer). While a reply streams, only the last
+message's body is re-rendered, at most once per frame; the rest of the transcript is
+untouched. The view follows the bottom unless the user has scrolled up.
+
+Messages given to the view are plain dicts (built by :mod:`gui.conversation`):
+``{"id", "role", "text", "stats", "stop_reason", "seed", "version": (i, n), "error"}``.
+"""
+from __future__ import annotations
+
+import html
+import re
+
+import markdown
+from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextOption
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy,
+                               QTextBrowser, QToolButton, QVBoxLayout, QWidget)
+
+from . import theme
+
+FRAME_MS = 16  # one UI update per frame while streaming
+
+_PRE = re.compile(r"<pre[^>]*>(.*?)</pre>", re.S)
+_BLOCK = re.compile(r'<div class="codehilite"|<pre(?=[ >])')
+
+
+def _markdown() -> markdown.Markdown:
+    md = markdown.Markdown(
+        extensions=["fenced_code", "codehilite", "tables", "sane_lists"],
+        extension_configs={"codehilite": {"noclasses": True, "guess_lang": False,
+                                          "pygments_style": theme.colors()["pygments"]}})
+    # Model and user text is never trusted as HTML: raw tags are shown as text.
+    for reg, name in ((md.preprocessors, "html_block"), (md.inlinePatterns, "html")):
+        if name in reg:
+            reg.deregister(name)
+    return md
+
+
+def close_open_fence(text: str) -> str:
+    """Close a code fence left open mid-stream so the partial reply renders as code."""
+    fences = sum(1 for line in text.splitlines() if line.lstrip().startswith("```"))
+    return text + "\n```" if fences % 2 else text
+
+
+def render_markdown(text: str) -> tuple[str, list[str]]:
+    """(HTML for a QTextBrowser, the raw text of each code block in order).
+
+    Every code block gets a "Copy code" link ``copy:K`` just above it.
+    """
+    c = theme.colors()
+    body = _markdown().convert(close_open_fence(text))
+    codes = [html.unescape(re.sub(r"<[^>]+>", "", m.group(1))) for m in _PRE.finditer(body)]
+    out, k, pos = [], 0, 0
+    for m in _BLOCK.finditer(body):
+        if m.group(0).startswith("<pre") and body[max(0, m.start() - 60):m.start()].rfind('class="codehilite"') != -1:
+            continue  # the <pre> inside a codehilite div was already handled
+        out.append(body[pos:m.start()])
+        out.append(f'<p align="right" style="margin:0"><a href="copy:{k}" style="color:{c["muted"]};'
+                   f'text-decoration:none; font-size:small">Copy code</a></p>')
+        pos, k = m.start(), k + 1
+    out.append(body[pos:])
+    body = "".join(out)
+    body = re.sub(r'<div class="codehilite" style="[^"]*"', f'<div class="codehilite" style="background:{c["code_bg"]}"', body)
+    body = body.replace('<pre style="', f'<pre style="background:{c["code_bg"]}; padding:6px; ')
+    body = body.replace("<pre>", f'<pre style="background:{c["code_bg"]}; padding:6px;">')
+    body = body.replace("<code>", f'<code style="background:{c["code_bg"]}">')
+    return body, codes
+
+
+class MessageBody(QTextBrowser):
+    """A read-only Markdown body that is exactly as tall as its text (no own scrollbar)."""
+
+    def __init__(self, *, parent=None):
+        super().__init__(parent)
+        self.setOpenLinks(False)
+        self.setFrameShape(QFrame.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setWordWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        self.document().setDocumentMargin(2)
+        self.codes: list[str] = []
+        self.markdown_text = ""
+
+    def set_markdown(self, text: str) -> None:
+        self.markdown_text = text
+        body, self.codes = render_markdown(text)
+        c = theme.colors()
+        self.document().setDefaultStyleSheet(f"a {{ color: {c['accent']}; }}")
+        self.setHtml(body)
+        self._fit()
+
+    def _fit(self) -> None:
+        doc = self.document()
+        doc.setTextWidth(max(self.viewport().width(), 50))
+        h = int(doc.size().height()) + 2 * self.frameWidth() + 2
+        if h != self.height():
+            self.setFixedHeight(h)
+
+    def resizeEvent(self, e):
+        super().resizeEvent(e)
+        self._fit()
+
+
+def _fmt_stats(m: dict) -> str:
+    s = m.get("stats") or {}
+    parts = []
+    if "generated_tokens" in s:
+        parts.append(f"{s['generated_tokens']} tokens")
+    if s.get("ttft_s"):
+        parts.append(f"TTFT {s['ttft_s'] * 1000:.0f} ms")
+    if s.get("decode_tok_s"):
+        parts.append(f"{s['decode_tok_s']:.1f} tok/s")
+    if m.get("stop_reason"):
+        parts.append(f"stop: {m['stop_reason']}")
+    if m.get("seed") is not None:
+        parts.append(f"seed {m['seed']}")
+    return " · ".join(parts)
+
+
+class MessageWidget(QFrame):
+    """One message: header (role, versions, actions), Markdown body, stats footer.
+
+    Signals:
+        action(str, int): a button or link was used — name ("copy", "edit",
+            "regenerate", "continue", "delete", "prev", "next") and the message id.
+        codeCopied(str): a code block's text was copied.
+    """
+
+    action = Signal(str, int)
+    codeCopied = Signal(str)
+
+    def __init__(self, *, message: dict, streaming: bool = False, parent=None):
+        super().__init__(parent)
+        self.setObjectName("message")
+        self.message = dict(message)
+        self.streaming = streaming
+        self.setProperty("role", message.get("role", "assistant"))
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(10, 6, 10, 6)
+        lay.setSpacing(2)
+
+        head = QHBoxLayout()
+        head.setSpacing(2)
+        role = message.get("role", "assistant")
+        self.role_label = QLabel({"user": "You", "assistant": "Assistant", "system": "System"}.get(role, role))
+        self.role_label.setObjectName("roleLabel")
+        head.addWidget(self.role_label)
+        self.prev_button = self._button("prev", "Previous version")
+        self.version_label = QLabel()
+        self.version_label.setObjectName("versionLabel")
+        self.next_button = self._button("next", "Next version")
+        for w in (self.prev_button, self.version_label, self.next_button):
+            head.addWidget(w)
+        head.addStretch(1)
+        self.buttons = {}
+        names = [("copy", "Copy message")]
+        if role == "user":
+            names.append(("edit", "Edit and resend"))
+        else:
+            names += [("regenerate", "Regenerate reply"), ("continue", "Continue reply")]
+        names.append(("delete", "Delete message"))
+        for name, tip in names:
+            self.buttons[name] = self._button(name, tip)
+            head.addWidget(self.buttons[name])
+        lay.addLayout(head)
+
+        self.body = MessageBody(parent=self)
+        self.body.anchorClicked.connect(self._anchor)
+        lay.addWidget(self.body)
+        self.footer = QLabel()
+        self.footer.setObjectName("messageFooter")
+        self.footer.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        lay.addWidget(self.footer)
+        self.update_message(message, streaming=streaming)
+
+    def _button(self, name: str, tip: str) -> QToolButton:
+        b = QToolButton(self)
+        b.setObjectName(f"{name}Button")
+        b.setIcon(theme.icon(name))
+        b.setIconSize(QSize(16, 16))
+        b.setToolTip(tip)
+        b.setAccessibleName(tip)
+        b.setAutoRaise(True)
+        b.clicked.connect(lambda: self.action.emit(name, int(self.message.get("id") or 0)))
+        return b
+
+    @property
+    def msg_id(self) -> int | None:
+        return self.message.get("id")
+
+    def update_message(self, message: dict, *, streaming: bool = False) -> None:
+        self.message = dict(message)
+        self.streaming = streaming
+        i, n = message.get("version") or (1, 1)
+        multi = n > 1
+        self.version_label.setText(f"{i}/{n}")
+        for w in (self.prev_button, self.version_label, self.next_button):
+            w.setVisible(multi)
+        self.prev_button.setEnabled(i > 1 and not streaming)
+        self.next_button.setEnabled(i < n and not streaming)
+        for name, b in self.buttons.items():
+            b.setVisible(not streaming)
+        if "continue" in self.buttons:
+            self.buttons["continue"].setVisible(not streaming and message.get("stop_reason") == "length")
+        self.set_text(message.get("text", ""))
+        if message.get("error"):
+            self.footer.setText(f"⚠ {message['error']}")
+        elif streaming:
+            self.footer.setText("generating…")
+        else:
+            self.footer.setText(_fmt_stats(message))
+        self.footer.setVisible(bool(self.footer.text()))
+
+    def set_text(self, text: str) -> None:
+        self.message["text"] = text
+        self.body.set_markdown(text if text or not self.streaming else "…")
+
+    def _anchor(self, url: QUrl) -> None:
+        s = url.toString()
+        if s.startswith("copy:"):
+            k = int(s[5:])
+            if 0 <= k < len(self.body.codes):
+                QGuiApplication.clipboard().setText(self.body.codes[k])
+                self.codeCopied.emit(self.body.codes[k])
+        elif url.scheme() in ("http", "https", "mailto"):
+            QDesktopServices.openUrl(url)
+
+
+class ChatView(QScrollArea):
+    """The transcript (objectName ``transcript``).
+
+    Signals:
+        actionRequested(str, int): a message action — "copy", "edit", "regenerate",
+            "continue", "delete", "prev", "next" — and the message id.
+        copied(str): text placed on the clipboard (a message or a code block).
+    """
+
+    actionRequested = Signal(str, int)
+    copied = Signal(str)
+
+    def __init__(self, *, parent=None):
+        super().__init__(parent)
+        self.setObjectName("transcript")
+        self.setAccessibleName("transcript")
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        inner = QWidget()
+        inner.setObjectName("transcriptInner")
+        self._layout = QVBoxLayout(inner)
+        self._layout.setContentsMargins(16, 12, 16, 12)
+        self._layout.setSpacing(10)
+        self.notice = QLabel()
+        self.notice.setObjectName("contextNotice")
+        self.notice.setWordWrap(True)
+        self.notice.hide()
+        self._layout.addWidget(self.notice)
+        self.empty_hint = QLabel()
+        self.empty_hint.setObjectName("emptyHint")
+        self.empty_hint.setAlignment(Qt.AlignCenter)
+        self.empty_hint.setWordWrap(True)
+        self._layout.addWidget(self.empty_hint)
+        self._layout.addStretch(1)
+        self.setWidget(inner)
+        self.widgets: list[MessageWidget] = []
+        self._stream: MessageWidget | None = None
+        self._stream_text = ""
+        self._dirty = False
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(FRAME_MS)
+        self._timer.timeout.connect(self._flush)
+        self.renders = 0  # stream re-renders, for tests and benchmarks
+        self._follow = True
+        bar = self.verticalScrollBar()
+        bar.valueChanged.connect(self._on_scroll)
+        bar.rangeChanged.connect(self._on_range)
+        self.set_empty_hint("Start a conversation: type below and press Ctrl+Enter.")
+
+    # ---- scrolling
+    def _on_scroll(self, value: int) -> None:
+        self._follow = value >= self.verticalScrollBar().maximum() - 8
+
+    def _on_range(self, _lo: int, hi: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(hi)
+
+    @property
+    def following(self) -> bool:
+        return self._follow
+
+    def scroll_to_bottom(self) -> None:
+        self._follow = True
+        self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
+
+    # ---- content
+    def set_empty_hint(self, text: str) -> None:
+        self.empty_hint.setText(text)
+        self.empty_hint.setVisible(not self.widgets and bool(text))
+
+    def set_notice(self, text: str | None) -> None:
+        """A note above the transcript (e.g. older turns dropped from the context)."""
+        self.notice.setText(text or "")
+        self.notice.setVisible(bool(text))
+
+    def set_messages(self, messages: list[dict]) -> None:
+        """Show these messages (the current branch), replacing what is shown."""
+        self._timer.stop()
+        self._stream = None
+        for w in self.widgets:
+            w.setParent(None)
+            w.deleteLater()
+        self.widgets = []
+        for m in messages:
+            self._add(MessageWidget(message=m, parent=self.widget()))
+        self.empty_hint.setVisible(not self.widgets and bool(self.empty_hint.text()))
+        self.scroll_to_bottom()
+
+    def _add(self, w: MessageWidget) -> MessageWidget:
+        w.action.connect(self._on_action)
+        w.codeCopied.connect(self.copied)
+        self._layout.insertWidget(self._layout.count() - 1, w)
+        self.widgets.append(w)
+        self.empty_hint.hide()
+        return w
+
+    def _on_action(self, name: str, msg_id: int) -> None:
+        if name == "copy":
+            w = self.widget_for(msg_id)
+            if w is not None:
+                QGuiApplication.clipboard().setText(w.message.get("text", ""))
+                self.copied.emit(w.message.get("text", ""))
+            return
+        self.actionRequested.emit(name, msg_id)
+
+    def widget_for(self, msg_id: int) -> MessageWidget | None:
+        return next((w for w in self.widgets if w.msg_id == msg_id), None)
+
+    # ---- streaming
+    def begin_stream(self, message: dict | None = None) -> MessageWidget:
+        """Add (or reuse, when continuing) the assistant message that is about to stream."""
+        m = dict(message or {"id": None, "role": "assistant", "text": ""})
+        self._stream_text = m.get("text", "")
+        last = self.widgets[-1] if self.widgets else None
+        if last is not None and m.get("id") is not None and last.msg_id == m["id"]:
+            last.update_message(m, streaming=True)
+            self._stream = last
+        else:
+            self._stream = self._add(MessageWidget(message=m, streaming=True, parent=self.widget()))
+        return self._stream
+
+    def append_stream(self, text: str) -> None:
+        """Add streamed text; the body is re-rendered at most once per frame."""
+        if self._stream is None or not text:
+            return
+        self._stream_text += text
+        self._dirty = True
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def _flush(self) -> None:
+        if self._stream is None or not self._dirty:
+            return
+        self._dirty = False
+        self.renders += 1
+        self._stream.set_text(self._stream_text)
+
+    @property
+    def stream_text(self) -> str:
+        return self._stream_text
+
+    def end_stream(self, message: dict) -> None:
+        """The reply finished (or stopped): show its final text, id, versions and stats."""
+        self._timer.stop()
+        self._dirty = False
+        if self._stream is None:
+            self._add(MessageWidget(message=message, parent=self.widget()))
+            return
+        self._stream.update_message(message, streaming=False)
+        self._stream = None
+
+    @property
+    def streaming(self) -> bool:
+        return self._stream is not None
+
+    def toPlainText(self) -> str:  # noqa: N802 (Qt-style, for automation)
+        """Everything shown, as plain text (role line, then the text)."""
+        parts = []
+        for w in self.widgets:
+            text = self._stream_text if w is self._stream else w.message.get("text", "")
+            parts.append(f"{w.role_label.text()}:\n{text}")
+        return "\n\n".join(parts)
