@@ -22,3 +22,22 @@ def fixtures() -> Path:
             pytest.fail(msg)
         pytest.skip(msg)
     return d
+
+
+@pytest.fixture(scope="session")
+def tiny_meta_dir(tmp_path_factory, fixtures):
+    """A tiny random Llama (GQA, vocab 32000) saved as a Meta folder with Llama 2's tokenizer."""
+    from core.chat_format import chat_format_for
+    from core.checkpoints.common import LoadedModel
+    from core.checkpoints.meta import save_meta
+    from core.tokenizer import load_tokenizer
+    from tests.helpers import meta_from_hf, tiny_hf
+
+    tok_file = fixtures / "llama2-tokenizer.model"
+    tok = load_tokenizer(tok_file)
+    model = meta_from_hf(tiny_hf(seed=7, vocab_size=32000, hidden_size=32, intermediate_size=64,
+                                 num_attention_heads=4, num_key_value_heads=2))
+    out = tmp_path_factory.mktemp("tiny_meta")
+    save_meta(LoadedModel(model, tok, chat_format_for(tok), model.args, tok.stop_ids, {}), out,
+              tokenizer_file=tok_file)
+    return out

@@ -1,0 +1,119 @@
+"""`python -m core`: subcommands, JSON contract, and the exit-2 error path."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from core.__main__ import main
+from tests.conftest import ROOT
+
+
+def run_cli(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_generate_json_fields(capsys, tiny_meta_dir):
+    rc, out, err = run_cli(capsys, "generate", tiny_meta_dir, "--prompt", "Hello world", "--max-new-tokens", "6",
+                           "--temperature", "0", "--json", "--device", "cpu")
+    assert rc == 0, err
+    obj = json.loads(out.strip().splitlines()[-1])
+    assert obj["prompt_tokens"] == [1, 15043, 3186]  # BOS + Llama 2 ids from the fixtures README
+    assert len(obj["tokens"]) == len(obj["logprobs"]) == 6
+    assert all(lp <= 0 for lp in obj["logprobs"])
+    assert obj["stop_reason"] == "length"
+    assert set(obj["timings"]) == {"load_s", "prefill_s", "decode_s", "prefill_tok_s", "decode_tok_s"}
+    assert isinstance(obj["text"], str) and obj["text"]
+
+
+def test_generate_streams_same_text_as_json(capsys, tiny_meta_dir):
+    args = ["generate", tiny_meta_dir, "--prompt", "Hi", "--max-new-tokens", "8", "--seed", "4"]
+    rc, streamed, _ = run_cli(capsys, *args)
+    rc2, out, _ = run_cli(capsys, *args, "--json")
+    assert rc == rc2 == 0
+    assert streamed == json.loads(out)["text"] + "\n"
+
+
+def test_empty_prompt_is_bos_alone(capsys, tiny_meta_dir):
+    rc, out, _ = run_cli(capsys, "generate", tiny_meta_dir, "--prompt", "", "--max-new-tokens", "2", "--json")
+    assert rc == 0 and json.loads(out)["prompt_tokens"] == [1]
+
+
+def test_chat_uses_the_format(capsys, tiny_meta_dir):
+    rc, out, _ = run_cli(capsys, "generate", tiny_meta_dir, "--prompt", "Hi", "--chat", "--chat-format", "llama2",
+                         "--system", "Be brief.", "--max-new-tokens", "2", "--json")
+    assert rc == 0
+    ids = json.loads(out)["prompt_tokens"]
+    from core.tokenizer import load_tokenizer
+    tok = load_tokenizer(tiny_meta_dir / "tokenizer.model")
+    assert ids == tok.encode("[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]", bos=True)
+
+
+def test_tokenize_llama3_chat_matches_meta(capsys, fixtures):
+    rc, out, _ = run_cli(capsys, "tokenize", fixtures / "llama3-tokenizer.model", "--text",
+                         "This is a test sentence.", "--chat")
+    assert rc == 0
+    assert json.loads(out) == [128000, 128006, 882, 128007, 271, 2028, 374, 264, 1296, 11914, 13, 128009,
+                               128006, 78191, 128007, 271]
+    rc, out, _ = run_cli(capsys, "tokenize", fixtures / "llama3-tokenizer.model", "--text",
+                         "This is a test sentence.", "--bos", "--eos")
+    assert json.loads(out) == [128000, 2028, 374, 264, 1296, 11914, 13, 128001]
+
+
+def test_tokenize_model_folder(capsys, tiny_meta_dir):
+    rc, out, _ = run_cli(capsys, "tokenize", tiny_meta_dir, "--text", "Hello world")
+    assert rc == 0 and json.loads(out) == [15043, 3186]
+
+
+def test_info(capsys, tiny_meta_dir):
+    rc, out, _ = run_cli(capsys, "info", tiny_meta_dir)
+    info = json.loads(out)
+    assert rc == 0
+    assert info["format"] == "meta" and info["vocab_size"] == 32000 and info["n_kv_heads"] == 2
+    assert info["parameters"] > 0 and info["context_length"] > 0 and info["chat_format"] in ("raw", "llama2", "llama3")
+
+
+def test_compare_json(capsys, tiny_meta_dir):
+    rc, out, err = run_cli(capsys, "compare", tiny_meta_dir, "--prompt", "Hello", "--max-new-tokens", "5",
+                           "--lane", "temperature=0", "--lane", "temperature=1.0,top_p=0.9,seed=7",
+                           "--lane", "temperature=1.0,top_p=0.9,seed=7,max_new_tokens=3", "--json")
+    assert rc == 0, err
+    obj = json.loads(out)
+    lanes = obj["lanes"]
+    assert [len(l["tokens"]) for l in lanes] == [5, 5, 3]
+    assert lanes[1]["tokens"][:3] == lanes[2]["tokens"]
+    assert lanes[1]["settings"]["seed"] == 7 and lanes[1]["settings"]["top_p"] == 0.9
+    assert set(obj["timings"]) >= {"prefill_s", "decode_s", "total_s"}
+    assert all(set(l) >= {"settings", "text", "tokens", "logprobs", "stop_reason", "stats"} for l in lanes)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["generate", "{m}", "--prompt", "x", "--temperature", "-0.5"], "temperature"),
+    (["generate", "{m}", "--prompt", "x", "--top-p", "1.5"], "top_p"),
+    (["generate", "{m}", "--prompt", "x", "--max-new-tokens", "0"], "max-new-tokens"),
+    (["generate", "/nonexistent/model", "--prompt", "x"], "no such file"),
+    (["generate", "{m}"], "--prompt"),
+    (["compare", "{m}", "--prompt", "x", "--lane", "warmth=3"], "warmth"),
+    (["info", "{m}/params.json"], "not a GGUF"),
+    (["tokenize", "/nonexistent", "--text", "x"], "no such file"),
+])
+def test_user_errors_exit_2_with_one_line(capsys, tiny_meta_dir, argv, needle):
+    rc, out, err = run_cli(capsys, *[a.replace("{m}", str(tiny_meta_dir)) for a in argv])
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and needle in err
+    assert "Traceback" not in err
+
+
+def test_broken_weights_exit_2_in_a_real_process(tmp_path, tiny_meta_dir):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in ("params.json", "tokenizer.model"):
+        (bad / f).write_bytes((tiny_meta_dir / f).read_bytes())
+    (bad / "consolidated.00.pth").write_bytes((tiny_meta_dir / "consolidated.00.pth").read_bytes()[:5000])
+    p = subprocess.run([sys.executable, "-m", "core", "generate", str(bad), "--prompt", "x"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and "consolidated.00.pth" in p.stderr
+    assert "Traceback" not in p.stderr

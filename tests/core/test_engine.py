@@ -1,0 +1,248 @@
+"""The generation loop: events, stop rules, cancel, prefix reuse, batches and lanes."""
+import threading
+
+import pytest
+import torch
+
+from core.checkpoints import load
+from core.engine import Done, Engine, Prefilled, Token
+from core.errors import SettingsError
+from core.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_meta_dir):
+    return load(tiny_meta_dir, device="cpu", dtype="float32")
+
+
+@pytest.fixture
+def engine(lm):
+    return Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids)
+
+
+def run(engine, prompt, **kw):
+    evs = list(engine.generate(prompt, SamplingParams(**kw)))
+    return evs, evs[-1]
+
+
+def reference_greedy(model, prompt, n):
+    """Greedy by full forward passes, no cache: the slow obviously-right way."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_events_in_order_and_text_is_sum_of_deltas(engine, lm):
+    prompt = lm.tokenizer.encode("Hello world", bos=True)
+    evs, done = run(engine, prompt, temperature=0, max_new_tokens=12)
+    assert isinstance(evs[0], Prefilled) and evs[0].prompt_tokens == len(prompt)
+    toks = [e for e in evs if isinstance(e, Token)]
+    assert isinstance(done, Done) and done.stop_reason == "length"
+    assert [t.token_id for t in toks] == done.tokens and len(done.tokens) == 12
+    assert "".join(t.text for t in toks) == done.text == lm.tokenizer.decode(prompt + done.tokens)[len("Hello world"):]
+    assert done.stats.generated_tokens == 12 and done.stats.prompt_tokens == len(prompt)
+
+
+def test_greedy_equals_uncached_reference_and_logprobs_are_raw(engine, lm):
+    prompt = lm.tokenizer.encode("The quick brown fox", bos=True)
+    _, done = run(engine, prompt, temperature=0, max_new_tokens=10)
+    assert done.tokens == reference_greedy(lm.model, prompt, 10)
+    with torch.no_grad():
+        logits = lm.model(torch.tensor([prompt + done.tokens]))[0, len(prompt) - 1:-1]
+    expect = torch.log_softmax(logits, -1).gather(-1, torch.tensor(done.tokens).view(-1, 1)).view(-1)
+    torch.testing.assert_close(torch.tensor(done.logprobs), expect, atol=1e-4, rtol=0)
+
+
+def test_logprobs_are_under_raw_distribution_even_with_temperature(engine, lm):
+    prompt = lm.tokenizer.encode("Once", bos=True)
+    _, done = run(engine, prompt, temperature=1.7, top_k=5, seed=3, max_new_tokens=5)
+    with torch.no_grad():
+        logits = lm.model(torch.tensor([prompt + done.tokens]))[0, len(prompt) - 1:-1]
+    expect = torch.log_softmax(logits, -1).gather(-1, torch.tensor(done.tokens).view(-1, 1)).view(-1)
+    torch.testing.assert_close(torch.tensor(done.logprobs), expect, atol=1e-4, rtol=0)
+
+
+def test_same_seed_same_output_different_seed_differs(engine, lm):
+    prompt = lm.tokenizer.encode("Hi", bos=True)
+    a = run(engine, prompt, temperature=1.0, seed=11, max_new_tokens=16)[1].tokens
+    b = run(engine, prompt, temperature=1.0, seed=11, max_new_tokens=16)[1].tokens
+    c = run(engine, prompt, temperature=1.0, seed=12, max_new_tokens=16)[1].tokens
+    assert a == b and a != c
+
+
+def test_stop_token_ends_with_eos(lm):
+    prompt = lm.tokenizer.encode("Hello", bos=True)
+    first = reference_greedy(lm.model, prompt, 3)
+    # Declare the third greedy token a stop token: generation must end right before it.
+    eng = Engine(lm.model, lm.tokenizer, stop_ids={first[2]})
+    _, done = run(eng, prompt, temperature=0, max_new_tokens=20)
+    assert done.stop_reason == "eos" and done.stop_token == first[2]
+    assert done.tokens == first[:2]
+
+
+def test_stop_string_truncates_and_is_never_streamed(engine, lm):
+    prompt = lm.tokenizer.encode("Hello", bos=True)
+    full = run(engine, prompt, temperature=0, max_new_tokens=20)[1].text
+    stop = full[5:8]
+    assert stop and stop in full
+    evs, done = run(engine, prompt, temperature=0, max_new_tokens=20, stop=(stop,))
+    assert done.stop_reason == "stop"
+    assert done.text == full[: full.find(stop)]
+    assert "".join(e.text for e in evs if isinstance(e, Token)) == done.text
+
+
+def test_context_limit_stops_with_context(lm):
+    eng = Engine(lm.model, lm.tokenizer, max_context=20, stop_ids=lm.stop_ids)
+    prompt = lm.tokenizer.encode("Hello world", bos=True)
+    _, done = run(eng, prompt, temperature=0, max_new_tokens=100)
+    assert done.stop_reason == "context"
+    assert len(prompt) + len(done.tokens) <= 21
+    with pytest.raises(SettingsError, match="context"):
+        list(eng.generate(list(range(3, 30)), SamplingParams()))
+
+
+def test_cancel_lands_within_one_decode_step(engine, lm):
+    cancel = threading.Event()
+    prompt = lm.tokenizer.encode("Hello", bos=True)
+    n = 0
+    done = None
+    for ev in engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=200), cancel=cancel):
+        if isinstance(ev, Token):
+            n += 1
+            if n == 5:
+                cancel.set()
+        if isinstance(ev, Done):
+            done = ev
+    assert done.stop_reason == "cancelled"
+    assert len(done.tokens) == 5
+    # The engine works again afterwards, and its cache reuse gives the right answer.
+    _, again = run(engine, prompt, temperature=0, max_new_tokens=6)
+    assert again.tokens == reference_greedy(lm.model, prompt, 6)
+
+
+def test_cancel_between_prefill_chunks(lm):
+    eng = Engine(lm.model, lm.tokenizer, prefill_chunk=8, stop_ids=lm.stop_ids)
+    prompt = lm.tokenizer.encode("word " * 100, bos=True)
+    cancel = threading.Event()
+    calls = []
+    orig = lm.model.forward
+
+    def counting(*a, **k):
+        calls.append(a[0].shape[1])
+        if len(calls) == 3:
+            cancel.set()
+        return orig(*a, **k)
+
+    lm.model.forward = counting
+    try:
+        evs = list(eng.generate(prompt, SamplingParams(temperature=0), cancel=cancel))
+    finally:
+        del lm.model.forward
+    assert evs[-1].stop_reason == "cancelled" and evs[-1].tokens == []
+    assert len(calls) == 3 and all(c == 8 for c in calls)
+
+
+def test_chat_turn_reuses_cached_prefix_and_matches_fresh_engine(lm):
+    eng = Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids)
+    turn1 = lm.tokenizer.encode("A long shared conversation prefix", bos=True)
+    _, d1 = run(eng, turn1, temperature=0, max_new_tokens=8)
+    turn2 = turn1 + d1.tokens + lm.tokenizer.encode(" and then")
+    evs, d2 = run(eng, turn2, temperature=0, max_new_tokens=8)
+    assert evs[0].cached_tokens >= len(turn1) + len(d1.tokens) - 1
+    fresh = Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids)
+    assert run(fresh, turn2, temperature=0, max_new_tokens=8)[1].tokens == d2.tokens
+    # A prompt that diverges early reuses only the common part.
+    evs3, d3 = run(eng, turn1[:3] + [500, 600], temperature=0, max_new_tokens=4)
+    assert evs3[0].cached_tokens == 3
+    assert d3.tokens == reference_greedy(lm.model, turn1[:3] + [500, 600], 4)
+
+
+def test_batch_of_different_lengths_matches_each_alone(engine, lm):
+    texts = ["Hi", "The weather today is rather", "Numbers: 1 2 3"]
+    prompts = [lm.tokenizer.encode(t, bos=True) for t in texts]
+    done = sorted((e for e in engine.generate_batch(prompts, SamplingParams(temperature=0, max_new_tokens=8))
+                   if isinstance(e, Done)), key=lambda d: d.lane)
+    for p, d in zip(prompts, done):
+        assert d.tokens == reference_greedy(lm.model, p, 8)
+
+
+def test_beam_search_runs_and_returns_a_scored_hypothesis(engine, lm):
+    prompt = lm.tokenizer.encode("Hello", bos=True)
+    evs, done = run(engine, prompt, temperature=0, num_beams=3, max_new_tokens=6)
+    greedy = run(engine, prompt, temperature=0, max_new_tokens=6)[1]
+    assert done.stop_reason in ("length", "eos") and 0 < len(done.tokens) <= 6
+    # Beam search maximises the joint log-probability, so it is never worse than greedy.
+    assert sum(done.logprobs) >= sum(greedy.logprobs) - 1e-4
+
+
+def test_invalid_prompt_tokens_are_rejected(engine):
+    with pytest.raises(SettingsError, match="vocabulary"):
+        list(engine.generate([1, 10**6], SamplingParams()))
+    with pytest.raises(SettingsError, match="empty"):
+        list(engine.generate([], SamplingParams()))
+
+
+# -- lanes (comparison) -------------------------------------------------------------------
+
+def lanes_done(engine, prompt, lanes):
+    evs = list(engine.generate_lanes(prompt, lanes))
+    assert sum(isinstance(e, Prefilled) for e in evs) == 1  # one shared prefill
+    return sorted((e for e in evs if isinstance(e, Done)), key=lambda d: d.lane), evs
+
+
+def test_greedy_lanes_equal_each_other_and_single_run(engine, lm):
+    prompt = lm.tokenizer.encode("Once upon", bos=True)
+    single = run(engine, prompt, temperature=0, max_new_tokens=10)[1].tokens
+    done, _ = lanes_done(engine, prompt, [SamplingParams(temperature=0, max_new_tokens=10)] * 3)
+    assert all(d.tokens == single for d in done)
+
+
+def test_seeded_lanes_match_single_runs_and_stop_independently(engine, lm):
+    prompt = lm.tokenizer.encode("Once upon", bos=True)
+    lanes = [SamplingParams(temperature=1.0, seed=1, max_new_tokens=12),
+             SamplingParams(temperature=1.0, seed=1, max_new_tokens=12),
+             SamplingParams(temperature=1.0, seed=2, max_new_tokens=4),
+             SamplingParams(temperature=0.7, top_k=20, seed=3, max_new_tokens=9)]
+    done, evs = lanes_done(engine, prompt, lanes)
+    assert done[0].tokens == done[1].tokens
+    assert done[0].tokens != done[2].tokens[:4] or len(done[2].tokens) == 4
+    assert [len(d.tokens) for d in done] == [12, 12, 4, 9]
+    for lane, d in zip(lanes, done):
+        assert d.tokens == run(engine, prompt, **{k: getattr(lane, k) for k in
+                                                  ("temperature", "top_k", "seed", "max_new_tokens")})[1].tokens
+    # Lane 2 finished early; the others kept streaming afterwards.
+    last_lane2 = max(i for i, e in enumerate(evs) if isinstance(e, Token) and e.lane == 2)
+    assert any(isinstance(e, Token) and e.lane == 0 for e in evs[last_lane2 + 1:])
+
+
+def test_lane_with_stop_string_stops_alone(engine, lm):
+    prompt = lm.tokenizer.encode("Once upon", bos=True)
+    full = run(engine, prompt, temperature=0, max_new_tokens=16)[1].text
+    stop = full[4:7]
+    done, _ = lanes_done(engine, prompt, [SamplingParams(temperature=0, max_new_tokens=16, stop=(stop,)),
+                                          SamplingParams(temperature=0, max_new_tokens=16)])
+    assert done[0].stop_reason == "stop" and done[0].text == full[: full.find(stop)]
+    assert done[1].stop_reason == "length" and done[1].text == full
+
+
+def test_inspector_alternatives_match_direct_softmax(engine, lm):
+    prompt = lm.tokenizer.encode("Hello", bos=True)
+    params = SamplingParams(temperature=0.8, top_k=4, top_p=0.9, seed=5, max_new_tokens=3)
+    evs = list(engine.generate(prompt, params, inspect=5))
+    toks = [e for e in evs if isinstance(e, Token)]
+    with torch.no_grad():
+        logits = lm.model(torch.tensor([prompt + [t.token_id for t in toks]]))[0, len(prompt) - 1:-1]
+    for t, lg in zip(toks, logits):
+        raw = lg.softmax(-1)
+        top = torch.topk(raw, 5)
+        assert [i for i, _ in t.top["raw"]] == top.indices.tolist()
+        torch.testing.assert_close(torch.tensor([p for _, p in t.top["raw"]]), top.values, atol=1e-5, rtol=0)
+        scaled = lg / 0.8
+        k4 = torch.topk(scaled, 4)
+        probs = k4.values.softmax(-1)
+        keep = (probs.cumsum(-1) - probs) < 0.9
+        expect = probs[keep] / probs[keep].sum()
+        assert [i for i, _ in t.top["filtered"]] == k4.indices[keep].tolist()
+        torch.testing.assert_close(torch.tensor([p for _, p in t.top["filtered"]]), expect, atol=1e-5, rtol=0)

@@ -1,0 +1,125 @@
+"""Samplers on hand-made distributions, seeded determinism, beam search."""
+import math
+
+import pytest
+import torch
+
+from core.engine import beam_search
+from core.errors import SettingsError
+from core.sampling import (SamplingParams, apply_repetition_penalty, filter_logits, min_p_filter, sample,
+                           top_alternatives, top_k_filter, top_p_filter)
+
+
+def logits_of(probs):
+    return torch.tensor(probs, dtype=torch.float32).log()
+
+
+def kept(logits):
+    return set(torch.isfinite(logits).nonzero().view(-1).tolist())
+
+
+def test_top_k_keeps_k_largest():
+    lg = logits_of([0.1, 0.4, 0.05, 0.3, 0.15])
+    assert kept(top_k_filter(lg, 2)) == {1, 3}
+    assert kept(top_k_filter(lg, 0)) == {0, 1, 2, 3, 4}
+
+
+def test_top_p_keeps_smallest_set_reaching_p():
+    lg = logits_of([0.1, 0.4, 0.05, 0.3, 0.15])
+    assert kept(top_p_filter(lg, 0.5)) == {1, 3}  # 0.4 < 0.5, 0.4 + 0.3 ≥ 0.5
+    assert kept(top_p_filter(lg, 0.7)) == {1, 3}  # reaches exactly 0.7
+    assert kept(top_p_filter(lg, 0.71)) == {1, 3, 4}
+    assert kept(top_p_filter(lg, 0.01)) == {1}  # the top token always stays
+
+
+def test_min_p_relative_to_top_token():
+    lg = logits_of([0.1, 0.4, 0.05, 0.3, 0.15])
+    assert kept(min_p_filter(lg, 0.3)) == {1, 3, 4}  # threshold 0.12
+    assert kept(min_p_filter(lg, 0.8)) == {1}
+
+
+def test_repetition_penalty_divides_positive_multiplies_negative():
+    lg = torch.tensor([2.0, -1.0, 0.5])
+    out = apply_repetition_penalty(lg, torch.tensor([0, 1]), 2.0)
+    assert out.tolist() == [1.0, -2.0, 0.5]
+
+
+def test_filters_compose_and_sampling_stays_inside_kept_set():
+    lg = logits_of([0.1, 0.4, 0.05, 0.3, 0.15])
+    p = SamplingParams(temperature=0.7, top_k=3, top_p=0.6, seed=1)
+    allowed = kept(filter_logits(lg, p))
+    assert allowed == {1, 3}
+    g = p.generator()
+    assert {sample(lg, p, g) for _ in range(200)} == allowed
+
+
+def test_seeded_determinism_and_seed_sensitivity():
+    lg = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    p = SamplingParams(temperature=1.0, top_p=1.0, seed=42)
+    a = [sample(lg, p, g) for g in [p.generator()] for _ in range(50)]
+    b = [sample(lg, p, g) for g in [p.generator()] for _ in range(50)]
+    c = [sample(lg, SamplingParams(temperature=1.0, seed=43), g)
+         for g in [SamplingParams(seed=43).generator()] for _ in range(50)]
+    assert a == b
+    assert a != c
+
+
+def test_greedy_ignores_generator():
+    lg = logits_of([0.1, 0.4, 0.05, 0.3, 0.15])
+    assert sample(lg, SamplingParams(temperature=0), None) == 1
+
+
+def test_sampled_frequencies_follow_filtered_distribution():
+    lg = logits_of([0.5, 0.3, 0.2])
+    p = SamplingParams(temperature=1.0, top_p=1.0, seed=5)
+    g = p.generator()
+    n = 4000
+    counts = torch.bincount(torch.tensor([sample(lg, p, g) for _ in range(n)]), minlength=3).float() / n
+    assert torch.allclose(counts, torch.tensor([0.5, 0.3, 0.2]), atol=0.03)
+
+
+def test_top_alternatives_before_and_after_filters():
+    lg = logits_of([0.1, 0.4, 0.05, 0.3, 0.15])
+    alt = top_alternatives(lg, SamplingParams(temperature=1.0, top_k=2), k=3)
+    assert [t for t, _ in alt["raw"]] == [1, 3, 4]
+    assert alt["raw"][0][1] == pytest.approx(0.4, abs=1e-6)
+    assert [t for t, _ in alt["filtered"]] == [1, 3]
+    assert alt["filtered"][0][1] == pytest.approx(0.4 / 0.7, abs=1e-6)
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2),
+                                 dict(min_p=1.0), dict(repetition_penalty=0), dict(max_new_tokens=0),
+                                 dict(num_beams=0), dict(seed=-1), dict(stop=("",))])
+def test_invalid_settings_are_rejected_with_their_name(bad):
+    with pytest.raises(SettingsError) as e:
+        SamplingParams(**bad).validate()
+    assert list(bad)[0].split("_")[0] in str(e.value)
+
+
+def test_beam_search_beats_greedy_on_a_trap():
+    """Token 1 looks best first but leads to a flat distribution; token 2 leads to a sure path."""
+    V, stop = 4, 3
+    table = {
+        (): [0.0, 0.5, 0.4, 0.1],
+        (1,): [0.3, 0.3, 0.3, 0.1],
+        (2,): [0.0, 0.0, 0.95, 0.05],
+    }
+
+    def dist(prefix):
+        p = table.get(tuple(prefix), [0.05, 0.05, 0.05, 0.85])
+        return torch.tensor(p).clamp_min(1e-9).log()
+
+    state = {"beams": [[]]}
+
+    def step(last, origin):
+        beams = [state["beams"][o] + [t] for o, t in zip(origin, last)]
+        state["beams"] = beams
+        return torch.stack([dist(b) for b in beams])
+
+    res = beam_search(step, dist([]), num_beams=2, max_new_tokens=3, stop_ids={stop}, length_penalty=0.0)
+    greedy = [1, 0]  # 0.5 then 0.3 (ties broken low): total log 0.15
+    beam_lp = sum(res.logprobs)
+    greedy_lp = math.log(0.5) + math.log(0.3)
+    assert res.tokens[:2] == [2, 2]
+    assert beam_lp > greedy_lp
+    assert res.tokens[:2] != greedy
