@@ -29,7 +29,8 @@ def detect(path: str | Path) -> str:
     if "params.json" in names and any(n.startswith("consolidated.") and n.endswith(".pth") for n in names):
         return "meta"
     if "config.json" in names and (any(n.endswith(".safetensors") for n in names)
-                                   or "model.safetensors.index.json" in names or "pytorch_model.bin" in names):
+                                   or "model.safetensors.index.json" in names or "pytorch_model.bin" in names
+                                   or "pytorch_model.bin.index.json" in names):
         return "hf"
     ggufs = sorted(n for n in names if n.endswith(".gguf"))
     if len(ggufs) == 1:

@@ -24,6 +24,8 @@ class LoadedModel:
     args: ModelArgs
     stop_ids: set[int]
     info: dict[str, Any] = field(default_factory=dict)
+    #: the chat template text the checkpoint carried (never evaluated; kept for convert)
+    chat_template: str | None = None
 
     @property
     def name(self) -> str:
@@ -84,7 +86,9 @@ def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
 
 def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor]] | Iterable,
                 *, device: torch.device, dtype: torch.dtype, source: str,
-                progress: ProgressFn | None = None, ignore: Iterable[str] = ()) -> Transformer:
+                progress: ProgressFn | None = None, ignore: Iterable[str] = (),
+                display: Mapping[str, str] | None = None,
+                sources: Mapping[str, str] | None = None) -> Transformer:
     """Build on the meta device and assign each checked tensor in the target dtype.
 
     Args:
@@ -92,6 +96,8 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
             tensor at a time is materialised) or an iterable of (name, loader) pairs.
         source: the file or folder named in errors.
         ignore: tensor names the format carries that the model derives (e.g. rope.freqs).
+        display: Meta name -> the name the file uses, so errors name what the user can find.
+        sources: Meta name -> the file holding it (sharded checkpoints); default ``source``.
 
     Raises:
         CheckpointError naming the file and the tensor for an unknown, missing or
@@ -99,6 +105,8 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
     """
     items = list(tensors.items() if isinstance(tensors, Mapping) else tensors)
     shapes = expected_shapes(args)
+    shown = (lambda n: display.get(n, n)) if display else (lambda n: n)
+    where = (lambda n: sources.get(n, source)) if sources else (lambda n: source)
     ignore = set(ignore)
     state: dict[str, torch.Tensor] = {}
     total = max(len(items), 1)
@@ -106,24 +114,24 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
         if name in ignore or (args.tie_word_embeddings and name == "output.weight"):
             continue
         if name not in shapes:
-            raise CheckpointError("unexpected tensor (not part of a Llama model)", file=source, tensor=name)
+            raise CheckpointError("unexpected tensor (not part of a Llama model)", file=where(name), tensor=shown(name))
         try:
             t = load()
         except CheckpointError:
             raise
         except Exception as e:  # a corrupt or truncated file surfaces here
-            raise CheckpointError(f"could not read tensor: {e}", file=source, tensor=name) from None
+            raise CheckpointError(f"could not read tensor: {e}", file=where(name), tensor=shown(name)) from None
         if tuple(t.shape) != shapes[name]:
             raise CheckpointError(
-                f"shape {tuple(t.shape)} does not fit the model's {shapes[name]}", file=source, tensor=name)
+                f"shape {tuple(t.shape)} does not fit the model's {shapes[name]}", file=where(name), tensor=shown(name))
         if t.is_floating_point() is False:
-            raise CheckpointError(f"tensor has non-float dtype {t.dtype}", file=source, tensor=name)
+            raise CheckpointError(f"tensor has non-float dtype {t.dtype}", file=where(name), tensor=shown(name))
         state[name] = t.to(device=device, dtype=dtype)
         if progress:
             progress((i + 1) / total, f"loading {name}")
     missing = [k for k in shapes if k not in state]
     if missing:
-        raise CheckpointError(f"missing tensor ({len(missing)} missing in all)", file=source, tensor=missing[0])
+        raise CheckpointError(f"missing tensor ({len(missing)} missing in all)", file=source, tensor=shown(missing[0]))
     with torch.device("meta"):
         model = Transformer(args)
     model.load_state_dict(state, assign=True, strict=not args.tie_word_embeddings)

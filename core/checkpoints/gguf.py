@@ -302,14 +302,15 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     if unsupported:
         raise CheckpointError(f"tensor type {unsupported[1]} cannot be dequantized", file=source,
                               tensor=unsupported[0])
-    model = build_model(args, items, device=dev, dtype=dt, source=source, progress=progress)
+    model = build_model(args, items, device=dev, dtype=dt, source=source, progress=progress,
+                        display={meta_name(n): n for n in by_name if meta_name(n)})
     fmt = chat_format_for(tok, template=template)
     stop = set(tok.stop_ids) | fmt.stop_ids()
     info = model_info("gguf", path, args, model, tok, fmt, tensor_types=types,
                       dequantized=any(t not in FLOAT_TYPES for t in types),
                       chat_template_source="gguf" if template else None,
                       general_name=md.get("general.name"))
-    return LoadedModel(model, tok, fmt, args, stop, info)
+    return LoadedModel(model, tok, fmt, args, stop, info, chat_template=template)
 
 
 def _named_errors(load: Callable[[], torch.Tensor], gguf_tensor: str, source: str):

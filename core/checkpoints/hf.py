@@ -1,11 +1,16 @@
 """Hugging Face folders: config.json + safetensors, mapped onto Meta's names and layout."""
 from __future__ import annotations
 
-from typing import Any
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
+from ..errors import CheckpointError
 from ..model import ModelArgs
+from .common import LoadedModel, ProgressFn, build_model, model_info, resolve_device, resolve_dtype
 
 
 def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -109,3 +114,318 @@ def to_hf_tensor(name: str, t: torch.Tensor, args: ModelArgs) -> torch.Tensor:
     if name.endswith("attention.wk.weight"):
         return permute_rotary(t, args.n_kv_heads)
     return t
+
+
+# --------------------------------------------------------------------------- loading
+
+# Older transformers saved each layer's RoPE inverse frequencies; the model derives them.
+_DERIVED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+BIN_INDEX = "pytorch_model.bin.index.json"
+
+
+def _read_json(file: Path, *, required: bool = False) -> dict[str, Any] | None:
+    if not file.is_file():
+        if required:
+            raise CheckpointError(f"{file.name} is missing", file=str(file))
+        return None
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {file.name}: {e}", file=str(file)) from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file.name} is not a JSON object", file=str(file))
+    return data
+
+
+def weight_files(path: Path) -> tuple[str, dict[str, Path]]:
+    """('safetensors' | 'bin', HF tensor name -> file) for an HF folder, without reading data."""
+    for index_name, kind in ((SAFETENSORS_INDEX, "safetensors"), (BIN_INDEX, "bin")):
+        index = _read_json(path / index_name)
+        if index is None:
+            continue
+        wm = index.get("weight_map")
+        if not isinstance(wm, dict) or not wm:
+            raise CheckpointError("index has no weight_map", file=str(path / index_name))
+        files = {}
+        for name, fname in wm.items():
+            f = path / str(fname)
+            if Path(str(fname)).name != str(fname) or not f.is_file():
+                raise CheckpointError(f"shard '{fname}' listed in the index is missing",
+                                      file=str(path / index_name), tensor=name)
+            files[name] = f
+        return kind, files
+    st = sorted(path.glob("*.safetensors"))
+    if st:
+        return "safetensors", {"": f for f in st}  # names come from each file's header
+    if (path / "pytorch_model.bin").is_file():
+        return "bin", {"": path / "pytorch_model.bin"}
+    raise CheckpointError("no weights: looked for model.safetensors, *.safetensors shards with "
+                          f"{SAFETENSORS_INDEX}, or pytorch_model.bin", file=str(path))
+
+
+def _open_safetensors(file: Path):
+    from safetensors import safe_open
+    try:
+        return safe_open(str(file), framework="pt", device="cpu")  # memory-mapped
+    except Exception as e:
+        raise CheckpointError(f"not a readable safetensors file (truncated or corrupt?): "
+                              f"{_one_line(e)}", file=str(file)) from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+def hf_tensors(path: Path) -> tuple[list[tuple[str, Path, Callable[[], torch.Tensor]]], list[str]]:
+    """Every tensor of an HF folder as (HF name, file, loader), plus the stored dtypes.
+
+    Nothing is read here beyond headers: loaders fetch one tensor each from a memory map.
+    """
+    from .meta import safe_torch_load
+
+    kind, files = weight_files(path)
+    out: list[tuple[str, Path, Callable[[], torch.Tensor]]] = []
+    dtypes: set[str] = set()
+    seen: dict[str, Path] = {}
+    for file in dict.fromkeys(files.values()):
+        if kind == "safetensors":
+            handle = _open_safetensors(file)
+            names = list(handle.keys())
+            for n in names:
+                dtypes.add(_ST_DTYPES.get(handle.get_slice(n).get_dtype(), handle.get_slice(n).get_dtype()))
+
+            def loader(n, handle=handle):
+                return lambda: handle.get_tensor(n)
+        else:
+            sd = safe_torch_load(file)
+            names = list(sd)
+            dtypes.update(str(t.dtype).removeprefix("torch.") for t in sd.values())
+
+            def loader(n, sd=sd):
+                return lambda: sd[n]
+        for n in names:
+            if n in seen:
+                raise CheckpointError(f"tensor is stored twice (also in {seen[n].name})", file=str(file), tensor=n)
+            seen[n] = file
+            out.append((n, file, loader(n)))
+    return out, sorted(dtypes)
+
+
+_ST_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+def _token_text(v: Any) -> str | None:
+    """tokenizer_config.json writes special tokens as a string or an AddedToken dict."""
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else None
+
+
+def read_chat_template(path: Path, tcfg: dict[str, Any] | None) -> str | None:
+    """The chat template text (never evaluated) from tokenizer_config.json or its side files."""
+    t = (tcfg or {}).get("chat_template")
+    if isinstance(t, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}
+        t = named.get("default") or next(iter(named.values()), None)
+    if isinstance(t, str) and t:
+        return t
+    # transformers ≥ 4.43 may save the template beside tokenizer_config.json instead.
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"cannot read the chat template: {e}", file=str(jinja)) from None
+    side = _read_json(path / "chat_template.json")
+    if side and isinstance(side.get("chat_template"), str):
+        return side["chat_template"]
+    return None
+
+
+def _eos_ids(*cfgs: dict[str, Any] | None) -> set[int]:
+    for cfg in cfgs:
+        v = (cfg or {}).get("eos_token_id")
+        if v is None:
+            continue
+        ids = v if isinstance(v, list) else [v]
+        return {int(i) for i in ids if isinstance(i, int)}
+    return set()
+
+
+def hf_tokenizer(path: Path, tcfg: dict[str, Any] | None):
+    """The folder's tokenizer: tokenizer.json first, then tokenizer.model."""
+    from ..errors import TokenizerError
+    from ..tokenizer import HFTokenizer, load_tokenizer
+
+    tj, tm = path / "tokenizer.json", path / "tokenizer.model"
+    try:
+        if tj.is_file():
+            cfg = tcfg or {}
+            tok = HFTokenizer(tj, bos_token=_token_text(cfg.get("bos_token")),
+                              eos_token=_token_text(cfg.get("eos_token")))
+            return tok, tj
+        if tm.is_file():
+            return load_tokenizer(tm), tm
+    except TokenizerError as e:
+        raise CheckpointError(str(e), file=str(tj if tj.is_file() else tm)) from None
+    raise CheckpointError("no tokenizer: looked for tokenizer.json and tokenizer.model", file=str(path))
+
+
+def load_hf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | None = None,
+            progress: ProgressFn | None = None) -> LoadedModel:
+    """Load a Hugging Face LlamaForCausalLM folder (safetensors, sharded or not, or a
+    weights-only pytorch_model.bin), un-permuting Q/K to Meta's interleaved RoPE layout.
+
+    Raises:
+        CheckpointError naming the file (and tensor) for anything that does not fit.
+    """
+    from ..chat_format import chat_format_for
+
+    path = Path(path)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    cfg_file = path / "config.json"
+    cfg = _read_json(cfg_file, required=True)
+    mtype = cfg.get("model_type")
+    if mtype not in (None, "llama"):
+        raise CheckpointError(f"model type '{mtype}' is not supported (only llama)", file=str(cfg_file))
+    try:
+        args = args_from_config(cfg, **({"max_seq_len": max_seq_len} if max_seq_len else {}))
+    except (KeyError, TypeError, ValueError) as e:
+        what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+        raise CheckpointError(f"config.json does not describe a Llama model: {what}", file=str(cfg_file)) from None
+    tcfg = _read_json(path / "tokenizer_config.json")
+    gcfg = _read_json(path / "generation_config.json")
+    tok, tok_file = hf_tokenizer(path, tcfg)
+    if tok.vocab_size > args.vocab_size:
+        raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the embedding only "
+                              f"{args.vocab_size}", file=str(tok_file), tensor="model.embed_tokens.weight")
+    if progress:
+        progress(0.0, "reading weights")
+    tensors, stored = hf_tensors(path)
+    items, display, sources = [], {}, {}
+    for name, file, load in tensors:
+        meta = meta_name(name)
+        if meta is None:
+            if _DERIVED.fullmatch(name):
+                continue
+            raise CheckpointError("unexpected tensor (not part of a Llama model)", file=str(file), tensor=name)
+        display[meta], sources[meta] = name, str(file)
+        items.append((meta, lambda meta=meta, load=load: to_meta_tensor(meta, load(), args)))
+    model = build_model(args, items, device=dev, dtype=dt, source=str(path), progress=progress,
+                        display=display, sources=sources)
+    template = read_chat_template(path, tcfg)
+    fmt = chat_format_for(tok, template=template)
+    gen_stops = _eos_ids(gcfg, cfg)
+    bad = sorted(i for i in gen_stops if not 0 <= i < args.vocab_size)
+    if bad:
+        raise CheckpointError(f"eos_token_id {bad[0]} is outside the {args.vocab_size}-token vocabulary",
+                              file=str(path / ("generation_config.json" if gcfg else "config.json")))
+    stop = set(tok.stop_ids) | fmt.stop_ids() | gen_stops
+    source = "tokenizer_config" if template else ("tokenizer" if fmt.name != "raw" else None)
+    info = model_info("hf", path, args, model, tok, fmt, tensor_types=stored, dequantized=False,
+                      chat_template_source=source, files=sorted({Path(s).name for s in sources.values()}))
+    return LoadedModel(model, tok, fmt, args, stop, info, chat_template=template)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def config_from_args(args: ModelArgs, *, bos_id: int | None = None, eos_id: int | list[int] | None = None,
+                     dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """A LlamaForCausalLM config.json dict (the classic keys every transformers reads)."""
+    scaling = None
+    if args.rope_scaling:
+        scaling = {"rope_type": "llama3", **{k: float(v) for k, v in args.rope_scaling.items()}}
+        scaling["original_max_position_embeddings"] = int(scaling["original_max_position_embeddings"])
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": args.dim,
+        "intermediate_size": args.hidden_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "vocab_size": args.vocab_size,
+        "max_position_embeddings": args.max_seq_len,
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "rope_scaling": scaling,
+        "tie_word_embeddings": args.tie_word_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def write_tokenizer(tok, dst: Path) -> list[str]:
+    """Write the tokenizer as HF-style files; returns the names written.
+
+    tokenizer.json when the tokenizer is a ``tokenizers`` one; SentencePiece models are
+    written as tokenizer.model (their serialized proto), tiktoken ranks as a copy of the
+    ranks file (Meta's tokenizer.model), which our loader reads back.
+    """
+    kind = getattr(tok, "kind", "")
+    if kind == "hf":
+        (dst / "tokenizer.json").write_text(tok._tok.to_str(), encoding="utf-8")
+        return ["tokenizer.json"]
+    if kind == "sentencepiece":
+        (dst / "tokenizer.model").write_bytes(tok._sp.serialized_model_proto())
+        return ["tokenizer.model"]
+    if kind == "tiktoken":
+        (dst / "tokenizer.model").write_bytes(Path(tok.source).read_bytes())
+        return ["tokenizer.model"]
+    raise CheckpointError(f"cannot write a tokenizer of kind '{kind}'")
+
+
+def save_hf(loaded: LoadedModel, dst: str | Path, *, dtype: torch.dtype | None = None) -> Path:
+    """Write a Hugging Face-style folder: config.json, model.safetensors (Q/K in HF's
+    rotate-half layout), tokenizer files, tokenizer_config.json, generation_config.json."""
+    from safetensors.torch import save_file
+
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    args, tok = loaded.args, loaded.tokenizer
+    sd = loaded.model.state_dict()
+    dtype = dtype or sd["tok_embeddings.weight"].dtype
+    out = {}
+    for name, t in sd.items():
+        if args.tie_word_embeddings and name == "output.weight":
+            continue
+        out[hf_name(name)] = to_hf_tensor(name, t.detach(), args).to("cpu", dtype).contiguous()
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    stops = sorted(loaded.stop_ids)
+    eos = tok.eos_id if tok.eos_id is not None else (stops[0] if stops else None)
+    gen_eos: int | list[int] | None = stops if len(stops) > 1 else eos
+    cfg = config_from_args(args, bos_id=tok.bos_id, eos_id=gen_eos, dtype=dtype)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    gen = {"bos_token_id": tok.bos_id, "eos_token_id": gen_eos}
+    (dst / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    files = write_tokenizer(tok, dst)
+
+    def piece(i):
+        return None if i is None else tok.id_to_piece(i)
+
+    tcfg: dict[str, Any] = {
+        "bos_token": piece(tok.bos_id),
+        "eos_token": piece(tok.eos_id),
+        "add_bos_token": True,
+        "model_max_length": args.max_seq_len,
+        "clean_up_tokenization_spaces": False,
+    }
+    if "tokenizer.json" in files:
+        tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    elif tok.kind == "sentencepiece":
+        tcfg["tokenizer_class"] = "LlamaTokenizer"
+        tcfg["legacy"] = False
+        tcfg["unk_token"] = piece(getattr(tok._sp, "unk_id")())
+    if loaded.chat_template:
+        tcfg["chat_template"] = loaded.chat_template
+    (dst / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2, ensure_ascii=False) + "\n")
+    return dst
