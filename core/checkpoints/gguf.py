@@ -157,38 +157,61 @@ def scaling_from_rope_freqs(factors: np.ndarray, args: ModelArgs, orig_ctx: floa
                             source: str) -> dict[str, float] | None:
     """Llama 3 scaling constants that reproduce llama.cpp's rope_freqs factors.
 
-    llama.cpp divides each base frequency by its factor. The llama3 rule makes the factors
-    1 at high frequency, ``factor`` at low frequency and a smooth blend between, which is
-    linear in 1/wavelength; two blended points fix that line, and the line plus the original
-    context fix low/high_freq_factor. The result is checked against the tensor.
+    llama.cpp divides each base frequency by its factor. The llama3 rule gives factor 1 at
+    high frequency, ``factor`` at low frequency, and between them a blend whose weight is
+    linear in x = 1/wavelength, from 0 at x = low_freq_factor/ctx to 1 at
+    high_freq_factor/ctx. Blended entries fix that line; with fewer than two, any line
+    that keeps the scaled and unscaled entries on their sides gives the same frequencies.
+    Meta's own constants win when they fit. The result is checked against the tensor.
     """
     f = np.asarray(factors, dtype=np.float64).reshape(-1)
     if f.shape[0] != args.head_dim // 2:
         raise CheckpointError(f"rope_freqs has {f.shape[0]} entries, expected {args.head_dim // 2}",
                               file=source, tensor=ROPE_FREQS)
-    if np.allclose(f, 1.0):
+    if not np.all(np.isfinite(f)) or f.min() <= 0:
+        raise CheckpointError("rope_freqs holds non-positive or non-finite factors", file=source,
+                              tensor=ROPE_FREQS)
+    if np.allclose(f, 1.0, rtol=0, atol=1e-6):
         return None
     base = ModelArgs(**{**args.__dict__, "rope_scaling": None, "use_scaled_rope": False})
     inv = rope_frequencies(base).double().numpy()
+    want = inv / f
+
+    def fits(c: dict[str, float]) -> bool:
+        got = rope_frequencies(ModelArgs(**{**base.__dict__, "rope_scaling": c})).double().numpy()
+        return bool(np.allclose(got, want, rtol=1e-4, atol=0))
+
     factor = float(f.max())
     old = float(orig_ctx or 8192)
-    mid = (f > 1 + 1e-6) & (f < factor - 1e-6 * factor)
+    meta = {"factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": old}
+    if fits(meta):
+        return meta
+    x = inv / (2 * math.pi)  # 1 / wavelength
+    tol = 1e-5
+    scaled, plain = f >= factor * (1 - tol), f <= 1 + tol
+    mid = ~scaled & ~plain
+    x_lo = x[scaled].max() if scaled.any() else 0.0
+    x_hi = x[plain].min() if plain.any() else 2 * x.max()
+    s = (1 / f - 1 / factor) / (1 - 1 / factor)  # blend weight of the unscaled frequency
     if mid.sum() >= 2:
-        s = (1 / f[mid] - 1 / factor) / (1 - 1 / factor)  # blend weight of the unscaled freq
-        x = inv[mid] / (2 * math.pi)  # 1 / wavelength
-        a, b = np.polyfit(x, s, 1)
-        low = -b * old / a
-        high = low + old / a
-        cand = {"factor": factor, "low_freq_factor": float(low), "high_freq_factor": float(high),
-                "original_max_position_embeddings": old}
-    else:  # no blended entries to fit: Meta's constants, with the file's factor
-        cand = {"factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": old}
-    got = rope_frequencies(ModelArgs(**{**base.__dict__, "rope_scaling": cand})).double().numpy()
-    if not np.allclose(got, inv / f, rtol=1e-4, atol=0):
-        raise CheckpointError("rope_freqs factors do not follow Llama 3 RoPE scaling", file=source,
-                              tensor=ROPE_FREQS)
-    return cand
+        a, b = np.polyfit(x[mid], s[mid], 1)
+    elif mid.sum() == 1:
+        x1, s1 = float(x[mid][0]), float(s[mid][0])
+        a = 2 * max(s1 / (x1 - x_lo), (1 - s1) / (x_hi - x1))
+        b = s1 - a * x1
+    else:
+        a = 3 / (x_hi - x_lo)
+        b = -a * (x_lo + (x_hi - x_lo) / 3)
+    x0, x1 = -b / a, (1 - b) / a  # where the blend starts and ends
+    cand = {"factor": factor, "low_freq_factor": float(old * x0), "high_freq_factor": float(old * x1),
+            "original_max_position_embeddings": old}
+    tidy = {k: float(f"{v:.6g}") for k, v in cand.items()}
+    for c in (tidy, cand):
+        if fits(c):
+            return c
+    raise CheckpointError("rope_freqs factors do not follow Llama 3 RoPE scaling", file=source,
+                          tensor=ROPE_FREQS)
 
 
 def tensor_loader(t, dtype: torch.dtype) -> Callable[[], torch.Tensor]:

@@ -34,3 +34,139 @@ def test_stories260k_continues_like_llama_cpp(fixtures):
     assert lm.info["tensor_types"] == ["F32"] and lm.info["dequantized"] is False
     assert lm.info["chat_format"] == "raw" and lm.info["chat_template_source"] is None
     assert lm.tokenizer.eos_id in lm.stop_ids
+
+
+# --------------------------------------------------------------------------- written here
+
+import dataclasses  # noqa: E402
+
+import gguf  # noqa: E402
+
+import pytest  # noqa: E402
+
+from core.model import ModelArgs, Transformer  # noqa: E402
+from tests.core.checkpoints.util import hf_greedy, reference_model, write_gguf  # noqa: E402
+from tests.helpers import meta_from_hf, tiny_hf  # noqa: E402
+
+IDS = torch.randint(0, 280, (2, 40), generator=torch.Generator().manual_seed(3))
+
+
+def random_model(seed=0, **kw):
+    base = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=288, hidden_dim=160,
+                norm_eps=1e-5, max_seq_len=256)
+    torch.manual_seed(seed)
+    m = Transformer(ModelArgs(**{**base, **kw})).eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.8, 1.2)
+            else:
+                p.normal_(0, 0.15)
+    return m
+
+
+@pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0"])
+def test_types_match_forward_on_dequantized_weights(tmp_path, qtype):
+    m = random_model(1)
+    f = tmp_path / f"m-{qtype}.gguf"
+    held = write_gguf(f, m, qtype=qtype)
+    lm = load(f, device="cpu", dtype="float32")
+    ref = reference_model(m.args, held)
+    with torch.no_grad():
+        torch.testing.assert_close(lm.model(IDS), ref(IDS), atol=1e-4, rtol=0)
+        # and the file really is a lossy copy for the block types (the test is not vacuous)
+        if qtype in ("Q8_0", "Q4_0"):
+            assert (lm.model(IDS) - m(IDS)).abs().max() > 1e-3
+    assert lm.info["tensor_types"] == sorted({"F32", qtype})
+    assert lm.info["dequantized"] is (qtype.startswith("Q"))
+    assert lm.tokenizer.kind == "sentencepiece" and lm.tokenizer.vocab_size == 279
+
+
+def test_k_quants_and_bfloat16_compute(tmp_path):
+    m = random_model(2, dim=256, n_heads=4, n_kv_heads=2, hidden_dim=256, n_layers=1)
+    qtypes = {n: ("Q6_K" if "feed_forward" in n or n == "output.weight" else "Q4_K")
+              for n in m.state_dict()}
+    f = tmp_path / "k.gguf"
+    held = write_gguf(f, m, qtypes=qtypes)
+    lm = load(f, device="cpu", dtype="float32")
+    ref = reference_model(m.args, held)
+    with torch.no_grad():
+        torch.testing.assert_close(lm.model(IDS), ref(IDS), atol=1e-4, rtol=0)
+    assert lm.info["tensor_types"] == ["F32", "Q4_K", "Q6_K"] and lm.info["dequantized"] is True
+    lb = load(f, device="cpu", dtype="bfloat16")
+    assert lb.model.tok_embeddings.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(lb.model.layers[0].attention.wq.weight.float(),
+                               held["layers.0.attention.wq.weight"], atol=0.02, rtol=0.01)
+
+
+def test_tied_embeddings_and_head_dim(tmp_path):
+    m = random_model(3, tie_word_embeddings=True, head_dim=32)
+    f = tmp_path / "tied.gguf"
+    held = write_gguf(f, m)
+    lm = load(f, device="cpu", dtype="float32")
+    assert lm.args.tie_word_embeddings and lm.args.head_dim == 32
+    with torch.no_grad():
+        torch.testing.assert_close(lm.model(IDS), reference_model(m.args, held)(IDS), atol=1e-5, rtol=0)
+
+
+def test_rope_freqs_tensor_becomes_llama3_scaling(tmp_path):
+    """Llama 3.1 GGUFs carry rope_freqs; non-default constants must survive the round trip."""
+    consts = {"factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+              "original_max_position_embeddings": 32}
+    # head_dim 64: three frequencies fall in the blended band, which fixes the constants
+    hf = tiny_hf(4, vocab_size=288, hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+                 rope_theta=500000.0, max_position_embeddings=1024,
+                 rope_scaling={"rope_type": "llama3", **consts})
+    ours = meta_from_hf(hf)
+    plain = dataclasses.replace(ours.args, rope_scaling=None)
+    from core.model import rope_frequencies
+    factors = (rope_frequencies(plain).double() / rope_frequencies(ours.args).double()).numpy()
+    unscaled = reference_model(plain, ours.state_dict())
+    f = tmp_path / "l31.gguf"
+    write_gguf(f, unscaled, rope_freqs=factors,
+               extra={"llama.rope.scaling.original_context_length": (32, gguf.GGUFValueType.UINT32)})
+    lm = load(f, device="cpu", dtype="float32")
+    for k, v in consts.items():
+        assert lm.args.rope_scaling[k] == pytest.approx(v, rel=1e-3), k
+    prompt = [1] + [3 + (i * 11) % 270 for i in range(80)]
+    ref_ids, ref_lp = hf_greedy(hf, prompt, 12)
+    got_ids, got_lp = greedy(lm.model, prompt, 12)
+    assert got_ids == ref_ids
+    torch.testing.assert_close(got_lp, ref_lp, atol=1e-4, rtol=0)
+
+
+def test_gpt2_vocab_and_llama3_chat_template(tmp_path):
+    from core.tokenizer import bytes_to_unicode
+    byte_chars = list(bytes_to_unicode().values())
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    tokens = byte_chars + ["he", "ll", "hell", "hello", "\u0120w"] + specials
+    merges = ["h e", "l l", "he ll", "hell o", "\u0120 w"]
+    types = [1] * (256 + 5) + [3] * len(specials)
+    bos, eos, eot = 261, 262, 265
+    template = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+                "{{ m['content'] }}<|eot_id|>{% endfor %}")
+    m = random_model(5, vocab_size=272)
+    f = tmp_path / "l3.gguf"
+    write_gguf(f, m, tokenizer="gpt2", vocab=(tokens, merges, types, bos, eos, eot), chat_template=template)
+    lm = load(f, device="cpu", dtype="float32")
+    assert lm.tokenizer.encode("hello world", bos=True)[:2] == [bos, 259]
+    assert lm.tokenizer.decode(lm.tokenizer.encode("hello world")) == "hello world"
+    assert lm.chat_format.name == "llama3"
+    assert {eos, eot} <= lm.stop_ids
+    assert lm.info["chat_template_source"] == "gguf" and lm.chat_template == template
+
+
+def test_rope_freqs_with_few_blended_entries(tmp_path):
+    """head_dim 16 leaves one blended frequency: constants are not unique, frequencies are."""
+    from core.checkpoints.gguf import scaling_from_rope_freqs
+    from core.model import rope_frequencies
+    for consts in ({"factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+                    "original_max_position_embeddings": 32},
+                   {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192}):
+        args = ModelArgs(dim=64, n_heads=4, vocab_size=8, rope_theta=500000.0, rope_scaling=consts)
+        plain = dataclasses.replace(args, rope_scaling=None)
+        factors = (rope_frequencies(plain).double() / rope_frequencies(args).double()).float().numpy()
+        got = scaling_from_rope_freqs(factors, plain, None, "x.gguf")
+        torch.testing.assert_close(rope_frequencies(dataclasses.replace(args, rope_scaling=got)),
+                                   rope_frequencies(args), rtol=1e-4, atol=0)

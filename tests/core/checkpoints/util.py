@@ -68,3 +68,119 @@ def write_tiny_tokenizer(folder: Path, extra_special: tuple[str, ...] = ()) -> i
 
 def write_json(file: Path, data) -> None:
     file.write_text(json.dumps(data, indent=2))
+
+
+def sp_vocab(n_normal: int = 20):
+    """A llama-style (SentencePiece) GGUF vocabulary: <unk>, <s>, </s>, 256 byte tokens, pieces."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    pieces = ["\u2581" + c for c in LETTERS.strip()] + list(LETTERS.strip())
+    tokens += pieces[:n_normal]
+    types += [1] * len(pieces[:n_normal])
+    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces[:n_normal]))]
+    return tokens, scores, types
+
+
+def write_gguf(path: Path, model, *, qtype="F32", qtypes=None, vocab=None, arch="llama",
+               rope_freqs=None, extra=None, chat_template=None, tokenizer="llama", skip=()):
+    """Write ``model`` (our Transformer, Meta layout) as a GGUF file with gguf.GGUFWriter.
+
+    2-D weights are stored as ``qtype`` (or ``qtypes[meta_name]``); norms stay F32.
+    Returns {meta name: the float32 tensor the file really holds (dequantized)}.
+    """
+    import gguf
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize, quantize
+
+    from core.checkpoints.gguf import gguf_name
+
+    a = model.args
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(a.max_seq_len)
+    w.add_embedding_length(a.dim)
+    w.add_block_count(a.n_layers)
+    w.add_feed_forward_length(a.hidden_dim)
+    w.add_head_count(a.n_heads)
+    w.add_head_count_kv(a.n_kv_heads)
+    w.add_layer_norm_rms_eps(a.norm_eps)
+    w.add_rope_freq_base(a.rope_theta)
+    w.add_rope_dimension_count(a.head_dim)
+    if a.head_dim != a.dim // a.n_heads:
+        w.add_key_length(a.head_dim)
+        w.add_value_length(a.head_dim)
+    if tokenizer == "llama":
+        tokens, scores, types = vocab or sp_vocab()
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+    elif tokenizer == "gpt2":
+        tokens, merges, types, bos, eos, eot = vocab
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(tokens)
+        w.add_token_merges(merges)
+        w.add_token_types(types)
+        w.add_bos_token_id(bos)
+        w.add_eos_token_id(eos)
+        w.add_eot_token_id(eot)
+    if chat_template:
+        w.add_chat_template(chat_template)
+    for k, v in (extra or {}).items():
+        w.add_key_value(k, v[0], v[1])
+    held = {}
+    sd = model.state_dict()
+    for name, t in sd.items():
+        if name in skip or (a.tie_word_embeddings and name == "output.weight"):
+            continue
+        x = t.detach().float().numpy()
+        kind = Q[(qtypes or {}).get(name, qtype)] if x.ndim == 2 else Q.F32
+        if kind == Q.F32:
+            w.add_tensor(gguf_name(name), x)
+            held[name] = torch.from_numpy(x.copy())
+            continue
+        if kind in (Q.Q4_K, Q.Q6_K):  # gguf cannot quantize these: random blocks with sane scales
+            data = _random_k_blocks(x.shape, kind)
+        else:
+            data = quantize(x, kind)
+        w.add_tensor(gguf_name(name), data, raw_shape=data.shape, raw_dtype=kind)
+        held[name] = torch.from_numpy(np.ascontiguousarray(dequantize(data, kind), dtype=np.float32)).reshape(x.shape)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held
+
+
+def _random_k_blocks(shape, kind):
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from gguf.constants import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[kind]
+    rows, cols = shape
+    rng = np.random.default_rng(rows * 7 + cols)
+    data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    scale = np.full((rows, cols // block, 1), 0.002, dtype=np.float16).view(np.uint8)
+    if kind == Q.Q4_K:  # d, dmin lead the block
+        data[..., 0:2] = scale
+        data[..., 2:4] = scale
+    else:  # Q6_K: d ends the block
+        data[..., size - 2:size] = scale
+    return data.reshape(rows, -1)
+
+
+def reference_model(args, tensors):
+    """Our Transformer holding exactly ``tensors`` (float32)."""
+    from core.model import Transformer
+
+    m = Transformer(args)
+    m.load_state_dict(tensors, strict=not args.tie_word_embeddings)
+    if args.tie_word_embeddings:
+        m.output.weight = m.tok_embeddings.weight
+    return m.eval()
