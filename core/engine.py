@@ -315,7 +315,6 @@ class Engine:
             for r, li in enumerate(rows):
                 logits_by_lane[li] = out[r]
                 positions[li] += 1
-                self.cache.tokens[r] = lanes[li].prompt + lanes[li].tokens
 
     def _remember(self, lanes, rows, positions) -> None:
         """Record what row 0 holds so the next turn can reuse it."""

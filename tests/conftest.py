@@ -5,6 +5,12 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+# Tests run tiny models, where one intra-op thread is fastest, and a second thread only
+# spins against the Qt thread and other processes on a 2-core machine.
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
