@@ -17,7 +17,7 @@ import torch
 
 from ..errors import CheckpointError, TokenizerError
 from ..model import ModelArgs, rope_frequencies
-from .common import LoadedModel, ProgressFn, build_model, model_info, resolve_device, resolve_dtype
+from .common import LoadedModel, ProgressFn, build_model, expected_shapes, model_info, resolve_device, resolve_dtype
 
 # Types whose tensors are stored as plain floats; anything else is quantized blocks.
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -66,12 +66,48 @@ def gguf_name(meta: str) -> str:
     raise KeyError(meta)
 
 
+class _TensorProblem(Exception):
+    def __init__(self, tensor: str, message: str):
+        super().__init__(message)
+        self.tensor = tensor
+
+
+def _reader_class():
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf.constants import GGML_QUANT_SIZES
+
+    class Reader(GGUFReader):
+        """GGUFReader that first checks each tensor's data lies inside the file, so a
+        truncated file is reported against the first tensor it cuts off."""
+
+        def _build_tensors(self, start_offs, fields):
+            size = len(self.data)
+            for field in fields:
+                try:
+                    _, name_data, _, dims, raw_dtype, offset = field.parts
+                    name = bytes(name_data).decode("utf-8", "replace")
+                except (TypeError, ValueError):  # another layout: leave the checks to gguf
+                    break
+                try:
+                    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+                except (ValueError, KeyError):
+                    raise _TensorProblem(name, f"unknown tensor type {int(raw_dtype[0])}") from None
+                end = int(start_offs) + int(offset[0]) + int(np.prod(dims)) * type_size // block
+                if end > size:
+                    raise _TensorProblem(name, f"the file ends before this tensor's data does "
+                                               f"({size} of {end} bytes): truncated")
+            super()._build_tensors(start_offs, fields)
+
+    return Reader
+
+
 def open_reader(path: Path):
     """GGUFReader on a copy-on-write map (tensors are writable, the file never is)."""
-    from gguf import GGUFReader
     try:
-        return GGUFReader(path, "c")
-    except Exception as e:  # truncated or corrupt: numpy/struct errors of many kinds
+        return _reader_class()(path, "c")
+    except _TensorProblem as e:
+        raise CheckpointError(str(e), file=str(path), tensor=e.tensor) from None
+    except Exception as e:  # corrupt header: numpy/struct errors of many kinds
         msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"not a readable GGUF file (truncated or corrupt?): {msg}",
                               file=str(path)) from None
@@ -326,7 +362,7 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
         raise CheckpointError(f"tensor type {unsupported[1]} cannot be dequantized", file=source,
                               tensor=unsupported[0])
     model = build_model(args, items, device=dev, dtype=dt, source=source, progress=progress,
-                        display={meta_name(n): n for n in by_name if meta_name(n)})
+                        display={m: gguf_name(m) for m in expected_shapes(args)})
     fmt = chat_format_for(tok, template=template)
     stop = set(tok.stop_ids) | fmt.stop_ids()
     info = model_info("gguf", path, args, model, tok, fmt, tensor_types=types,

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..model import ModelArgs
-from .common import LoadedModel, ProgressFn, build_model, model_info, resolve_device, resolve_dtype
+from .common import LoadedModel, ProgressFn, build_model, expected_shapes, model_info, resolve_device, resolve_dtype
 
 
 def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -305,14 +305,15 @@ def load_hf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int |
     if progress:
         progress(0.0, "reading weights")
     tensors, stored = hf_tensors(path)
-    items, display, sources = [], {}, {}
+    items, sources = [], {}
+    display = {m: hf_name(m) for m in expected_shapes(args)}  # names missing tensors too
     for name, file, load in tensors:
         meta = meta_name(name)
         if meta is None:
             if _DERIVED.fullmatch(name):
                 continue
             raise CheckpointError("unexpected tensor (not part of a Llama model)", file=str(file), tensor=name)
-        display[meta], sources[meta] = name, str(file)
+        sources[meta] = str(file)
         items.append((meta, lambda meta=meta, load=load: to_meta_tensor(meta, load(), args)))
     model = build_model(args, items, device=dev, dtype=dt, source=str(path), progress=progress,
                         display=display, sources=sources)
