@@ -110,6 +110,32 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     return out.flatten(-2).type_as(x)
 
 
+class Linear(nn.Module):
+    """A bias-free linear layer that does not initialise its weight.
+
+    Building on the meta device must not run init kernels: the first one imports
+    PyTorch's meta registrations, seconds of GIL-holding work while the UI waits.
+    """
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class Embedding(nn.Module):
+    """A token embedding that does not initialise its weight (see Linear)."""
+
+    def __init__(self, num: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num, dim))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, self.weight)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -128,10 +154,10 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
-        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
-        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.wq = Linear(args.dim, args.n_heads * args.head_dim)
+        self.wk = Linear(args.dim, args.n_kv_heads * args.head_dim)
+        self.wv = Linear(args.dim, args.n_kv_heads * args.head_dim)
+        self.wo = Linear(args.n_heads * args.head_dim, args.dim)
         self.dropout = args.dropout
 
     def forward(self, x, rope, mask, cache: KVCache | None, start_pos):
@@ -159,9 +185,9 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.w1 = nn.Linear(args.dim, args.hidden_dim, bias=False)
-        self.w2 = nn.Linear(args.hidden_dim, args.dim, bias=False)
-        self.w3 = nn.Linear(args.dim, args.hidden_dim, bias=False)
+        self.w1 = Linear(args.dim, args.hidden_dim)
+        self.w2 = Linear(args.hidden_dim, args.dim)
+        self.w3 = Linear(args.dim, args.hidden_dim)
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -187,13 +213,27 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.tok_embeddings = Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(TransformerBlock(args, i) for i in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.output = Linear(args.dim, args.vocab_size)
         if args.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self._rope: torch.Tensor | None = None  # grown on demand, on the weights' device
+        if self.tok_embeddings.weight.device.type != "meta":
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02) -> None:
+        """Random weights for training from scratch (loaders overwrite them)."""
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                # Residual-branch outputs start small so deep stacks begin near identity.
+                p.normal_(0.0, std / math.sqrt(2 * self.args.n_layers))
+            else:
+                p.normal_(0.0, std)
 
     def rope(self, end: int) -> torch.Tensor:
         """The cos/sin table covering positions [0, end), cached on the model's device."""
