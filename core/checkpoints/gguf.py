@@ -386,7 +386,10 @@ def _named_errors(load: Callable[[], torch.Tensor], gguf_tensor: str, source: st
 
 def _unsupported_types(reader) -> tuple[str, str] | None:
     from gguf import GGMLQuantizationType as Q
-    from gguf.quants import _type_traits  # what gguf.quants.dequantize can do
+    try:
+        from gguf.quants import _type_traits  # what gguf.quants.dequantize can do
+    except ImportError:  # a gguf without it: dequantize itself will say, per tensor
+        return None
 
     for t in reader.tensors:
         if t.tensor_type not in (Q.F32, Q.F16) and t.tensor_type not in _type_traits:
