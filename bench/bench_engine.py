@@ -108,6 +108,14 @@ def main() -> None:
     for name, o, h in rows:
         print(f"{name:16}{o:12.1f}{h:14.1f}{o / h:8.2f}x")
 
+    # The CPU default dtype is chosen from this: float32 vs bfloat16 for our engine.
+    bf = meta_from_hf(hf).to(torch.bfloat16)
+    b_pf, _ = best(lambda: ours_prefill(bf, ids), a.repeats)
+    b_dec, _ = best(lambda: ours_decode(bf, short, a.decode_tokens), a.repeats)
+    b_pf_s, _ = best(lambda: ours_prefill(bf, short), a.repeats)
+    print(f"bfloat16 / float32 on this CPU: prefill {(a.prompt_tokens / b_pf) / rows[0][1]:.2f}x, "
+          f"decode {(a.decode_tokens / (b_dec - b_pf_s)) / rows[1][1]:.2f}x")
+
     seed_s, _ = best(lambda: seed_prefill(ours, ids), 1)
     print(f"prefill of {a.prompt_tokens} tokens: token-by-token (seed) {seed_s:.2f} s, batched {o_pf:.3f} s "
           f"-> batched is {seed_s / o_pf:.1f}x faster")
