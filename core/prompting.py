@@ -1,0 +1,86 @@
+"""Turning a request into prompt ids that fit the model's context.
+
+A chat that outgrows the context loses its oldest turns (the system prompt stays); a
+prompt that cannot fit even then is a :class:`SettingsError` with a message a user can act
+on. Pure functions over a chat format and a tokenizer: no torch, no threads.
+"""
+from __future__ import annotations
+
+from .errors import SettingsError
+
+
+def reply_reserve(context: int, max_new_tokens: int) -> int:
+    """Positions kept free for the reply when fitting a prompt.
+
+    ``max_new_tokens``, but never more than half the context: a user who asks for 4096
+    new tokens on a 4096-token model still gets half of it for the conversation (the
+    engine then stops with "context" when the window is full), and always at least 1.
+    """
+    return max(1, min(int(max_new_tokens), context // 2))
+
+
+def render_chat(chat_format, messages: list[dict], continue_reply: str = "") -> list[int]:
+    """Prompt ids for a dialog, ready for the assistant's reply.
+
+    ``continue_reply`` is a partial assistant reply to carry on from: its text follows the
+    assistant header with no end-of-turn, so the model writes the rest of the same reply.
+    """
+    if not continue_reply:
+        return chat_format.encode_dialog(messages, add_generation_prompt=True)
+    if chat_format.name == "raw":
+        # Raw completion joins texts as they are: the reply simply extends the text.
+        return chat_format.encode_dialog(messages + [{"role": "assistant", "content": continue_reply}])
+    ids = chat_format.encode_dialog(messages, add_generation_prompt=True)
+    return ids + chat_format.tokenizer.encode(continue_reply)
+
+
+def fit_dialog(chat_format, messages: list[dict], max_prompt_tokens: int, *,
+               continue_reply: str = "") -> tuple[list[int], int]:
+    """Render ``messages``, dropping the oldest turns until at most ``max_prompt_tokens``.
+
+    System messages are always kept. Other messages are dropped oldest first and a
+    user message is dropped together with the assistant reply that answered it, so the
+    model never sees an answer without its question. The last message is never dropped.
+
+    Returns:
+        (prompt ids, number of messages dropped).
+
+    Raises:
+        SettingsError when even the system prompt plus the last message do not fit.
+    """
+    if not messages:
+        raise SettingsError("the conversation is empty: write a message first")
+    system = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "system"]
+    rest = [i for i in range(len(messages)) if i not in set(system)]
+
+    def render(drop: int) -> list[int]:
+        keep = set(system) | set(rest[drop:])
+        return render_chat(chat_format, [m for i, m in enumerate(messages) if i in keep], continue_reply)
+
+    ids = render(0)
+    if len(ids) <= max_prompt_tokens or not rest:
+        if len(ids) > max_prompt_tokens:
+            raise SettingsError(f"the system prompt alone is {len(ids)} tokens, but only {max_prompt_tokens} "
+                                "fit in the prompt: shorten it or lower max tokens")
+        return ids, 0
+    # Cut points: drop rest[:k]; never start on an assistant reply (it would lose its question).
+    cuts = [k for k in range(1, len(rest)) if messages[rest[k]].get("role") != "assistant"]
+    if not cuts or cuts[-1] != len(rest) - 1:
+        cuts.append(len(rest) - 1)
+    last = render(cuts[-1])
+    if len(last) > max_prompt_tokens:
+        what = "the system prompt and the last message are" if system else "the last message is"
+        raise SettingsError(f"{what} {len(last)} tokens, but only {max_prompt_tokens} fit in the prompt: "
+                            "shorten the message or lower max tokens")
+    # Fewer messages never render longer, so binary-search the smallest cut that fits:
+    # O(log n) renders instead of one per dropped turn (tokenizing is pure Python for some
+    # tokenizers and holds the GIL).
+    lo, hi, best = 0, len(cuts) - 1, last  # invariant: best is the render of cuts[hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        cand = render(cuts[mid])
+        if len(cand) <= max_prompt_tokens:
+            hi, best = mid, cand
+        else:
+            lo = mid + 1
+    return best, cuts[hi]

@@ -1,0 +1,523 @@
+"""The worker: one long-lived thread that owns the model, its KV cache and the sampler.
+
+Commands go in through a queue (every method is a non-blocking put that returns a
+request id); events come out through one callback, called on the worker thread. Torch
+state is created, used and dropped only on that thread, so the UI thread never waits on
+a matmul. Nothing raised while serving a command escapes: it becomes an :class:`Error`
+event and the worker takes the next command.
+
+Cancel is a ``threading.Event`` per command, checked between load tensors, between
+prefill chunks and at every decode step, so it lands within one step. No Qt here: the
+GUI reaches this through ``gui/bridge.py``; the CLI and tests use it directly.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from . import engine as _engine
+from .chat_format import chat_format_for
+from .errors import LlamaDeskError, SettingsError
+from .prompting import fit_dialog, reply_reserve
+from .sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+MODES = ("chat", "completion")
+MAX_INSPECT = 20
+THREADS_ENV = "LLAMADESK_THREADS"
+
+
+# --------------------------------------------------------------------------- requests
+
+@dataclass
+class GenerateRequest:
+    """One reply.
+
+    Chat mode renders ``messages`` with the model's chat format (or ``chat_format``, an
+    override: auto | llama3 | llama2 | raw), dropping the oldest turns if the context is
+    too small. Completion mode continues ``prompt`` (BOS + its text). ``continue_reply``
+    carries on a chat reply that stopped on length: its text follows the assistant header
+    with no end-of-turn (``messages`` must not contain it). ``inspect`` > 0 attaches the
+    top-k alternatives to every token.
+    """
+    messages: list[dict] = field(default_factory=list)
+    params: SamplingParams = field(default_factory=SamplingParams)
+    mode: str = "chat"
+    prompt: str = ""
+    chat_format: str = "auto"
+    continue_reply: str = ""
+    inspect: int = 0
+
+
+@dataclass
+class CompareRequest:
+    """Like :class:`GenerateRequest`, with one :class:`SamplingParams` per lane (1 to 8).
+
+    The prompt is prefilled once and every lane decodes in the same batch; events carry
+    the lane index.
+    """
+    messages: list[dict] = field(default_factory=list)
+    lanes: list[SamplingParams] = field(default_factory=list)
+    mode: str = "chat"
+    prompt: str = ""
+    chat_format: str = "auto"
+    continue_reply: str = ""
+    inspect: int = 0
+
+
+# --------------------------------------------------------------------------- events
+
+@dataclass
+class LoadProgress:
+    request_id: int
+    fraction: float
+    stage: str
+
+
+@dataclass
+class Loaded:
+    """A model is ready; ``info`` is the checkpoint's facts incl. "name" and "context_length"."""
+    request_id: int
+    info: dict
+
+
+@dataclass
+class Unloaded:
+    """No model is loaded any more (explicit unload, or the old model dropped before a load)."""
+    request_id: int
+
+
+@dataclass
+class Started:
+    """The prompt has been prefilled; ``dropped_messages`` oldest turns were left out to fit."""
+    request_id: int
+    prompt_tokens: int
+    cached_tokens: int
+    dropped_messages: int
+    context_length: int
+
+
+@dataclass
+class TokenDelta:
+    """One generated token: ``text`` is what to append (may be ""), ``piece`` the token itself."""
+    request_id: int
+    lane: int
+    index: int
+    token_id: int
+    text: str
+    piece: str
+    logprob: float
+    top: dict | None = None
+
+
+@dataclass
+class Done:
+    """A lane finished. ``stop_reason``: eos | stop | length | context | cancelled.
+
+    ``params`` are the exact settings used (concrete seed); ``stats`` has prompt_tokens,
+    cached_tokens, generated_tokens, ttft_s, prefill_s, decode_s, decode_tok_s, prefill_tok_s.
+    """
+    request_id: int
+    lane: int
+    stop_reason: str
+    text: str
+    tokens: list[int]
+    logprobs: list[float]
+    params: dict
+    stats: dict
+
+
+@dataclass
+class Error:
+    """A command failed; ``message`` is one line a user can read (never a traceback).
+
+    ``cancelled`` is True when it failed because it was cancelled (nothing to show).
+    """
+    request_id: int
+    message: str
+    cancelled: bool = False
+
+
+WorkerEvent = LoadProgress | Loaded | Unloaded | Started | TokenDelta | Done | Error
+
+
+# --------------------------------------------------------------------------- threads
+
+def default_torch_threads(cpu_count: int | None = None) -> int:
+    """Torch intra-op threads when neither the caller nor LLAMADESK_THREADS says.
+
+    One core is left to the UI thread: on a 2-core machine 2 torch threads stall the
+    event loop far beyond a frame while 1 thread keeps it smooth for a small decode-speed
+    cost (bench/bench_responsiveness.py measures both).
+    """
+    n = cpu_count or os.cpu_count() or 1
+    return max(1, n - 1)
+
+
+def resolve_torch_threads(requested: int | None = None) -> int:
+    """The thread count to use: ``requested``, else LLAMADESK_THREADS, else the default."""
+    if requested is not None:
+        if int(requested) < 1:
+            raise SettingsError(f"torch threads must be at least 1, got {requested}")
+        return int(requested)
+    env = os.environ.get(THREADS_ENV, "").strip()
+    if env:
+        try:
+            n = int(env)
+            if n >= 1:
+                return n
+        except ValueError:
+            pass
+        log.warning("ignoring %s=%r (want a whole number ≥ 1)", THREADS_ENV, env)
+    return default_torch_threads()
+
+
+# --------------------------------------------------------------------------- the worker
+
+class _Cancelled(BaseException):
+    """Raised from the load progress callback; a BaseException so that loaders' own
+    ``except Exception`` clean-ups cannot turn a cancel into a load error."""
+
+
+@dataclass
+class _Command:
+    kind: str
+    request_id: int
+    args: dict[str, Any]
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+class Worker:
+    """One thread that owns all torch state; see the module docstring.
+
+    Args:
+        on_event: called with every event, ON THE WORKER THREAD; must be thread-safe and
+            quick (hand the event to another thread, don't work on it). Exceptions it
+            raises are logged and ignored.
+        torch_threads: intra-op threads (default: LLAMADESK_THREADS, else one per core
+            less one for the UI).
+        prefill_chunk: prompt tokens per forward pass; cancel lands between chunks.
+    """
+
+    def __init__(self, on_event: Callable[[object], None], *, torch_threads: int | None = None,
+                 prefill_chunk: int = 256):
+        self._on_event = on_event
+        self.torch_threads = resolve_torch_threads(torch_threads)
+        self._prefill_chunk = prefill_chunk
+        self._queue: queue.Queue[_Command | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._live: list[_Command] = []  # queued or running: what cancel() reaches
+        self._next_id = 1
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._info: dict | None = None
+        # Worker-thread state only.
+        self._loaded = None
+        self._engine: _engine.Engine | None = None
+        self._formats: dict[str, Any] = {}
+
+    # -- public API (any thread) -------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread (idempotent)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            # daemon: a worker stuck in a long native call must not keep the process alive
+            # after shutdown() gave up waiting for it.
+            self._thread = threading.Thread(target=self._run, name="llamadesk-worker", daemon=True)
+            self._thread.start()
+
+    def load(self, path, *, device: str = "auto", dtype: str = "auto", max_seq_len: int | None = None) -> int:
+        """Load a checkpoint, cancelling whatever runs or waits first.
+
+        The current model stays if the path is not a model at all; otherwise it is
+        unloaded (Unloaded event) before the new one loads, so two models never need
+        memory at once. Events: LoadProgress…, then Loaded or Error.
+        """
+        return self._submit("load", cancel_others=True, path=path, device=device, dtype=dtype,
+                            max_seq_len=max_seq_len)
+
+    def adopt(self, loaded) -> int:
+        """Use an already built :class:`~core.checkpoints.LoadedModel` (tests, benchmarks)."""
+        return self._submit("adopt", cancel_others=True, loaded=loaded)
+
+    def unload(self) -> int:
+        """Cancel what runs, drop the model and free its memory; then an Unloaded event."""
+        return self._submit("unload", cancel_others=True)
+
+    def generate(self, request: GenerateRequest) -> int:
+        """Queue one reply: Started, TokenDelta…, Done (or Error)."""
+        return self._submit("generate", request=request)
+
+    def compare(self, request: CompareRequest) -> int:
+        """Queue a comparison: Started, TokenDelta… (lane-tagged), one Done per lane (or Error)."""
+        return self._submit("compare", request=request)
+
+    def cancel(self) -> None:
+        """Cancel the running command and everything queued so far."""
+        with self._lock:
+            for cmd in self._live:
+                cmd.cancel.set()
+
+    def stop(self) -> None:
+        """Cancel everything and ask the thread to end; does not wait (see :meth:`join`)."""
+        with self._lock:
+            self._stopping = True
+            for cmd in self._live:
+                cmd.cancel.set()
+        self._queue.put(None)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread; True when it has ended (or never started)."""
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+            return not t.is_alive()
+        return True
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Cancel, stop and join (returns after ``timeout`` at worst)."""
+        self.stop()
+        self.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def info(self) -> dict | None:
+        """The loaded model's info (a copy), or None."""
+        with self._lock:
+            return dict(self._info) if self._info is not None else None
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _submit(self, kind: str, *, cancel_others: bool = False, **args) -> int:
+        with self._lock:
+            rid = self._next_id
+            self._next_id += 1
+            stopping = self._stopping
+            if not stopping:
+                if cancel_others:
+                    for cmd in self._live:
+                        cmd.cancel.set()
+                cmd = _Command(kind, rid, args)
+                self._live.append(cmd)
+                self._queue.put(cmd)
+        if stopping:
+            self._emit(Error(rid, "the model worker has shut down"))
+        return rid
+
+    def _emit(self, event) -> None:
+        try:
+            self._on_event(event)
+        except Exception:  # a listener's bug must not kill the worker
+            log.exception("worker event listener failed on %s", type(event).__name__)
+
+    def _run(self) -> None:
+        # Process-wide setting, but applied here so it is in force before any torch work.
+        torch.set_num_threads(self.torch_threads)
+        handlers = {"load": self._do_load, "adopt": self._do_adopt, "unload": self._do_unload,
+                    "generate": self._do_generate, "compare": self._do_generate}
+        try:
+            while True:
+                cmd = self._queue.get()
+                if cmd is None:
+                    break
+                try:
+                    handlers[cmd.kind](cmd)
+                except _Cancelled:
+                    self._emit(Error(cmd.request_id, "cancelled", cancelled=True))
+                except LlamaDeskError as e:
+                    self._emit(Error(cmd.request_id, _one_line(e)))
+                except BaseException as e:  # noqa: BLE001 — the thread must survive anything
+                    log.exception("worker command %s failed", cmd.kind)
+                    self._emit(Error(cmd.request_id, f"{cmd.kind} failed: {type(e).__name__}: {_one_line(e)}"))
+                finally:
+                    with self._lock:
+                        self._live.remove(cmd)
+        finally:
+            self._drop_model()
+
+    # -- models --------------------------------------------------------------------------
+
+    def _drop_model(self) -> bool:
+        had = self._loaded is not None
+        self._engine = None
+        self._loaded = None
+        self._formats = {}
+        with self._lock:
+            self._info = None
+        if had:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        return had
+
+    def _install(self, loaded, rid: int) -> None:
+        args = loaded.args
+        self._engine = _engine.Engine(loaded.model, loaded.tokenizer, max_context=args.max_seq_len,
+                                      prefill_chunk=self._prefill_chunk, stop_ids=loaded.stop_ids)
+        self._loaded = loaded
+        self._formats = {}
+        info = dict(loaded.info)
+        info.setdefault("context_length", args.max_seq_len)
+        info.setdefault("name", loaded.name)
+        with self._lock:
+            self._info = info
+        self._emit(Loaded(rid, dict(info)))
+
+    def _do_load(self, cmd: _Command) -> None:
+        from . import checkpoints  # imports the loaders' dependencies on this thread, once
+
+        rid, a = cmd.request_id, cmd.args
+        if cmd.cancel.is_set():
+            self._emit(Error(rid, "loading cancelled", cancelled=True))
+            return
+        # A typo'd path must not cost the user the model they have: check it first.
+        checkpoints.detect(a["path"])
+        dropped = self._drop_model()
+        if dropped:
+            self._emit(Unloaded(rid))
+        suffix = " (the previous model was unloaded)" if dropped else ""
+        last = [0.0]
+
+        def progress(fraction: float, stage: str) -> None:
+            if cmd.cancel.is_set():
+                raise _Cancelled
+            now = time.perf_counter()
+            # Per-tensor callbacks can come by the thousand: ~30 updates a second is plenty.
+            if fraction >= 1.0 or fraction == 0.0 or now - last[0] >= 0.033:
+                last[0] = now
+                self._emit(LoadProgress(rid, float(fraction), stage))
+
+        self._emit(LoadProgress(rid, 0.0, "opening"))
+        try:
+            loaded = checkpoints.load(a["path"], device=a["device"], dtype=a["dtype"],
+                                      max_seq_len=a["max_seq_len"], progress=progress)
+        except _Cancelled:
+            self._emit(Error(rid, "loading cancelled" + suffix, cancelled=True))
+            return
+        except LlamaDeskError as e:
+            # A loader may wrap the cancel exception; the flag tells the truth.
+            if cmd.cancel.is_set():
+                self._emit(Error(rid, "loading cancelled" + suffix, cancelled=True))
+            else:
+                self._emit(Error(rid, _one_line(e) + suffix))
+            return
+        except Exception as e:
+            if cmd.cancel.is_set():
+                self._emit(Error(rid, "loading cancelled" + suffix, cancelled=True))
+            else:
+                log.exception("loading %s failed", a["path"])
+                self._emit(Error(rid, f"could not load the model: {type(e).__name__}: {_one_line(e)}{suffix}"))
+            return
+        if cmd.cancel.is_set():  # cancelled after the last tensor: honour it
+            del loaded
+            gc.collect()
+            self._emit(Error(rid, "loading cancelled" + suffix, cancelled=True))
+            return
+        self._emit(LoadProgress(rid, 1.0, "ready"))
+        self._install(loaded, rid)
+
+    def _do_adopt(self, cmd: _Command) -> None:
+        if self._drop_model():
+            self._emit(Unloaded(cmd.request_id))
+        self._install(cmd.args["loaded"], cmd.request_id)
+
+    def _do_unload(self, cmd: _Command) -> None:
+        self._drop_model()
+        self._emit(Unloaded(cmd.request_id))
+
+    # -- generation ------------------------------------------------------------------------
+
+    def _chat_format(self, name: str):
+        if name in (None, "", "auto"):
+            return self._loaded.chat_format
+        if name not in self._formats:
+            self._formats[name] = chat_format_for(self._loaded.tokenizer, override=name)
+        return self._formats[name]
+
+    def _prompt(self, req, max_new_tokens: int) -> tuple[list[int], int, bool, set[int]]:
+        """(prompt ids, dropped messages, strip_leading_space, stop ids) for a request."""
+        tok = self._loaded.tokenizer
+        ctx = self._engine.max_context
+        stops = set(self._loaded.stop_ids)
+        if req.mode == "completion":
+            ids = tok.encode(req.prompt, bos=True)
+            if len(ids) >= ctx:
+                raise SettingsError(f"the prompt is {len(ids)} tokens, but the context holds {ctx}: shorten it")
+            return ids, 0, False, stops
+        fmt = self._chat_format(req.chat_format)
+        budget = ctx - reply_reserve(ctx, max_new_tokens)
+        ids, dropped = fit_dialog(fmt, list(req.messages), budget, continue_reply=req.continue_reply)
+        # SentencePiece replies start with the dummy-prefix space: drop it at a reply's
+        # start, but not when continuing one (that space separates words).
+        strip = bool(getattr(tok, "add_dummy_prefix", False)) and not req.continue_reply and fmt.name != "raw"
+        return ids, dropped, strip, stops | set(fmt.stop_ids())
+
+    def _do_generate(self, cmd: _Command) -> None:
+        rid, req = cmd.request_id, cmd.args["request"]
+        lanes = list(req.lanes) if cmd.kind == "compare" else [req.params]
+        if cmd.cancel.is_set():  # cancelled while queued: end it without touching the model
+            for i, p in enumerate(lanes):
+                self._emit(Done(rid, i, "cancelled", "", [], [], p.to_dict(), _engine.Stats().to_dict()))
+            return
+        if self._engine is None:
+            raise SettingsError("no model is loaded: open a model first")
+        if req.mode not in MODES:
+            raise SettingsError(f"unknown mode {req.mode!r}: use chat or completion")
+        if not 0 <= int(req.inspect) <= MAX_INSPECT:
+            raise SettingsError(f"inspect must be between 0 and {MAX_INSPECT}, got {req.inspect}")
+        if not lanes:
+            raise SettingsError("a comparison needs at least one lane")
+        # Resolve seeds here so Done.params records the seed that was really used.
+        lanes = [p.validate().resolved() for p in lanes]
+        ids, dropped, strip, stops = self._prompt(req, max(p.max_new_tokens for p in lanes))
+        eng = self._engine
+        eng.stop_ids = stops
+        if cmd.kind == "compare":
+            events = eng.generate_lanes(ids, lanes, cancel=cmd.cancel, strip_leading_space=strip,
+                                        inspect=int(req.inspect))
+        else:
+            events = eng.generate(ids, lanes[0], cancel=cmd.cancel, strip_leading_space=strip,
+                                  inspect=int(req.inspect))
+        try:
+            for ev in events:
+                if isinstance(ev, _engine.Token):
+                    self._emit(TokenDelta(rid, ev.lane, ev.index, ev.token_id, ev.text, ev.piece,
+                                          ev.logprob, ev.top))
+                elif isinstance(ev, _engine.Prefilled):
+                    self._emit(Started(rid, ev.prompt_tokens, ev.cached_tokens, dropped, eng.max_context))
+                elif isinstance(ev, _engine.Done):
+                    stats = ev.stats.to_dict() if ev.stats is not None else _engine.Stats().to_dict()
+                    self._emit(Done(rid, ev.lane, ev.stop_reason, ev.text, list(ev.tokens), list(ev.logprobs),
+                                    ev.params.to_dict(), stats))
+        except BaseException:
+            # The cache may hold a half-written step: never reuse it.
+            eng.cache.reset()
+            raise
+        finally:
+            events.close()
+
+
+__all__ = [
+    "GenerateRequest", "CompareRequest", "LoadProgress", "Loaded", "Unloaded", "Started", "TokenDelta",
+    "Done", "Error", "WorkerEvent", "Worker", "default_torch_threads", "resolve_torch_threads",
+    "fit_dialog",
+]

@@ -1,0 +1,356 @@
+"""The async bridge between the Qt UI thread and the model worker thread.
+
+The UI awaits the worker instead of polling it::
+
+    info = await bridge.load(path)                 # raises BridgeError on error or cancel
+    async for ev in bridge.generate(request):      # Started, Chunk…, Done  (or … Error)
+        ...
+
+Worker events arrive on the worker thread; they are queued under a lock and one queued
+Qt signal wakes the UI thread, which drains the queue at most once a frame (~16 ms).
+Consecutive token deltas of a lane drained together become ONE :class:`Chunk`, so the UI
+does at most one update per lane per frame however fast tokens come, and the UI thread
+is woken at most once a frame rather than once a token.
+
+All methods are called on the UI thread, with a qasync event loop running for the async
+ones (``gui/app.py`` builds it).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
+
+from core.worker import (CompareRequest, Done, Error, GenerateRequest, Loaded, LoadProgress, Started,
+                         TokenDelta, Unloaded, Worker)
+
+FRAME_S = 1 / 60
+
+__all__ = ["Bridge", "BridgeError", "Chunk", "Started", "Done", "Error", "TokenDelta",
+           "GenerateRequest", "CompareRequest", "FRAME_S"]
+
+
+class BridgeError(Exception):
+    """A load or unload that failed or was cancelled; ``str(err)`` is a user-readable line."""
+
+    def __init__(self, message: str, *, cancelled: bool = False):
+        super().__init__(message)
+        self.cancelled = cancelled
+
+
+@dataclass
+class Chunk:
+    """Consecutive token deltas of one lane, delivered together (at most one per lane a frame).
+
+    ``text`` is what to append to the lane's visible reply; ``tokens`` are the deltas
+    (for token counts, logprobs and the token inspector).
+    """
+    lane: int
+    text: str
+    tokens: list[TokenDelta] = field(default_factory=list)
+
+
+class _Stream:
+    """Async iterator over one generate/compare request.
+
+    Yields ``Started``, ``Chunk`` and ``Done`` (one per lane) and ends after the last
+    lane's Done. A failure is yielded as an ``Error`` event, which is always the last
+    item: errors are data in the stream, never raised, so partial output stays usable.
+    Breaking out of ``async for`` does not stop generation: call :meth:`cancel`.
+    """
+
+    def __init__(self, bridge: "Bridge", request_id: int, lanes: int):
+        self.request_id = request_id
+        self._bridge = bridge
+        self._lanes_left = lanes
+        self._items: collections.deque = collections.deque()
+        self._waiter: asyncio.Future | None = None
+        self.finished = False  # the terminal event has arrived (it may not be consumed yet)
+
+    def __aiter__(self) -> "_Stream":
+        return self
+
+    async def __anext__(self):
+        while not self._items:
+            if self.finished:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def cancel(self) -> None:
+        """Cancel the worker's current work (this request if it still runs)."""
+        if not self.finished:
+            self._bridge.cancel()
+
+    # -- called by the bridge on the UI thread -----------------------------------------
+
+    def _push(self, item) -> bool:
+        """Queue an item; True when the stream has now ended."""
+        if self.finished:
+            return True
+        self._items.append(item)
+        if isinstance(item, Error):
+            self.finished = True
+        elif isinstance(item, Done):
+            self._lanes_left -= 1
+            self.finished = self._lanes_left <= 0
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        return self.finished
+
+
+class Bridge(QObject):
+    """Owns the worker and turns its events into awaitables, async iterators and signals.
+
+    Signals:
+        loadProgress(float, str): fraction 0..1 and stage of the running load.
+        modelLoaded(dict): a model is ready (its info, incl. "name" and "context_length").
+        modelUnloaded(): no model any more (unload, or the old one dropped by a new load).
+        errorOccurred(str): a load/unload failure, or an error of a generation nobody is
+            iterating any more; errors of a live ``generate``/``compare`` iterator are
+            yielded to it instead (not signalled twice).
+        busyChanged(bool): whether any load/unload/generation is queued or running.
+
+    Args:
+        worker_factory: ``factory(on_event) -> Worker`` (tests pass fakes); default builds
+            :class:`core.worker.Worker`.
+        torch_threads: torch intra-op threads for the default worker (None: env
+            LLAMADESK_THREADS, else the measured default).
+    """
+
+    loadProgress = Signal(float, str)
+    modelLoaded = Signal(dict)
+    modelUnloaded = Signal()
+    errorOccurred = Signal(str)
+    busyChanged = Signal(bool)
+    _wake = Signal()
+
+    def __init__(self, *, worker_factory: Callable[[Callable[[object], None]], Worker] | None = None,
+                 torch_threads: int | None = None, parent: QObject | None = None):
+        super().__init__(parent)
+        self._lock = threading.Lock()
+        self._pending: list = []
+        self._wake_pending = False
+        self._last_flush = 0.0
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setTimerType(Qt.TimerType.PreciseTimer)
+        self._timer.timeout.connect(self._flush)
+        # Queued even when emitted on this thread: a flush never runs inside a caller.
+        self._wake.connect(self._on_wake, Qt.ConnectionType.QueuedConnection)
+        self._streams: dict[int, _Stream] = {}
+        self._futures: dict[int, asyncio.Future] = {}
+        self._open: set[int] = set()  # requests not finished yet (for busy)
+        self._unloads: set[int] = set()
+        self._info: dict | None = None
+        self._closed = False
+        factory = worker_factory or (lambda on_event: Worker(on_event, torch_threads=torch_threads))
+        self._worker = factory(self._on_worker_event)
+        self._worker.start()
+
+    # -- properties --------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._open)
+
+    @property
+    def model_info(self) -> dict | None:
+        """The loaded model's info, or None."""
+        return dict(self._info) if self._info is not None else None
+
+    @property
+    def worker(self) -> Worker:
+        return self._worker
+
+    # -- commands ----------------------------------------------------------------------
+
+    async def load(self, path, *, device: str = "auto", dtype: str = "auto",
+                   max_seq_len: int | None = None) -> dict:
+        """Load a model (cancelling any generation first); returns its info.
+
+        Progress comes through ``loadProgress``. Raises BridgeError (``cancelled`` set
+        when cancelled); cancelling the awaiting task cancels the load too.
+        """
+        fut = asyncio.get_running_loop().create_future()
+        rid = self._worker.load(path, device=device, dtype=dtype, max_seq_len=max_seq_len)
+        return await self._await(rid, fut)
+
+    async def unload(self) -> None:
+        """Drop the model (cancelling any generation first) and free its memory."""
+        fut = asyncio.get_running_loop().create_future()
+        rid = self._worker.unload()
+        self._unloads.add(rid)
+        await self._await(rid, fut)
+
+    def generate(self, request: GenerateRequest) -> _Stream:
+        """Queue one reply; returns an async iterator of Started, Chunk…, Done (or Error)."""
+        return self._stream(self._worker.generate(request), 1)
+
+    def compare(self, request: CompareRequest) -> _Stream:
+        """Queue a comparison; like :meth:`generate` with one Done per lane (Chunk.lane tells them apart)."""
+        return self._stream(self._worker.compare(request), max(1, len(request.lanes)))
+
+    def cancel(self) -> None:
+        """Cancel the running load or generation (and whatever is queued)."""
+        self._worker.cancel()
+
+    async def shutdown(self, timeout: float = 5.0) -> None:
+        """Cancel everything and stop the worker without blocking the event loop.
+
+        Open iterators end (Done "cancelled" or an Error), pending loads raise.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._worker.stop()
+        deadline = time.monotonic() + timeout
+        while self._worker.alive and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self._finish_shutdown()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Blocking :meth:`shutdown`, for when no event loop runs."""
+        if self._closed:
+            return
+        self._closed = True
+        self._worker.shutdown(timeout)
+        self._finish_shutdown()
+
+    # -- internals (UI thread unless noted) ----------------------------------------------
+
+    def _await(self, rid: int, fut: asyncio.Future):
+        self._futures[rid] = fut
+        self._opened(rid)
+
+        async def wait():
+            try:
+                return await fut
+            except asyncio.CancelledError:
+                if rid in self._futures:  # the caller gave up: stop the work too
+                    self._worker.cancel()
+                raise
+        return wait()
+
+    def _stream(self, rid: int, lanes: int) -> _Stream:
+        stream = _Stream(self, rid, lanes)
+        self._streams[rid] = stream
+        self._opened(rid)
+        return stream
+
+    def _opened(self, rid: int) -> None:
+        was = self.busy
+        self._open.add(rid)
+        if not was:
+            self.busyChanged.emit(True)
+
+    def _closed_request(self, rid: int) -> None:
+        if rid in self._open:
+            self._open.discard(rid)
+            if not self._open:
+                self.busyChanged.emit(False)
+
+    def _on_worker_event(self, event) -> None:
+        """Worker thread: queue the event and wake the UI thread once per drain."""
+        with self._lock:
+            self._pending.append(event)
+            if self._wake_pending:
+                return
+            self._wake_pending = True
+        self._wake.emit()
+
+    @Slot()
+    def _on_wake(self) -> None:
+        # Pace drains to one a frame: the first event after a quiet spell goes at once
+        # (lowest latency), a steady stream is batched per frame.
+        delay = self._last_flush + FRAME_S - time.perf_counter()
+        if delay <= 0:
+            self._flush()
+        elif not self._timer.isActive():
+            self._timer.start(max(1, round(delay * 1000)))
+
+    @Slot()
+    def _flush(self) -> None:
+        with self._lock:
+            events, self._pending = self._pending, []
+            self._wake_pending = False
+        self._last_flush = time.perf_counter()
+        chunks: dict[tuple[int, int], list[TokenDelta]] = {}
+        for ev in events:
+            if isinstance(ev, TokenDelta):
+                chunks.setdefault((ev.request_id, ev.lane), []).append(ev)
+                continue
+            if chunks:  # everything before a lifecycle event goes out before it
+                self._deliver(chunks)
+                chunks = {}
+            self._dispatch(ev)
+        if chunks:
+            self._deliver(chunks)
+
+    def _deliver(self, chunks: dict[tuple[int, int], list[TokenDelta]]) -> None:
+        for (rid, lane), tokens in chunks.items():
+            stream = self._streams.get(rid)
+            if stream is not None:
+                stream._push(Chunk(lane, "".join(t.text for t in tokens), tokens))
+
+    def _dispatch(self, ev) -> None:
+        rid = ev.request_id
+        if isinstance(ev, LoadProgress):
+            self.loadProgress.emit(ev.fraction, ev.stage)
+            return
+        if isinstance(ev, Unloaded):
+            self._info = None
+            self.modelUnloaded.emit()
+            if rid in self._unloads:
+                self._resolve(rid, None)
+            return
+        if isinstance(ev, Loaded):
+            self._info = dict(ev.info)
+            self.modelLoaded.emit(dict(ev.info))
+            self._resolve(rid, dict(ev.info))
+            return
+        stream = self._streams.get(rid)
+        if stream is not None:
+            if stream._push(ev):
+                del self._streams[rid]
+                self._closed_request(rid)
+            return
+        if isinstance(ev, Error):
+            if rid in self._futures:
+                self._fail(rid, ev.message, ev.cancelled)
+            if not ev.cancelled:  # the user asked for a cancel: not an error to show
+                self.errorOccurred.emit(ev.message)
+
+    def _resolve(self, rid: int, value: Any) -> None:
+        self._unloads.discard(rid)
+        fut = self._futures.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(value)
+        self._closed_request(rid)
+
+    def _fail(self, rid: int, message: str, cancelled: bool = False) -> None:
+        self._unloads.discard(rid)
+        fut = self._futures.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(BridgeError(message, cancelled=cancelled))
+        self._closed_request(rid)
+
+    def _finish_shutdown(self) -> None:
+        self._timer.stop()
+        self._flush()  # what the worker said before it stopped
+        for rid, stream in list(self._streams.items()):
+            stream._push(Error(rid, "the model worker has shut down"))
+        self._streams.clear()
+        for rid in list(self._futures):
+            self._fail(rid, "the model worker has shut down", cancelled=True)
+        for rid in list(self._open):
+            self._closed_request(rid)
