@@ -137,7 +137,8 @@ def load_meta(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     stop = set(tok.stop_ids) | fmt.stop_ids()
     info = model_info("meta", path, args, model, tok, fmt,
                       tensor_types=sorted({str(t.dtype).removeprefix("torch.") for t in shards[0].values()}),
-                      dequantized=False, files=[f.name for f in files])
+                      dequantized=False, files=[f.name for f in files],
+                      chat_template_source=None)  # Meta folders carry no template: chosen from the tokenizer
     return LoadedModel(model, tok, fmt, args, stop, info)
 
 
