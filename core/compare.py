@@ -1,0 +1,225 @@
+"""Pure helpers for comparing sampler settings side by side (no Qt, no torch).
+
+Everything here works on plain token-id lists, log-probability lists and dicts, so the
+compare view, the CLI and tests share one definition of "where two lanes part", "how
+repetitive a text is" and "what a sweep over a parameter means".
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from .errors import SettingsError
+
+MAX_LANES = 8
+
+# Parameters a sweep can vary: (type, lowest, highest or None). Bounds mirror
+# SamplingParams.validate so a sweep is refused before any lane is built.
+SWEEP_PARAMS: dict[str, tuple[type, float, float | None]] = {
+    "temperature": (float, 0.0, None),
+    "top_p": (float, 1e-9, 1.0),
+    "top_k": (int, 0, None),
+    "min_p": (float, 0.0, 0.999999),
+    "repetition_penalty": (float, 1e-9, None),
+    "seed": (int, 0, 2**63 - 1),
+    "max_new_tokens": (int, 1, None),
+}
+
+# The per-lane settings a comparison shows and stores.
+LANE_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens")
+
+
+# --------------------------------------------------------------------------- divergence
+
+
+def divergence_index(baseline: Sequence[int], other: Sequence[int]) -> int | None:
+    """Index of the first token where ``other`` departs from ``baseline``.
+
+    None when both are identical. When one is a prefix of the other, the lanes part at
+    the shorter one's length (one stopped, the other went on).
+    """
+    n = min(len(baseline), len(other))
+    for i in range(n):
+        if baseline[i] != other[i]:
+            return i
+    return None if len(baseline) == len(other) else n
+
+
+@dataclass(frozen=True)
+class TokenDiff:
+    """A token-level diff of one lane against the baseline.
+
+    ``changed[i]`` is True for each token of the lane that has no counterpart in the
+    baseline's alignment (inserted or replaced); ``divergence`` is the first index where
+    the lane departs (None: identical); ``removed`` counts baseline tokens the lane lacks.
+    """
+    divergence: int | None
+    changed: tuple[bool, ...]
+    removed: int
+
+    @property
+    def changed_count(self) -> int:
+        return sum(self.changed)
+
+
+def token_diff(baseline: Sequence[int], other: Sequence[int]) -> TokenDiff:
+    """Align ``other`` to ``baseline`` (longest matching blocks) and mark its changed tokens.
+
+    Tokens before the divergence point are always unchanged; after it, runs that
+    re-align with the baseline (the same phrase a little later) count as unchanged.
+    """
+    div = divergence_index(baseline, other)
+    changed = [False] * len(other)
+    removed = 0
+    if div is not None:
+        sm = difflib.SequenceMatcher(a=list(baseline), b=list(other), autojunk=False)
+        for tag, i1, i2, j1, j2 in sm.get_opcodes():
+            if tag in ("replace", "insert"):
+                for j in range(j1, j2):
+                    changed[j] = True
+            if tag in ("replace", "delete"):
+                removed += i2 - i1
+        # The divergence point is a change by definition, even if the matcher re-aligned it.
+        if div < len(other):
+            changed[div] = True
+    return TokenDiff(div, tuple(changed), removed)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def distinct_n(tokens: Sequence[int], n: int) -> float | None:
+    """Distinct n-grams over all n-grams (1.0: no repetition); None when there are none."""
+    if n < 1:
+        raise ValueError("n must be at least 1")
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    if not grams:
+        return None
+    return len(set(grams)) / len(grams)
+
+
+def mean_logprob(logprobs: Sequence[float]) -> float | None:
+    """Mean natural-log probability per token; None for no tokens."""
+    vals = [float(x) for x in logprobs]
+    return sum(vals) / len(vals) if vals else None
+
+
+def perplexity(logprobs: Sequence[float]) -> float | None:
+    """exp(-mean log-prob): how surprised the model is by the lane's own text."""
+    m = mean_logprob(logprobs)
+    if m is None:
+        return None
+    try:
+        return math.exp(-m)
+    except OverflowError:
+        return math.inf
+
+
+def lane_stats(tokens: Sequence[int], logprobs: Sequence[float], engine_stats: dict | None = None,
+               stop_reason: str | None = None) -> dict:
+    """The numbers a lane shows: tokens, tokens/s, stop reason, mean log-prob, perplexity,
+    distinct-1 and distinct-2."""
+    st = engine_stats or {}
+    return {
+        "tokens": len(tokens),
+        "tokens_per_s": float(st.get("decode_tok_s") or 0.0),
+        "stop_reason": stop_reason,
+        "mean_logprob": mean_logprob(logprobs),
+        "perplexity": perplexity(logprobs),
+        "distinct_1": distinct_n(tokens, 1),
+        "distinct_2": distinct_n(tokens, 2),
+    }
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def _number(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise SettingsError(f"{text.strip()!r} is not a number") from None
+    if not math.isfinite(v):
+        raise SettingsError(f"{text.strip()!r} is not a finite number")
+    return v
+
+
+def parse_sweep(text: str, param: str = "temperature") -> list[float | int]:
+    """Values of a sweep: a list "0.2, 0.7, 1.2" or an inclusive range "start:stop:step".
+
+    Values are converted to the parameter's type, checked against its bounds and kept in
+    order without duplicates. Raises SettingsError (one readable line) on bad input or
+    more than MAX_LANES values.
+    """
+    if param not in SWEEP_PARAMS:
+        raise SettingsError(f"cannot sweep {param!r}: choose one of {', '.join(SWEEP_PARAMS)}")
+    kind, lo, hi = SWEEP_PARAMS[param]
+    text = (text or "").strip()
+    if not text:
+        raise SettingsError("enter values like 0.2, 0.7, 1.2 or a range like 0.2:1.4:0.4")
+    if ":" in text:
+        parts = [p.strip() for p in text.split(":")]
+        if len(parts) not in (2, 3) or not all(parts):
+            raise SettingsError("a range is start:stop:step, e.g. 0.2:1.4:0.4")
+        start, stop = _number(parts[0]), _number(parts[1])
+        step = _number(parts[2]) if len(parts) == 3 else 1.0
+        if step <= 0:
+            raise SettingsError("a range's step must be above 0")
+        if stop < start:
+            raise SettingsError("a range's stop must not be below its start")
+        count = int(math.floor((stop - start) / step + 1e-9)) + 1
+        if count > MAX_LANES:
+            raise SettingsError(f"that range has {count} values; a comparison has at most {MAX_LANES} lanes")
+        raw = [start + i * step for i in range(count)]
+    else:
+        raw = [_number(p) for p in text.replace(";", ",").split(",") if p.strip()]
+    values: list[float | int] = []
+    for v in raw:
+        if kind is int:
+            if abs(v - round(v)) > 1e-9:
+                raise SettingsError(f"{param} takes whole numbers, got {v:g}")
+            v = int(round(v))
+        else:
+            v = round(v, 10)  # 0.2 + 2 * 0.4 prints as 1.0, not 1.0000000000000002
+        if v < lo or (hi is not None and v > hi):
+            bound = f"at least {lo:g}" if hi is None else f"between {lo:g} and {hi:g}"
+            raise SettingsError(f"{param} must be {bound}, got {v:g}")
+        if v not in values:
+            values.append(v)
+    if not values:
+        raise SettingsError("no values given")
+    if len(values) > MAX_LANES:
+        raise SettingsError(f"{len(values)} values; a comparison has at most {MAX_LANES} lanes")
+    return values
+
+
+def sweep_lanes(base: dict, param: str, values: Sequence[float | int]) -> list[dict]:
+    """One lane settings dict per value: ``base`` with ``param`` replaced."""
+    if param not in SWEEP_PARAMS:
+        raise SettingsError(f"cannot sweep {param!r}")
+    return [{**base, param: v} for v in values]
+
+
+def lock_seeds(lanes: Sequence[dict], seed: int) -> list[dict]:
+    """Every lane with the same seed (so only the other settings differ)."""
+    return [{**lane, "seed": int(seed)} for lane in lanes]
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def settings_label(settings: dict, differs_from: dict | None = None) -> str:
+    """A short label for a lane: 'T 0.7 · top-p 0.9 · seed 7', only the keys that differ
+    from ``differs_from`` when given (falls back to temperature)."""
+    names = {"temperature": "T", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p",
+             "repetition_penalty": "rep", "seed": "seed", "max_new_tokens": "max"}
+    keys = [k for k in LANE_KEYS if k in settings]
+    if differs_from is not None:
+        keys = [k for k in keys if settings.get(k) != differs_from.get(k)] or ["temperature"]
+    out = []
+    for k in keys:
+        v = settings.get(k)
+        out.append(f"{names[k]} {v:g}" if isinstance(v, float) else f"{names[k]} {v}")
+    return " · ".join(out)

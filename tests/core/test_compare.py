@@ -1,0 +1,122 @@
+"""Pure comparison helpers: divergence, diff, repetition, perplexity, sweeps."""
+import math
+
+import pytest
+
+from core.compare import (MAX_LANES, distinct_n, divergence_index, lane_stats, lock_seeds, mean_logprob,
+                          parse_sweep, perplexity, settings_label, sweep_lanes, token_diff)
+from core.errors import SettingsError
+
+
+def test_divergence_index():
+    assert divergence_index([1, 2, 3], [1, 2, 3]) is None
+    assert divergence_index([], []) is None
+    assert divergence_index([1, 2, 3], [1, 5, 3]) == 1
+    assert divergence_index([1, 2, 3], [9]) == 0
+    assert divergence_index([1, 2], [1, 2, 3]) == 2  # one stopped, the other went on
+    assert divergence_index([1, 2, 3], [1, 2]) == 2
+    assert divergence_index([], [4]) == 0
+
+
+def test_token_diff_marks_changes_and_realignment():
+    base = [1, 2, 3, 4, 5, 6]
+    d = token_diff(base, base)
+    assert d.divergence is None and not any(d.changed) and d.removed == 0
+    # one token replaced, the rest realigns with the baseline
+    d = token_diff(base, [1, 2, 9, 4, 5, 6])
+    assert d.divergence == 2
+    assert d.changed == (False, False, True, False, False, False)
+    assert d.removed == 1 and d.changed_count == 1
+    # an inserted token shifts the rest, which still aligns
+    d = token_diff(base, [1, 2, 7, 3, 4, 5, 6])
+    assert d.divergence == 2 and d.changed == (False, False, True, False, False, False, False)
+    assert d.removed == 0
+    # completely different after the first token
+    d = token_diff(base, [1, 8, 8, 8])
+    assert d.divergence == 1 and d.changed == (False, True, True, True)
+    # a longer lane: the extra tokens are changes
+    d = token_diff([1, 2], [1, 2, 3, 4])
+    assert d.divergence == 2 and d.changed == (False, False, True, True)
+    # a shorter lane: nothing of its own changed, baseline tokens removed
+    d = token_diff([1, 2, 3], [1, 2])
+    assert d.divergence == 2 and d.changed == (False, False) and d.removed == 1
+
+
+def test_divergence_point_is_always_marked():
+    # The matcher would align [5] with baseline's later 5; the divergence point still shows.
+    d = token_diff([1, 2, 5], [1, 5])
+    assert d.divergence == 1 and d.changed[1]
+
+
+def test_distinct_n():
+    assert distinct_n([1, 2, 3, 4], 1) == 1.0
+    assert distinct_n([1, 1, 1, 1], 1) == 0.25
+    assert distinct_n([1, 2, 1, 2, 1, 2], 2) == pytest.approx(2 / 5)
+    assert distinct_n([1], 2) is None
+    assert distinct_n([], 1) is None
+    with pytest.raises(ValueError):
+        distinct_n([1], 0)
+
+
+def test_mean_logprob_and_perplexity():
+    assert mean_logprob([]) is None and perplexity([]) is None
+    lps = [math.log(0.5), math.log(0.25)]
+    assert mean_logprob(lps) == pytest.approx((math.log(0.5) + math.log(0.25)) / 2)
+    # perplexity is the inverse geometric mean probability
+    assert perplexity(lps) == pytest.approx(1 / math.sqrt(0.5 * 0.25))
+    assert perplexity([0.0, 0.0]) == pytest.approx(1.0)
+    assert perplexity([-1e6]) == math.inf
+
+
+def test_lane_stats():
+    s = lane_stats([1, 2, 2], [math.log(0.5)] * 3, {"decode_tok_s": 12.5}, "length")
+    assert s["tokens"] == 3 and s["tokens_per_s"] == 12.5 and s["stop_reason"] == "length"
+    assert s["perplexity"] == pytest.approx(2.0)
+    assert s["distinct_1"] == pytest.approx(2 / 3) and s["distinct_2"] == pytest.approx(1.0)
+    empty = lane_stats([], [], None, "eos")
+    assert empty["tokens"] == 0 and empty["perplexity"] is None and empty["distinct_1"] is None
+
+
+def test_parse_sweep_lists_and_ranges():
+    assert parse_sweep("0.2, 0.7, 1.2") == [0.2, 0.7, 1.2]
+    assert parse_sweep("0.2:1.4:0.4") == [0.2, 0.6, 1.0, 1.4]
+    assert parse_sweep(" 0.5 ; 0.5, 1 ") == [0.5, 1.0]  # duplicates dropped, ; accepted
+    assert parse_sweep("1:4", "top_k") == [1, 2, 3, 4]
+    assert parse_sweep("0, 40, 100", "top_k") == [0, 40, 100]
+    assert all(isinstance(v, int) for v in parse_sweep("1, 2", "seed"))
+    assert parse_sweep("0.1:0.3:0.1", "min_p") == [0.1, 0.2, 0.3]
+
+
+@pytest.mark.parametrize("text,param,needle", [
+    ("", "temperature", "enter values"),
+    ("a, b", "temperature", "not a number"),
+    ("1:0:0.1", "temperature", "below its start"),
+    ("0:1:0", "temperature", "step"),
+    ("0:1:0.1", "temperature", "at most 8"),
+    ("1,2,3,4,5,6,7,8,9", "temperature", "at most 8"),
+    ("-0.5", "temperature", "at least"),
+    ("1.5", "top_p", "between"),
+    ("2.5", "top_k", "whole numbers"),
+    ("0.5", "num_beams", "cannot sweep"),
+    ("1:2:3:4", "temperature", "start:stop:step"),
+    ("nan", "temperature", "finite"),
+])
+def test_parse_sweep_errors(text, param, needle):
+    with pytest.raises(SettingsError, match=needle):
+        parse_sweep(text, param)
+
+
+def test_sweep_lanes_and_seed_lock():
+    base = {"temperature": 0.8, "top_p": 0.9, "seed": 3}
+    lanes = sweep_lanes(base, "temperature", [0.2, 1.2])
+    assert lanes == [{"temperature": 0.2, "top_p": 0.9, "seed": 3}, {"temperature": 1.2, "top_p": 0.9, "seed": 3}]
+    assert base["temperature"] == 0.8  # not mutated
+    assert [l["seed"] for l in lock_seeds([{"seed": 1}, {"seed": None}], 9)] == [9, 9]
+    assert len(parse_sweep(":".join(["0", "0.7", "0.1"]))) == MAX_LANES
+
+
+def test_settings_label():
+    a = {"temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 7}
+    assert settings_label(a) == "T 0.7 · top-p 0.9 · top-k 0 · seed 7"
+    assert settings_label({**a, "top_p": 0.5}, differs_from=a) == "top-p 0.5"
+    assert settings_label(a, differs_from=a) == "T 0.7"
