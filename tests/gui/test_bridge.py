@@ -1,0 +1,388 @@
+"""The async bridge under a real qasync loop (offscreen), and gui.app.run's teardown.
+
+Scenarios are coroutines driven from the test with ``loop.run_until_complete``; inside
+them only asyncio waits are used (no nested Qt event loops).
+"""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import qasync
+
+from core.sampling import SamplingParams
+from core.worker import CompareRequest, Done, Error, GenerateRequest, Started, TokenDelta, Worker
+from gui.bridge import Bridge, BridgeError, Chunk
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def qloop(qapp):
+    loop = qasync.QEventLoop(qapp)
+    asyncio.set_event_loop(loop)
+    yield loop
+    try:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    finally:
+        loop.close()
+        asyncio.set_event_loop(None)
+
+
+class Signals:
+    def __init__(self, bridge: Bridge):
+        self.progress, self.loaded, self.unloaded, self.errors, self.busy = [], [], [], [], []
+        bridge.loadProgress.connect(lambda f, s: self.progress.append((f, s)))
+        bridge.modelLoaded.connect(self.loaded.append)
+        bridge.modelUnloaded.connect(lambda: self.unloaded.append(True))
+        bridge.errorOccurred.connect(self.errors.append)
+        bridge.busyChanged.connect(self.busy.append)
+
+
+@pytest.fixture
+def make_bridge(qloop):
+    made = []
+
+    def make(**kw):
+        kw.setdefault("torch_threads", 1)
+        b = Bridge(**kw)
+        made.append(b)
+        return b, Signals(b)
+    yield make
+    for b in made:
+        b.close()
+        assert not b.worker.alive
+        b.deleteLater()
+
+
+@pytest.fixture
+def gguf(fixtures):
+    return fixtures / "stories260K.gguf"
+
+
+def run(loop, coro, timeout: float = 30):
+    return loop.run_until_complete(asyncio.wait_for(coro, timeout))
+
+
+def completion(max_new=30, seed=7, temperature=0.8) -> GenerateRequest:
+    return GenerateRequest(mode="completion", prompt="Once upon a time",
+                           params=SamplingParams(temperature=temperature, max_new_tokens=max_new, seed=seed))
+
+
+async def collect(stream, on_chunk=None) -> list:
+    out = []
+    async for ev in stream:
+        out.append(ev)
+        if on_chunk is not None and isinstance(ev, Chunk):
+            await on_chunk(ev, out)
+    return out
+
+
+def check_stream(evs: list) -> Done:
+    """Started, Chunk…, Done; chunk texts add up to the reply."""
+    assert isinstance(evs[0], Started) and isinstance(evs[-1], Done)
+    chunks = evs[1:-1]
+    assert all(isinstance(c, Chunk) for c in chunks)
+    done = evs[-1]
+    assert "".join(c.text for c in chunks) == done.text
+    toks = [t for c in chunks for t in c.tokens]
+    assert [t.token_id for t in toks] == done.tokens
+    assert all(c.text == "".join(t.text for t in c.tokens) for c in chunks)
+    return done
+
+
+# --------------------------------------------------------------------------- real worker
+
+def test_load_then_generate_streams_chunks(make_bridge, qloop, gguf):
+    bridge, sig = make_bridge()
+
+    async def scenario():
+        info = await bridge.load(gguf)
+        assert bridge.busy is False
+        evs = await collect(bridge.generate(completion()))
+        return info, evs
+    info, evs = run(qloop, scenario())
+    done = check_stream(evs)
+    assert done.stop_reason in ("length", "eos") and done.params["seed"] == 7
+    assert info["name"] == "stories260K" and bridge.model_info == info
+    assert sig.loaded == [info]
+    assert sig.progress and sig.progress[-1][0] == 1.0
+    assert sig.busy == [True, False, True, False] and not bridge.busy
+    assert sig.errors == []
+
+    # The same seed through the worker directly gives the same text.
+    direct = []
+    ev = threading.Event()
+    w = Worker(lambda e: (direct.append(e), isinstance(e, Done) and ev.set()), torch_threads=1)
+    w.start()
+    w.load(gguf)
+    w.generate(completion())
+    assert ev.wait(20)
+    w.shutdown()
+    assert direct[-1].text == done.text
+
+
+def test_compare_streams_lanes(make_bridge, qloop, gguf):
+    bridge, _ = make_bridge()
+    lanes = [SamplingParams(temperature=0, max_new_tokens=6), SamplingParams(temperature=1, seed=2, max_new_tokens=9)]
+
+    async def scenario():
+        await bridge.load(gguf)
+        return await collect(bridge.compare(CompareRequest(mode="completion", prompt="Once", lanes=lanes)))
+    evs = run(qloop, scenario())
+    dones = {e.lane: e for e in evs if isinstance(e, Done)}
+    assert set(dones) == {0, 1} and isinstance(evs[-1], Done)
+    for lane, d in dones.items():
+        assert "".join(c.text for c in evs if isinstance(c, Chunk) and c.lane == lane) == d.text
+
+
+def test_errors_without_model_and_bad_path(make_bridge, qloop, gguf, tmp_path):
+    bridge, sig = make_bridge()
+
+    async def scenario():
+        evs = await collect(bridge.generate(completion()))
+        assert len(evs) == 1 and isinstance(evs[0], Error) and "no model" in evs[0].message
+        with pytest.raises(BridgeError, match="no such file") as err:
+            await bridge.load(tmp_path / "missing.gguf")
+        assert not err.value.cancelled
+        broken = tmp_path / "broken.gguf"
+        broken.write_bytes(Path(gguf).read_bytes()[:4000])
+        with pytest.raises(BridgeError):
+            await bridge.load(broken)
+        return await bridge.load(gguf)
+    info = run(qloop, scenario())
+    assert info["name"] == "stories260K"
+    # Load errors are signalled too; the stream's error went to its iterator only.
+    assert len(sig.errors) == 2 and "no such file" in sig.errors[0]
+    assert bridge.worker.alive and not bridge.busy
+
+
+def test_cancel_inside_the_stream_then_next_request_works(make_bridge, qloop, gguf):
+    bridge, _ = make_bridge()
+
+    async def cancel_at_first(chunk, out):
+        if sum(isinstance(e, Chunk) for e in out) == 1:
+            bridge.cancel()
+
+    async def scenario():
+        await bridge.load(gguf)
+        first = await collect(bridge.generate(completion(max_new=100000)), cancel_at_first)
+        second = await collect(bridge.generate(completion(max_new=5)))
+        return first, second
+    first, second = run(qloop, scenario())
+    assert check_stream(first).stop_reason == "cancelled"
+    assert check_stream(second).stop_reason in ("length", "eos")
+
+
+def test_load_while_streaming_cancels_the_stream(make_bridge, qloop, gguf):
+    bridge, sig = make_bridge()
+    tasks = []
+
+    async def load_at_first(chunk, out):
+        if not tasks:
+            tasks.append(asyncio.ensure_future(bridge.load(gguf)))
+
+    async def scenario():
+        await bridge.load(gguf)
+        evs = await collect(bridge.generate(completion(max_new=100000)), load_at_first)
+        info = await tasks[0]
+        after = await collect(bridge.generate(completion(max_new=4)))
+        return evs, info, after
+    evs, info, after = run(qloop, scenario())
+    assert check_stream(evs).stop_reason == "cancelled"
+    assert info["name"] == "stories260K" and len(sig.loaded) == 2 and sig.unloaded == [True]
+    check_stream(after)
+
+
+def test_cancelling_the_awaiting_task_cancels_the_load(make_bridge, qloop, gguf):
+    bridge, sig = make_bridge()
+
+    async def scenario():
+        task = asyncio.ensure_future(bridge.load(gguf))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while bridge.busy:  # the worker answers the cancelled load; then it is idle
+            await asyncio.sleep(0.01)
+        return await bridge.load(gguf)
+    assert run(qloop, scenario())["name"] == "stories260K"
+    assert sig.errors == []  # a cancel is not an error to show
+
+
+def test_shutdown_while_generating(make_bridge, qloop, gguf):
+    bridge, _ = make_bridge()
+    took = []
+
+    async def shut(chunk, out):
+        if not took:
+            t0 = time.monotonic()
+            await bridge.shutdown()
+            took.append(time.monotonic() - t0)
+
+    async def scenario():
+        await bridge.load(gguf)
+        evs = await collect(bridge.generate(completion(max_new=100000)), shut)
+        more = await collect(bridge.generate(completion()))
+        return evs, more
+    evs, more = run(qloop, scenario())
+    assert took and took[0] < 3 and not bridge.worker.alive
+    assert isinstance(evs[-1], Done) and evs[-1].stop_reason == "cancelled"
+    assert isinstance(more[-1], Error) and "shut down" in more[-1].message
+
+
+def test_shutdown_while_loading(make_bridge, qloop, gguf):
+    bridge, _ = make_bridge()
+
+    async def scenario():
+        task = asyncio.ensure_future(bridge.load(gguf))
+        await asyncio.sleep(0)
+        t0 = time.monotonic()
+        await bridge.shutdown()
+        took = time.monotonic() - t0
+        try:
+            result = await task
+        except BridgeError as e:
+            result = e
+        return took, result
+    took, result = run(qloop, scenario())
+    assert took < 3 and not bridge.worker.alive
+    # Either the load was cancelled, or it had finished before the shutdown arrived.
+    assert (isinstance(result, BridgeError) and result.cancelled) or result["name"] == "stories260K"
+    assert not bridge.busy
+
+
+# --------------------------------------------------------------------------- coalescing (fake worker)
+
+class BurstWorker:
+    """A worker stand-in that emits a whole reply at once, on the calling thread."""
+
+    def __init__(self, on_event, lanes_tokens: int = 200):
+        self.on_event = on_event
+        self.n = lanes_tokens
+        self.next = 1
+        self.alive = False
+
+    def start(self):
+        self.alive = True
+
+    def _rid(self):
+        self.next += 1
+        return self.next
+
+    def generate(self, request):
+        return self.compare(CompareRequest(lanes=[request.params]))
+
+    def compare(self, request):
+        rid, lanes = self._rid(), len(request.lanes)
+        self.on_event(Started(rid, 3, 0, 0, 512))
+        for i in range(self.n):
+            for lane in range(lanes):
+                self.on_event(TokenDelta(rid, lane, i, 5, "ab", "ab", -0.1))
+        for lane in range(lanes):
+            self.on_event(Done(rid, lane, "length", "ab" * self.n, [5] * self.n, [-0.1] * self.n, {}, {}))
+        return rid
+
+    def cancel(self):
+        pass
+
+    def stop(self):
+        self.alive = False
+
+    def join(self, timeout=None):
+        return True
+
+    def shutdown(self, timeout=5.0):
+        self.stop()
+
+
+def test_a_burst_of_tokens_becomes_one_chunk_per_lane(make_bridge, qloop):
+    bridge, _ = make_bridge(worker_factory=BurstWorker)
+
+    async def scenario():
+        one = await collect(bridge.generate(completion()))
+        three = await collect(bridge.compare(CompareRequest(lanes=[SamplingParams()] * 3)))
+        return one, three
+    one, three = run(qloop, scenario())
+    assert [type(e) for e in one] == [Started, Chunk, Done]
+    assert len(one[1].tokens) == 200 and one[1].text == "ab" * 200
+    chunks = [e for e in three if isinstance(e, Chunk)]
+    assert sorted(c.lane for c in chunks) == [0, 1, 2] and all(len(c.tokens) == 200 for c in chunks)
+    # Every lane's chunk comes before any Done.
+    assert max(three.index(c) for c in chunks) < min(three.index(d) for d in three if isinstance(d, Done))
+
+
+def test_streaming_is_coalesced_per_frame(make_bridge, qloop, gguf):
+    """A real generation: far fewer chunks than tokens (the UI is woken once a frame)."""
+    bridge, _ = make_bridge()
+
+    async def scenario():
+        await bridge.load(gguf)
+        return await collect(bridge.generate(completion(max_new=400)))
+    evs = run(qloop, scenario())
+    done = check_stream(evs)
+    chunks = [e for e in evs if isinstance(e, Chunk)]
+    if len(done.tokens) >= 200 and done.stats["decode_tok_s"] > 200:
+        assert len(chunks) < len(done.tokens) / 2
+
+
+# --------------------------------------------------------------------------- gui.app.run
+
+APP_SCRIPT = textwrap.dedent("""
+    import asyncio, sys
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QWidget
+    from core.sampling import SamplingParams
+    from core.worker import GenerateRequest
+    from gui import app
+    from gui.bridge import Chunk, Done
+
+    def factory(bridge, argv):
+        w = QWidget()
+
+        async def go():
+            await bridge.load(argv[1])
+            n = 0
+            req = GenerateRequest(mode="completion", prompt="Once",
+                                  params=SamplingParams(max_new_tokens=100000, seed=1))
+            async for ev in bridge.generate(req):
+                if isinstance(ev, Chunk):
+                    n += 1
+                    if n == 5:
+                        w.close()  # the last window closes mid-generation
+                if isinstance(ev, Done):
+                    print("done", ev.stop_reason, flush=True)
+
+        async def forever():
+            await asyncio.sleep(3600)  # a task still pending at exit
+
+        QTimer.singleShot(0, lambda: (asyncio.ensure_future(go()), asyncio.ensure_future(forever())))
+        QTimer.singleShot(20000, w.close)  # safety net
+        return w
+
+    print("rc", app.run(factory, sys.argv), flush=True)
+""")
+
+
+def test_app_run_tears_down_cleanly_mid_generation(fixtures, tmp_path):
+    script = tmp_path / "app_script.py"
+    script.write_text(APP_SCRIPT)
+    env = {**__import__("os").environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONPATH": str(ROOT),
+           "PYTHONASYNCIODEBUG": "0"}
+    p = subprocess.run([sys.executable, "-X", "dev", str(script), str(fixtures / "stories260K.gguf")],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert "done cancelled" in p.stdout and "rc 0" in p.stdout, out
+    for bad in ("Task was destroyed", "QThread", "Traceback", "Event loop stopped", "never awaited"):
+        assert bad not in out, out
