@@ -1,0 +1,213 @@
+"""What a comparison lane holds and how it is drawn, without Qt widgets or torch.
+
+A :class:`LaneRun` keeps one lane's generated tokens as records (text, id, log-prob and
+the inspector's alternatives), so the view can render every token as its own anchor
+(``tok:LANE:INDEX``), mark the diff against a baseline and shade a heatmap.
+:func:`render_lane_html` turns a run into the HTML a QTextBrowser shows.
+"""
+from __future__ import annotations
+
+import html
+import math
+import time
+from dataclasses import dataclass, field
+
+from core.compare import LANE_KEYS, TokenDiff, lane_stats
+
+ANCHOR_SCHEME = "tok"
+
+
+@dataclass
+class TokenRec:
+    """One generated token: ``text`` is what it added to the visible reply (may be "")."""
+    token_id: int
+    text: str
+    piece: str
+    logprob: float
+    top: dict | None = None
+
+    @property
+    def prob(self) -> float:
+        return math.exp(self.logprob)
+
+
+@dataclass
+class LaneRun:
+    """One lane's output: streaming tokens, then the Done facts (resolved settings, stats)."""
+    tokens: list[TokenRec] = field(default_factory=list)
+    text: str = ""  # the reply as streamed, replaced by the final text on Done
+    stop_reason: str | None = None
+    params: dict | None = None  # settings actually used (concrete seed), from Done
+    engine_stats: dict = field(default_factory=dict)
+    first_at: float | None = None  # monotonic time of the first and last token (live rate)
+    last_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.stop_reason is not None
+
+    @property
+    def ids(self) -> list[int]:
+        return [t.token_id for t in self.tokens]
+
+    @property
+    def logprobs(self) -> list[float]:
+        return [t.logprob for t in self.tokens]
+
+    def add(self, deltas) -> None:
+        """Append token deltas (objects with token_id, text, piece, logprob, top)."""
+        now = time.monotonic()
+        if deltas:
+            self.first_at = self.first_at if self.first_at is not None else now
+            self.last_at = now
+        for d in deltas:
+            self.tokens.append(TokenRec(int(d.token_id), d.text, d.piece, float(d.logprob), d.top))
+            self.text += d.text
+
+    def finish(self, done) -> None:
+        """Take a Done event's final text, reason, settings and stats."""
+        self.text = done.text
+        self.stop_reason = done.stop_reason
+        self.params = dict(done.params)
+        self.engine_stats = dict(done.stats or {})
+
+    def tail(self) -> str:
+        """Final text that no token's delta carried (a flushed partial character)."""
+        streamed = "".join(t.text for t in self.tokens)
+        return self.text[len(streamed):] if self.text.startswith(streamed) else ""
+
+    def stats(self) -> dict:
+        st = self.engine_stats
+        if not st.get("decode_tok_s") and self.first_at is not None and self.last_at > self.first_at:
+            # Streaming: the engine's rate comes with Done; until then, the rate seen here.
+            st = {**st, "decode_tok_s": (len(self.tokens) - 1) / (self.last_at - self.first_at)}
+        return lane_stats(self.ids, self.logprobs, st, self.stop_reason)
+
+    def to_dict(self, settings: dict) -> dict:
+        """The lane as History.save_comparison stores it (settings carry the seed used)."""
+        used = {k: v for k, v in (self.params or settings).items() if k in LANE_KEYS or k == "stop"}
+        return {
+            "settings": used, "seed": used.get("seed"), "text": self.text,
+            "tokens": self.ids, "logprobs": self.logprobs,
+            "token_texts": [t.text for t in self.tokens], "pieces": [t.piece for t in self.tokens],
+            "top": [t.top for t in self.tokens], "stop_reason": self.stop_reason,
+            "stats": {**self.engine_stats, **self.stats()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LaneRun":
+        ids = list(d.get("tokens") or [])
+        n = len(ids)
+        texts = list(d.get("token_texts") or [""] * n)
+        pieces = list(d.get("pieces") or texts)
+        lps = list(d.get("logprobs") or [0.0] * n)
+        tops = list(d.get("top") or [None] * n)
+        run = cls()
+        for i in range(n):
+            top = tops[i] if i < len(tops) else None
+            if isinstance(top, dict):  # JSON turned (id, prob) tuples into lists
+                top = {k: [(int(a), float(b)) for a, b in v] for k, v in top.items()}
+            run.tokens.append(TokenRec(int(ids[i]), texts[i] if i < len(texts) else "",
+                                       pieces[i] if i < len(pieces) else "", float(lps[i]), top))
+        run.text = str(d.get("text", ""))
+        run.stop_reason = d.get("stop_reason") or "length"
+        run.params = dict(d.get("settings") or {}) or None
+        stats = dict(d.get("stats") or {})
+        run.engine_stats = {k: stats[k] for k in ("decode_tok_s", "prompt_tokens", "generated_tokens",
+                                                  "prefill_s", "decode_s", "ttft_s") if k in stats}
+        return run
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _hex(c: str) -> tuple[int, int, int]:
+    c = c.lstrip("#")
+    return int(c[0:2], 16), int(c[2:4], 16), int(c[4:6], 16)
+
+
+def blend(base: str, over: str, alpha: float) -> str:
+    """``over`` laid on ``base`` with opacity ``alpha`` (0..1), as #rrggbb (Qt's rich text
+    has no rgba backgrounds everywhere, so shades are mixed here)."""
+    a = min(max(alpha, 0.0), 1.0)
+    b, o = _hex(base), _hex(over)
+    return "#%02x%02x%02x" % tuple(round(x + (y - x) * a) for x, y in zip(b, o))
+
+
+def lane_colors(theme_colors: dict, dark: bool) -> dict:
+    """Colours the lanes use, derived from the app theme's named colours."""
+    return {
+        "text": theme_colors["text"], "muted": theme_colors["muted"], "base": theme_colors["base"],
+        "accent": theme_colors["accent"], "accent_text": theme_colors["accent_text"],
+        "diff_bg": "#5a4413" if dark else "#fff0c2", "diff_text": "#ffd479" if dark else "#7a4a00",
+        "mark": "#ff7a59" if dark else "#d2401c", "heat": "#e0533d" if dark else "#f0603c",
+    }
+
+
+def _escape(text: str) -> str:
+    return html.escape(text).replace("\n", "<br>")
+
+
+def render_lane_html(lane: int, run: LaneRun, *, diff: TokenDiff | None = None, heatmap: bool = False,
+                     selected: int | None = None, colors: dict) -> str:
+    """The lane's reply as HTML: one ``<a href="tok:LANE:I">`` per token.
+
+    Tokens the diff marks as changed get the diff colours (an underline only, when the
+    heatmap is on and owns the background), the divergence point gets a marker; the
+    heatmap shades each token by its surprise (1 - p) so unlikely picks stand out.
+    """
+    parts = [f'<div style="white-space: pre-wrap; color: {colors["text"]};">']
+    for i, t in enumerate(run.tokens):
+        if not t.text:
+            continue  # held back (partial character / possible stop): shown with a later token
+        style = [f"color: {colors['text']}", "text-decoration: none"]
+        changed = diff is not None and i < len(diff.changed) and diff.changed[i]
+        if diff is not None and diff.divergence == i:
+            parts.append(f'<span style="color: {colors["mark"]}; font-weight: 700;">\u2503</span>')
+        if heatmap:
+            style.append(f"background-color: {blend(colors['base'], colors['heat'], 0.6 * (1.0 - t.prob))}")
+        if changed:
+            if heatmap:
+                style.append("text-decoration: underline")
+            else:
+                style.append(f"background-color: {colors['diff_bg']}")
+            style[0] = f"color: {colors['diff_text']}"
+        if i == selected:
+            style = [f"color: {colors['accent_text']}", f"background-color: {colors['accent']}",
+                     "text-decoration: none"]
+        parts.append(f'<a href="{ANCHOR_SCHEME}:{lane}:{i}" style="{"; ".join(style)}">{_escape(t.text)}</a>')
+    tail = run.tail()
+    if tail:
+        parts.append(_escape(tail))
+    if not run.tokens and not run.text and not run.finished:
+        parts.append(f'<span style="color: {colors["muted"]};">…</span>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def parse_anchor(href: str) -> tuple[int, int] | None:
+    """(lane, index) of a ``tok:LANE:I`` anchor, else None."""
+    bits = href.split(":")
+    if len(bits) != 3 or bits[0] != ANCHOR_SCHEME:
+        return None
+    try:
+        return int(bits[1]), int(bits[2])
+    except ValueError:
+        return None
+
+
+def format_stats(stats: dict, params: dict | None) -> str:
+    """One compact line (two at most) of a lane's numbers."""
+    def num(v, fmt):
+        return "–" if v is None else format(v, fmt)
+    ppl = stats.get("perplexity")
+    ppl_s = "∞" if ppl == math.inf else num(ppl, ".2f")
+    line1 = (f"{stats['tokens']} tok · {stats['tokens_per_s']:.1f} tok/s · "
+             f"stop: {stats.get('stop_reason') or '…'}")
+    seed = (params or {}).get("seed")
+    if seed is not None:
+        line1 += f" · seed {seed}"
+    line2 = f"mean log p {num(stats.get('mean_logprob'), '.3f')} · perplexity {ppl_s}"
+    line3 = (f"distinct-1 {num(stats.get('distinct_1'), '.2f')} · "
+             f"distinct-2 {num(stats.get('distinct_2'), '.2f')}")
+    return f"{line1}\n{line2}\n{line3}"

@@ -1,0 +1,916 @@
+"""Side-by-side comparison of sampler settings: lanes that stream together.
+
+One prompt (or the open conversation as context) runs under 1–8 lanes of settings in
+one batched request (``bridge.compare``); each lane is a column that streams live, shows
+its numbers (tokens, tokens/s, stop reason, mean log-prob, perplexity, distinct-n), and
+renders every token as an anchor so it can be inspected, diffed against a baseline lane
+and shaded by probability. Comparisons are saved in the history with the seeds really
+used, reopen from the "Saved" menu, re-run exactly and export to Markdown and JSON.
+
+The view never touches torch: all numbers come from the worker's events.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+from typing import Callable
+
+from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFrame, QGridLayout,
+                               QHBoxLayout, QLabel, QLineEdit, QMenu, QPlainTextEdit, QPushButton,
+                               QScrollArea, QSizePolicy, QSpinBox, QSplitter, QTextBrowser, QToolButton,
+                               QVBoxLayout, QWidget)
+
+from core.compare import (LANE_KEYS, MAX_LANES, SWEEP_PARAMS, parse_sweep, settings_label, sweep_lanes,
+                          token_diff)
+from core.errors import LlamaDeskError
+from core.sampling import SamplingParams
+
+from . import theme
+from .compare_model import LaneRun, format_stats, lane_colors, parse_anchor, render_lane_html
+from .token_inspector import TokenInspector
+
+FRAME_MS = 16
+DEFAULT_INSPECT = 5
+SEED_RANDOM = -1  # the seed spin's "random" value
+
+# key: (label, tooltip, minimum, maximum, step, decimals or None for ints)
+FIELDS = {
+    "temperature": ("T", "Temperature (0 = greedy)", 0.0, 2.0, 0.05, 2),
+    "top_p": ("top-p", "Top-p (1 = off)", 0.01, 1.0, 0.05, 2),
+    "top_k": ("top-k", "Top-k (0 = off)", 0, 1000, 1, None),
+    "min_p": ("min-p", "Min-p (0 = off)", 0.0, 0.99, 0.01, 2),
+    "repetition_penalty": ("rep", "Repetition penalty (1 = off)", 0.5, 2.0, 0.05, 2),
+    "max_new_tokens": ("max", "Most new tokens", 1, 8192, 16, None),
+    "seed": ("seed", "Seed (random: a new one each run; the one used is saved)", SEED_RANDOM, 2**31 - 1, 1, None),
+}
+
+
+def _bridge_types():
+    """CompareRequest and the stream's event classes (late: the bridge imports torch)."""
+    from . import bridge
+    return bridge
+
+
+class LaneColumn(QFrame):
+    """One lane: header with its buttons, inline settings, divergence label, text, stats.
+
+    Signals:
+        moveRequested(int): -1 left, +1 right.
+        duplicateRequested(), removeRequested(), adoptRequested(): header buttons.
+        settingsChanged(): a setting was edited.
+        tokenHovered(int, int): lane, token index (-1, -1 when the pointer leaves a token).
+        tokenClicked(int, int): lane, token index.
+    """
+
+    moveRequested = Signal(int)
+    duplicateRequested = Signal()
+    removeRequested = Signal()
+    adoptRequested = Signal()
+    settingsChanged = Signal()
+    tokenHovered = Signal(int, int)
+    tokenClicked = Signal(int, int)
+
+    def __init__(self, *, settings: dict, parent=None):
+        super().__init__(parent)
+        self.setFrameShape(QFrame.StyledPanel)
+        self.setMinimumWidth(300)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Expanding)
+        self.run: LaneRun | None = None
+        self.lane = 0
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(6, 6, 6, 6)
+        lay.setSpacing(4)
+
+        head = QHBoxLayout()
+        head.setSpacing(2)
+        self.title = QLabel()
+        self.title.setObjectName("laneTitle")
+        self.title.setStyleSheet("font-weight: 600;")
+        head.addWidget(self.title)
+        head.addStretch(1)
+        self.left_button = self._tool("prev", "Move this lane left", lambda: self.moveRequested.emit(-1))
+        self.right_button = self._tool("next", "Move this lane right", lambda: self.moveRequested.emit(1))
+        self.dup_button = self._tool("copy", "Duplicate this lane", self.duplicateRequested.emit)
+        self.remove_button = self._tool("delete", "Remove this lane", self.removeRequested.emit)
+        self.adopt_button = QToolButton()
+        self.adopt_button.setText("Adopt")
+        self.adopt_button.setObjectName("adoptButton")
+        self.adopt_button.setToolTip("Append this lane's reply to the chat as the assistant's answer")
+        self.adopt_button.clicked.connect(self.adoptRequested.emit)
+        for b in (self.left_button, self.right_button, self.dup_button, self.remove_button, self.adopt_button):
+            head.addWidget(b)
+        lay.addLayout(head)
+
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(4)
+        grid.setVerticalSpacing(2)
+        self.fields: dict[str, QSpinBox | QDoubleSpinBox] = {}
+        order = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens", "seed"]
+        for n, key in enumerate(order):
+            label, tip, lo, hi, step, dec = FIELDS[key]
+            if dec is None:
+                w = QSpinBox()
+            else:
+                w = QDoubleSpinBox()
+                w.setDecimals(dec)
+            w.setRange(lo, hi)
+            w.setSingleStep(step)
+            w.setToolTip(tip)
+            w.setAccessibleName(tip)
+            w.setObjectName(f"lane_{key}")
+            w.setButtonSymbols(QSpinBox.NoButtons)
+            w.setKeyboardTracking(False)
+            if key == "seed":
+                w.setSpecialValueText("random")
+            lab = QLabel(label)
+            lab.setToolTip(tip)
+            lab.setBuddy(w)
+            r, c = divmod(n, 3) if key != "seed" else (2, 1)
+            if key == "seed":
+                grid.addWidget(lab, 2, 2)
+                grid.addWidget(w, 2, 3, 1, 3)
+            else:
+                grid.addWidget(lab, r, 2 * c)
+                grid.addWidget(w, r, 2 * c + 1)
+            self.fields[key] = w
+        for c in (1, 3, 5):
+            grid.setColumnStretch(c, 1)
+        lay.addLayout(grid)
+        self.set_settings(settings)
+        for w in self.fields.values():
+            w.valueChanged.connect(lambda *_: self.settingsChanged.emit())
+
+        self.divergence = QLabel()
+        self.divergence.setObjectName("laneDivergence")
+        self.divergence.setWordWrap(True)
+        lay.addWidget(self.divergence)
+
+        self.browser = QTextBrowser()
+        self.browser.setObjectName("laneText")
+        self.browser.setOpenLinks(False)
+        self.browser.setOpenExternalLinks(False)
+        self.browser.setMouseTracking(True)
+        self.browser.anchorClicked.connect(self._clicked)
+        self.browser.highlighted.connect(self._hovered)
+        lay.addWidget(self.browser, 1)
+
+        self.stats = QLabel()
+        self.stats.setObjectName("laneStats")
+        self.stats.setWordWrap(True)
+        self.stats.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        lay.addWidget(self.stats)
+
+    def _tool(self, icon: str, tip: str, slot) -> QToolButton:
+        b = QToolButton()
+        b.setIcon(theme.icon(icon))
+        b.setIconSize(QSize(14, 14))
+        b.setToolTip(tip)
+        b.setAccessibleName(tip)
+        b.setAutoRaise(True)
+        b.clicked.connect(slot)
+        return b
+
+    # -- settings ------------------------------------------------------------------------
+
+    def settings(self) -> dict:
+        d = {}
+        for key, w in self.fields.items():
+            v = w.value()
+            if key == "seed":
+                v = None if v == SEED_RANDOM else int(v)
+            elif isinstance(w, QSpinBox):
+                v = int(v)
+            else:
+                v = round(float(v), 4)
+            d[key] = v
+        return d
+
+    def set_settings(self, d: dict) -> None:
+        for key, w in self.fields.items():
+            if key not in d:
+                continue
+            v = d[key]
+            if key == "seed":
+                v = SEED_RANDOM if v is None else int(v) % (2**31)
+            w.blockSignals(True)
+            w.setValue(v)
+            w.blockSignals(False)
+
+    def set_index(self, lane: int, count: int, baseline: bool) -> None:
+        self.lane = lane
+        self.setObjectName(f"compareLane{lane}")
+        self.setAccessibleName(f"Lane {lane + 1}")
+        self.title.setText(f"Lane {lane + 1}" + ("  · baseline" if baseline else ""))
+        self.left_button.setEnabled(lane > 0)
+        self.right_button.setEnabled(lane < count - 1)
+        self.remove_button.setEnabled(count > 1)
+        self.dup_button.setEnabled(count < MAX_LANES)
+
+    def set_editable(self, on: bool, seed_locked: bool) -> None:
+        for key, w in self.fields.items():
+            w.setEnabled(on and not (key == "seed" and seed_locked and self.lane > 0))
+        for b in (self.left_button, self.right_button, self.dup_button, self.remove_button):
+            b.setVisible(on)
+        self.adopt_button.setEnabled(on and self.run is not None and self.run.finished and bool(self.run.text))
+
+    # -- tokens --------------------------------------------------------------------------
+
+    def _clicked(self, url: QUrl) -> None:
+        hit = parse_anchor(url.toString())
+        if hit is not None:
+            self.tokenClicked.emit(*hit)
+
+    def _hovered(self, url) -> None:
+        hit = parse_anchor(url.toString() if isinstance(url, QUrl) else str(url))
+        self.tokenHovered.emit(*(hit or (-1, -1)))
+
+    def set_html(self, html: str, follow: bool) -> None:
+        bar = self.browser.verticalScrollBar()
+        at_end = bar.value() >= bar.maximum() - 4
+        keep = bar.value()
+        self.browser.setHtml(html)
+        bar.setValue(bar.maximum() if (follow and at_end) else keep)
+
+
+class CompareView(QWidget):
+    """The comparison window (objectName ``compareView``).
+
+    Signals:
+        adoptRequested(str, dict): a lane's reply should join the chat (text, and a dict
+            with settings, seed, stats, stop_reason, lane); emitted by :meth:`adopt`
+            after it wrote the reply through ``conversation`` when one was given.
+        runFinished(list): a run ended; one LaneRun per lane.
+        saved(int): a comparison was saved (its conversation id).
+        lanesChanged(int): lanes were added, removed or reordered (the new count).
+
+    Args:
+        bridge: the :class:`gui.bridge.Bridge` (its ``compare`` and ``cancel``).
+        history: the :class:`core.history.History` comparisons are saved in.
+        prompt: the prompt text to start with.
+        messages: the conversation so far, offered as context (chat mode).
+        lanes: settings of the starting lanes (SamplingParams or dicts); default one lane.
+        mode: "chat" or "completion"; chat_format: the override sent with the request.
+        conversation: a :class:`gui.conversation.ConversationModel` that "Adopt" writes to.
+        token_text: id -> text, to name the inspector's alternatives.
+        inspect: alternatives recorded per token (the worker's ``inspect``).
+    """
+
+    adoptRequested = Signal(str, dict)
+    runFinished = Signal(list)
+    saved = Signal(int)
+    lanesChanged = Signal(int)
+
+    def __init__(self, *, bridge, history, prompt: str = "", messages: list[dict] | None = None,
+                 lanes: list | None = None, mode: str = "chat", chat_format: str = "auto",
+                 conversation=None, token_text: Callable[[int], str | None] | None = None,
+                 inspect: int = DEFAULT_INSPECT, parent=None):
+        super().__init__(parent)
+        self.setObjectName("compareView")
+        self.setAccessibleName("Compare sampling settings")
+        self.setWindowTitle("Compare settings — LlamaDesk")
+        self.bridge = bridge
+        self.history = history
+        self.conversation = conversation
+        self.inspect = int(inspect)
+        self.chat_format = chat_format
+        self.context: list[dict] = list(messages or [])
+        self.columns: list[LaneColumn] = []
+        self.baseline = 0
+        self.selected: tuple[int, int] | None = None
+        self.saved_id: int | None = None
+        self.last_prompt: dict | None = None  # the prompt of the shown results
+        self._task: asyncio.Task | None = None
+        self._stream = None
+        self._running_columns: list[LaneColumn] = []
+        self._dirty = False
+        self._render_timer = QTimer(self)
+        self._render_timer.setSingleShot(True)
+        self._render_timer.timeout.connect(self.render)
+        self.renders = 0  # how many times lanes were re-rendered (tests check throttling)
+        self._build(prompt, mode, token_text)
+        for s in (lanes or [SamplingParams()]):
+            self.add_lane(s.to_dict() if isinstance(s, SamplingParams) else dict(s))
+        self._refresh()
+        self.resize(1280, 760)
+
+    # ------------------------------------------------------------------ layout
+    def _button(self, text: str, name: str, tip: str, slot, icon: str | None = None) -> QPushButton:
+        b = QPushButton(text)
+        b.setObjectName(name)
+        b.setAccessibleName(text.replace("&", "") or tip)
+        b.setToolTip(tip)
+        if icon:
+            b.setIcon(theme.icon(icon))
+        b.clicked.connect(slot)
+        return b
+
+    def _build(self, prompt: str, mode: str, token_text) -> None:
+        root = QVBoxLayout(self)
+        root.setContentsMargins(8, 8, 8, 6)
+        root.setSpacing(6)
+
+        top = QHBoxLayout()
+        self.prompt_edit = QPlainTextEdit(prompt)
+        self.prompt_edit.setObjectName("comparePrompt")
+        self.prompt_edit.setAccessibleName("Comparison prompt")
+        self.prompt_edit.setPlaceholderText("The prompt every lane answers…")
+        self.prompt_edit.setFixedHeight(64)
+        top.addWidget(self.prompt_edit, 1)
+        side = QVBoxLayout()
+        self.mode_combo = QComboBox()
+        self.mode_combo.setObjectName("compareModeCombo")
+        self.mode_combo.setAccessibleName("Prompt mode")
+        self.mode_combo.addItem("Chat", "chat")
+        self.mode_combo.addItem("Completion", "completion")
+        self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(mode)))
+        self.mode_combo.setToolTip("Chat: the prompt is a user turn in the model's chat format. "
+                                   "Completion: the model continues the text.")
+        self.context_check = QCheckBox(f"Conversation as context ({len(self.context)} messages)")
+        self.context_check.setObjectName("compareContextCheck")
+        self.context_check.setEnabled(bool(self.context))
+        self.context_check.setChecked(bool(self.context))
+        self.context_check.setToolTip("Send the open conversation before the prompt (chat mode)")
+        self.context_check.setVisible(bool(self.context))
+        side.addWidget(self.mode_combo)
+        side.addWidget(self.context_check)
+        side.addStretch(1)
+        top.addLayout(side)
+        root.addLayout(top)
+
+        bar = QHBoxLayout()
+        bar.setSpacing(6)
+        self.run_button = self._button("Run", "compareRunButton", "Run every lane (Ctrl+Enter)", self.run, "send")
+        self.stop_button = self._button("Stop", "compareStopButton", "Stop all lanes (Esc)", self.stop, "stop")
+        self.rerun_button = self._button("Re-run", "compareRerunButton",
+                                         "Run again with exactly the settings and seeds of the results shown",
+                                         lambda: self.run(again=True), "regenerate")
+        self.reseed_button = self._button("New seeds", "compareNewSeedsButton",
+                                          "Run again with a fresh seed for every lane (one shared seed when locked)",
+                                          lambda: self.run(new_seeds=True))
+        self.add_button = self._button("Add lane", "addLaneButton", "Add a lane (a copy of the last one)",
+                                       lambda: self.add_lane(), "new")
+        self.sweep_button = self._button("Sweep…", "sweepButton",
+                                         "Make one lane per value of one setting", self._toggle_sweep)
+        self.sweep_button.setCheckable(True)
+        self.seed_lock = QCheckBox("Same seed")
+        self.seed_lock.setObjectName("seedLockCheck")
+        self.seed_lock.setToolTip("Give every lane lane 1's seed, so only the other settings differ")
+        self.seed_lock.toggled.connect(self._seed_lock_toggled)
+        self.baseline_combo = QComboBox()
+        self.baseline_combo.setObjectName("baselineCombo")
+        self.baseline_combo.setAccessibleName("Baseline lane")
+        self.baseline_combo.setToolTip("The lane the others are compared with")
+        self.baseline_combo.currentIndexChanged.connect(self._baseline_chosen)
+        self.heatmap_check = QCheckBox("Heatmap")
+        self.heatmap_check.setObjectName("heatmapCheck")
+        self.heatmap_check.setToolTip("Shade each token by how surprising it was (1 − p): "
+                                      "the darker, the less likely the pick")
+        self.heatmap_check.toggled.connect(lambda *_: self.render(all_lanes=True))
+        self.save_button = self._button("Save", "compareSaveButton", "Save this comparison in the history",
+                                        lambda: self.save())
+        self.saved_button = QToolButton()
+        self.saved_button.setText("Saved")
+        self.saved_button.setObjectName("compareSavedButton")
+        self.saved_button.setToolTip("Reopen a saved comparison")
+        self.saved_button.setPopupMode(QToolButton.InstantPopup)
+        self.saved_menu = QMenu(self.saved_button)
+        self.saved_menu.aboutToShow.connect(self._fill_saved_menu)
+        self.saved_button.setMenu(self.saved_menu)
+        self.export_button = QToolButton()
+        self.export_button.setText("Export")
+        self.export_button.setObjectName("compareExportButton")
+        self.export_button.setIcon(theme.icon("export"))
+        self.export_button.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
+        self.export_button.setPopupMode(QToolButton.InstantPopup)
+        m = QMenu(self.export_button)
+        m.addAction("Markdown…", lambda: self.export("md"))
+        m.addAction("JSON…", lambda: self.export("json"))
+        self.export_button.setMenu(m)
+        for w in (self.run_button, self.stop_button, self.rerun_button, self.reseed_button):
+            bar.addWidget(w)
+        bar.addSpacing(12)
+        for w in (self.add_button, self.sweep_button, self.seed_lock):
+            bar.addWidget(w)
+        bar.addSpacing(12)
+        base_label = QLabel("Baseline")
+        base_label.setBuddy(self.baseline_combo)
+        bar.addWidget(base_label)
+        bar.addWidget(self.baseline_combo)
+        bar.addWidget(self.heatmap_check)
+        bar.addStretch(1)
+        for w in (self.save_button, self.saved_button, self.export_button):
+            bar.addWidget(w)
+        root.addLayout(bar)
+
+        self.sweep_row = QFrame()
+        self.sweep_row.setObjectName("sweepRow")
+        srow = QHBoxLayout(self.sweep_row)
+        srow.setContentsMargins(0, 0, 0, 0)
+        self.sweep_param = QComboBox()
+        self.sweep_param.setObjectName("sweepParamCombo")
+        self.sweep_param.setAccessibleName("Setting to sweep")
+        for key in SWEEP_PARAMS:
+            self.sweep_param.addItem(key.replace("_", " "), key)
+        self.sweep_values = QLineEdit()
+        self.sweep_values.setObjectName("sweepValuesEdit")
+        self.sweep_values.setAccessibleName("Sweep values")
+        self.sweep_values.setPlaceholderText("0.2, 0.7, 1.2   or a range   0.2:1.4:0.4")
+        self.sweep_values.returnPressed.connect(self.apply_sweep)
+        self.sweep_apply = self._button("Make lanes", "sweepApplyButton",
+                                        "Replace the lanes: one per value, the rest copied from lane 1",
+                                        self.apply_sweep)
+        self.sweep_error = QLabel()
+        self.sweep_error.setObjectName("sweepError")
+        self.sweep_error.setStyleSheet(f"color: {theme.colors()['error']};")
+        srow.addWidget(QLabel("Sweep"))
+        srow.addWidget(self.sweep_param)
+        srow.addWidget(self.sweep_values, 1)
+        srow.addWidget(self.sweep_apply)
+        srow.addWidget(self.sweep_error)
+        self.sweep_row.setVisible(False)
+        root.addWidget(self.sweep_row)
+
+        self.splitter = QSplitter(Qt.Horizontal)
+        self.scroll = QScrollArea()
+        self.scroll.setObjectName("compareLanes")
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAsNeeded)
+        self.lanes_host = QWidget()
+        self.lanes_layout = QHBoxLayout(self.lanes_host)
+        self.lanes_layout.setContentsMargins(0, 0, 0, 0)
+        self.lanes_layout.setSpacing(6)
+        self.scroll.setWidget(self.lanes_host)
+        self.inspector = TokenInspector(token_text=token_text)
+        self.splitter.addWidget(self.scroll)
+        self.splitter.addWidget(self.inspector)
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 0)
+        self.splitter.setSizes([1000, 270])
+        root.addWidget(self.splitter, 1)
+
+        self.status = QLabel("Set up the lanes and press Run.")
+        self.status.setObjectName("compareStatus")
+        self.status.setWordWrap(True)
+        root.addWidget(self.status)
+
+        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.run)
+        QShortcut(QKeySequence("Ctrl+Enter"), self, activated=self.run)
+        QShortcut(QKeySequence("Esc"), self, activated=self.stop)
+
+    # ------------------------------------------------------------------ lanes
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def lane_count(self) -> int:
+        return len(self.columns)
+
+    def add_lane(self, settings: dict | None = None, at: int | None = None) -> LaneColumn | None:
+        """Add a lane (default: a copy of the last lane's settings); None when full or running."""
+        if len(self.columns) >= MAX_LANES or self.running:
+            return None
+        if settings is None:
+            settings = self.columns[-1].settings() if self.columns else SamplingParams().to_dict()
+        full = {**SamplingParams().to_dict(), **settings}  # unset keys: the sampler's defaults
+        col = LaneColumn(settings={k: v for k, v in full.items() if k in LANE_KEYS})
+        col.moveRequested.connect(lambda step, c=col: self.move_lane(self.columns.index(c), step))
+        col.duplicateRequested.connect(lambda c=col: self.duplicate_lane(self.columns.index(c)))
+        col.removeRequested.connect(lambda c=col: self.remove_lane(self.columns.index(c)))
+        col.adoptRequested.connect(lambda c=col: self.adopt(self.columns.index(c)))
+        col.settingsChanged.connect(lambda c=col: self._settings_edited(c))
+        col.tokenHovered.connect(self._token_hovered)
+        col.tokenClicked.connect(self._token_clicked)
+        at = len(self.columns) if at is None else at
+        self.columns.insert(at, col)
+        self._relayout()
+        return col
+
+    def duplicate_lane(self, i: int) -> None:
+        self.add_lane(self.columns[i].settings(), at=i + 1)
+
+    def remove_lane(self, i: int) -> None:
+        if len(self.columns) <= 1 or self.running:
+            return
+        col = self.columns.pop(i)
+        col.setParent(None)
+        col.deleteLater()
+        if self.baseline == i:
+            self.baseline = 0
+        elif self.baseline > i:
+            self.baseline -= 1
+        self.selected = None
+        self.inspector.clear()
+        self._relayout()
+
+    def move_lane(self, i: int, step: int) -> None:
+        j = i + step
+        if self.running or not (0 <= i < len(self.columns) and 0 <= j < len(self.columns)):
+            return
+        self.columns[i], self.columns[j] = self.columns[j], self.columns[i]
+        if self.baseline in (i, j):
+            self.baseline = j if self.baseline == i else i
+        self.selected = None
+        self._relayout()
+
+    def set_lanes(self, settings: list[dict]) -> None:
+        """Replace all lanes (settings only; results are cleared)."""
+        if self.running:
+            return
+        for col in self.columns:
+            col.setParent(None)
+            col.deleteLater()
+        self.columns = []
+        self.baseline = 0
+        self.selected = None
+        self.inspector.clear()
+        for s in settings[:MAX_LANES]:
+            self.add_lane(s)
+        self._relayout()
+
+    def lane_settings(self) -> list[dict]:
+        """Every lane's settings as shown (seeds None where "random")."""
+        out = [c.settings() for c in self.columns]
+        if self.seed_lock.isChecked() and out:
+            out = [{**s, "seed": out[0]["seed"]} for s in out]
+        return out
+
+    def _relayout(self) -> None:
+        while self.lanes_layout.count():
+            self.lanes_layout.takeAt(0)
+        for i, col in enumerate(self.columns):
+            self.lanes_layout.addWidget(col, 1)
+            # Result runs keep their lane numbers in anchors: re-render under the new index.
+        self._refresh()
+        self.render(all_lanes=True)
+        self.lanesChanged.emit(len(self.columns))
+
+    def _refresh(self) -> None:
+        """Names, titles, enabled states and the baseline list after any change."""
+        n = len(self.columns)
+        self.baseline = min(self.baseline, max(n - 1, 0))
+        self.baseline_combo.blockSignals(True)
+        self.baseline_combo.clear()
+        for i in range(n):
+            self.baseline_combo.addItem(f"Lane {i + 1}", i)
+        self.baseline_combo.setCurrentIndex(self.baseline)
+        self.baseline_combo.blockSignals(False)
+        running = self.running
+        locked = self.seed_lock.isChecked()
+        if locked and self.columns:
+            seed = self.columns[0].settings()["seed"]
+            for col in self.columns[1:]:
+                col.set_settings({"seed": seed})
+        for i, col in enumerate(self.columns):
+            col.set_index(i, n, i == self.baseline)
+            col.set_editable(not running, locked)
+        has_results = any(c.run is not None for c in self.columns)
+        self.run_button.setEnabled(not running and n > 0)
+        self.stop_button.setEnabled(running)
+        self.rerun_button.setEnabled(not running and has_results)
+        self.reseed_button.setEnabled(not running and n > 0)
+        self.add_button.setEnabled(not running and n < MAX_LANES)
+        self.sweep_button.setEnabled(not running)
+        self.sweep_apply.setEnabled(not running)
+        self.save_button.setEnabled(not running and has_results)
+        self.export_button.setEnabled(not running and has_results)
+        self.seed_lock.setEnabled(not running)
+
+    def _settings_edited(self, col: LaneColumn) -> None:
+        if self.seed_lock.isChecked() and self.columns and col is self.columns[0]:
+            self._refresh()
+
+    def _seed_lock_toggled(self, on: bool) -> None:
+        if on and self.columns and self.columns[0].settings()["seed"] is None:
+            # A lock on "random" would give each lane its own draw: pick the shared seed now.
+            self.columns[0].set_settings({"seed": random.randrange(2**31)})
+        self._refresh()
+
+    def _baseline_chosen(self, index: int) -> None:
+        if index >= 0:
+            self.baseline = index
+            self._refresh()
+            self.render(all_lanes=True)
+
+    def _toggle_sweep(self, on: bool) -> None:
+        self.sweep_row.setVisible(on)
+        if on:
+            self.sweep_values.setFocus()
+
+    def apply_sweep(self, param: str | None = None, values: str | None = None) -> bool:
+        """Replace the lanes with one per value of ``param`` (default: the sweep row's)."""
+        if self.running:
+            return False
+        param = param or self.sweep_param.currentData()
+        text = self.sweep_values.text() if values is None else values
+        try:
+            vals = parse_sweep(text, param)
+        except LlamaDeskError as e:
+            self.sweep_error.setText(str(e))
+            return False
+        self.sweep_error.setText("")
+        base = self.lane_settings()[0] if self.columns else SamplingParams().to_dict()
+        if param == "seed" and self.seed_lock.isChecked():
+            self.seed_lock.setChecked(False)  # a seed sweep needs different seeds
+        self.set_lanes(sweep_lanes(base, param, vals))
+        self.status.setText(f"{len(vals)} lanes over {param.replace('_', ' ')}: "
+                            + ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in vals))
+        return True
+
+    # ------------------------------------------------------------------ running
+    def _prompt_dict(self) -> dict:
+        mode = self.mode_combo.currentData()
+        d = {"text": self.prompt_edit.toPlainText(), "mode": mode, "chat_format": self.chat_format}
+        if mode == "chat":
+            msgs = list(self.context) if self.context_check.isChecked() else []
+            if d["text"].strip():
+                msgs.append({"role": "user", "content": d["text"]})
+            d["messages"] = msgs
+        return d
+
+    def run(self, *, again: bool = False, new_seeds: bool = False) -> asyncio.Task | None:
+        """Start the comparison; ``again`` re-runs the shown results' exact settings,
+        ``new_seeds`` draws fresh seeds first. Returns the task (None if not started)."""
+        if self.running:
+            return None
+        if again and all(c.run is not None and c.run.params for c in self.columns):
+            for col in self.columns:
+                col.set_settings(col.run.params)
+        if new_seeds:
+            shared = random.randrange(2**31)
+            for col in self.columns:
+                col.set_settings({"seed": shared if self.seed_lock.isChecked() else random.randrange(2**31)})
+        prompt = self._prompt_dict()
+        if not prompt["text"].strip() and not prompt.get("messages"):
+            self.status.setText("Write a prompt first.")
+            return None
+        try:
+            params = [SamplingParams.from_dict(s).validate() for s in self.lane_settings()]
+        except LlamaDeskError as e:
+            self.status.setText(f"Settings: {e}")
+            return None
+        br = _bridge_types()
+        request = br.CompareRequest(messages=prompt.get("messages", []), lanes=params, mode=prompt["mode"],
+                                    prompt=prompt["text"], chat_format=self.chat_format, inspect=self.inspect)
+        for col in self.columns:
+            col.run = LaneRun()
+        self.last_prompt = prompt
+        self.saved_id = None
+        self.selected = None
+        self.inspector.clear()
+        self._running_columns = list(self.columns)
+        self._task = asyncio.ensure_future(self._run(request))
+        self._refresh()
+        self.render(all_lanes=True)
+        self.status.setText(f"Running {len(params)} lanes…")
+        return self._task
+
+    async def _run(self, request) -> None:
+        br = _bridge_types()
+        cols = self._running_columns
+        error = None
+        try:
+            self._stream = self.bridge.compare(request)
+            async for ev in self._stream:
+                if isinstance(ev, br.Chunk):
+                    if 0 <= ev.lane < len(cols):
+                        cols[ev.lane].run.add(ev.tokens)
+                        for t in ev.tokens:
+                            self.inspector.learn(t.token_id, t.piece)
+                        self._schedule_render()
+                elif isinstance(ev, br.Done):
+                    if 0 <= ev.lane < len(cols):
+                        cols[ev.lane].run.finish(ev)
+                        self._schedule_render()
+                elif isinstance(ev, br.Started):
+                    self.status.setText(f"Prompt: {ev.prompt_tokens} tokens"
+                                        + (f" ({ev.dropped_messages} oldest messages left out to fit)"
+                                           if ev.dropped_messages else "") + " · generating…")
+                elif isinstance(ev, br.Error):
+                    error = ev
+        finally:
+            self._stream = None
+            self._task = None
+            self._render_timer.stop()
+            self.render(all_lanes=True)
+            self._refresh()
+        if error is not None and not error.cancelled:
+            self.status.setText(f"Error: {error.message}")
+        else:
+            reasons = [c.run.stop_reason or "?" for c in cols if c.run is not None]
+            self.status.setText("Done · " + " · ".join(f"lane {i + 1}: {r}" for i, r in enumerate(reasons)))
+        self.runFinished.emit([c.run for c in cols])
+
+    def stop(self) -> None:
+        if self.running:
+            self.bridge.cancel()
+            self.status.setText("Stopping…")
+
+    # ------------------------------------------------------------------ rendering
+    def _schedule_render(self) -> None:
+        self._dirty = True
+        if not self._render_timer.isActive():
+            self._render_timer.start(FRAME_MS)
+
+    def render(self, all_lanes: bool = True) -> None:
+        """Re-render the lanes' HTML, divergence labels and stats (at most once a frame
+        while streaming: chunks only schedule this)."""
+        self._dirty = False
+        self.renders += 1
+        colors = lane_colors(theme.colors(), theme.is_dark())
+        base = self.columns[self.baseline].run if self.columns and self.baseline < len(self.columns) else None
+        base_ids = base.ids if base is not None else None
+        base_settings = self.columns[self.baseline].settings() if self.columns else None
+        heat = self.heatmap_check.isChecked()
+        for i, col in enumerate(self.columns):
+            run = col.run
+            if run is None:
+                col.browser.setHtml(f'<p style="color: {colors["muted"]};">Not run yet.</p>')
+                col.divergence.setText(settings_label(col.settings(), base_settings) if i != self.baseline else "")
+                col.stats.setText("")
+                continue
+            diff = None
+            label = ""
+            if i == self.baseline:
+                label = "Baseline: the other lanes are compared with this one."
+            elif base_ids is not None:
+                diff = token_diff(base_ids, run.ids)
+                both_done = run.finished and base.finished
+                if diff.divergence is None:
+                    label = "Identical to the baseline" if both_done else "Same as the baseline so far"
+                else:
+                    label = (f"<span style='color: {colors['mark']}; font-weight: 600;'>Diverges at token "
+                             f"{diff.divergence + 1}</span> · {diff.changed_count} of {len(run.ids)} tokens differ")
+            col.divergence.setText(label)
+            sel = self.selected[1] if self.selected and self.selected[0] == i else None
+            col.set_html(render_lane_html(i, run, diff=diff, heatmap=heat, selected=sel, colors=colors),
+                         follow=self.running)
+            col.stats.setText(format_stats(run.stats(), run.params))
+            col.set_editable(not self.running, self.seed_lock.isChecked())
+
+    # ------------------------------------------------------------------ inspector
+    def token(self, lane: int, index: int):
+        if 0 <= lane < len(self.columns):
+            run = self.columns[lane].run
+            if run is not None and 0 <= index < len(run.tokens):
+                return run.tokens[index]
+        return None
+
+    def inspect_token(self, lane: int, index: int, *, pin: bool = True) -> bool:
+        """Show token ``index`` of ``lane`` in the inspector (pinned: highlighted too)."""
+        rec = self.token(lane, index)
+        if rec is None:
+            return False
+        run = self.columns[lane].run
+        settings = run.params or self.columns[lane].settings()
+        self.inspector.show_token(lane, index, rec, settings_label(settings))
+        if pin:
+            self.selected = (lane, index)
+            self.render(all_lanes=True)
+        return True
+
+    def _token_clicked(self, lane: int, index: int) -> None:
+        if self.selected == (lane, index):
+            self.selected = None
+            self.render(all_lanes=True)
+            return
+        self.inspect_token(lane, index, pin=True)
+
+    def _token_hovered(self, lane: int, index: int) -> None:
+        if lane >= 0:
+            self.inspect_token(lane, index, pin=False)
+        elif self.selected is not None:
+            self.inspect_token(*self.selected, pin=False)
+
+    # ------------------------------------------------------------------ keeping it
+    def comparison_data(self) -> tuple[dict, list[dict]]:
+        prompt = dict(self.last_prompt or self._prompt_dict())
+        lanes = []
+        for col in self.columns:
+            if col.run is not None:
+                lanes.append(col.run.to_dict(col.settings()))
+            else:
+                s = col.settings()
+                lanes.append({"settings": s, "seed": s.get("seed"), "text": "", "tokens": [], "logprobs": []})
+        prompt["inspect"] = self.inspect
+        return prompt, lanes
+
+    def save(self, title: str | None = None) -> int | None:
+        """Save the shown results (settings with the seeds used); returns the conversation id."""
+        if self.running or not any(c.run is not None for c in self.columns):
+            return None
+        if self.saved_id is not None and title is None:
+            return self.saved_id
+        prompt, lanes = self.comparison_data()
+        if title is None:
+            first = " ".join((prompt.get("text") or "comparison").split())
+            title = f"Compare: {first[:40]}" + ("…" if len(first) > 40 else "")
+        conv = self.history.save_comparison(title, prompt, lanes)
+        self.saved_id = conv.id
+        self.status.setText(f"Saved as “{title}”.")
+        self.saved.emit(conv.id)
+        return conv.id
+
+    def saved_comparisons(self) -> list:
+        return self.history.conversations(kind="comparison")
+
+    def _fill_saved_menu(self) -> None:
+        self.saved_menu.clear()
+        convs = self.saved_comparisons()
+        if not convs:
+            self.saved_menu.addAction("No saved comparisons").setEnabled(False)
+        for conv in convs[:30]:
+            self.saved_menu.addAction(conv.title, lambda cid=conv.id: self.open_comparison(cid))
+
+    def open_comparison(self, conv_id: int) -> None:
+        """Show a saved comparison: its prompt, lanes (settings and seeds used) and results."""
+        if self.running:
+            return
+        data = self.history.comparison(conv_id)
+        prompt = data.get("prompt") or {}
+        lanes = data.get("lanes") or []
+        self.prompt_edit.setPlainText(str(prompt.get("text", "")))
+        self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(prompt.get("mode", "chat"))))
+        self.chat_format = prompt.get("chat_format", self.chat_format)
+        text = prompt.get("text", "")
+        msgs = list(prompt.get("messages") or [])
+        if msgs and text.strip() and msgs[-1].get("content") == text and msgs[-1].get("role") == "user":
+            msgs = msgs[:-1]
+        self.context = msgs
+        self.context_check.setText(f"Conversation as context ({len(msgs)} messages)")
+        self.context_check.setEnabled(bool(msgs))
+        self.context_check.setChecked(bool(msgs))
+        self.context_check.setVisible(bool(msgs))
+        self.seed_lock.blockSignals(True)
+        self.seed_lock.setChecked(False)
+        self.seed_lock.blockSignals(False)
+        self.set_lanes([dict(l.get("settings") or {}) for l in lanes])
+        for col, lane in zip(self.columns, lanes):
+            col.run = LaneRun.from_dict(lane) if lane.get("tokens") or lane.get("text") else None
+            if col.run is not None:
+                for t in col.run.tokens:
+                    self.inspector.learn(t.token_id, t.piece)
+        self.last_prompt = dict(prompt)
+        self.saved_id = conv_id
+        self._refresh()
+        self.render(all_lanes=True)
+        self.status.setText(f"Opened “{self.history.conversation(conv_id).title}” — Run repeats it exactly.")
+
+    def ask_export_path(self, kind: str) -> str | None:
+        """Where to export (a file dialog; tests replace this)."""
+        filt = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
+        path, _ = QFileDialog.getSaveFileName(self, "Export comparison", f"comparison.{kind}", filt)
+        return path or None
+
+    def export(self, kind: str, path: str | None = None) -> str | None:
+        """Save (if needed) and write the comparison as Markdown ("md") or JSON ("json")."""
+        conv_id = self.save()
+        if conv_id is None:
+            return None
+        path = path or self.ask_export_path(kind)
+        if not path:
+            return None
+        if kind == "md":
+            Path(path).write_text(self.history.export_markdown(conv_id), encoding="utf-8")
+        else:
+            Path(path).write_text(json.dumps(self.history.export_json(conv_id), ensure_ascii=False, indent=1),
+                                  encoding="utf-8")
+        self.status.setText(f"Exported to {path}")
+        return path
+
+    # ------------------------------------------------------------------ adopt
+    def adopt(self, lane: int) -> dict | None:
+        """Put lane's reply into the chat: through ``conversation`` when given (the prompt
+        as a user message first, unless the reply answers the conversation's last
+        message), then ``adoptRequested``. Returns the info dict."""
+        if not 0 <= lane < len(self.columns):
+            return None
+        run = self.columns[lane].run
+        if run is None or not run.finished or not run.text:
+            return None
+        settings = dict(run.params or self.columns[lane].settings())
+        info = {"settings": settings, "seed": settings.get("seed"), "stats": run.stats(),
+                "stop_reason": run.stop_reason, "lane": lane}
+        conv = self.conversation
+        if conv is not None:
+            prompt = self.last_prompt or self._prompt_dict()
+            text = (prompt.get("text") or "").strip()
+            if text:
+                parent = conv.add_user(prompt["text"]).id
+            else:
+                parent = conv.leaf_id()
+            msg = conv.add_reply(parent, run.text, settings=settings, seed=settings.get("seed"),
+                                 stats=info["stats"], stop_reason=run.stop_reason,
+                                 meta={"adopted_from_comparison": self.saved_id, "lane": lane})
+            conv.pathChanged.emit()
+            info["message_id"] = msg.id
+        self.status.setText(f"Lane {lane + 1}'s reply was added to the chat.")
+        self.adoptRequested.emit(run.text, info)
+        return info
+
+    def closeEvent(self, event) -> None:
+        self.stop()
+        super().closeEvent(event)

@@ -1,0 +1,189 @@
+"""The token inspector: one generated token's probability and its top alternatives,
+before and after its lane's temperature / top-k / top-p / min-p filtering.
+
+It only shows numbers the engine computed (the Token events' ``top``); it never touches
+the model. Token ids are turned into text with a ``token_text`` callable when one is
+given, else with the pieces seen in the lanes so far.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from PySide6.QtCore import QRect, Qt
+from PySide6.QtGui import QColor, QPainter
+from PySide6.QtWidgets import (QFrame, QHeaderView, QLabel, QStyledItemDelegate, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout)
+
+from . import theme
+
+PROB_ROLE = Qt.UserRole + 1
+
+
+def _visible(piece: str) -> str:
+    """A token's text with its spaces and line breaks made visible."""
+    if piece == "":
+        return "∅"
+    return piece.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥")
+
+
+def fmt_prob(p: float | None) -> str:
+    if p is None:
+        return "–"
+    if p == 0:
+        return "cut"
+    return f"{100 * p:.2f}%" if p >= 0.0001 else f"{100 * p:.1e}%"
+
+
+def inspector_rows(top: dict | None, chosen_id: int) -> list[dict]:
+    """Rows for a token's alternatives: ``{"id", "raw", "filtered", "chosen"}``.
+
+    Ids come from both lists, ordered by raw probability. A token missing from the
+    filtered list has probability 0 after filtering when that list is shorter than the
+    raw one (the filters cut it), else its value is unknown (None).
+    """
+    if not top:
+        return []
+    raw = {int(i): float(p) for i, p in top.get("raw", [])}
+    filt = {int(i): float(p) for i, p in top.get("filtered", [])}
+    cut_known = len(filt) < len(raw)
+    order = sorted(raw, key=lambda i: -raw[i]) + [i for i in sorted(filt, key=lambda i: -filt[i]) if i not in raw]
+    rows = []
+    for i in order:
+        f = filt.get(i, 0.0 if cut_known else None)
+        rows.append({"id": i, "raw": raw.get(i), "filtered": f, "chosen": i == chosen_id})
+    return rows
+
+
+class _BarDelegate(QStyledItemDelegate):
+    """Draws a probability cell as a bar behind its text."""
+
+    def paint(self, painter: QPainter, option, index) -> None:
+        p = index.data(PROB_ROLE)
+        if isinstance(p, float) and p > 0:
+            c = QColor(theme.colors()["accent"])
+            c.setAlpha(70)
+            r: QRect = option.rect.adjusted(2, 3, -2, -3)
+            r.setWidth(max(2, round(r.width() * min(p, 1.0))))
+            painter.fillRect(r, c)
+        super().paint(painter, option, index)
+
+
+class TokenInspector(QFrame):
+    """Side panel for one token (objectName ``tokenInspector``).
+
+    Signals: none; the compare view calls :meth:`show_token` and :meth:`clear`.
+
+    Attributes:
+        rows: the alternatives now shown (see :func:`inspector_rows`), for tests and
+            accessibility tools.
+    """
+
+    def __init__(self, *, token_text: Callable[[int], str | None] | None = None, parent=None):
+        super().__init__(parent)
+        self.setObjectName("tokenInspector")
+        self.setAccessibleName("Token inspector")
+        self.setFrameShape(QFrame.StyledPanel)
+        self.token_text = token_text
+        self.known: dict[int, str] = {}  # id -> piece, learned from streamed tokens
+        self.rows: list[dict] = []
+        self.current: tuple[int, int] | None = None
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 8, 8, 8)
+        lay.setSpacing(6)
+        self.title = QLabel("Token inspector")
+        self.title.setObjectName("inspectorTitle")
+        self.title.setStyleSheet("font-weight: 600;")
+        self.summary = QLabel("Hover or click a generated token to see how likely it was "
+                              "and what else the model considered.")
+        self.summary.setObjectName("inspectorSummary")
+        self.summary.setWordWrap(True)
+        self.summary.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.table = QTableWidget(0, 3)
+        self.table.setObjectName("inspectorTable")
+        self.table.setHorizontalHeaderLabels(["token", "model", "after filters"])
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.table.setSelectionMode(QTableWidget.NoSelection)
+        self.table.setShowGrid(False)
+        self.table.setFocusPolicy(Qt.NoFocus)
+        h = self.table.horizontalHeader()
+        h.setSectionResizeMode(0, QHeaderView.Stretch)
+        h.setSectionResizeMode(1, QHeaderView.ResizeToContents)
+        h.setSectionResizeMode(2, QHeaderView.ResizeToContents)
+        self.table.setItemDelegateForColumn(1, _BarDelegate(self.table))
+        self.table.setItemDelegateForColumn(2, _BarDelegate(self.table))
+        self.note = QLabel()
+        self.note.setObjectName("inspectorNote")
+        self.note.setWordWrap(True)
+        self.note.setStyleSheet(f"color: {theme.colors()['muted']};")
+        lay.addWidget(self.title)
+        lay.addWidget(self.summary)
+        lay.addWidget(self.table, 1)
+        lay.addWidget(self.note)
+        self.setMinimumWidth(230)
+
+    def learn(self, token_id: int, piece: str) -> None:
+        self.known.setdefault(int(token_id), piece)
+
+    def text_of(self, token_id: int) -> str:
+        t = None
+        if self.token_text is not None:
+            try:
+                t = self.token_text(token_id)
+            except Exception:  # a lookup must never break the panel
+                t = None
+        if t is None:
+            t = self.known.get(token_id)
+        return _visible(t) if t is not None else f"#{token_id}"
+
+    def clear(self) -> None:
+        self.current = None
+        self.rows = []
+        self.table.setRowCount(0)
+        self.title.setText("Token inspector")
+        self.summary.setText("Hover or click a generated token to see how likely it was "
+                             "and what else the model considered.")
+        self.note.setText("")
+
+    def show_token(self, lane: int, index: int, rec, lane_label: str = "") -> None:
+        """Show token ``index`` of ``lane``; ``rec`` has token_id, piece, logprob, top."""
+        self.current = (lane, index)
+        p = math.exp(rec.logprob)
+        self.title.setText(f"Lane {lane + 1} · token {index + 1}")
+        self.summary.setText(
+            f"<b style='font-size: 15px;'>{_html(_visible(rec.piece))}</b> (id {rec.token_id})<br>"
+            f"p = {fmt_prob(p)} · log p = {rec.logprob:.3f}"
+            + (f"<br><span style='color: {theme.colors()['muted']};'>{_html(lane_label)}</span>" if lane_label else ""))
+        self.rows = inspector_rows(rec.top, rec.token_id)
+        self.table.setRowCount(len(self.rows))
+        for r, row in enumerate(self.rows):
+            name = QTableWidgetItem(self.text_of(row["id"]))
+            name.setToolTip(f"id {row['id']}")
+            cells = [name]
+            for key in ("raw", "filtered"):
+                it = QTableWidgetItem(fmt_prob(row[key]))
+                it.setData(PROB_ROLE, row[key])
+                it.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
+                cells.append(it)
+            for c, it in enumerate(cells):
+                if row["chosen"]:
+                    f = it.font()
+                    f.setBold(True)
+                    it.setFont(f)
+                self.table.setItem(r, c, it)
+        if not self.rows:
+            self.note.setText("No alternatives recorded for this token (run with inspection on).")
+        else:
+            self.note.setText("model: the raw softmax · after filters: what was sampled from "
+                              "(temperature, top-k, top-p, min-p, repetition penalty). Bold: chosen; "
+                              "cut: removed by the filters.")
+
+    def shown_values(self) -> list[tuple[str, str, str]]:
+        """The table's text, row by row (what a user reads)."""
+        return [tuple(self.table.item(r, c).text() for c in range(3)) for r in range(self.table.rowCount())]
+
+
+def _html(text: str) -> str:
+    import html
+    return html.escape(text)

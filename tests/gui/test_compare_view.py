@@ -1,0 +1,330 @@
+"""The compare view end to end: the real bridge and worker on the stories260K fixture.
+
+Scenarios run as coroutines on a qasync loop (``run(loop, coro)``) and wait with asyncio
+sleeps, never a nested Qt event loop inside a coroutine.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+import qasync
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtWidgets import QApplication, QWidget
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts"
+
+LANES = [
+    {"temperature": 0.0, "max_new_tokens": 48},  # greedy baseline
+    {"temperature": 0.9, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "seed": 7, "max_new_tokens": 48},
+    {"temperature": 1.3, "top_p": 0.95, "repetition_penalty": 1.15, "seed": 11, "max_new_tokens": 48},
+]
+PROMPT = "Once upon a time"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+@pytest.fixture
+def loop(qapp):
+    lp = qasync.QEventLoop(qapp)
+    asyncio.set_event_loop(lp)
+    yield lp
+    try:
+        pending = [t for t in asyncio.all_tasks(lp) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            lp.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    finally:
+        lp.close()
+        asyncio.set_event_loop(None)
+
+
+@pytest.fixture
+def history(tmp_path):
+    from core.history import History
+    h = History(tmp_path / "history.sqlite3")
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def bridge(loop):
+    from gui.bridge import Bridge
+    b = Bridge(torch_threads=1)
+    yield b
+    loop.run_until_complete(b.shutdown())
+    b.deleteLater()
+
+
+@pytest.fixture(scope="module")
+def story(fixtures):
+    """The fixture model loaded directly, for the tokenizer and reference logits."""
+    from core.checkpoints import load
+    return load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
+
+
+class FakeBridge:
+    """Enough bridge for layout tests that never run."""
+
+    def compare(self, request):  # pragma: no cover - not reached
+        raise AssertionError("no runs in this test")
+
+    def cancel(self):
+        pass
+
+
+def run(loop, coro, timeout: float = 90.0):
+    return loop.run_until_complete(asyncio.wait_for(coro, timeout))
+
+
+async def until(cond, timeout: float = 30.0, what: str = "condition"):
+    t0 = time.monotonic()
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def snapshot(widget, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    QApplication.processEvents()
+    widget.grab().save(str(path))
+    return path
+
+
+def token_text_of(tok):
+    return lambda i: tok.token_bytes(i).decode("utf-8", errors="replace")
+
+
+# --------------------------------------------------------------------------- a reference
+
+def reference_probs(lm, prompt_ids, generated, index, settings):
+    """Raw and filtered probabilities at step ``index`` computed straight from the model,
+    with the filters written out here (not core.sampling's)."""
+    import torch
+    ids = list(prompt_ids) + list(generated[:index])
+    with torch.inference_mode():
+        logits = lm.model(torch.tensor([ids]), 0, None)[0, -1].float()
+    raw = logits.softmax(-1)
+    lg = logits.clone()
+    rp = settings.get("repetition_penalty", 1.0)
+    if rp != 1.0:
+        for t in set(ids):
+            lg[t] = lg[t] / rp if lg[t] > 0 else lg[t] * rp
+    lg = lg / settings["temperature"]
+    k = settings.get("top_k", 0)
+    if k:
+        kth = torch.sort(lg, descending=True).values[k - 1]
+        lg[lg < kth] = float("-inf")
+    p = settings.get("top_p", 1.0)
+    if p < 1.0:
+        vals, order = torch.sort(lg, descending=True)
+        probs = vals.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs
+        lg[order[mass_before >= p]] = float("-inf")
+    mp = settings.get("min_p", 0.0)
+    if mp > 0:
+        probs = lg.softmax(-1)
+        lg[probs < probs.max() * mp] = float("-inf")
+    return raw, lg.softmax(-1)
+
+
+# --------------------------------------------------------------------------- tests
+
+def test_lanes_names_sweep_and_seed_lock(qtbot, loop, history):
+    from gui.compare_view import CompareView
+    v = CompareView(bridge=FakeBridge(), history=history, prompt=PROMPT, lanes=LANES[:1])
+    qtbot.addWidget(v)
+    for name in ("compareView", "compareRunButton", "compareStopButton", "addLaneButton", "sweepButton",
+                 "seedLockCheck", "baselineCombo", "heatmapCheck", "tokenInspector", "compareLane0"):
+        w = v if name == "compareView" else v.findChild(QWidget, name)
+        assert w is not None, name
+    assert not v.stop_button.isEnabled() and v.run_button.isEnabled()
+
+    qtbot.mouseClick(v.add_button, Qt.LeftButton)
+    assert v.lane_count() == 2 and v.findChild(QWidget, "compareLane1") is not None
+    assert v.columns[1].settings() == v.columns[0].settings()  # a copy of the last lane
+    v.columns[1].fields["temperature"].setValue(1.1)
+    v.duplicate_lane(1)
+    assert [c.settings()["temperature"] for c in v.columns] == [0.0, 1.1, 1.1]
+    v.move_lane(2, -2)  # to the front
+    assert [c.objectName() for c in v.columns] == ["compareLane0", "compareLane1", "compareLane2"]
+    assert v.columns[0].settings()["temperature"] == 1.1
+    v.remove_lane(0)
+    assert v.lane_count() == 2 and v.baseline_combo.count() == 2
+    for _ in range(10):
+        v.add_lane()
+    assert v.lane_count() == 8 and not v.add_button.isEnabled()
+
+    # sweep: one lane per value, the rest copied from lane 1
+    v.columns[0].set_settings({"top_p": 0.8, "seed": 5})
+    qtbot.mouseClick(v.sweep_button, Qt.LeftButton)
+    assert not v.sweep_row.isHidden()
+    v.sweep_values.setText("0.2:1.4:0.4")
+    qtbot.mouseClick(v.sweep_apply, Qt.LeftButton)
+    assert [c.settings()["temperature"] for c in v.columns] == [0.2, 0.6, 1.0, 1.4]
+    assert all(c.settings()["top_p"] == 0.8 and c.settings()["seed"] == 5 for c in v.columns)
+    assert not v.apply_sweep("top_p", "0.5, 1.5") and "between" in v.sweep_error.text()
+    assert v.lane_count() == 4  # a bad sweep changes nothing
+
+    # seed lock: every lane gets lane 1's seed, and the others' seed fields follow it
+    v.columns[2].set_settings({"seed": 99})
+    v.seed_lock.setChecked(True)
+    assert {s["seed"] for s in v.lane_settings()} == {5}
+    assert not v.columns[2].fields["seed"].isEnabled()
+    v.columns[0].fields["seed"].setValue(42)
+    assert all(c.settings()["seed"] == 42 for c in v.columns)
+    v.seed_lock.setChecked(False)
+    v.columns[0].set_settings({"seed": None})  # "random"
+    v.seed_lock.setChecked(True)  # locking a random seed picks one to share
+    seeds = {s["seed"] for s in v.lane_settings()}
+    assert len(seeds) == 1 and None not in seeds
+
+
+def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_path):
+    import torch
+    from gui.compare_view import CompareView
+    from gui.conversation import ConversationModel
+    from gui.token_inspector import fmt_prob
+
+    conv = ConversationModel(history=history)
+    adopted = []
+    tok = story.tokenizer
+    v = CompareView(bridge=bridge, history=history, prompt=PROMPT, mode="completion", lanes=LANES,
+                    conversation=conv, token_text=token_text_of(tok))
+    v.adoptRequested.connect(lambda text, info: adopted.append((text, info)))
+    qtbot.addWidget(v)
+    v.resize(1400, 760)
+    v.show()
+
+    async def scenario():
+        info = await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
+        assert "stories" in info["name"].lower() or info["context_length"] > 0
+        chunks_before = v.renders
+        qtbot.mouseClick(v.run_button, Qt.LeftButton)
+        assert v.running and v.stop_button.isEnabled() and not v.run_button.isEnabled()
+        await until(lambda: v.columns[0].run and len(v.columns[0].run.tokens) >= 6, 30, "tokens streaming")
+        mid = [len(c.run.tokens) for c in v.columns]
+        snapshot(v, "compare_midstream")
+        await until(lambda: not v.running, 60, "the comparison to finish")
+        return mid, v.renders - chunks_before
+
+    mid, renders = run(loop, scenario())
+    runs = [c.run for c in v.columns]
+    assert all(r.finished for r in runs), [r.stop_reason for r in runs]
+    assert any(m < len(r.tokens) for m, r in zip(mid, runs)) or all(r.stop_reason == "eos" for r in runs)
+    # three columns, each with its own streamed text; the text shown is the lane's text
+    for c, r in zip(v.columns, runs):
+        assert r.text and len(r.tokens) > 3
+        assert c.browser.toPlainText().replace("\u2503", "") == r.text
+        assert "tok/s" in c.stats.text() and "perplexity" in c.stats.text() and "distinct-2" in c.stats.text()
+    assert runs[0].params["temperature"] == 0.0 and runs[0].params["seed"] is not None  # resolved
+    assert runs[1].params["seed"] == 7 and runs[2].params["seed"] == 11
+    assert runs[1].text != runs[0].text
+    total_tokens = sum(len(r.tokens) for r in runs)
+    assert renders < total_tokens  # coalesced, not once per token
+    # divergence marks against the greedy baseline
+    assert "baseline" in v.columns[0].title.text()
+    assert "Diverges at token" in v.columns[1].divergence.text()
+
+    # inspector on lane 2 (top-k/top-p/min-p) and lane 3 (repetition penalty) vs. the model
+    prompt_ids = tok.encode(PROMPT, bos=True)
+    for lane, idx in ((1, 5), (2, 9)):
+        v.columns[lane].browser.anchorClicked.emit(QUrl(f"tok:{lane}:{idx}"))
+        assert v.inspector.current == (lane, idx) and v.selected == (lane, idx)
+        rec = runs[lane].tokens[idx]
+        raw, filt = reference_probs(story, prompt_ids, runs[lane].ids, idx, runs[lane].params)
+        assert abs(float(raw[rec.token_id].log()) - rec.logprob) < 1e-4
+        rows = v.inspector.rows
+        assert rows and any(r["chosen"] for r in rows)
+        assert [r["id"] for r in rows][:5] == torch.topk(raw, 5).indices.tolist()
+        for row, shown in zip(rows, v.inspector.shown_values()):
+            assert abs(row["raw"] - float(raw[row["id"]])) < 1e-4
+            ref_f = float(filt[row["id"]])
+            assert row["filtered"] is not None and abs(row["filtered"] - ref_f) < 1e-4, (row, ref_f)
+            assert shown[1] == fmt_prob(row["raw"]) and shown[2] == fmt_prob(row["filtered"])
+            assert shown[0] == token_text_of(tok)(row["id"]).replace(" ", "␣").replace("\n", "⏎") or shown[0]
+        assert abs(sum(float(filt[r["id"]]) for r in rows) - sum(r["filtered"] for r in rows)) < 1e-4
+
+    # the heatmap and the finished view with the inspector open
+    v.inspect_token(1, 5)
+    v.heatmap_check.setChecked(True)
+    assert "background-color" in v.columns[0].browser.toHtml()
+    snapshot(v, "compare_heatmap")
+    v.heatmap_check.setChecked(False)
+    snapshot(v, "compare_finished")
+
+    # adopt lane 2 into the chat: the prompt as the user's turn, the lane's reply after it
+    qtbot.mouseClick(v.columns[1].adopt_button, Qt.LeftButton)
+    assert adopted and adopted[0][0] == runs[1].text and adopted[0][1]["seed"] == 7
+    path = conv.path()
+    assert [m.role for m in path] == ["user", "assistant"]
+    assert path[0].text == PROMPT and path[1].text == runs[1].text and path[1].seed == 7
+    assert path[1].settings["top_k"] == 20
+
+    # save, reopen in a fresh view, re-run exactly
+    qtbot.mouseClick(v.findChild(QWidget, "compareSaveButton"), Qt.LeftButton)
+    cid = v.saved_id
+    assert cid is not None and cid in [c.id for c in history.conversations(kind="comparison")]
+    saved = history.comparison(cid)
+    assert [l["seed"] for l in saved["lanes"]] == [r.params["seed"] for r in runs]
+    md = Path(v.export("md", str(tmp_path / "cmp.md"))).read_text()
+    assert runs[1].text.strip()[:30] in md and "seed 7" in md
+    js = json.loads(Path(v.export("json", str(tmp_path / "cmp.json"))).read_text())
+    assert js["conversation"]["kind"] == "comparison"
+    assert js["conversation"]["meta"]["comparison"]["lanes"][2]["settings"]["repetition_penalty"] == 1.15
+
+    v2 = CompareView(bridge=bridge, history=history, token_text=token_text_of(tok))
+    qtbot.addWidget(v2)
+    v2.resize(1400, 760)
+    v2.show()
+    v2._fill_saved_menu()
+    titles = [a.text() for a in v2.saved_menu.actions()]
+    assert any(t.startswith("Compare: Once upon") for t in titles)
+    v2.open_comparison(cid)
+    assert v2.lane_count() == 3 and v2.mode_combo.currentData() == "completion"
+    assert v2.prompt_edit.toPlainText() == PROMPT
+    for c, r in zip(v2.columns, runs):
+        s = c.settings()
+        for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens"):
+            assert s[k] == pytest.approx(r.params[k]), k
+        assert c.run.text == r.text  # the saved results show before any run
+    assert "Diverges at token" in v2.columns[1].divergence.text()
+
+    async def rerun():
+        v2.run()
+        await until(lambda: not v2.running, 60, "the re-run")
+
+    run(loop, rerun())
+    assert [c.run.text for c in v2.columns] == [r.text for r in runs]
+    assert [c.run.ids for c in v2.columns] == [r.ids for r in runs]
+
+
+def test_stop_cancels_all_lanes(qtbot, loop, bridge, history, fixtures):
+    from gui.compare_view import CompareView
+    v = CompareView(bridge=bridge, history=history, prompt=PROMPT, mode="completion",
+                    lanes=[{**l, "max_new_tokens": 2000} for l in LANES[:2]])
+    qtbot.addWidget(v)
+    v.show()
+
+    async def scenario():
+        await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
+        v.run()
+        await until(lambda: v.columns[0].run and len(v.columns[0].run.tokens) >= 3, 30, "tokens")
+        qtbot.mouseClick(v.stop_button, Qt.LeftButton)
+        await until(lambda: not v.running, 30, "the stop")
+
+    run(loop, scenario())
+    reasons = [c.run.stop_reason for c in v.columns]
+    assert all(r in ("cancelled", "eos", "length", "context") for r in reasons)
+    assert "cancelled" in reasons or all(r != "length" for r in reasons)
+    assert v.run_button.isEnabled() and not v.stop_button.isEnabled()
