@@ -202,7 +202,8 @@ def format_stats(stats: dict, params: dict | None) -> str:
         return "–" if v is None else format(v, fmt)
     ppl = stats.get("perplexity")
     ppl_s = "∞" if ppl == math.inf else num(ppl, ".2f")
-    line1 = (f"{stats['tokens']} tok · {stats['tokens_per_s']:.1f} tok/s · "
+    rate = f"{stats['tokens_per_s']:.1f}" if stats.get("tokens_per_s") else "–"
+    line1 = (f"{stats['tokens']} tok · {rate} tok/s · "
              f"stop: {stats.get('stop_reason') or '…'}")
     seed = (params or {}).get("seed")
     if seed is not None:

@@ -278,6 +278,9 @@ class CompareView(QWidget):
         self.inspect = int(inspect)
         self.chat_format = chat_format
         self.context: list[dict] = list(messages or [])
+        first = (lanes or [None])[0]
+        first = first.to_dict() if isinstance(first, SamplingParams) else dict(first or {})
+        self.stop_strings: tuple[str, ...] = tuple(first.get("stop") or ())  # shared by every lane
         self.columns: list[LaneColumn] = []
         self.baseline = 0
         self.selected: tuple[int, int] | None = None
@@ -533,7 +536,7 @@ class CompareView(QWidget):
 
     def lane_settings(self) -> list[dict]:
         """Every lane's settings as shown (seeds None where "random")."""
-        out = [c.settings() for c in self.columns]
+        out = [{**c.settings(), "stop": list(self.stop_strings)} for c in self.columns]
         if self.seed_lock.isChecked() and out:
             out = [{**s, "seed": out[0]["seed"]} for s in out]
         return out
@@ -791,9 +794,9 @@ class CompareView(QWidget):
         lanes = []
         for col in self.columns:
             if col.run is not None:
-                lanes.append(col.run.to_dict(col.settings()))
+                lanes.append(col.run.to_dict({**col.settings(), "stop": list(self.stop_strings)}))
             else:
-                s = col.settings()
+                s = {**col.settings(), "stop": list(self.stop_strings)}
                 lanes.append({"settings": s, "seed": s.get("seed"), "text": "", "tokens": [], "logprobs": []})
         prompt["inspect"] = self.inspect
         return prompt, lanes
@@ -847,7 +850,9 @@ class CompareView(QWidget):
         self.seed_lock.blockSignals(True)
         self.seed_lock.setChecked(False)
         self.seed_lock.blockSignals(False)
-        self.set_lanes([dict(l.get("settings") or {}) for l in lanes])
+        settings = [dict(l.get("settings") or {}) for l in lanes]
+        self.stop_strings = tuple((settings[0] if settings else {}).get("stop") or ())
+        self.set_lanes(settings)
         for col, lane in zip(self.columns, lanes):
             col.run = LaneRun.from_dict(lane) if lane.get("tokens") or lane.get("text") else None
             if col.run is not None:
@@ -914,3 +919,43 @@ class CompareView(QWidget):
     def closeEvent(self, event) -> None:
         self.stop()
         super().closeEvent(event)
+
+
+def open_compare(window) -> CompareView:
+    """Open (or raise) the compare window for a :class:`gui.main_window.MainWindow`.
+
+    Seeds it with the prompt editor's text (or, when that is empty, the open conversation
+    as context), the sampling panel's settings as the first lane, and the panel's chat
+    format; "Adopt" writes through the window's conversation model, and clears the
+    prompt editor when the adopted prompt came from it.
+    """
+    view = getattr(window, "_compare_view", None)
+    if view is not None and not view.isHidden():
+        view.raise_()
+        view.activateWindow()
+        return view
+    panel = window.panel
+    text = window.prompt.text()
+    system = panel.system_prompt() if hasattr(panel, "system_prompt") else ""
+    conv = window.conversation
+    context = conv.request_messages(system) if conv.conv_id is not None else (
+        [{"role": "system", "content": system}] if system.strip() else [])
+    bridge = window.bridge
+    lookup = getattr(bridge, "token_text", None)  # when the bridge can name token ids
+    view = CompareView(bridge=bridge, history=window.history, prompt=text, messages=context,
+                       lanes=[panel.params()], mode="chat",
+                       chat_format=panel.chat_format() if hasattr(panel, "chat_format") else "auto",
+                       conversation=conv, token_text=lookup if callable(lookup) else None)
+    view.setWindowFlag(Qt.Window, True)
+    view.setAttribute(Qt.WA_DeleteOnClose, True)
+
+    def adopted(_text: str, _info: dict) -> None:
+        prompt = (view.last_prompt or {}).get("text", "")
+        if prompt.strip() and window.prompt.text().strip() == prompt.strip():
+            window.prompt.clear()
+
+    view.adoptRequested.connect(adopted)
+    view.destroyed.connect(lambda *_: setattr(window, "_compare_view", None))
+    window._compare_view = view
+    view.show()
+    return view

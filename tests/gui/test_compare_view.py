@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import qasync
-from PySide6.QtCore import Qt, QUrl
+from PySide6.QtCore import QPoint, Qt, QUrl
 from PySide6.QtWidgets import QApplication, QWidget
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,6 +99,25 @@ def snapshot(widget, name: str) -> Path:
     QApplication.processEvents()
     widget.grab().save(str(path))
     return path
+
+
+def anchor_point(browser, href):
+    """Viewport point inside the text of the anchor ``href``."""
+    from PySide6.QtGui import QTextCursor
+    doc = browser.document()
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            frag = it.fragment()
+            if frag.charFormat().anchorHref() == href:
+                cur = QTextCursor(doc)
+                cur.setPosition(frag.position() + max(1, frag.length() // 2))
+                r = browser.cursorRect(cur)
+                return r.center() - QPoint(2, 0)
+            it += 1
+        block = block.next()
+    raise AssertionError(f"no anchor {href}")
 
 
 def token_text_of(tok):
@@ -255,6 +274,16 @@ def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_p
             assert shown[0] == token_text_of(tok)(row["id"]).replace(" ", "␣").replace("\n", "⏎") or shown[0]
         assert abs(sum(float(filt[r["id"]]) for r in rows) - sum(r["filtered"] for r in rows)) < 1e-4
 
+    # a real click on a token's anchor pins it; hovering shows another, leaving goes back
+    browser = v.columns[2].browser
+    pos = anchor_point(browser, "tok:2:3")
+    qtbot.mouseClick(browser.viewport(), Qt.LeftButton, pos=pos)
+    assert v.selected == (2, 3) and v.inspector.current == (2, 3)
+    browser.highlighted.emit(QUrl("tok:2:6"))
+    assert v.inspector.current == (2, 6) and v.selected == (2, 3)
+    browser.highlighted.emit(QUrl(""))
+    assert v.inspector.current == (2, 3)
+
     # the heatmap and the finished view with the inspector open
     v.inspect_token(1, 5)
     v.heatmap_check.setChecked(True)
@@ -328,3 +357,34 @@ def test_stop_cancels_all_lanes(qtbot, loop, bridge, history, fixtures):
     assert all(r in ("cancelled", "eos", "length", "context") for r in reasons)
     assert "cancelled" in reasons or all(r != "length" for r in reasons)
     assert v.run_button.isEnabled() and not v.stop_button.isEnabled()
+
+
+def test_main_window_hook(qtbot, loop, bridge, tmp_path, monkeypatch):
+    """compareButton / Ctrl+Shift+K open the view seeded from the prompt and the panel."""
+    from PySide6.QtCore import QSettings
+    mw = pytest.importorskip("gui.main_window")
+    if not hasattr(mw.MainWindow, "_open_compare"):
+        pytest.skip("the main window has no compare hook yet")
+    from core.history import History
+    from core.sampling import SamplingParams
+    monkeypatch.setenv("LLAMADESK_DATA_DIR", str(tmp_path))
+    settings = QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat)
+    w = mw.MainWindow(bridge=bridge, history=History(tmp_path / "h.sqlite3"), settings=settings, autoload=False)
+    qtbot.addWidget(w)
+    w.show()
+    w.panel.set_params(SamplingParams(temperature=0.55, top_k=33, seed=21, max_new_tokens=64))
+    w.prompt.set_text("Tell me a story")
+    action = w.findChild(type(w.compare_action), "compareButton") or w.compare_action
+    assert action.objectName() == "compareButton" and action.isVisible()
+    assert action.shortcut().toString() == "Ctrl+Shift+K"
+    action.trigger()
+    view = w._compare_view
+    assert view is not None and view.objectName() == "compareView" and view.isVisible()
+    assert view.prompt_edit.toPlainText() == "Tell me a story"
+    s = view.columns[0].settings()
+    assert s["temperature"] == 0.55 and s["top_k"] == 33 and s["seed"] == 21 and s["max_new_tokens"] == 64
+    action.trigger()
+    assert w._compare_view is view  # raised, not opened twice
+    view.close()
+    w._closing = True
+    w.close()
