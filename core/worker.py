@@ -389,8 +389,10 @@ class Worker:
         if cmd.cancel.is_set():
             self._emit(Error(rid, "loading cancelled", cancelled=True))
             return
-        # A typo'd path must not cost the user the model they have: check it first.
+        # A typo'd path or an unavailable device must not cost the user the model they
+        # have: check what can be checked cheaply before dropping it.
         checkpoints.detect(a["path"])
+        checkpoints.resolve_dtype(a["dtype"], checkpoints.resolve_device(a["device"]))
         dropped = self._drop_model()
         if dropped:
             self._emit(Unloaded(rid))

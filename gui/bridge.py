@@ -283,6 +283,8 @@ class Bridge(QObject):
         with self._lock:
             events, self._pending = self._pending, []
             self._wake_pending = False
+        if not events:
+            return
         self._last_flush = time.perf_counter()
         chunks: dict[tuple[int, int], list[TokenDelta]] = {}
         for ev in events:

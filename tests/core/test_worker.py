@@ -265,6 +265,8 @@ def test_failed_load_leaves_a_clear_state(make_worker, gguf, tmp_path):
     _error(col, w.load(tmp_path / "missing"))
     assert w.info is not None
     assert col.finished(w.generate(completion(max_new=3)))[-1].stop_reason in ("length", "eos")
+    assert "device" in _error(col, w.load(gguf, device="tpu"))
+    assert w.info is not None
     # A model file that breaks midway: the old model was unloaded first, and says so.
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(gguf.read_bytes()[:5000])
