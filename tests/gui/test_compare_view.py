@@ -388,3 +388,80 @@ def test_main_window_hook(qtbot, loop, bridge, tmp_path, monkeypatch):
     view.close()
     w._closing = True
     w.close()
+
+
+class ScriptedBridge:
+    """A bridge whose compare() streams a scripted reply per lane and records requests."""
+
+    def __init__(self):
+        self.requests = []
+
+    def compare(self, request):
+        from core.worker import Done, Started, TokenDelta
+        from gui.bridge import Chunk
+        self.requests.append(request)
+
+        async def stream():
+            yield Started(1, 5, 0, 0, 256)
+            for lane, p in enumerate(request.lanes):
+                seed = p.seed if p.seed is not None else 1000 + lane
+                words = [" a", " b", " c"] if lane == 0 else [" a", " x", " c"]
+                toks = [TokenDelta(1, lane, i, 10 + i + (lane and i == 1) * 50, w, w, -0.5, None)
+                        for i, w in enumerate(words)]
+                yield Chunk(lane, "".join(words), toks)
+                await asyncio.sleep(0)
+                yield Done(1, lane, "length", "".join(words).strip(), [t.token_id for t in toks],
+                           [-0.5] * 3, {**p.to_dict(), "seed": seed}, {"decode_tok_s": 10.0})
+        return stream()
+
+    def cancel(self):
+        pass
+
+
+def test_run_flow_chat_context_seed_lock_and_reruns(qtbot, loop, history):
+    from gui.compare_view import CompareView
+    from gui.conversation import ConversationModel
+    conv = ConversationModel(history=history)
+    conv.add_user("Hi")
+    conv.add_reply(conv.leaf_id(), "Hello!")
+    b = ScriptedBridge()
+    v = CompareView(bridge=b, history=history, prompt="And then?", messages=conv.request_messages("Be brief."),
+                    lanes=[{"temperature": 0.7, "seed": None, "stop": ["\n\n"]}, {"temperature": 1.2, "seed": 3}],
+                    conversation=conv)
+    qtbot.addWidget(v)
+
+    async def go(**kw):
+        v.run(**kw)
+        await until(lambda: not v.running, 10, "the run")
+
+    run(loop, go())
+    req = b.requests[-1]
+    assert req.mode == "chat" and req.inspect == 5
+    assert [m["role"] for m in req.messages] == ["system", "user", "assistant", "user"]
+    assert req.messages[-1]["content"] == "And then?"
+    assert [p.seed for p in req.lanes] == [None, 3] and all(p.stop == ("\n\n",) for p in req.lanes)
+    assert v.columns[0].run.params["seed"] == 1000  # the seed the worker drew is kept
+    assert "Diverges at token 2" in v.columns[1].divergence.text()
+    # Re-run: exactly the shown results' settings, random seed now fixed to the one used
+    run(loop, go(again=True))
+    assert [p.seed for p in b.requests[-1].lanes] == [1000, 3]
+    # seed lock: one seed for all lanes; new seeds draws one shared seed
+    v.seed_lock.setChecked(True)
+    run(loop, go())
+    assert len({p.seed for p in b.requests[-1].lanes}) == 1
+    run(loop, go(new_seeds=True))
+    seeds = [p.seed for p in b.requests[-1].lanes]
+    assert len(set(seeds)) == 1 and seeds[0] is not None
+    v.seed_lock.setChecked(False)
+    run(loop, go(new_seeds=True))
+    # adopting answers the conversation: the prompt becomes the user's turn
+    info = v.adopt(1)
+    assert info and [m.role for m in conv.path()] == ["user", "assistant", "user", "assistant"]
+    assert conv.path()[-1].text == "a x c" and conv.path()[-2].text == "And then?"
+    # baseline switch: lane 2 becomes the baseline, lane 1 now diverges from it
+    v.baseline_combo.setCurrentIndex(1)
+    assert "baseline" in v.columns[1].title.text() and "Diverges at token 2" in v.columns[0].divergence.text()
+    # an empty prompt without context is refused with a message
+    v.prompt_edit.setPlainText("")
+    v.context_check.setChecked(False)
+    assert v.run() is None and "prompt" in v.status.text().lower()
