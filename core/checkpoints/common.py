@@ -1,6 +1,9 @@
 """What every checkpoint format shares: devices, dtypes, and building a model safely."""
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -74,6 +77,27 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return DTYPES[name]
 
 
+_MADV_DONTNEED = 4
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def release_mapped_pages(ptr: int, nbytes: int) -> None:
+    """Drop the resident pages of a read-only, privately mapped file range.
+
+    Converting a memory-mapped tensor (bf16 -> f32, dequantizing) leaves the source
+    pages resident next to the converted copy: up to 1.6x the weights at peak. Only for
+    memory that is a private file mapping nobody writes: the kernel re-reads dropped
+    pages from the file if they are touched again. Partial pages at either end are kept.
+    """
+    if _libc is None or nbytes <= 0:
+        return
+    page = mmap.PAGESIZE
+    start = -(-ptr // page) * page
+    end = (ptr + nbytes) // page * page
+    if end > start:
+        _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
+
+
 def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     """Every tensor a checkpoint must provide, by Meta name, with its shape."""
     with torch.device("meta"):
@@ -88,7 +112,7 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
                 *, device: torch.device, dtype: torch.dtype, source: str,
                 progress: ProgressFn | None = None, ignore: Iterable[str] = (),
                 display: Mapping[str, str] | None = None,
-                sources: Mapping[str, str] | None = None) -> Transformer:
+                sources: Mapping[str, str] | None = None, mapped_sources: bool = False) -> Transformer:
     """Build on the meta device and assign each checked tensor in the target dtype.
 
     Args:
@@ -97,6 +121,8 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
         source: the file or folder named in errors.
         ignore: tensor names the format carries that the model derives (e.g. rope.freqs).
         display: Meta name -> the name the file uses, so errors name what the user can find.
+        mapped_sources: the loaders return views of a private file mapping (torch.load
+            with mmap, safetensors): once converted, a source's pages are released.
         sources: Meta name -> the file holding it (sharded checkpoints); default ``source``.
 
     Raises:
@@ -126,7 +152,9 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
                 f"shape {tuple(t.shape)} does not fit the model's {shapes[name]}", file=where(name), tensor=shown(name))
         if t.is_floating_point() is False:
             raise CheckpointError(f"tensor has non-float dtype {t.dtype}", file=where(name), tensor=shown(name))
-        state[name] = t.to(device=device, dtype=dtype)
+        state[name] = converted = t.to(device=device, dtype=dtype)
+        if mapped_sources and t.device.type == "cpu" and converted.data_ptr() != t.data_ptr():
+            release_mapped_pages(t.data_ptr(), t.untyped_storage().nbytes())
         if progress:
             progress((i + 1) / total, f"loading {name}")
     missing = [k for k in shapes if k not in state]

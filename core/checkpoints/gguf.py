@@ -17,7 +17,8 @@ import torch
 
 from ..errors import CheckpointError, TokenizerError
 from ..model import ModelArgs, rope_frequencies
-from .common import LoadedModel, ProgressFn, build_model, expected_shapes, model_info, resolve_device, resolve_dtype
+from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, model_info, release_mapped_pages,
+                     resolve_device, resolve_dtype)
 
 # Types whose tensors are stored as plain floats; anything else is quantized blocks.
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -272,7 +273,11 @@ def tensor_loader(t, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
                 out = torch.from_numpy(dequantize(np.asarray(data), kind))
         if out.numel() != math.prod(shape):
             raise CheckpointError(f"holds {out.numel()} values, its header says {shape}")
-        return out.reshape(shape).to(dtype)
+        res = out.reshape(shape).to(dtype)
+        arr = np.asarray(data)
+        if res.data_ptr() != arr.ctypes.data:  # a converted copy: the mapped bytes are done with
+            release_mapped_pages(arr.ctypes.data, arr.nbytes)
+        return res
 
     return load
 

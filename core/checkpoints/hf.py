@@ -316,7 +316,7 @@ def load_hf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int |
         sources[meta] = str(file)
         items.append((meta, lambda meta=meta, load=load: to_meta_tensor(meta, load(), args)))
     model = build_model(args, items, device=dev, dtype=dt, source=str(path), progress=progress,
-                        display=display, sources=sources)
+                        display=display, sources=sources, mapped_sources=True)
     template = read_chat_template(path, tcfg)
     fmt = chat_format_for(tok, template=template)
     gen_stops = _eos_ids(gcfg, cfg)

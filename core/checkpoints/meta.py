@@ -132,7 +132,7 @@ def load_meta(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
                               f"{args.vocab_size}", file=str(find_tokenizer(path)))
     shapes = expected_shapes(args)
     model = build_model(args, merge_shards(shards, shapes, files), device=dev, dtype=dt,
-                        source=str(files[0]), progress=progress, ignore=IGNORED)
+                        source=str(files[0]), progress=progress, ignore=IGNORED, mapped_sources=True)
     fmt = chat_format_for(tok)
     stop = set(tok.stop_ids) | fmt.stop_ids()
     info = model_info("meta", path, args, model, tok, fmt,
