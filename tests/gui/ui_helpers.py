@@ -1,0 +1,107 @@
+"""Fixtures for driving the main window end to end on a qasync loop.
+
+A test builds the window, then runs its scenario as a coroutine with ``run(loop, coro)``;
+inside the coroutine it waits with ``await until(...)`` (asyncio sleeps, never a nested
+Qt event loop). Everything is isolated: a temporary history file and an INI QSettings.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+import qasync
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QApplication
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts"
+
+
+@pytest.fixture
+def loop(qapp):
+    # Closing a test's window must not quit the app (and stop the loop) under the test.
+    qapp.setQuitOnLastWindowClosed(False)
+    lp = qasync.QEventLoop(qapp)
+    asyncio.set_event_loop(lp)
+    yield lp
+    try:
+        pending = [t for t in asyncio.all_tasks(lp) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            lp.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    finally:
+        lp.close()
+        asyncio.set_event_loop(None)
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    d = tmp_path / "data"
+    d.mkdir()
+    monkeypatch.setenv("LLAMADESK_DATA_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def settings(tmp_path):
+    s = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+    yield s
+    s.sync()
+
+
+_KEEP: list = []
+
+
+@pytest.fixture
+def bridge(loop):
+    from gui.bridge import Bridge
+    b = Bridge(torch_threads=1)
+    yield b
+    loop.run_until_complete(b.shutdown())
+    _KEEP.append(b)  # never let the last reference drop on the worker thread
+
+
+def run(loop, coro, timeout: float = 60.0):
+    """Run a scenario coroutine on the qasync loop (the Qt event loop turns meanwhile)."""
+    try:
+        return loop.run_until_complete(asyncio.wait_for(coro, timeout))
+    except BaseException:
+        if os.environ.get("LLAMADESK_TEST_TRACE"):
+            import traceback
+            traceback.print_exc()
+        raise
+
+
+async def until(cond, timeout: float = 20.0, what: str = "condition"):
+    """Poll ``cond()`` while the loop runs; AssertionError after ``timeout`` seconds."""
+    t0 = time.monotonic()
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def make_window(*, bridge, settings, data_dir, **kw):
+    from core.history import History
+    from gui.main_window import MainWindow
+    history = History(data_dir / "history.sqlite3")
+    w = MainWindow(bridge=bridge, history=history, settings=settings, autoload=kw.pop("autoload", False), **kw)
+    w.resize(1200, 780)
+    w.show()
+    return w
+
+
+def snapshot(widget, name: str) -> Path:
+    """Save a PNG of a widget under artifacts/ (git-ignored) for a person to look at."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    QApplication.processEvents()
+    widget.grab().save(str(path))
+    return path
