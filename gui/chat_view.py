@@ -23,8 +23,7 @@ from . import theme
 
 FRAME_MS = 16  # one UI update per frame while streaming
 
-_PRE = re.compile(r"<pre[^>]*>(.*?)</pre>", re.S)
-_BLOCK = re.compile(r'<div class="codehilite"|<pre(?=[ >])')
+_CODE_BLOCK = re.compile(r'(?:<div class="codehilite"[^>]*>\s*)?<pre[^>]*>(.*?)</pre>(?:\s*</div>)?', re.S)
 
 
 def _markdown() -> markdown.Markdown:
@@ -48,24 +47,25 @@ def close_open_fence(text: str) -> str:
 def render_markdown(text: str) -> tuple[str, list[str]]:
     """(HTML for a QTextBrowser, the raw text of each code block in order).
 
-    Every code block gets a "Copy code" link ``copy:K`` just above it.
+    Each code block becomes a shaded table with a "Copy code" link (``copy:K``) on top.
     """
     c = theme.colors()
     body = _markdown().convert(close_open_fence(text))
-    codes = [html.unescape(re.sub(r"<[^>]+>", "", m.group(1))) for m in _PRE.finditer(body)]
-    out, k, pos = [], 0, 0
-    for m in _BLOCK.finditer(body):
-        if m.group(0).startswith("<pre") and body[max(0, m.start() - 60):m.start()].rfind('class="codehilite"') != -1:
-            continue  # the <pre> inside a codehilite div was already handled
-        out.append(body[pos:m.start()])
-        out.append(f'<p align="right" style="margin:0"><a href="copy:{k}" style="color:{c["muted"]};'
-                   f'text-decoration:none; font-size:small">Copy code</a></p>')
-        pos, k = m.start(), k + 1
-    out.append(body[pos:])
-    body = "".join(out)
-    body = re.sub(r'<div class="codehilite" style="[^"]*"', f'<div class="codehilite" style="background:{c["code_bg"]}"', body)
-    body = body.replace('<pre style="', f'<pre style="background:{c["code_bg"]}; padding:6px; ')
-    body = body.replace("<pre>", f'<pre style="background:{c["code_bg"]}; padding:6px;">')
+    codes: list[str] = []
+
+    def block(m: re.Match) -> str:
+        inner = m.group(1)
+        inner = re.sub(r"^(<span></span>)?<code[^>]*>", "", inner)
+        inner = re.sub(r"</code>$", "", inner).rstrip("\n")
+        codes.append(html.unescape(re.sub(r"<[^>]+>", "", inner)))
+        k = len(codes) - 1
+        return (f'<table width="100%" cellspacing="0" cellpadding="6" bgcolor="{c["code_bg"]}" '
+                f'style="border: 1px solid {c["border"]}; margin-top: 4px; margin-bottom: 4px;">'
+                f'<tr><td align="right" style="padding-bottom: 0px;"><a href="copy:{k}" '
+                f'style="color:{c["muted"]}; text-decoration:none; font-size:small">Copy code</a></td></tr>'
+                f'<tr><td style="padding-top: 0px;"><pre style="margin:0">{inner}</pre></td></tr></table>')
+
+    body = _CODE_BLOCK.sub(block, body)
     body = body.replace("<code>", f'<code style="background:{c["code_bg"]}">')
     return body, codes
 

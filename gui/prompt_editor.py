@@ -67,8 +67,8 @@ class PromptEditor(QWidget):
         self.editor.setAccessibleDescription("Prompt. " + HINT)
         self.editor.setPlaceholderText("Message the model…")
         self.editor.setTabChangesFocus(True)
-        self.editor.setMinimumHeight(60)
-        self.editor.setMaximumHeight(160)
+        lines = self.editor.fontMetrics().lineSpacing()
+        self.editor.setFixedHeight(int(lines * 4 + 16))  # four lines; it scrolls beyond that
         self.editor.submit.connect(self.submit)
         self.editor.escape.connect(self._escape)
         self.editor.textChanged.connect(self._refresh)
