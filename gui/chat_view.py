@@ -59,7 +59,7 @@ def render_markdown(text: str) -> tuple[str, list[str]]:
         inner = re.sub(r"</code>$", "", inner).rstrip("\n")
         codes.append(html.unescape(re.sub(r"<[^>]+>", "", inner)))
         k = len(codes) - 1
-        return (f'<table width="100%" cellspacing="0" cellpadding="6" bgcolor="{c["code_bg"]}" '
+        return (f'<table width="100%" border="0" cellspacing="0" cellpadding="6" bgcolor="{c["code_bg"]}" '
                 f'style="border: 1px solid {c["border"]}; margin-top: 4px; margin-bottom: 4px;">'
                 f'<tr><td align="right" style="padding-bottom: 0px;"><a href="copy:{k}" '
                 f'style="color:{c["muted"]}; text-decoration:none; font-size:small">Copy code</a></td></tr>'

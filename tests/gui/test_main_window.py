@@ -310,3 +310,27 @@ def test_drop_and_recent_models(qtbot, window, loop, gguf, settings):
     window._fill_recent()
     assert gguf in [a.text() for a in window.recent_menu.actions()]
     assert window.recent.last() == gguf
+
+
+def test_context_bar_and_dropped_turns_notice(qtbot, window, loop, gguf):
+    story = "Once upon a time there was a little dog who liked to play in the park. " * 60
+    msgs = []
+    for i in range(6):
+        msgs.append({"id": i + 1, "parent_id": i or None, "role": "user" if i % 2 == 0 else "assistant",
+                     "text": f"{i}: {story}"})
+    window.conversation.import_json({"format": "llamadesk.conversation", "version": 1,
+                                     "conversation": {"title": "Long", "kind": "chat", "current_leaf_id": 6},
+                                     "messages": msgs})
+    assert not window.chat.notice.isVisible()
+
+    async def scenario():
+        await load(window, gguf)
+        view = await send(qtbot, window, "And then?", max_tokens=8)
+        return view
+
+    view = run(loop, scenario(), 60)
+    ctx = window.info["context_length"]
+    assert window.context_bar.maximum() == ctx
+    assert 0 < window.context_used <= ctx
+    assert window.chat.notice.isVisible() and "left out" in window.chat.notice.text()
+    assert window.history.message(view["id"]).meta.get("dropped_messages", 0) > 0
