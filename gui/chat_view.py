@@ -262,7 +262,8 @@ class ChatView(QScrollArea):
         self.empty_hint.setObjectName("emptyHint")
         self.empty_hint.setAlignment(Qt.AlignCenter)
         self.empty_hint.setWordWrap(True)
-        self._layout.addWidget(self.empty_hint)
+        self.empty_hint.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Expanding)
+        self._layout.addWidget(self.empty_hint, 2)  # sits a third of the way down when alone
         self._layout.addStretch(1)
         self.setWidget(inner)
         self.widgets: list[MessageWidget] = []

@@ -391,6 +391,7 @@ class MainWindow(QMainWindow):
         self.load_progress.start(name)
         self.model_status.setText(f"Loading {name}…")
         self.prompt.set_model_ready(False, f"Loading {name}…")
+        self.chat.set_empty_hint(f"Loading {name}…")
         try:
             info = await self.bridge.load(path, device=self.device, dtype=self.dtype)
         except asyncio.CancelledError:
@@ -459,8 +460,9 @@ class MainWindow(QMainWindow):
             self.model_status.setToolTip("")
             self.chat.set_empty_hint(NO_MODEL_HINT)
         self.prompt.set_model_ready(ready, None if ready else NO_MODEL_HINT)
-        for a in (self.reload_action, self.unload_action, self.info_action):
-            a.setEnabled(ready)
+        for a in (self.reload_action, self.unload_action, self.info_action, self.regen_action,
+                  self.continue_action):
+            a.setEnabled(ready and not (a in (self.regen_action, self.continue_action) and self.busy))
         self._update_context(self.context_used, self.context_length)
         self._update_title()
 
@@ -677,7 +679,7 @@ class MainWindow(QMainWindow):
     def _set_busy(self, busy: bool) -> None:
         self.prompt.set_busy(busy)
         for a in (self.regen_action, self.continue_action, self.send_action):
-            a.setEnabled(not busy)
+            a.setEnabled(not busy and (a is self.send_action or self.info is not None))
         self.busyChanged.emit(busy)
 
     async def _generate(self, request) -> None:

@@ -369,3 +369,33 @@ def test_model_info_dialog_and_device_choice(qtbot, window, loop, gguf, settings
     assert settings.value("models/device") == "cpu"
     run(loop, window.load_model(gguf), 30)
     assert window.info["device"] == "cpu" and window.info["dtype"] == "float32"
+
+
+def test_load_progress_and_cancel(qtbot, window, loop, bridge, monkeypatch):
+    """Progress shows stage and fraction; Cancel ends the load without an error dialog."""
+    from gui.bridge import BridgeError
+    cancelled = asyncio.Event()
+
+    async def slow_load(path, **kw):
+        bridge.loadProgress.emit(0.4, "Reading tensors")
+        await cancelled.wait()
+        raise BridgeError("load cancelled", cancelled=True)
+
+    monkeypatch.setattr(bridge, "load", slow_load)
+    monkeypatch.setattr(bridge, "cancel", cancelled.set)
+
+    async def scenario():
+        task = window.load_model("/some/model")
+        await until(lambda: window.load_progress.isVisible() and window.load_progress.bar.value() == 400, 5,
+                    "progress")
+        assert window.load_progress.stage.text() == "Reading tensors"
+        snapshot(window, "main_loading")
+        assert not window.prompt.send_button.isEnabled()
+        window.load_progress.cancel.click()
+        await task
+        assert not window.load_progress.isVisible() and window.info is None
+        assert not [b for b in window.findChildren(QMessageBox) if b.isVisible()]
+        assert "No model" in window.model_status.text()
+        return True
+
+    assert run(loop, scenario(), 20)
