@@ -21,6 +21,7 @@ import asyncio
 import collections
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -154,7 +155,16 @@ class Bridge(QObject):
         self._info: dict | None = None
         self._closed = False
         factory = worker_factory or (lambda on_event: Worker(on_event, torch_threads=torch_threads))
-        self._worker = factory(self._on_worker_event)
+        # The worker thread must not own the bridge: if its reference were the last one,
+        # this QObject would be destroyed on the worker thread (Qt warns, timers leak).
+        ref = weakref.WeakMethod(self._on_worker_event)
+
+        def forward(event) -> None:
+            method = ref()
+            if method is not None:
+                method(event)
+
+        self._worker = factory(forward)
         self._worker.start()
 
     # -- properties --------------------------------------------------------------------
