@@ -156,6 +156,9 @@ class MainWindow(QMainWindow):
         self.conv_list = QListWidget()
         self.conv_list.setObjectName("conversationList")
         self.conv_list.setAccessibleName("conversationList")
+        # Long titles end in "…" (full title in the tooltip) instead of a sideways scrollbar.
+        self.conv_list.setTextElideMode(Qt.ElideRight)
+        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
         self.conv_list.customContextMenuRequested.connect(self._conv_menu)
         self.conv_list.itemClicked.connect(self._on_conv_clicked)

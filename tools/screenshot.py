@@ -3,7 +3,8 @@
     python tools/screenshot.py [--model PATH] [--theme light|dark] [--out docs/screenshot.png]
 
 Uses the bundled demo model when it exists, else the stories260K test fixture. Runs with
-a throwaway history and settings, so nothing of the user's is read or written.
+a throwaway history and settings, so nothing of the user's is read or written. The first
+reply is generated to the end, the second is caught mid-stream.
 """
 from __future__ import annotations
 
@@ -18,21 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SAMPLE = {
-    "format": "llamadesk.conversation", "version": 1,
-    "conversation": {"title": "Reverse a list in Python", "kind": "chat", "current_leaf_id": 3, "meta": {}},
-    "messages": [
-        {"id": 1, "parent_id": None, "role": "user", "text": "How do I reverse a list in Python?"},
-        {"id": 2, "parent_id": 1, "role": "assistant", "text": "Use slicing: `items[::-1]`.", "seed": 7,
-         "stop_reason": "eos", "stats": {"generated_tokens": 9}},
-        {"id": 3, "parent_id": 1, "role": "assistant", "seed": 1234, "stop_reason": "eos",
-         "settings": {"temperature": 0.7, "top_p": 0.9},
-         "stats": {"generated_tokens": 61, "ttft_s": 0.042, "decode_tok_s": 38.5, "prompt_tokens": 24},
-         "text": "Two common ways:\n\n1. **In place** with `list.reverse()`\n2. A reversed **copy** with slicing\n\n"
-                 "```python\nitems = [1, 2, 3]\nitems.reverse()         # items is now [3, 2, 1]\n"
-                 "backwards = items[::-1]  # a new list\n```"},
-    ],
-}
+# Every reply in the picture is generated live by the model: nothing is staged.
+FIRST = "Tell me a story about a cat named Tom."
 PROMPT = "Tell me a short story about a dog."
 
 
@@ -86,8 +74,14 @@ def main(argv: list[str] | None = None) -> int:
                 await w.load_model(str(model))
                 if w.info is None:
                     raise RuntimeError(f"could not load {model}")
-                w.conversation.import_json(SAMPLE)
                 w.panel.maxTokensSpin.setValue(200)
+                w.prompt.set_text(FIRST)
+                w.prompt.submit()
+                t0 = time.monotonic()
+                while (w.busy or not w.chat.stream_text) and time.monotonic() - t0 < 60:
+                    await asyncio.sleep(0.02)
+                while w.busy and time.monotonic() - t0 < 60:
+                    await asyncio.sleep(0.02)
                 w.prompt.set_text(PROMPT)
                 w.prompt.submit()
                 t0 = time.monotonic()
