@@ -7,6 +7,7 @@ GGUF "llama" tensors are already in Meta's interleaved RoPE layout: no permutati
 from __future__ import annotations
 
 import math
+import struct
 import re
 import warnings
 from pathlib import Path
@@ -74,12 +75,61 @@ class _TensorProblem(Exception):
 
 
 def _reader_class():
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField
     from gguf.constants import GGML_QUANT_SIZES
 
     class Reader(GGUFReader):
         """GGUFReader that first checks each tensor's data lies inside the file, so a
-        truncated file is reported against the first tensor it cuts off."""
+        truncated file is reported against the first tensor it cuts off, and that reads
+        metadata arrays in bulk (see _build_fields)."""
+
+        def _build_fields(self, offs, count):
+            # gguf parses arrays one element at a time through numpy views: 20+ s of
+            # GIL-held Python for a Llama 3 vocabulary (128k tokens, 280k merges), which
+            # stalls the UI. Arrays are read here in bulk into ``self.values``; scalars and
+            # strings still go through gguf. Big-endian files keep gguf's own path.
+            if self.byte_order != "I":
+                return super()._build_fields(offs, count)
+            self.values = {}
+            buf = memoryview(self.data)
+            for _ in range(count):
+                start = offs
+                kv_klen, kv_kdata = self._get_str(offs)
+                offs += int(kv_klen.nbytes + kv_kdata.nbytes)
+                raw_type = self._get(offs, np.uint32)
+                offs += 4
+                name = str(bytes(kv_kdata), encoding="utf-8")
+                if GGUFValueType(int(raw_type[0])) != GGUFValueType.ARRAY:
+                    size, parts, idxs, types = self._get_field_parts(offs, raw_type[0])
+                    self._push_field(ReaderField(start, name, [kv_klen, kv_kdata, raw_type] + parts,
+                                                 [i + 3 for i in idxs], types), skip_sum=True)
+                    offs += size
+                    continue
+                raw_itype, alen = self._get(offs, np.uint32), self._get(offs + 4, np.uint64)
+                itype, n = GGUFValueType(int(raw_itype[0])), int(alen[0])
+                offs += 12
+                if itype == GGUFValueType.STRING:
+                    items = []
+                    for _ in range(n):
+                        (ln,) = struct.unpack_from("<Q", buf, offs)
+                        items.append(str(buf[offs + 8: offs + 8 + ln], encoding="utf-8", errors="replace"))
+                        offs += 8 + ln
+                elif itype in self.gguf_scalar_to_np:
+                    dt = np.dtype(self.gguf_scalar_to_np[itype])
+                    items = np.frombuffer(buf, dtype=dt, count=n, offset=offs).tolist()
+                    if itype == GGUFValueType.BOOL:
+                        items = [bool(v) for v in items]
+                    offs += n * dt.itemsize
+                else:  # nested arrays: rare, leave them to gguf
+                    size, parts, idxs, types = self._get_field_parts(offs - 12, raw_type[0])
+                    self._push_field(ReaderField(start, name, [kv_klen, kv_kdata, raw_type] + parts,
+                                                 [i + 3 for i in idxs], types), skip_sum=True)
+                    offs += size - 12
+                    continue
+                self.values[name] = items
+                self._push_field(ReaderField(start, name, [kv_klen, kv_kdata, raw_type, raw_itype, alen], [],
+                                             [GGUFValueType.ARRAY, itype]), skip_sum=True)
+            return offs
 
         def _build_tensors(self, start_offs, fields):
             size = len(self.data)
@@ -119,9 +169,12 @@ class Metadata:
 
     def __init__(self, reader, path: Path):
         self.fields = reader.fields
+        self.values = getattr(reader, "values", {})  # arrays the Reader read in bulk
         self.path = path
 
     def get(self, key: str, default: Any = None) -> Any:
+        if key in self.values:
+            return self.values[key]
         f = self.fields.get(key)
         if f is None:
             return default

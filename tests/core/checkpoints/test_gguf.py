@@ -170,3 +170,33 @@ def test_rope_freqs_with_few_blended_entries(tmp_path):
         got = scaling_from_rope_freqs(factors, plain, None, "x.gguf")
         torch.testing.assert_close(rope_frequencies(dataclasses.replace(args, rope_scaling=got)),
                                    rope_frequencies(args), rtol=1e-4, atol=0)
+
+
+def test_bulk_metadata_reader_equals_gguf_reader(tmp_path, fixtures):
+    """Our bulk array reading returns exactly what gguf's element-by-element reader does."""
+    import gguf
+    import numpy as np
+
+    from core.checkpoints.gguf import Metadata, open_reader
+
+    path = tmp_path / "meta.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_array("t.strings", ["a", "", "ünï", "日本", "▁x", "<0x0A>"])
+    w.add_array("t.ints", [1, -2, 3])
+    w.add_array("t.floats", [0.5, -1.25])
+    w.add_array("t.bools", [True, False])
+    w.add_string("t.string", "hello")
+    w.add_uint32("t.u32", 7)
+    w.add_tensor("x", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for f in (path, fixtures / "stories260K.gguf"):
+        ref = gguf.GGUFReader(str(f))
+        md = Metadata(open_reader(f), f)
+        assert md.values, "arrays were not read in bulk"
+        for key, field in ref.fields.items():
+            want = field.contents()
+            got = md.get(key)
+            assert (list(got) if isinstance(want, list) else got) == want, key
