@@ -657,8 +657,8 @@ class MainWindow(QMainWindow):
     def _start_reply(self, *, parent_id: int, continue_of=None) -> None:
         worker = _bridge_types()
         try:
-            params = self.panel.params()
-            params.validate()
+            # Draw the seed here, so even a reply cut short by quitting records the seed it used.
+            params = self.panel.params().validate().resolved()
         except Exception as e:
             self.show_error("Invalid sampling settings", str(e))
             return
