@@ -945,8 +945,8 @@ def open_compare(window) -> CompareView:
     view = CompareView(bridge=bridge, history=window.history, prompt=text, messages=context,
                        lanes=[panel.params()], mode="chat",
                        chat_format=panel.chat_format() if hasattr(panel, "chat_format") else "auto",
-                       conversation=conv, token_text=lookup if callable(lookup) else None)
-    view.setWindowFlag(Qt.Window, True)
+                       conversation=conv, token_text=lookup if callable(lookup) else None, parent=window)
+    view.setWindowFlag(Qt.Window, True)  # its own window, closed with the main one
     view.setAttribute(Qt.WA_DeleteOnClose, True)
 
     def adopted(_text: str, _info: dict) -> None:

@@ -323,11 +323,12 @@ class MainWindow(QMainWindow):
         tb.addAction(self.open_gguf_action)
         tb.addSeparator()
         tb.addAction(self.regen_action)
-        # Placeholder for the comparison view (its own issue): hidden until it exists.
-        self.compare_action = QAction(theme.icon("compare"), "Compare", self)
-        self.compare_action.setObjectName("compareButton")
-        self.compare_action.setVisible(False)
+        # The side-by-side comparison window (gui/compare_view.py).
+        self.compare_action = self._action("Compare Settings…", self._open_compare, "Ctrl+Shift+K", "compare",
+                                           "compareButton")
+        self.compare_action.setToolTip("Compare sampling settings side by side (Ctrl+Shift+K)")
         tb.addAction(self.compare_action)
+        tb.widgetForAction(self.compare_action).setObjectName("compareButton")
         spacer = QWidget()
         spacer.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Preferred)
         tb.addWidget(spacer)
@@ -901,6 +902,11 @@ class MainWindow(QMainWindow):
             a.setIcon(theme.icon(name))
         if not self.busy:
             self.refresh_transcript()
+
+    def _open_compare(self) -> None:
+        """Open (or raise) the comparison window, seeded from the prompt, conversation and panel."""
+        from .compare_view import open_compare
+        open_compare(self)
 
     def closeEvent(self, event):
         """Quitting mid-reply: stop it, save what streamed, then close."""

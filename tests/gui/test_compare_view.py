@@ -382,6 +382,7 @@ def test_main_window_hook(qtbot, loop, bridge, tmp_path, monkeypatch):
     action = w.findChild(type(w.compare_action), "compareButton") or w.compare_action
     assert action.objectName() == "compareButton" and action.isVisible()
     assert action.shortcut().toString() == "Ctrl+Shift+K"
+    assert w.findChild(QWidget, "compareButton") is not None  # the toolbar's button
     action.trigger()
     view = w._compare_view
     assert view is not None and view.objectName() == "compareView" and view.isVisible()
@@ -390,6 +391,7 @@ def test_main_window_hook(qtbot, loop, bridge, tmp_path, monkeypatch):
     assert s["temperature"] == 0.55 and s["top_k"] == 33 and s["seed"] == 21 and s["max_new_tokens"] == 64
     action.trigger()
     assert w._compare_view is view  # raised, not opened twice
+    snapshot(w, "compare_main_window_toolbar")
     view.close()
     w._closing = True
     w.close()
