@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from core.checkpoints.hf import args_from_config, meta_name, to_meta_tensor
+from core.kv_cache import KVCache
 from core.model import Transformer
 
 BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
@@ -42,3 +43,30 @@ def meta_from_hf(hf_model) -> Transformer:
     if args.tie_word_embeddings:
         model.output.weight = model.tok_embeddings.weight
     return model.eval()
+
+
+def greedy(model, prompt, n):
+    """Our greedy ids and log-probs, decoding through a KV cache one token at a time."""
+    cache = KVCache.for_model(model, capacity=len(prompt) + n)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), 0, cache, last_only=True)[0, -1]
+        toks, lps, pos = [], [], len(prompt)
+        for _ in range(n):
+            t = int(logits.argmax())
+            toks.append(t)
+            lps.append(float(torch.log_softmax(logits, -1)[t]))
+            logits = model(torch.tensor([[t]]), pos, cache)[0, -1]
+            pos += 1
+    return toks, torch.tensor(lps)
+
+
+def hf_greedy(hf, prompt, n):
+    """transformers' greedy ids and log-probs: a full forward per step, no generate() processors."""
+    ids, lps = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = hf(torch.tensor([ids])).logits[0, -1].float()
+            t = int(logits.argmax())
+            lps.append(float(torch.log_softmax(logits, -1)[t]))
+            ids.append(t)
+    return ids[len(prompt):], torch.tensor(lps)

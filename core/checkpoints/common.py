@@ -98,6 +98,24 @@ def release_mapped_pages(ptr: int, nbytes: int) -> None:
         _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
 
 
+def foreign_name(meta: str, top_map: Mapping[str, str], layer_map: Mapping[str, str], layer_prefix: str) -> str:
+    """Invert a format's name map: the format's name for a Meta tensor name.
+
+    Args:
+        top_map: format name -> Meta name, for tensors outside the layers.
+        layer_map: format suffix -> Meta suffix, for tensors of one layer.
+        layer_prefix: the format's layer prefix, e.g. "model.layers." or "blk.".
+    """
+    for k, v in top_map.items():
+        if v == meta:
+            return k
+    _, idx, tail = meta.split(".", 2)
+    for k, v in layer_map.items():
+        if v == tail:
+            return f"{layer_prefix}{idx}.{k}"
+    raise KeyError(meta)
+
+
 def expected_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     """Every tensor a checkpoint must provide, by Meta name, with its shape."""
     with torch.device("meta"):

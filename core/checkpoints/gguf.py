@@ -18,7 +18,7 @@ import torch
 
 from ..errors import CheckpointError, TokenizerError
 from ..model import ModelArgs, rope_frequencies
-from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, model_info, release_mapped_pages,
+from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info, release_mapped_pages,
                      resolve_device, resolve_dtype)
 
 # Types whose tensors are stored as plain floats; anything else is quantized blocks.
@@ -58,14 +58,7 @@ def meta_name(gguf_name: str) -> str | None:
 
 def gguf_name(meta: str) -> str:
     """The GGUF tensor name for a Meta name (inverse of meta_name)."""
-    for k, v in _TOP_MAP.items():
-        if v == meta:
-            return k
-    _, idx, tail = meta.split(".", 2)
-    for k, v in _LAYER_MAP.items():
-        if v == tail:
-            return f"blk.{idx}.{k}"
-    raise KeyError(meta)
+    return foreign_name(meta, _TOP_MAP, _LAYER_MAP, "blk.")
 
 
 class _TensorProblem(Exception):

@@ -10,7 +10,8 @@ import torch
 
 from ..errors import CheckpointError
 from ..model import ModelArgs
-from .common import LoadedModel, ProgressFn, build_model, expected_shapes, model_info, resolve_device, resolve_dtype
+from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info,
+                     resolve_device, resolve_dtype)
 
 
 def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -88,14 +89,7 @@ def meta_name(hf_name: str) -> str | None:
 
 def hf_name(meta: str) -> str:
     """The HF tensor name for a Meta name (inverse of meta_name)."""
-    for k, v in _TOP_MAP.items():
-        if v == meta:
-            return k
-    _, idx, tail = meta.split(".", 2)
-    for k, v in _LAYER_MAP.items():
-        if v == tail:
-            return f"model.layers.{idx}.{k}"
-    raise KeyError(meta)
+    return foreign_name(meta, _TOP_MAP, _LAYER_MAP, "model.layers.")
 
 
 def to_meta_tensor(name: str, t: torch.Tensor, args: ModelArgs) -> torch.Tensor:

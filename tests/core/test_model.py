@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from core.kv_cache import KVCache
-from tests.helpers import meta_from_hf, tiny_hf
+from tests.helpers import greedy, hf_greedy, meta_from_hf, tiny_hf
 
 CONFIGS = {
     "mha": {},
@@ -17,33 +17,6 @@ CONFIGS = {
     "tied": dict(tie_word_embeddings=True),
     "head_dim32": dict(head_dim=32, num_attention_heads=4, num_key_value_heads=2),
 }
-
-
-def hf_greedy(hf, prompt, n):
-    """Greedy decoding with transformers' full forward each step (no generate() processors)."""
-    ids = list(prompt)
-    lps = []
-    with torch.no_grad():
-        for _ in range(n):
-            logits = hf(torch.tensor([ids])).logits[0, -1].float()
-            t = int(logits.argmax())
-            lps.append(float(torch.log_softmax(logits, -1)[t]))
-            ids.append(t)
-    return ids[len(prompt):], torch.tensor(lps)
-
-
-def our_greedy(model, prompt, n):
-    cache = KVCache.for_model(model, capacity=len(prompt) + n)
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt]), 0, cache.row(0), last_only=True)[0, -1]
-        toks, lps, pos = [], [], len(prompt)
-        for _ in range(n):
-            t = int(logits.argmax())
-            toks.append(t)
-            lps.append(float(torch.log_softmax(logits, -1)[t]))
-            logits = model(torch.tensor([[t]]), pos, cache)[0, -1]
-            pos += 1
-    return toks, torch.tensor(lps)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -66,7 +39,7 @@ def test_greedy_ids_and_logprobs_match_transformers(name):
     ours = meta_from_hf(hf)
     prompt = [1] + [5 + (i * 7) % 90 for i in range(120 if name == "llama31_scaled" else 12)]
     ref_ids, ref_lp = hf_greedy(hf, prompt, 24)
-    got_ids, got_lp = our_greedy(ours, prompt, 24)
+    got_ids, got_lp = greedy(ours, prompt, 24)
     assert got_ids == ref_ids
     torch.testing.assert_close(got_lp, ref_lp, atol=1e-4, rtol=0)
 

@@ -2,24 +2,9 @@
 import torch
 
 from core.checkpoints import load
-from core.kv_cache import KVCache
+from tests.helpers import greedy
 
 PROMPT = [1, 403, 407, 261, 378]  # BOS + "Once upon a time"
-
-
-def greedy(model, prompt, n):
-    """Greedy ids and their log-probs, decoding through a KV cache one token at a time."""
-    cache = KVCache.for_model(model, capacity=len(prompt) + n)
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt]), 0, cache, last_only=True)[0, -1]
-        toks, lps, pos = [], [], len(prompt)
-        for _ in range(n):
-            t = int(logits.argmax())
-            toks.append(t)
-            lps.append(float(torch.log_softmax(logits, -1)[t]))
-            logits = model(torch.tensor([[t]]), pos, cache)[0, -1]
-            pos += 1
-    return toks, torch.tensor(lps)
 
 
 def test_stories260k_continues_like_llama_cpp(fixtures):

@@ -6,51 +6,9 @@ from pathlib import Path
 
 import torch
 
-from core.kv_cache import KVCache
+from tests.helpers import greedy, hf_greedy  # noqa: F401  (re-exported for the checkpoint tests)
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz "
-
-
-def _cache_kw() -> str:
-    import inspect
-
-    from transformers import LlamaForCausalLM
-    return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
-
-
-_CACHE_KW = _cache_kw()
-
-
-def greedy(model, prompt, n):
-    """Our greedy ids and log-probs, decoding through a KV cache one token at a time."""
-    cache = KVCache.for_model(model, capacity=len(prompt) + n)
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt]), 0, cache, last_only=True)[0, -1]
-        toks, lps, pos = [], [], len(prompt)
-        for _ in range(n):
-            t = int(logits.argmax())
-            toks.append(t)
-            lps.append(float(torch.log_softmax(logits, -1)[t]))
-            logits = model(torch.tensor([[t]]), pos, cache)[0, -1]
-            pos += 1
-    return toks, torch.tensor(lps)
-
-
-def hf_greedy(hf, prompt, n):
-    """transformers' greedy ids and log-probs (its own KV cache, no generate() processors)."""
-    toks, lps, past = [], [], None
-    step = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(n):
-            # transformers 5.24 renamed past_key_values to cache (the old name still works, warns)
-            out = hf(step, use_cache=True, **({} if past is None else {_CACHE_KW: past}))
-            past = out.get("cache", None) or out.get("past_key_values", None)
-            logits = out.logits[0, -1].float()
-            t = int(logits.argmax())
-            lps.append(float(torch.log_softmax(logits, -1)[t]))
-            toks.append(t)
-            step = torch.tensor([[t]])
-    return toks, torch.tensor(lps)
 
 
 def write_tiny_tokenizer(folder: Path, extra_special: tuple[str, ...] = ()) -> int:
