@@ -360,7 +360,11 @@ class Engine:
             safe = len(lane.text) - lane.stop_holdback()
         delta = lane.text[lane.emitted:safe] if safe > lane.emitted else ""
         lane.emitted = max(lane.emitted, safe)
-        top = top_alternatives(logits, q, previous, k=inspect) if inspect else None
+        top = None
+        if inspect:
+            top = top_alternatives(logits, q, previous, k=inspect)
+            # The UI has no tokenizer: name every alternative here.
+            top["pieces"] = {i: self._piece(i) for i, _ in top["raw"] + top["filtered"]}
         ev = Token(lane.index, len(lane.tokens) - 1, tok, delta, self._piece(tok), logprob, top)
         if reason is not None:
             lane.done = self._finish(lane, reason, None)

@@ -155,6 +155,8 @@ class TokenInspector(QFrame):
             f"<b style='font-size: 15px;'>{_html(_visible(rec.piece))}</b> (id {rec.token_id})<br>"
             f"p = {fmt_prob(p)} · log p = {rec.logprob:.3f}"
             + (f"<br><span style='color: {theme.colors()['muted']};'>{_html(lane_label)}</span>" if lane_label else ""))
+        for tid, piece in ((rec.top or {}).get("pieces") or {}).items():
+            self.learn(int(tid), piece)
         self.rows = inspector_rows(rec.top, rec.token_id)
         self.table.setRowCount(len(self.rows))
         for r, row in enumerate(self.rows):

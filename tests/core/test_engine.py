@@ -238,6 +238,9 @@ def test_inspector_alternatives_match_direct_softmax(engine, lm):
         raw = lg.softmax(-1)
         top = torch.topk(raw, 5)
         assert [i for i, _ in t.top["raw"]] == top.indices.tolist()
+        # Every alternative is named, so a UI without a tokenizer can show it.
+        for i in top.indices.tolist():
+            assert t.top["pieces"][i] == lm.tokenizer.token_bytes(i).decode("utf-8", "replace")
         torch.testing.assert_close(torch.tensor([p for _, p in t.top["raw"]]), top.values, atol=1e-5, rtol=0)
         scaled = lg / 0.8
         k4 = torch.topk(scaled, 4)
