@@ -362,7 +362,7 @@ class Engine:
         lane.emitted = max(lane.emitted, safe)
         top = None
         if inspect:
-            top = top_alternatives(logits, q, previous, k=inspect)
+            top = top_alternatives(logits, q, previous, k=inspect, filtered=filtered)
             # The UI has no tokenizer: name every alternative here.
             top["pieces"] = {i: self._piece(i) for i, _ in top["raw"] + top["filtered"]}
         ev = Token(lane.index, len(lane.tokens) - 1, tok, delta, self._piece(tok), logprob, top)

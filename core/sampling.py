@@ -168,14 +168,17 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 
 
 def top_alternatives(logits: torch.Tensor, params: SamplingParams, previous: torch.Tensor | None = None,
-                     k: int = 5) -> dict:
+                     k: int = 5, filtered: torch.Tensor | None = None) -> dict:
     """Probabilities of the top-k tokens before and after this request's filters.
+
+    Args:
+        filtered: filter_logits(logits, params, previous) when the caller has it already.
 
     Returns:
         {"raw": [(id, prob)...], "filtered": [(id, prob)...]} for a token inspector.
     """
     raw = logits.float().softmax(-1)
-    filt_logits = filter_logits(logits.float(), params, previous)
+    filt_logits = filtered if filtered is not None else filter_logits(logits.float(), params, previous)
     if params.greedy:
         filt = torch.zeros_like(raw)
         filt[filt_logits.argmax()] = 1.0
