@@ -6,7 +6,14 @@ message's body is re-rendered, at most once per frame; the rest of the transcrip
 untouched. The view follows the bottom unless the user has scrolled up.
 
 Messages given to the view are plain dicts (built by :mod:`gui.conversation`):
-``{"id", "role", "text", "stats", "stop_reason", "seed", "version": (i, n), "error"}``.
+``{"id", "role", "text", "stats", "stop_reason", "seed", "version": (i, n), "error"}``,
+plus ``"settings"`` and, for replies generated with token inspection, ``"tokens"``: the
+token record kept in the message meta (:meth:`gui.compare_model.LaneRun.token_record`,
+optionally with ``"offset"``: leading characters of the text no token covers).
+
+A reply with token records has an "Inspect tokens" toggle that swaps its Markdown body
+for the comparison window's token rendering (one ``tok:I`` anchor per token, optional
+heatmap); clicking or hovering a token shows it in the view's :class:`TokenInspector`.
 """
 from __future__ import annotations
 
@@ -16,10 +23,13 @@ import re
 import markdown
 from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextOption
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy,
+from PySide6.QtWidgets import (QCheckBox, QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy,
                                QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
+from core.compare import settings_label
+
 from . import theme
+from .compare_model import LaneRun, lane_colors, parse_token_index, render_lane_html
 
 FRAME_MS = 16  # one UI update per frame while streaming
 
@@ -84,12 +94,19 @@ class MessageBody(QTextBrowser):
         self.document().setDocumentMargin(2)
         self.codes: list[str] = []
         self.markdown_text = ""
+        self.setMouseTracking(True)  # hover over a token's anchor (``highlighted``)
 
     def set_markdown(self, text: str) -> None:
         self.markdown_text = text
         body, self.codes = render_markdown(text)
         c = theme.colors()
         self.document().setDefaultStyleSheet(f"a {{ color: {c['accent']}; }}")
+        self.setHtml(body)
+        self._fit()
+
+    def set_token_html(self, body: str) -> None:
+        """Show pre-rendered token HTML (no Markdown, no code blocks)."""
+        self.codes = []
         self.setHtml(body)
         self._fit()
 
@@ -128,16 +145,27 @@ class MessageWidget(QFrame):
         action(str, int): a button or link was used — name ("copy", "edit",
             "regenerate", "continue", "delete", "prev", "next") and the message id.
         codeCopied(str): a code block's text was copied.
+        tokenClicked(int, int), tokenHovered(int, int): message id and token index in
+            the token view (hover: index -1 when the pointer leaves the tokens).
+        tokenViewToggled(int, bool): the body switched to tokens (True) or Markdown.
     """
 
     action = Signal(str, int)
     codeCopied = Signal(str)
+    tokenClicked = Signal(int, int)
+    tokenHovered = Signal(int, int)
+    tokenViewToggled = Signal(int, bool)
 
     def __init__(self, *, message: dict, streaming: bool = False, parent=None):
         super().__init__(parent)
         self.setObjectName("message")
         self.message = dict(message)
         self.streaming = streaming
+        self.token_run: LaneRun | None = None  # the reply's token records, when it has them
+        self.token_offset = 0
+        self._token_source = None  # the record token_run was built from (rebuilt when it changes)
+        self.token_mode = False
+        self.selected_token: int | None = None
         self.setProperty("role", message.get("role", "assistant"))
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 6, 10, 6)
@@ -156,6 +184,21 @@ class MessageWidget(QFrame):
         for w in (self.prev_button, self.version_label, self.next_button):
             head.addWidget(w)
         head.addStretch(1)
+        # Token view toggle: only replies recorded with probabilities show it.
+        self.inspect_button = QToolButton(self)
+        self.inspect_button.setObjectName("inspectTokensButton")
+        self.inspect_button.setIcon(theme.icon("inspect"))
+        self.inspect_button.setIconSize(QSize(16, 16))
+        self.inspect_button.setCheckable(True)
+        self.inspect_button.setToolTip("Inspect tokens: each token's probability and the alternatives")
+        self.inspect_button.setAccessibleName("Inspect tokens")
+        self.inspect_button.setAutoRaise(True)
+        # The theme draws message buttons flat; a pressed toggle needs to look pressed.
+        self.inspect_button.setStyleSheet(f"QToolButton:checked {{ background: {theme.colors()['alt']}; "
+                                          f"border: 1px solid {theme.colors()['border']}; }}")
+        self.inspect_button.toggled.connect(self.set_token_view)
+        self.inspect_button.hide()
+        head.addWidget(self.inspect_button)
         self.buttons = {}
         names = [("copy", "Copy message")]
         if role == "user":
@@ -168,8 +211,30 @@ class MessageWidget(QFrame):
             head.addWidget(self.buttons[name])
         lay.addLayout(head)
 
+        # The token view's bar: heatmap switch and how to use it (hidden in Markdown view).
+        self.token_bar = QWidget(self)
+        self.token_bar.setObjectName("tokenBar")
+        tb = QHBoxLayout(self.token_bar)
+        tb.setContentsMargins(0, 0, 0, 2)
+        tb.setSpacing(10)
+        self.heatmap_check = QCheckBox("Heatmap", self.token_bar)
+        self.heatmap_check.setObjectName("tokenHeatmapCheck")
+        self.heatmap_check.setToolTip("Shade each token by how surprising it was (1 − p): the darker, "
+                                      "the less likely the model found it")
+        self.heatmap_check.toggled.connect(lambda *_: self._render_tokens())
+        self.token_hint = QLabel("Click a token to pin it · hover to peek", self.token_bar)
+        self.token_hint.setObjectName("tokenHint")
+        # Wrapping keeps the hint from widening the message past a narrow transcript.
+        self.token_hint.setWordWrap(True)
+        self.token_hint.setStyleSheet(f"color: {theme.colors()['muted']};")
+        tb.addWidget(self.heatmap_check)
+        tb.addWidget(self.token_hint, 1)
+        self.token_bar.hide()
+        lay.addWidget(self.token_bar)
+
         self.body = MessageBody(parent=self)
         self.body.anchorClicked.connect(self._anchor)
+        self.body.highlighted.connect(self._hovered)
         lay.addWidget(self.body)
         self.footer = QLabel()
         self.footer.setObjectName("messageFooter")
@@ -206,6 +271,12 @@ class MessageWidget(QFrame):
             b.setVisible(not streaming)
         if "continue" in self.buttons:
             self.buttons["continue"].setVisible(not streaming and message.get("stop_reason") == "length")
+        self._load_tokens(message.get("tokens"))
+        has_tokens = self.token_run is not None and not streaming
+        self.inspect_button.setVisible(has_tokens)
+        if not has_tokens and self.token_mode:
+            # Streaming (a continuation) or records gone: Markdown until there is a final record.
+            self.inspect_button.setChecked(False)
         self.set_text(message.get("text", ""))
         if message.get("error"):
             self.footer.setText(f"⚠ {message['error']}")
@@ -217,11 +288,85 @@ class MessageWidget(QFrame):
 
     def set_text(self, text: str) -> None:
         self.message["text"] = text
-        self.body.set_markdown(text if text or not self.streaming else "…")
+        if self.token_mode:
+            self._render_tokens()
+        else:
+            self.body.set_markdown(text if text or not self.streaming else "…")
+
+    # ---- token view
+    def _load_tokens(self, record: dict | None) -> None:
+        if record is self._token_source:
+            if self.token_run is not None:
+                self.token_run.text = self.message.get("text", "")[self.token_offset:]
+            return
+        self._token_source = record
+        self.token_run = None
+        self.token_offset = 0
+        if not record or not record.get("tokens"):
+            return
+        try:
+            run = LaneRun.from_dict(record)
+        except (TypeError, ValueError, KeyError, IndexError):  # a damaged record: no token view
+            return
+        self.token_offset = max(0, int(record.get("offset") or 0))
+        run.text = self.message.get("text", "")[self.token_offset:]
+        self.token_run = run
+
+    def token(self, index: int):
+        """The record of token ``index`` (token_id, text, piece, logprob, top), or None."""
+        if self.token_run is not None and 0 <= index < len(self.token_run.tokens):
+            return self.token_run.tokens[index]
+        return None
+
+    def set_token_view(self, on: bool) -> None:
+        """Show the body as tokens (True) or as Markdown; only for a finished reply with records."""
+        on = bool(on) and self.token_run is not None and not self.streaming
+        if self.inspect_button.isChecked() != on:
+            self.inspect_button.setChecked(on)  # re-enters here through toggled
+            return
+        if on == self.token_mode:
+            return
+        self.token_mode = on
+        if not on:
+            self.selected_token = None
+        self.token_bar.setVisible(on)
+        self.set_text(self.message.get("text", ""))
+        self.tokenViewToggled.emit(int(self.message.get("id") or 0), on)
+
+    def select_token(self, index: int | None) -> None:
+        """Highlight token ``index`` (None: none) in the token view."""
+        if index != self.selected_token:
+            self.selected_token = index
+            if self.token_mode:
+                self._render_tokens()
+
+    def _render_tokens(self) -> None:
+        if not self.token_mode or self.token_run is None:
+            return
+        c = theme.colors()
+        # Shades are mixed over the reply's own background, not the window's.
+        colors = {**lane_colors(c, theme.is_dark()), "base": c["assistant_bg"]}
+        # Text from before recording (a continued reply) stays readable, just not inspectable.
+        lead = self.message.get("text", "")[:self.token_offset]
+        self.body.set_token_html(render_lane_html(None, self.token_run, heatmap=self.heatmap_check.isChecked(),
+                                                  selected=self.selected_token, colors=colors, lead=lead))
+
+    def token_settings_label(self) -> str:
+        """The reply's sampling settings, as the inspector shows them."""
+        return settings_label(self.message.get("settings") or {})
+
+    def _hovered(self, url) -> None:
+        if not self.token_mode:
+            return
+        i = parse_token_index(url.toString() if isinstance(url, QUrl) else str(url))
+        self.tokenHovered.emit(int(self.message.get("id") or 0), -1 if i is None else i)
 
     def _anchor(self, url: QUrl) -> None:
         s = url.toString()
-        if s.startswith("copy:"):
+        i = parse_token_index(s) if self.token_mode else None
+        if i is not None:
+            self.tokenClicked.emit(int(self.message.get("id") or 0), i)
+        elif s.startswith("copy:"):
             k = int(s[5:])
             if 0 <= k < len(self.body.codes):
                 QGuiApplication.clipboard().setText(self.body.codes[k])
@@ -237,13 +382,27 @@ class ChatView(QScrollArea):
         actionRequested(str, int): a message action — "copy", "edit", "regenerate",
             "continue", "delete", "prev", "next" — and the message id.
         copied(str): text placed on the clipboard (a message or a code block).
+        tokenViewChanged(bool): whether any message now shows its tokens (the window
+            shows the inspector while one does).
+        tokenInspected(int, int): a token went into the inspector (message id, index).
+
+    Attributes:
+        inspector: the :class:`TokenInspector` tokens are shown in (the window places it;
+            None: tokens can be viewed but not inspected).
+        pinned: (message id, token index) of the clicked token, or None.
     """
 
     actionRequested = Signal(str, int)
     copied = Signal(str)
+    tokenViewChanged = Signal(bool)
+    tokenInspected = Signal(int, int)
 
-    def __init__(self, *, parent=None):
+    def __init__(self, *, inspector=None, parent=None):
         super().__init__(parent)
+        self.inspector = inspector
+        self.pinned: tuple[int, int] | None = None
+        self._token_views: set[int] = set()  # message ids in token view, kept across re-renders
+        self.heatmap = False  # the last heatmap choice, for the next token view opened
         self.setObjectName("transcript")
         self.setAccessibleName("transcript")
         self.setWidgetResizable(True)
@@ -311,18 +470,33 @@ class ChatView(QScrollArea):
         """Show these messages (the current branch), replacing what is shown."""
         self._timer.stop()
         self._stream = None
+        views, pinned = set(self._token_views), self.pinned
         for w in self.widgets:
             w.setParent(None)
             w.deleteLater()
         self.widgets = []
+        self._token_views = set()
+        self.pinned = None
         for m in messages:
-            self._add(MessageWidget(message=m, parent=self.widget()))
+            w = self._add(MessageWidget(message=m, parent=self.widget()))
+            if w.msg_id in views:  # a re-render keeps the token views that were open
+                w.heatmap_check.setChecked(self.heatmap)
+                w.set_token_view(True)
         self.empty_hint.setVisible(not self.widgets and bool(self.empty_hint.text()))
+        if pinned is not None and pinned[0] in self._token_views:
+            self.inspect_token(*pinned)
+        elif self.inspector is not None:
+            self.inspector.clear()
+        self.tokenViewChanged.emit(bool(self._token_views))
         self.scroll_to_bottom()
 
     def _add(self, w: MessageWidget) -> MessageWidget:
         w.action.connect(self._on_action)
         w.codeCopied.connect(self.copied)
+        w.tokenViewToggled.connect(lambda mid, on, w=w: self._token_view_toggled(w, on))
+        w.tokenClicked.connect(self._token_clicked)
+        w.tokenHovered.connect(self._token_hovered)
+        w.heatmap_check.toggled.connect(lambda on: setattr(self, "heatmap", on))
         self._layout.insertWidget(self._layout.count() - 1, w)
         self.widgets.append(w)
         self.empty_hint.hide()
@@ -339,6 +513,65 @@ class ChatView(QScrollArea):
 
     def widget_for(self, msg_id: int) -> MessageWidget | None:
         return next((w for w in self.widgets if w.msg_id == msg_id), None)
+
+    # ---- token inspection
+    def _token_view_toggled(self, w: MessageWidget, on: bool) -> None:
+        if w.msg_id is None:
+            return
+        if on:
+            self._token_views.add(w.msg_id)
+            w.heatmap_check.setChecked(self.heatmap)
+        else:
+            self._token_views.discard(w.msg_id)
+            if self.pinned is not None and self.pinned[0] == w.msg_id:
+                self.pinned = None
+                if self.inspector is not None:
+                    self.inspector.clear()
+        self.tokenViewChanged.emit(bool(self._token_views))
+
+    def show_tokens(self, msg_id: int, on: bool = True) -> bool:
+        """Switch message ``msg_id`` to its token view (or back); False when it has none."""
+        w = self.widget_for(msg_id)
+        if w is None or (on and w.token_run is None):
+            return False
+        w.set_token_view(on)
+        return w.token_mode == on
+
+    def inspect_token(self, msg_id: int, index: int, *, pin: bool = True) -> bool:
+        """Show token ``index`` of reply ``msg_id`` in the inspector; pinned: it stays
+        highlighted and is shown again when the pointer leaves the other tokens."""
+        w = self.widget_for(msg_id)
+        rec = w.token(index) if w is not None and w.token_mode else None
+        if rec is None:
+            return False
+        if self.inspector is not None:
+            n = len(w.token_run.tokens)
+            self.inspector.show_token(msg_id, index, rec, w.token_settings_label(),
+                                      title=f"Reply · token {index + 1} of {n}")
+        if pin:
+            if self.pinned is not None and self.pinned[0] != msg_id:
+                old = self.widget_for(self.pinned[0])
+                if old is not None:
+                    old.select_token(None)
+            self.pinned = (msg_id, index)
+            w.select_token(index)
+        self.tokenInspected.emit(msg_id, index)
+        return True
+
+    def _token_clicked(self, msg_id: int, index: int) -> None:
+        if self.pinned == (msg_id, index):  # a second click unpins
+            self.pinned = None
+            w = self.widget_for(msg_id)
+            if w is not None:
+                w.select_token(None)
+            return
+        self.inspect_token(msg_id, index, pin=True)
+
+    def _token_hovered(self, msg_id: int, index: int) -> None:
+        if index >= 0:
+            self.inspect_token(msg_id, index, pin=False)
+        elif self.pinned is not None:
+            self.inspect_token(*self.pinned, pin=False)
 
     # ---- streaming
     def begin_stream(self, message: dict | None = None) -> MessageWidget:

@@ -94,6 +94,26 @@ class LaneRun:
             "stats": {**self.engine_stats, **self.stats()},
         }
 
+    def token_record(self) -> dict:
+        """Just the tokens, compact and JSON-safe, in :meth:`to_dict`'s key names so
+        :meth:`from_dict` reads it back. A chat reply keeps this in its message meta (the
+        message stores its text, settings and stats itself); probabilities keep 6
+        significant digits, far below what the inspector shows."""
+        def r(x: float) -> float:
+            return float(f"{x:.6g}")
+
+        tops = []
+        for t in self.tokens:
+            top = t.top
+            if top:
+                top = {"raw": [[int(i), r(p)] for i, p in top.get("raw", [])],
+                       "filtered": [[int(i), r(p)] for i, p in top.get("filtered", [])],
+                       "pieces": {str(i): str(s) for i, s in (top.get("pieces") or {}).items()}}
+            tops.append(top)
+        return {"tokens": self.ids, "token_texts": [t.text for t in self.tokens],
+                "pieces": [t.piece for t in self.tokens], "logprobs": [r(t.logprob) for t in self.tokens],
+                "top": tops}
+
     @classmethod
     def from_dict(cls, d: dict) -> "LaneRun":
         ids = list(d.get("tokens") or [])
@@ -149,15 +169,24 @@ def _escape(text: str) -> str:
     return html.escape(text).replace("\n", "<br>")
 
 
-def render_lane_html(lane: int, run: LaneRun, *, diff: TokenDiff | None = None, heatmap: bool = False,
-                     selected: int | None = None, colors: dict) -> str:
-    """The lane's reply as HTML: one ``<a href="tok:LANE:I">`` per token.
+def token_href(lane: int | None, index: int) -> str:
+    """A token's anchor: ``tok:LANE:I`` in a comparison lane, ``tok:I`` in a chat reply."""
+    return f"{ANCHOR_SCHEME}:{index}" if lane is None else f"{ANCHOR_SCHEME}:{lane}:{index}"
+
+
+def render_lane_html(lane: int | None, run: LaneRun, *, diff: TokenDiff | None = None, heatmap: bool = False,
+                     selected: int | None = None, colors: dict, lead: str = "") -> str:
+    """The lane's reply as HTML: one ``<a href="tok:LANE:I">`` per token (``tok:I`` when
+    ``lane`` is None: a chat reply, which has no lanes). ``lead``: text before the first
+    token that no token covers (a continued chat reply's older part), shown muted.
 
     Tokens the diff marks as changed get the diff colours (an underline only, when the
     heatmap is on and owns the background), the divergence point gets a marker; the
     heatmap shades each token by its surprise (1 - p) so unlikely picks stand out.
     """
     parts = [f'<div style="white-space: pre-wrap; color: {colors["text"]};">']
+    if lead:
+        parts.append(f'<span style="color: {colors["muted"]};">{_escape(lead)}</span>')
     for i, t in enumerate(run.tokens):
         if not t.text:
             continue  # held back (partial character / possible stop): shown with a later token
@@ -176,7 +205,7 @@ def render_lane_html(lane: int, run: LaneRun, *, diff: TokenDiff | None = None, 
         if i == selected:
             style = [f"color: {colors['accent_text']}", f"background-color: {colors['accent']}",
                      "text-decoration: none"]
-        parts.append(f'<a href="{ANCHOR_SCHEME}:{lane}:{i}" style="{"; ".join(style)}">{_escape(t.text)}</a>')
+        parts.append(f'<a href="{token_href(lane, i)}" style="{"; ".join(style)}">{_escape(t.text)}</a>')
     tail = run.tail()
     if tail:
         parts.append(_escape(tail))
@@ -193,6 +222,17 @@ def parse_anchor(href: str) -> tuple[int, int] | None:
         return None
     try:
         return int(bits[1]), int(bits[2])
+    except ValueError:
+        return None
+
+
+def parse_token_index(href: str) -> int | None:
+    """The index of a chat reply's ``tok:I`` anchor, else None."""
+    bits = href.split(":")
+    if len(bits) != 2 or bits[0] != ANCHOR_SCHEME:
+        return None
+    try:
+        return int(bits[1])
     except ValueError:
         return None
 

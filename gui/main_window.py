@@ -24,12 +24,16 @@ from core.sampling import SamplingParams
 
 from . import model_dialog, theme
 from .chat_view import ChatView
+from .compare_model import LaneRun
 from .conversation import ConversationModel
 from .model_dialog import LoadProgress, ModelInfoDialog, RecentModels, info_summary
 from .prompt_editor import PromptEditor
+from .token_inspector import TokenInspector
 
 APP_NAME = "LlamaDesk"
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "assets" / "models" / "llamadesk-demo"
+RECORD_PROBS_KEY = "chat/record_probs"
+INSPECT_TOP = 5  # alternatives recorded per token of a chat reply (the worker's ``inspect``)
 NO_MODEL_HINT = "No model loaded — open one with File → Open Model Folder / Open GGUF File (Ctrl+O), or drop it here."
 
 
@@ -170,10 +174,23 @@ class MainWindow(QMainWindow):
         ml = QVBoxLayout(mid)
         ml.setContentsMargins(0, 0, 0, 0)
         ml.setSpacing(0)
-        self.chat = ChatView()
+        # The transcript and, while a reply shows its tokens, the token inspector beside it
+        # (next to the tokens it explains, above the prompt).
+        self.inspector = TokenInspector()
+        self.inspector.hide()
+        self.chat = ChatView(inspector=self.inspector)
         self.chat.actionRequested.connect(self._on_message_action)
         self.chat.copied.connect(lambda t: self.statusBar().showMessage("Copied to the clipboard", 2000))
-        ml.addWidget(self.chat, 1)
+        self.chat.tokenViewChanged.connect(self.inspector.setVisible)
+        self.chat_splitter = QSplitter(Qt.Horizontal)
+        self.chat_splitter.setObjectName("chatSplitter")
+        self.chat_splitter.addWidget(self.chat)
+        self.chat_splitter.addWidget(self.inspector)
+        self.chat_splitter.setStretchFactor(0, 1)
+        self.chat_splitter.setStretchFactor(1, 0)
+        self.chat_splitter.setCollapsible(0, False)
+        self.chat_splitter.setSizes([440, 260])
+        ml.addWidget(self.chat_splitter, 1)
         self.prompt = PromptEditor()
         self.prompt.sendRequested.connect(self.send)
         self.prompt.stopRequested.connect(self.stop)
@@ -304,6 +321,16 @@ class MainWindow(QMainWindow):
         for a in (self.toggle_list_action, self.toggle_panel_action):
             self.addAction(a)
             v.addAction(a)
+        v.addSeparator()
+        # Replies keep each token's probability and top alternatives (for "Inspect tokens");
+        # off: nothing is recorded and the worker skips the extra work.
+        self.record_probs_action = QAction("&Record Token Probabilities", self, checkable=True)
+        self.record_probs_action.setObjectName("recordProbsAction")
+        self.record_probs_action.setToolTip("Keep each token's probability and alternatives with new replies, "
+                                            "for the token inspector")
+        self.record_probs_action.setChecked(self.settings.value(RECORD_PROBS_KEY, True, type=bool))
+        self.record_probs_action.toggled.connect(lambda on: self.settings.setValue(RECORD_PROBS_KEY, on))
+        v.addAction(self.record_probs_action)
         tm = v.addMenu("&Theme")
         group = QActionGroup(self)
         current = str(self.settings.value("ui/theme", "system"))
@@ -587,7 +614,7 @@ class MainWindow(QMainWindow):
         self._update_title()
 
     def refresh_transcript(self) -> None:
-        self.chat.set_messages(self.conversation.view_messages())
+        self.chat.set_messages(self._with_tokens(self.conversation.view_messages()))
         self._update_title()
 
     def _update_title(self) -> None:
@@ -664,8 +691,10 @@ class MainWindow(QMainWindow):
             self.show_error("Invalid sampling settings", str(e))
             return
         messages = self.conversation.request_messages(self.panel.system_prompt(), upto=parent_id)
+        inspect = INSPECT_TOP if self.record_probs_action.isChecked() else 0
         request = worker.GenerateRequest(messages=messages, params=params, chat_format=self.panel.chat_format(),
-                                         continue_reply=continue_of.text if continue_of is not None else "")
+                                         continue_reply=continue_of.text if continue_of is not None else "",
+                                         inspect=inspect)
         n_versions = 1 if continue_of is not None else len(self.conversation.history.children(parent_id)) + 1
         if continue_of is not None:
             view = self.conversation.view_message(continue_of)
@@ -673,7 +702,9 @@ class MainWindow(QMainWindow):
             view = {"id": None, "role": "assistant", "text": "", "version": (n_versions, n_versions)}
         self._reply = {"parent_id": parent_id, "continue_of": continue_of, "prefix": view["text"],
                        "text": "", "started": None, "done": None, "error": None, "saved": False,
-                       "settings": params.to_dict(), "tokens": 0}
+                       "settings": params.to_dict(), "tokens": 0,
+                       # per-token records (ids, log-probs, alternatives) for the inspector
+                       "run": LaneRun() if inspect else None, "inspect": inspect}
         self.chat.set_notice(None)
         self.chat.begin_stream(view)
         self.chat.scroll_to_bottom()
@@ -709,6 +740,8 @@ class MainWindow(QMainWindow):
                 elif hasattr(ev, "text"):  # a chunk of streamed text
                     reply["text"] += ev.text
                     reply["tokens"] += len(getattr(ev, "tokens", None) or [None])
+                    if reply["run"] is not None and getattr(ev, "tokens", None):
+                        reply["run"].add(ev.tokens)
                     self.chat.append_stream(ev.text)
                     st = reply["started"]
                     used = (st.prompt_tokens if st else 0) + reply["tokens"]
@@ -739,6 +772,9 @@ class MainWindow(QMainWindow):
             meta["dropped_messages"] = st.dropped_messages
         if reply["error"]:
             meta["error"] = reply["error"]
+        record = self._token_record(reply)
+        if record is not None:
+            meta["tokens"] = record
         self._set_busy(False)
         if self._reply is reply:
             self._reply = None
@@ -765,7 +801,7 @@ class MainWindow(QMainWindow):
         except HistoryError as e:
             self.show_error("Could not save the reply", str(e))
             return
-        view = self.conversation.view_message(m)
+        view = self._with_tokens([self.conversation.view_message(m)], {m.id: m.meta})[0]
         if self._closing:
             return
         self.chat.end_stream(view)
@@ -775,6 +811,45 @@ class MainWindow(QMainWindow):
         if reply["error"]:
             self.show_error("Generation failed", reply["error"])
         self.replyFinished.emit(view)
+
+    @staticmethod
+    def _token_record(reply: dict) -> dict | None:
+        """The reply's tokens as stored in its meta (see LaneRun.token_record), or None.
+
+        A continuation extends the earlier part's record when that record covers the text
+        before it; otherwise the record starts after that text (``offset``: characters no
+        token covers), so the new part is still inspectable.
+        """
+        run = reply.get("run")
+        if run is None or not run.tokens:
+            return None
+        rec = {**run.token_record(), "inspect": reply["inspect"]}
+        old = reply["continue_of"]
+        if old is None:
+            return rec
+        prefix = reply["prefix"]
+        prev = (old.meta or {}).get("tokens")
+        if isinstance(prev, dict) and prev.get("tokens"):
+            off = int(prev.get("offset") or 0)
+            if prefix[off:] == "".join(prev.get("token_texts") or []):
+                n = len(prev["tokens"])
+                fill = {"top": [None] * n, "pieces": prev.get("token_texts"), "logprobs": [0.0] * n}
+                merged = {k: list(prev.get(k) or fill.get(k) or []) + rec[k]
+                          for k in ("tokens", "token_texts", "pieces", "logprobs", "top")}
+                return {**merged, "inspect": rec["inspect"], **({"offset": off} if off else {})}
+        if prefix:
+            rec["offset"] = len(prefix)
+        return rec
+
+    def _with_tokens(self, views: list[dict], metas: dict | None = None) -> list[dict]:
+        """Attach each reply's stored token record (meta "tokens") to its view dict."""
+        if metas is None:
+            metas = {m.id: m.meta for m in self.conversation.path()}
+        for v in views:
+            rec = (metas.get(v.get("id")) or {}).get("tokens")
+            if v.get("role") == "assistant" and isinstance(rec, dict):
+                v["tokens"] = rec
+        return views
 
     @staticmethod
     def _stats_text(view: dict) -> str:

@@ -72,7 +72,8 @@ class _BarDelegate(QStyledItemDelegate):
 class TokenInspector(QFrame):
     """Side panel for one token (objectName ``tokenInspector``).
 
-    Signals: none; the compare view calls :meth:`show_token` and :meth:`clear`.
+    Signals: none; the compare view and the chat transcript call :meth:`show_token` and
+    :meth:`clear`.
 
     Attributes:
         rows: the alternatives now shown (see :func:`inspector_rows`), for tests and
@@ -146,11 +147,15 @@ class TokenInspector(QFrame):
                              "and what else the model considered.")
         self.note.setText("")
 
-    def show_token(self, lane: int, index: int, rec, lane_label: str = "") -> None:
-        """Show token ``index`` of ``lane``; ``rec`` has token_id, piece, logprob, top."""
+    def show_token(self, lane: int, index: int, rec, lane_label: str = "", *, title: str | None = None) -> None:
+        """Show token ``index`` of ``lane``; ``rec`` has token_id, piece, logprob, top.
+
+        ``title`` replaces "Lane N · token I" (the chat has replies, not lanes; it passes
+        the message id as ``lane``).
+        """
         self.current = (lane, index)
         p = math.exp(rec.logprob)
-        self.title.setText(f"Lane {lane + 1} · token {index + 1}")
+        self.title.setText(title or f"Lane {lane + 1} · token {index + 1}")
         self.summary.setText(
             f"<b style='font-size: 15px;'>{_html(_visible(rec.piece))}</b> (id {rec.token_id})<br>"
             f"p = {fmt_prob(p)} · log p = {rec.logprob:.3f}"
