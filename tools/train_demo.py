@@ -103,7 +103,7 @@ class Config:
         return cls(stories=16, corpus_minutes=1.0, gen_batch=16, gen_max_tokens=40, heldout_percent=25.0,
                    keep_min_chars=0, keep_unfinished=True, threads=1,
                    vocab_size=400, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, multiple_of=16,
-                   max_seq_len=256, dropout=0.0, batch_size=4, seq_len=128, warmup=2, max_steps=6,
+                   max_seq_len=256, dropout=0.0, batch_size=4, seq_len=255, warmup=2, max_steps=6,
                    train_minutes=1.0, eval_every=3, eval_batches=1, ckpt_every=3, eval_prompts=2,
                    eval_max_tokens=16)
 
