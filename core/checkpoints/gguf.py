@@ -384,13 +384,13 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     path = Path(path)
     source = str(path)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
     if progress:
         progress(0.0, "reading GGUF header")
     reader = open_reader(path)
     md = Metadata(reader, path)
     by_name = {t.name: t for t in reader.tensors}
     args = args_from_gguf(md, by_name, max_seq_len)
+    dt = resolve_dtype(dtype, dev, args)
     tok, template = tokenizer_from_gguf(md, source)
     if tok.vocab_size > args.vocab_size:
         raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the embedding only "

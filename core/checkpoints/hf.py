@@ -279,7 +279,6 @@ def load_hf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int |
 
     path = Path(path)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
     cfg_file = path / "config.json"
     cfg = _read_json(cfg_file, required=True)
     mtype = cfg.get("model_type")
@@ -290,6 +289,7 @@ def load_hf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int |
     except (KeyError, TypeError, ValueError) as e:
         what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
         raise CheckpointError(f"config.json does not describe a Llama model: {what}", file=str(cfg_file)) from None
+    dt = resolve_dtype(dtype, dev, args)
     tcfg = _read_json(path / "tokenizer_config.json")
     gcfg = _read_json(path / "generation_config.json")
     tok, tok_file = hf_tokenizer(path, tcfg)

@@ -100,7 +100,6 @@ def load_meta(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     """
     path = Path(path)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
     params = read_params(path)
     files = shard_files(path)
     try:
@@ -127,6 +126,7 @@ def load_meta(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
                                      or "output.weight" not in shards[0])
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"params.json does not describe a Llama model: {e}", file=str(path / "params.json"))
+    dt = resolve_dtype(dtype, dev, args)
     if tok.vocab_size > args.vocab_size:
         raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the embedding only "
                               f"{args.vocab_size}", file=str(find_tokenizer(path)))
