@@ -17,6 +17,8 @@ from torch import nn
 
 from .kv_cache import KVCache
 
+SMALL_BATCH = 16  # rows up to which Linear multiplies weight-first (see Linear.forward)
+
 # Llama 3.1 params.json only says `use_scaled_rope: true`; these constants are Meta's.
 META_ROPE_SCALING = {
     "factor": 8.0,
@@ -122,6 +124,14 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if 1 < rows <= SMALL_BATCH and x.device.type == "cpu" and self.weight.numel() >= 1 << 18:
+            # A few rows at once (comparison lanes decoding together): CPU BLAS runs
+            # x @ W.T at a third of the speed of W @ x.T for 2-8 rows (measured with MKL:
+            # 12.8 vs 4.4 ms for 4 rows of an 8192x2048 weight), so take the fast side.
+            # Small weights sit in cache, where the extra transposes cost more than they save.
+            x2 = x.reshape(rows, x.shape[-1])
+            return (self.weight @ x2.t()).t().reshape(*x.shape[:-1], self.weight.shape[0])
         return F.linear(x, self.weight)
 
 
