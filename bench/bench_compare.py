@@ -45,6 +45,22 @@ def time_lanes(engine, prompt, n_lanes, tokens, repeats=3):
     return best
 
 
+@torch.inference_mode()
+def decode_step_ms(model, batch, steps=30):
+    from core.kv_cache import KVCache
+    cache = KVCache.for_model(model, batch=batch, capacity=steps + 8)
+    x = torch.randint(3, model.args.vocab_size, (batch, 1))
+    for i in range(3):
+        model(x, i, cache)
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        for i in range(steps):
+            model(x, 3 + i, cache)
+        best = min(best, (time.perf_counter() - t0) / steps * 1000)
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -65,6 +81,10 @@ def main() -> None:
     many = time_lanes(eng, prompt, a.lanes, a.tokens)
     print(f"random {model.num_parameters() / 1e6:.0f}M: 1 lane {one:.2f} s, {a.lanes} lanes {many:.2f} s "
           f"-> {many / one:.2f}x the time for {a.lanes}x the text")
+    # The same, forward passes only (no per-lane sampling): what batching itself costs.
+    f1, fn = decode_step_ms(model, 1), decode_step_ms(model, a.lanes)
+    print(f"random {model.num_parameters() / 1e6:.0f}M, one decode forward: batch 1 {f1:.1f} ms, "
+          f"batch {a.lanes} {fn:.1f} ms -> {fn / f1:.2f}x")
 
     fixture = Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures")) / "stories260K.gguf"
     if fixture.exists():
