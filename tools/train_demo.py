@@ -480,7 +480,7 @@ def stage_train(cfg: Config, work: Path, resume: bool = True, log=print) -> Path
     ckpt = work / "ckpt.pt"
     step, elapsed, history = 0, 0.0, []
     if resume and ckpt.exists():
-        st = torch.load(ckpt, map_location="cpu", weights_only=False)
+        st = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optim"])
         step, elapsed, history = st["step"], st["elapsed"], st["history"]
@@ -566,10 +566,10 @@ def stage_export(cfg: Config, work: Path, out: Path, log=print) -> Path:
     from core.model import ModelArgs, Transformer
 
     tok, fmt = load_chat_tokenizer(work)
-    st = torch.load(work / "ckpt.pt", map_location="cpu", weights_only=False)
+    st = torch.load(work / "ckpt.pt", map_location="cpu", weights_only=True, mmap=True)
     history = st["history"]
     if cfg.export_best:
-        st = torch.load(work / "best.pt", map_location="cpu", weights_only=False)
+        st = torch.load(work / "best.pt", map_location="cpu", weights_only=True, mmap=True)
         log(f"export: best checkpoint, step {st['step']}, val loss {st['val_loss']:.3f}")
     args = ModelArgs.from_params(st["args"], dropout=0.0)
     model = Transformer(args)
