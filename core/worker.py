@@ -39,8 +39,8 @@ THREADS_ENV = "LLAMADESK_THREADS"
 # --------------------------------------------------------------------------- requests
 
 @dataclass
-class GenerateRequest:
-    """One reply.
+class _PromptRequest:
+    """What is prompted, shared by replies and comparisons.
 
     Chat mode renders ``messages`` with the model's chat format (or ``chat_format``, an
     override: auto | llama3 | llama2 | raw), dropping the oldest turns if the context is
@@ -50,7 +50,6 @@ class GenerateRequest:
     top-k alternatives to every token.
     """
     messages: list[dict] = field(default_factory=list)
-    params: SamplingParams = field(default_factory=SamplingParams)
     mode: str = "chat"
     prompt: str = ""
     chat_format: str = "auto"
@@ -59,19 +58,19 @@ class GenerateRequest:
 
 
 @dataclass
-class CompareRequest:
-    """Like :class:`GenerateRequest`, with one :class:`SamplingParams` per lane (1 to 8).
+class GenerateRequest(_PromptRequest):
+    """One reply, sampled with ``params``."""
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class CompareRequest(_PromptRequest):
+    """One :class:`SamplingParams` per lane (1 to 8) over the same prompt.
 
     The prompt is prefilled once and every lane decodes in the same batch; events carry
     the lane index.
     """
-    messages: list[dict] = field(default_factory=list)
     lanes: list[SamplingParams] = field(default_factory=list)
-    mode: str = "chat"
-    prompt: str = ""
-    chat_format: str = "auto"
-    continue_reply: str = ""
-    inspect: int = 0
 
 
 # --------------------------------------------------------------------------- events

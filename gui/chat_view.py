@@ -122,7 +122,8 @@ class MessageBody(QTextBrowser):
         self._fit()
 
 
-def _fmt_stats(m: dict) -> str:
+def format_stats(m: dict) -> str:
+    """One line of a reply's facts: tokens, time to first token, tokens/s, stop reason, seed."""
     s = m.get("stats") or {}
     parts = []
     if "generated_tokens" in s:
@@ -283,7 +284,7 @@ class MessageWidget(QFrame):
         elif streaming:
             self.footer.setText("generating…")
         else:
-            self.footer.setText(_fmt_stats(message))
+            self.footer.setText(format_stats(message))
         self.footer.setVisible(bool(self.footer.text()))
 
     def set_text(self, text: str) -> None:

@@ -23,7 +23,7 @@ from core.history import History, HistoryError
 from core.sampling import SamplingParams
 
 from . import model_dialog, theme
-from .chat_view import ChatView
+from .chat_view import ChatView, format_stats
 from .compare_model import LaneRun
 from .conversation import ConversationModel
 from .model_dialog import LoadProgress, ModelInfoDialog, RecentModels, info_summary
@@ -609,7 +609,7 @@ class MainWindow(QMainWindow):
         last = next((m for m in reversed(self.conversation.path()) if m.role == "assistant"), None)
         s = (last.stats or {}) if last else {}
         self._update_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
-        self.stats_label.setText(self._stats_text(self.conversation.view_message(last)) if last else "")
+        self.stats_label.setText(format_stats(self.conversation.view_message(last)) if last else "")
         self.refresh_conversations()
         self._update_title()
 
@@ -805,7 +805,7 @@ class MainWindow(QMainWindow):
         if self._closing:
             return
         self.chat.end_stream(view)
-        self.stats_label.setText(self._stats_text(view))
+        self.stats_label.setText(format_stats(view))
         s = view["stats"]
         self._update_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
         if reply["error"]:
@@ -850,20 +850,6 @@ class MainWindow(QMainWindow):
             if v.get("role") == "assistant" and isinstance(rec, dict):
                 v["tokens"] = rec
         return views
-
-    @staticmethod
-    def _stats_text(view: dict) -> str:
-        s = view.get("stats") or {}
-        parts = [f"{s.get('generated_tokens', 0)} tokens"]
-        if s.get("ttft_s"):
-            parts.append(f"TTFT {s['ttft_s'] * 1000:.0f} ms")
-        if s.get("decode_tok_s"):
-            parts.append(f"{s['decode_tok_s']:.1f} tok/s")
-        if view.get("stop_reason"):
-            parts.append(f"stop: {view['stop_reason']}")
-        if view.get("seed") is not None:
-            parts.append(f"seed {view['seed']}")
-        return " · ".join(parts)
 
     def stop(self) -> None:
         """Stop the running reply (what streamed so far is kept); cancel an edit otherwise."""
