@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-import qasync
 from PySide6.QtCore import QPoint, Qt, QUrl
 from PySide6.QtWidgets import QApplication, QWidget
 
@@ -25,24 +24,10 @@ LANES = [
 ]
 PROMPT = "Once upon a time"
 
+from tests.gui.ui_helpers import loop  # noqa: E402,F401  (the shared qasync loop fixture)
+
 
 # --------------------------------------------------------------------------- fixtures
-
-@pytest.fixture
-def loop(qapp):
-    lp = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(lp)
-    yield lp
-    try:
-        pending = [t for t in asyncio.all_tasks(lp) if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
-            lp.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-    finally:
-        lp.close()
-        asyncio.set_event_loop(None)
-
 
 @pytest.fixture
 def history(tmp_path):
