@@ -20,7 +20,7 @@ import torch
 
 from .errors import SettingsError
 from .kv_cache import KVCache
-from .sampling import SamplingParams, filter_logits, top_alternatives
+from .sampling import SamplingParams, draw, filter_rows, top_alternatives
 from .tokenizer import StreamDecoder, Tokenizer
 
 STOP_REASONS = ("eos", "stop", "length", "context", "cancelled")
@@ -269,9 +269,16 @@ class Engine:
         while rows:
             # Sample one token for every active lane from its logits.
             feed: list[int] = []
-            for lane_idx in rows:
+            # All active lanes are filtered together (one batched top-p sort), then each
+            # draws from its own row with its own generator.
+            step_logits = torch.stack([logits_by_lane[i] for i in rows])  # [B, V]
+            previous = [torch.tensor(lanes[i].prompt + lanes[i].tokens, device=dev)
+                        if lanes[i].params.repetition_penalty != 1.0 else None for i in rows]
+            filtered = filter_rows(step_logits, [lanes[i].params for i in rows], previous)
+            logprobs = torch.log_softmax(step_logits, -1)
+            for r, lane_idx in enumerate(rows):
                 lane, st = lanes[lane_idx], stats[lane_idx]
-                ev = self._sample(lane, logits_by_lane[lane_idx], inspect)
+                ev = self._sample(lane, step_logits[r], filtered[r], logprobs[r], previous[r], inspect)
                 if st.ttft_s == 0.0:
                     st.ttft_s = time.perf_counter() - t0
                 if ev is not None:
@@ -326,18 +333,16 @@ class Engine:
         for r in range(len(rows), self.cache.batch):
             self.cache.tokens[r] = []
 
-    def _sample(self, lane: _Lane, logits: torch.Tensor, inspect: int) -> Token | None:
-        """Pick lane's next token; returns its event, or None if the lane just stopped."""
+    def _sample(self, lane: _Lane, logits: torch.Tensor, filtered: torch.Tensor, logprobs: torch.Tensor,
+                previous: torch.Tensor | None, inspect: int) -> Token | None:
+        """Pick lane's next token from its filtered logits; returns its event, or None if
+        the lane just stopped. ``logprobs`` are the raw log-softmax of ``logits``."""
         q = lane.params
-        previous = None
-        if q.repetition_penalty != 1.0:
-            previous = torch.tensor(lane.prompt + lane.tokens, device=logits.device)
-        filtered = filter_logits(logits, q, previous)
         if q.greedy:
             tok = int(filtered.argmax())
         else:
-            tok = int(torch.multinomial(filtered.softmax(-1), 1, generator=lane.generator))
-        logprob = float(torch.log_softmax(logits, -1)[tok])
+            tok = draw(filtered.softmax(-1), lane.generator)
+        logprob = float(logprobs[tok])
         if tok in self.stop_ids:
             lane.done = self._finish(lane, "eos", None, stop_token=tok)
             return None

@@ -124,11 +124,17 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose probability reaches p."""
-    if p >= 1.0:
+def top_p_filter(logits: torch.Tensor, p: float | torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches p.
+
+    p is a float, or a tensor [B, 1] with one value per row of logits [B, V].
+    """
+    if not isinstance(p, torch.Tensor) and p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    if not isinstance(p, torch.Tensor):
+        p = torch.tensor(p, dtype=logits.dtype, device=logits.device)
+    # Stable, so a row sorts the same alone or in a batch of comparison lanes.
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
     probs = sorted_logits.softmax(-1)
     before = probs.cumsum(-1) - probs  # mass strictly above each token
     drop_sorted = before >= p  # the top token always has 0 before it, so it stays
@@ -147,14 +153,44 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams, previous: torch.Tensor | None = None) -> torch.Tensor:
     """All of a request's filters in order; the result's softmax is what is sampled."""
-    if previous is not None:
-        logits = apply_repetition_penalty(logits, previous, params.repetition_penalty)
-    if params.greedy:
-        return logits
-    logits = apply_temperature(logits, params.temperature)
-    logits = top_k_filter(logits, params.top_k)
-    logits = top_p_filter(logits, params.top_p)
-    return min_p_filter(logits, params.min_p)
+    return filter_rows(logits.unsqueeze(0), [params], [previous])[0]
+
+
+def filter_rows(logits: torch.Tensor, params: list[SamplingParams],
+                previous: list[torch.Tensor | None]) -> torch.Tensor:
+    """filter_logits for each row of logits [B, V] with its own settings.
+
+    Rows are independent; the one expensive step, the top-p sort, runs once for all the
+    rows that need it (comparison lanes decode together, so they sample together).
+    """
+    out = []
+    for row, q, prev in zip(logits, params, previous):
+        if prev is not None:
+            row = apply_repetition_penalty(row, prev, q.repetition_penalty)
+        if not q.greedy:
+            row = top_k_filter(apply_temperature(row, q.temperature), q.top_k)
+        out.append(row)
+    rows = torch.stack(out)
+    nucleus = [i for i, q in enumerate(params) if not q.greedy and q.top_p < 1.0]
+    if nucleus:
+        idx = torch.tensor(nucleus, device=rows.device)
+        p = torch.tensor([params[i].top_p for i in nucleus], dtype=rows.dtype, device=rows.device).view(-1, 1)
+        rows[idx] = top_p_filter(rows[idx], p)
+    for i, q in enumerate(params):
+        if not q.greedy and q.min_p > 0:
+            rows[i] = min_p_filter(rows[i], q.min_p)
+    return rows
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from probabilities [V] by inverse CDF: one uniform from ``generator``.
+
+    torch.multinomial costs ~1 ms for a 32k vocabulary on CPU; this ~0.05 ms.
+    """
+    cdf = probs.cumsum(-1)
+    u = torch.rand((), generator=generator, dtype=cdf.dtype, device=cdf.device) * cdf[-1]
+    # right=True: the first token whose cumulative mass exceeds u, never a zero-mass one.
+    return int(torch.searchsorted(cdf, u.view(1), right=True).clamp_max(probs.numel() - 1))
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
@@ -163,8 +199,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     filtered = filter_logits(logits, params, previous)
     if params.greedy:
         return int(filtered.argmax())
-    probs = filtered.softmax(-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return draw(filtered.softmax(-1), generator)
 
 
 def top_alternatives(logits: torch.Tensor, params: SamplingParams, previous: torch.Tensor | None = None,

@@ -123,3 +123,30 @@ def test_beam_search_beats_greedy_on_a_trap():
     assert res.tokens[:2] == [2, 2]
     assert beam_lp > greedy_lp
     assert res.tokens[:2] != greedy
+
+
+def test_rows_filtered_together_equal_each_filtered_alone():
+    """Comparison lanes filter in one batch; every row must equal its single-row result."""
+    from core.sampling import filter_rows
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 300, generator=g) * 3
+    params = [SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0),
+              SamplingParams(temperature=1.3, top_k=20, top_p=0.5, min_p=0.05),
+              SamplingParams(temperature=1.0, top_p=1.0, repetition_penalty=1.3),
+              SamplingParams(temperature=0.5, top_p=0.99, min_p=0.2, repetition_penalty=0.8)]
+    previous = [None, None, None, torch.tensor([1, 5, 9]), torch.tensor([2, 2, 7])]
+    together = filter_rows(logits, params, previous)
+    for i, (q, prev) in enumerate(zip(params, previous)):
+        alone = filter_logits(logits[i], q, prev)
+        assert torch.equal(torch.isfinite(together[i]), torch.isfinite(alone))
+        torch.testing.assert_close(together[i][torch.isfinite(alone)], alone[torch.isfinite(alone)], atol=0, rtol=0)
+
+
+def test_draw_never_picks_a_removed_token_and_is_seeded():
+    from core.sampling import draw
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0])
+    g = torch.Generator().manual_seed(0)
+    picks = [draw(probs, g) for _ in range(500)]
+    assert set(picks) == {1, 3}
+    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    assert [draw(probs, g1) for _ in range(20)] == [draw(probs, g2) for _ in range(20)]
