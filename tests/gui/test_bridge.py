@@ -14,29 +14,19 @@ import time
 from pathlib import Path
 
 import pytest
-import qasync
 
 from core.sampling import SamplingParams
 from core.worker import CompareRequest, Done, Error, GenerateRequest, Started, TokenDelta, Worker
 from gui.bridge import Bridge, BridgeError, Chunk
+from tests.gui.ui_helpers import loop  # noqa: F401  (the shared qasync loop fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def qloop(qapp):
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    yield loop
-    try:
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-    finally:
-        loop.close()
-        asyncio.set_event_loop(None)
+def qloop(loop):
+    """The shared qasync loop (tests/gui/ui_helpers.py) under this file's name."""
+    return loop
 
 
 class Signals:

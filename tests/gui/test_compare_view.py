@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ LANES = [
 ]
 PROMPT = "Once upon a time"
 
-from tests.gui.ui_helpers import loop  # noqa: E402,F401  (the shared qasync loop fixture)
+from tests.gui.ui_helpers import loop, run, until  # noqa: E402,F401  (shared qasync loop fixture and helpers)
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -63,19 +62,6 @@ class FakeBridge:
         pass
 
 
-def run(loop, coro, timeout: float = 90.0):
-    return loop.run_until_complete(asyncio.wait_for(coro, timeout))
-
-
-async def until(cond, timeout: float = 30.0, what: str = "condition"):
-    t0 = time.monotonic()
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def snapshot(widget, name: str, *, in_coroutine: bool = False) -> Path:
@@ -226,7 +212,7 @@ def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_p
         await until(lambda: not v.running, 60, "the comparison to finish")
         return mid, v.renders - chunks_before
 
-    mid, renders = run(loop, scenario())
+    mid, renders = run(loop, scenario(), 90)
     runs = [c.run for c in v.columns]
     assert all(r.finished for r in runs), [r.stop_reason for r in runs]
     # (mid-stream counts are not asserted: on a loaded machine the UI may see a lane finish
@@ -323,7 +309,7 @@ def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_p
         v2.run()
         await until(lambda: not v2.running, 60, "the re-run")
 
-    run(loop, rerun())
+    run(loop, rerun(), 90)
     assert [c.run.text for c in v2.columns] == [r.text for r in runs]
     assert [c.run.ids for c in v2.columns] == [r.ids for r in runs]
 
@@ -342,7 +328,7 @@ def test_stop_cancels_all_lanes(qtbot, loop, bridge, history, fixtures):
         qtbot.mouseClick(v.stop_button, Qt.LeftButton)
         await until(lambda: not v.running, 30, "the stop")
 
-    run(loop, scenario())
+    run(loop, scenario(), 90)
     reasons = [c.run.stop_reason for c in v.columns]
     assert all(r in ("cancelled", "eos", "length", "context") for r in reasons)
     assert "cancelled" in reasons or all(r != "length" for r in reasons)
@@ -426,7 +412,7 @@ def test_run_flow_chat_context_seed_lock_and_reruns(qtbot, loop, history):
         v.run(**kw)
         await until(lambda: not v.running, 10, "the run")
 
-    run(loop, go())
+    run(loop, go(), 90)
     req = b.requests[-1]
     assert req.mode == "chat" and req.inspect == 5
     assert [m["role"] for m in req.messages] == ["system", "user", "assistant", "user"]
@@ -435,17 +421,17 @@ def test_run_flow_chat_context_seed_lock_and_reruns(qtbot, loop, history):
     assert v.columns[0].run.params["seed"] == 1000  # the seed the worker drew is kept
     assert "Diverges at token 2" in v.columns[1].divergence.text()
     # Re-run: exactly the shown results' settings, random seed now fixed to the one used
-    run(loop, go(again=True))
+    run(loop, go(again=True), 90)
     assert [p.seed for p in b.requests[-1].lanes] == [1000, 3]
     # seed lock: one seed for all lanes; new seeds draws one shared seed
     v.seed_lock.setChecked(True)
-    run(loop, go())
+    run(loop, go(), 90)
     assert len({p.seed for p in b.requests[-1].lanes}) == 1
-    run(loop, go(new_seeds=True))
+    run(loop, go(new_seeds=True), 90)
     seeds = [p.seed for p in b.requests[-1].lanes]
     assert len(set(seeds)) == 1 and seeds[0] is not None
     v.seed_lock.setChecked(False)
-    run(loop, go(new_seeds=True))
+    run(loop, go(new_seeds=True), 90)
     # adopting answers the conversation: the prompt becomes the user's turn
     info = v.adopt(1)
     assert info and [m.role for m in conv.path()] == ["user", "assistant", "user", "assistant"]

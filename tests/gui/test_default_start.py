@@ -1,12 +1,11 @@
 """A fresh start with no argument opens the bundled demo model and chats with it."""
 from __future__ import annotations
 
-import asyncio
 
 from PySide6.QtCore import Qt
 
 from gui.main_window import DEMO_MODEL
-from tests.gui.ui_helpers import bridge, data_dir, loop, make_window, run, settings, until  # noqa: F401
+from tests.gui.ui_helpers import bridge, close, data_dir, loop, make_window, run, settings, until  # noqa: F401
 
 
 def test_fresh_start_loads_the_demo_model_and_it_chats(qtbot, loop, bridge, settings, data_dir):
@@ -36,10 +35,4 @@ def test_fresh_start_loads_the_demo_model_and_it_chats(qtbot, loop, bridge, sett
         assert "<|" not in msg["text"]  # chat markers never leak into the text
         assert reply is not None
     finally:
-        w._closing = True
-        w.close()
-        pending = [t for t in w._tasks if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        close(loop, w)

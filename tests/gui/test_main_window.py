@@ -9,7 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QLabel, QMessageBox, QSlider, QWidget
 
-from tests.gui.ui_helpers import (bridge, data_dir, loop, make_window, run, settings,  # noqa: F401
+from tests.gui.ui_helpers import (bridge, close, data_dir, loop, make_window, run, settings,  # noqa: F401
                                   snapshot, until)
 
 NAMES = ["mainWindow", "promptEditor", "sendButton", "stopButton", "temperatureSlider", "temperatureSpin",
@@ -28,17 +28,6 @@ def window(qtbot, loop, bridge, settings, data_dir):
     qtbot.addWidget(w)
     yield w
     close(loop, w)
-
-
-def close(loop, w):
-    """Close the window and let its tasks unwind while it still exists."""
-    w._closing = True
-    w.close()
-    tasks = [t for t in w._tasks if not t.done()]
-    for t in tasks:
-        t.cancel()
-    if tasks:
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
 def last_view(w):

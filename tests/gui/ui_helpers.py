@@ -105,3 +105,14 @@ def snapshot(widget, name: str) -> Path:
     QApplication.processEvents()
     widget.grab().save(str(path))
     return path
+
+
+def close(loop, w):
+    """Close the window and let its tasks unwind while it still exists."""
+    w._closing = True
+    w.close()
+    tasks = [t for t in w._tasks if not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
