@@ -18,7 +18,11 @@ def tiny_hf(seed: int = 0, **overrides):
     cfg = LlamaConfig(**{**BASE, **overrides})
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).eval()
-    # Default init (std 0.02) gives near-uniform logits; widen so greedy choices are clear.
+    return widen_weights(model)
+
+
+def widen_weights(model):
+    """Default init (std 0.02) gives near-uniform logits; widen so greedy choices are clear."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:

@@ -31,7 +31,7 @@ import pytest  # noqa: E402
 
 from core.model import ModelArgs, Transformer  # noqa: E402
 from tests.core.checkpoints.util import hf_greedy, reference_model, write_gguf  # noqa: E402
-from tests.helpers import meta_from_hf, tiny_hf  # noqa: E402
+from tests.helpers import meta_from_hf, tiny_hf, widen_weights  # noqa: E402
 
 IDS = torch.randint(0, 280, (2, 40), generator=torch.Generator().manual_seed(3))
 
@@ -40,14 +40,7 @@ def random_model(seed=0, **kw):
     base = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=288, hidden_dim=160,
                 norm_eps=1e-5, max_seq_len=256)
     torch.manual_seed(seed)
-    m = Transformer(ModelArgs(**{**base, **kw})).eval()
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.8, 1.2)
-            else:
-                p.normal_(0, 0.15)
-    return m
+    return widen_weights(Transformer(ModelArgs(**{**base, **kw})).eval())
 
 
 @pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0"])
