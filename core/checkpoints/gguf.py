@@ -330,7 +330,7 @@ def tensor_loader(t, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
 
 def tokenizer_from_gguf(md: Metadata, source: str):
     """The tokenizer embedded in a GGUF file, with its chat template (or None)."""
-    from ..tokenizer import hf_byte_level_from_vocab, sentencepiece_from_vocab
+    from .gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
 
     model = md.get("tokenizer.ggml.model")
     if model is None:

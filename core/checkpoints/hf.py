@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, one_line
 from ..model import ModelArgs
 from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info,
                      resolve_device, resolve_dtype)
@@ -164,12 +164,7 @@ def _open_safetensors(file: Path):
         return safe_open(str(file), framework="pt", device="cpu")  # memory-mapped
     except Exception as e:
         raise CheckpointError(f"not a readable safetensors file (truncated or corrupt?): "
-                              f"{_one_line(e)}", file=str(file)) from None
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
+                              f"{one_line(e, 200)}", file=str(file)) from None
 
 
 def hf_tensors(path: Path) -> tuple[list[tuple[str, Path, Callable[[], torch.Tensor]]], list[str]]:
