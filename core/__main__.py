@@ -1,4 +1,4 @@
-"""Command line: ``python -m core generate|compare|tokenize|info|convert``.
+"""Command line: ``python -m core generate|compare|serve|tokenize|info|convert``.
 
 stdout carries the text (or one JSON object with --json); every user error exits with
 status 2 and one line on stderr, never a traceback.
@@ -67,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lane", action="append", required=True, metavar="SPEC",
                    help="comma-separated key=value over " + ", ".join(LANE_KEYS))
     _add_model_opts(c)
+
+    s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    s.add_argument("model", help="Meta folder, Hugging Face folder or .gguf file")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (other than loopback needs --api-key)")
+    s.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+    s.add_argument("--api-key", default=os.environ.get("LLAMADESK_API_KEY"),
+                   help="clients must send 'Authorization: Bearer KEY' (default: $LLAMADESK_API_KEY)")
+    s.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together")
+    s.add_argument("--max-queue", type=int, default=64, help="most requests waiting; more get 503")
+    s.add_argument("--model-name", default=None, help="the model id clients use (default: the folder or file name)")
+    _add_model_opts(s)
 
     t = sub.add_parser("tokenize", help="print the token ids of a text as a JSON array")
     t.add_argument("model", help="a model (folder or .gguf) or a tokenizer file")
@@ -225,6 +236,28 @@ def cmd_tokenize(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from .server import ServerState, is_loopback, serve_forever
+    if not is_loopback(args.host) and not args.api_key:
+        raise SettingsError(f"--host {args.host} lets other machines connect: it needs --api-key "
+                            "(or LLAMADESK_API_KEY); without one, serve on 127.0.0.1")
+    if not 0 <= args.port <= 65535:
+        raise SettingsError(f"--port must be 0 to 65535, got {args.port}")
+    if not 1 <= args.max_batch <= 256:
+        raise SettingsError(f"--max-batch must be 1 to 256, got {args.max_batch}")
+    if args.max_queue < 0:
+        raise SettingsError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    loaded, load_s = _load(args)
+    state = ServerState(loaded, model_id=args.model_name, api_key=args.api_key,
+                        max_batch=args.max_batch, max_queue=args.max_queue)
+
+    def announce(url: str) -> None:
+        print(f"serving {state.model_id} at {url} (loaded in {load_s:.1f} s; Ctrl+C stops)", file=sys.stderr, flush=True)
+
+    serve_forever(state, args.host, args.port, announce)
+    return 0
+
+
 def cmd_info(args) -> int:
     loaded, load_s = _load(args)
     info = dict(loaded.info)
@@ -241,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         torch.set_num_threads(os.cpu_count() or 1)  # the CLI owns the machine
         handler = {"generate": cmd_generate, "compare": cmd_compare, "tokenize": cmd_tokenize,
-                   "info": cmd_info}.get(args.cmd)
+                   "info": cmd_info, "serve": cmd_serve}.get(args.cmd)
         if handler is None:
             from .convert import run_convert
             return run_convert(args)
