@@ -11,7 +11,7 @@ import torch
 from ..errors import CheckpointError, one_line
 from ..model import ModelArgs
 from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info,
-                     resolve_device, resolve_dtype)
+                     quant_kind, resolve_device, resolve_dtype)
 
 
 def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -305,7 +305,7 @@ def load_hf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int |
         sources[meta] = str(file)
         items.append((meta, lambda meta=meta, load=load: to_meta_tensor(meta, load(), args)))
     model = build_model(args, items, device=dev, dtype=dt, source=str(path), progress=progress,
-                        display=display, sources=sources, mapped_sources=True)
+                        display=display, sources=sources, mapped_sources=True, quantize=quant_kind(dtype))
     template = read_chat_template(path, tcfg)
     fmt = chat_format_for(tok, template=template)
     gen_stops = _eos_ids(gcfg, cfg)
