@@ -568,11 +568,12 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
                     yield {"data": json.dumps(APIError(500, f"generation failed: {item}", type="server_error").body())}
                     return
                 choice, ev = item
+                first, started[choice] = not started[choice], True  # completions: no role chunk came first
                 if isinstance(ev, Token):
                     if ev.text or reply.top is not None or reply.token_ids:
-                        yield {"data": json.dumps(reply.chunk(choice, text=ev.text, tok=ev))}
+                        yield {"data": json.dumps(reply.chunk(choice, text=ev.text, tok=ev, first=first))}
                 elif isinstance(ev, Done):
-                    yield {"data": json.dumps(reply.chunk(choice, done=ev))}
+                    yield {"data": json.dumps(reply.chunk(choice, done=ev, first=first))}
             if include_usage and all(d is not None for d in job.done):
                 yield {"data": json.dumps({**reply.head(), "object": reply.object + (".chunk" if reply.chat else ""),
                                            "choices": [], "usage": reply.usage()})}
