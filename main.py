@@ -1,4 +1,6 @@
-"""LlamaDesk: ``python main.py [MODEL] [--device auto|cpu|cuda|mps] [--dtype auto|float32|bfloat16|float16]``.
+"""LlamaDesk: ``python3 main.py [MODEL] [--device auto|cpu|cuda|mps] [--dtype auto|float32|bfloat16|float16]``.
+
+Run directly, it sets up and uses the project's own ``.venv`` first (tools/bootstrap.py).
 
 Without MODEL the app opens the last model used, else the bundled demo model, else none
 (and says how to open one).
@@ -49,4 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from tools.bootstrap import ensure
+
+    ensure()  # first run: set up .venv and re-run in it; later runs just re-run in it
     sys.exit(main())

@@ -25,7 +25,7 @@ import torch
 
 from . import engine as _engine
 from .chat_format import chat_format_for
-from .errors import LlamaDeskError, SettingsError, one_line
+from .errors import LlamaDeskError, SettingsError
 from .prompting import fit_dialog, reply_reserve
 from .sampling import SamplingParams
 
@@ -195,6 +195,23 @@ class _Command:
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def load_failure(exc: BaseException) -> str:
+    """An unexpected exception from a loader, in the user's words (the traceback goes to the log)."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return ("not enough memory to load this model: try Model → Data Type → bfloat16, "
+                "a smaller model, or closing other programs")
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"could not read the model's files{where}: {exc.strerror or 'input/output error'}"
+    return (f"could not load the model: it is damaged or in a form this app does not handle "
+            f"(an unexpected {type(exc).__name__}; details are in the log)")
+
+
 class Worker:
     """One thread that owns all torch state; see the module docstring.
 
@@ -338,10 +355,10 @@ class Worker:
                 except _Cancelled:
                     self._emit(Error(cmd.request_id, "cancelled", cancelled=True))
                 except LlamaDeskError as e:
-                    self._emit(Error(cmd.request_id, one_line(e)))
+                    self._emit(Error(cmd.request_id, _one_line(e)))
                 except BaseException as e:  # noqa: BLE001 — the thread must survive anything
                     log.exception("worker command %s failed", cmd.kind)
-                    self._emit(Error(cmd.request_id, f"{cmd.kind} failed: {type(e).__name__}: {one_line(e)}"))
+                    self._emit(Error(cmd.request_id, f"{cmd.kind} failed: {type(e).__name__}: {_one_line(e)}"))
                 finally:
                     with self._lock:
                         self._live.remove(cmd)
@@ -414,14 +431,14 @@ class Worker:
             if cmd.cancel.is_set():
                 self._emit(Error(rid, "loading cancelled" + suffix, cancelled=True))
             else:
-                self._emit(Error(rid, one_line(e) + suffix))
+                self._emit(Error(rid, _one_line(e) + suffix))
             return
         except Exception as e:
             if cmd.cancel.is_set():
                 self._emit(Error(rid, "loading cancelled" + suffix, cancelled=True))
             else:
                 log.exception("loading %s failed", a["path"])
-                self._emit(Error(rid, f"could not load the model: {type(e).__name__}: {one_line(e)}{suffix}"))
+                self._emit(Error(rid, load_failure(e) + suffix))
             return
         if cmd.cancel.is_set():  # cancelled after the last tensor: honour it
             del loaded

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 
-from core import chat_export
 from core.history import History, Message
 
 TITLE_CHARS = 48
@@ -155,13 +154,13 @@ class ConversationModel(QObject):
 
     # ---- files
     def export_markdown(self) -> str:
-        return chat_export.export_markdown(self.history, self.conv_id)
+        return self.history.export_markdown(self.conv_id)
 
     def export_json(self) -> dict:
-        return chat_export.export_json(self.history, self.conv_id)
+        return self.history.export_json(self.conv_id)
 
     def import_json(self, data: dict) -> int:
-        conv = chat_export.import_json(self.history, data)
+        conv = self.history.import_json(data)
         self.listChanged.emit()
         self.open(conv.id)
         return conv.id

@@ -73,6 +73,12 @@ class _PanelPlaceholder(QWidget):
         pass
 
 
+def with_path(path: str, message: str) -> str:
+    """An error's text naming ``path`` once: loader messages often end "— in PATH" already."""
+    message = message.replace(f" — in {path}", "")
+    return message if path in message else f"{path}\n\n{message}"
+
+
 class MainWindow(QMainWindow):
     """LlamaDesk's window (objectName ``mainWindow``).
 
@@ -436,7 +442,7 @@ class MainWindow(QMainWindow):
             if getattr(e, "cancelled", False):
                 self.statusBar().showMessage("Loading cancelled", 4000)
             else:
-                self.show_error("Could not load the model", f"{path}\n\n{e}")
+                self.show_error("Could not load the model", with_path(path, str(e)))
             return
         finally:
             self.load_progress.finish()

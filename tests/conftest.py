@@ -14,16 +14,29 @@ torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parent.parent
 
 
+SHIPPED = ROOT / "tests" / "fixtures"
+META_FILES = ("llama2-tokenizer.model", "llama3-tokenizer.model")
+
+
 def fixtures_dir() -> Path:
+    """Where Meta's tokenizer files are looked for (they may not be redistributed here)."""
     return Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures"))
 
 
 @pytest.fixture(scope="session")
 def fixtures() -> Path:
-    """The shared fixtures folder; skipped when missing, a failure in CI."""
+    """tests/fixtures: the MIT-licensed stories260K.gguf shipped with the repository."""
+    return SHIPPED
+
+
+@pytest.fixture(scope="session")
+def meta_fixtures() -> Path:
+    """The folder holding Meta's Llama 2/3 tokenizer files; skipped when missing, a failure in CI."""
     d = fixtures_dir()
-    if not (d / "stories260K.gguf").exists():
-        msg = f"fixtures folder not found: {d} (set LLAMADESK_FIXTURES)"
+    missing = [f for f in META_FILES if not (d / f).exists()]
+    if missing:
+        msg = (f"needs Meta's {' and '.join(missing)} (Llama Community License, not shipped): "
+               f"put them in {d} or name their folder in LLAMADESK_FIXTURES")
         if os.environ.get("CI") == "true":
             pytest.fail(msg)
         pytest.skip(msg)
@@ -31,7 +44,7 @@ def fixtures() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_meta_dir(tmp_path_factory, fixtures):
+def tiny_meta_dir(tmp_path_factory, meta_fixtures):
     """A tiny random Llama (GQA, vocab 32000) saved as a Meta folder with Llama 2's tokenizer."""
     from core.chat_format import chat_format_for
     from core.checkpoints.common import LoadedModel
@@ -39,7 +52,7 @@ def tiny_meta_dir(tmp_path_factory, fixtures):
     from core.tokenizer import load_tokenizer
     from tests.helpers import meta_from_hf, tiny_hf
 
-    tok_file = fixtures / "llama2-tokenizer.model"
+    tok_file = meta_fixtures / "llama2-tokenizer.model"
     tok = load_tokenizer(tok_file)
     model = meta_from_hf(tiny_hf(seed=7, vocab_size=32000, hidden_size=32, intermediate_size=64,
                                  num_attention_heads=4, num_key_value_heads=2))

@@ -28,7 +28,7 @@ def default_model() -> Path | None:
     demo = ROOT / "assets" / "models" / "llamadesk-demo"
     if demo.is_dir():
         return demo
-    fx = Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures")) / "stories260K.gguf"
+    fx = ROOT / "tests" / "fixtures" / "stories260K.gguf"
     return fx if fx.exists() else None
 
 

@@ -46,8 +46,7 @@ DEFAULT_OUT = ROOT / "assets" / "models" / "llamadesk-demo"
 CHAT_MARKERS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 
 
-def fixtures_dir() -> Path:
-    return Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures"))
+STORY_MODEL = ROOT / "tests" / "fixtures" / "stories260K.gguf"  # MIT, shipped with the tests
 
 
 # --------------------------------------------------------------------------- configuration
@@ -261,7 +260,7 @@ def stage_corpus(cfg: Config, work: Path, log=print) -> Path:
     if len(have) >= cfg.stories:
         log(f"corpus: {len(have)} stories already in {out}")
         return out
-    src = fixtures_dir() / "stories260K.gguf"
+    src = STORY_MODEL
     lm = load(src, device="cpu", dtype="float32")
     tok = lm.tokenizer
     # llama2.c's story models end a story by starting the next one with BOS; EOS never comes.

@@ -1,13 +1,12 @@
-"""GGUF files (llama.cpp's format): metadata -> ModelArgs, tensors packed or dequantized.
+"""GGUF files (llama.cpp's format): metadata -> ModelArgs, tensors dequantized at load.
 
-The file is memory-mapped by ``gguf.GGUFReader``. Linear weights of the types in
-:data:`core.quant.PACKED_TYPES` go from the mapped blocks straight into packed int4
-layers (no float copy); other tensors are dequantized one at a time into the compute
-dtype. An explicit float dtype (``--dtype float32``) dequantizes everything, as before.
+The file is memory-mapped by ``gguf.GGUFReader``; each tensor is dequantized on its own,
+straight into the compute dtype, so the only full copy in RAM is the model itself.
 GGUF "llama" tensors are already in Meta's interleaved RoPE layout: no permutation.
 """
 from __future__ import annotations
 
+import logging
 import math
 import struct
 import re
@@ -20,9 +19,8 @@ import torch
 
 from ..errors import CheckpointError, TokenizerError
 from ..model import ModelArgs, rope_frequencies
-from .. import quant
-from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info, quant_kind,
-                     release_mapped_pages, resolve_device, resolve_dtype)
+from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info, release_mapped_pages,
+                     resolve_device, resolve_dtype)
 
 # Types whose tensors are stored as plain floats; anything else is quantized blocks.
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -68,6 +66,8 @@ class _TensorProblem(Exception):
     def __init__(self, tensor: str, message: str):
         super().__init__(message)
         self.tensor = tensor
+
+log = logging.getLogger(__name__)
 
 
 def _reader_class():
@@ -139,9 +139,6 @@ def _reader_class():
                     block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
                 except (ValueError, KeyError):
                     raise _TensorProblem(name, f"unknown tensor type {int(raw_dtype[0])}") from None
-                if block > 1 and int(dims[0]) % block:
-                    raise _TensorProblem(name, f"rows of {int(dims[0])} weights are not a multiple of "
-                                               f"{GGMLQuantizationType(int(raw_dtype[0])).name}'s block size {block}")
                 end = int(start_offs) + int(offset[0]) + int(np.prod(dims)) * type_size // block
                 if end > size:
                     raise _TensorProblem(name, f"the file ends before this tensor's data does "
@@ -151,16 +148,41 @@ def _reader_class():
     return Reader
 
 
+GGUF_VERSIONS = (2, 3)  # what gguf's reader handles (version 1 lacks 64-bit sizes)
+DAMAGED = "the file is damaged (corrupt or not fully downloaded) and cannot be read as a GGUF model"
+
+
+def header_problem(head: bytes) -> str | None:
+    """What is wrong with a GGUF file's first 8 bytes, in the user's words; None when fine."""
+    if len(head) < 8 or head[:4] != b"GGUF":
+        return DAMAGED
+    versions = {int.from_bytes(head[4:8], "little"), int.from_bytes(head[4:8], "big")}  # either byte order
+    if versions & set(GGUF_VERSIONS):
+        return None
+    v = min(versions)
+    if v == 1:
+        return "the file uses GGUF version 1, too old to read: convert the model again with a current llama.cpp"
+    if max(GGUF_VERSIONS) < v < 100:  # a plausible future version
+        return f"the file uses GGUF version {v}, newer than this app reads (versions 2 and 3)"
+    return DAMAGED
+
+
 def open_reader(path: Path):
     """GGUFReader on a copy-on-write map (tensors are writable, the file never is)."""
+    try:
+        with open(path, "rb") as f:
+            problem = header_problem(f.read(8))
+    except OSError as e:
+        raise CheckpointError(f"cannot read the file: {e.strerror}", file=str(path)) from None
+    if problem:
+        raise CheckpointError(problem, file=str(path))
     try:
         return _reader_class()(path, "c")
     except _TensorProblem as e:
         raise CheckpointError(str(e), file=str(path), tensor=e.tensor) from None
-    except Exception as e:  # corrupt header: numpy/struct errors of many kinds
-        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"not a readable GGUF file (truncated or corrupt?): {msg}",
-                              file=str(path)) from None
+    except Exception as e:  # corrupt metadata: numpy/struct/unicode errors of many kinds, none a user's words
+        log.info("gguf could not read %s: %s: %s", path, type(e).__name__, e)
+        raise CheckpointError(DAMAGED, file=str(path)) from None
 
 
 class Metadata:
@@ -180,7 +202,8 @@ class Metadata:
         try:
             return f.contents()
         except Exception as e:
-            raise CheckpointError(f"metadata key '{key}' cannot be read: {e}", file=str(self.path)) from None
+            log.info("metadata key %s of %s: %s", key, self.path, e)
+            raise CheckpointError(f"metadata key '{key}' cannot be read: {DAMAGED}", file=str(self.path)) from None
 
     def require(self, key: str) -> Any:
         v = self.get(key)
@@ -334,28 +357,9 @@ def tensor_loader(t, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
     return load
 
 
-def packed_loader(t, device: torch.device) -> Callable[[], torch.nn.Module]:
-    """A loader that repacks one quantized GGUF linear weight into a :mod:`core.quant` layer."""
-    n, k = (int(d) for d in reversed(t.shape.tolist()))
-
-    def load() -> torch.nn.Module:
-        arr = np.asarray(t.data)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable arrays
-            raw = torch.from_numpy(arr.reshape(-1).view(np.uint8))
-        try:
-            layer = quant.pack_gguf(raw, t.tensor_type.name, n, k, device)
-        except ValueError as e:
-            raise CheckpointError(f"{t.tensor_type.name} tensor cannot be read: {e}") from None
-        release_mapped_pages(arr.ctypes.data, arr.nbytes)
-        return layer
-
-    return load
-
-
 def tokenizer_from_gguf(md: Metadata, source: str):
     """The tokenizer embedded in a GGUF file, with its chat template (or None)."""
-    from .gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
+    from ..tokenizer import hf_byte_level_from_vocab, sentencepiece_from_vocab
 
     model = md.get("tokenizer.ggml.model")
     if model is None:
@@ -397,7 +401,7 @@ def tokenizer_from_gguf(md: Metadata, source: str):
 
 def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | None = None,
               progress: ProgressFn | None = None) -> LoadedModel:
-    """Load a GGUF file of architecture llama (F32/F16/BF16 and quantized types: packed or dequantized).
+    """Load a GGUF file of architecture llama (F32/F16/BF16 and quantized types, dequantized).
 
     Raises:
         CheckpointError naming the file (and tensor or metadata key) for anything that does
@@ -425,36 +429,24 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
         orig = md.get("llama.rope.scaling.original_context_length")
         args.rope_scaling = scaling_from_rope_freqs(factors.numpy(), args, orig, source)
     types = sorted({t.tensor_type.name for t in reader.tensors})
-    # An explicit float dtype asks for float weights: dequantize as before.
-    keep_packed = dtype in (None, "auto") or quant_kind(dtype) is not None
-    items, paths = [], {}
+    items = []
     for name, t in by_name.items():
         if name == ROPE_FREQS:
             continue
         meta = meta_name(name)
         if meta is None:
             raise CheckpointError("unexpected tensor (not part of a llama model)", file=source, tensor=name)
-        kind = t.tensor_type.name
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        why = quant.packable(kind, shape, dev) if len(shape) == 2 else "not a matrix"
-        if keep_packed and meta != "tok_embeddings.weight" and why is None:
-            load, how = packed_loader(t, dev), quant.path_of(kind)
-        else:
-            load = tensor_loader(t, dt)
-            how = "float" if kind in FLOAT_TYPES else "dequantized" + (f" ({why})" if keep_packed and why else "")
-        paths.setdefault(kind, set()).add(how)
-        items.append((meta, _named_errors(load, name, source)))
+        items.append((meta, _named_errors(tensor_loader(t, dt), name, source)))
     unsupported = _unsupported_types(reader)
     if unsupported:
         raise CheckpointError(f"tensor type {unsupported[1]} cannot be dequantized", file=source,
                               tensor=unsupported[0])
     model = build_model(args, items, device=dev, dtype=dt, source=source, progress=progress,
-                        display={m: gguf_name(m) for m in expected_shapes(args)}, quantize=quant_kind(dtype))
+                        display={m: gguf_name(m) for m in expected_shapes(args)})
     fmt = chat_format_for(tok, template=template)
     stop = set(tok.stop_ids) | fmt.stop_ids()
     info = model_info("gguf", path, args, model, tok, fmt, tensor_types=types,
-                      dequantized=any(p.startswith("dequantized") for v in paths.values() for p in v),
-                      tensor_paths={k: sorted(v) for k, v in sorted(paths.items())},
+                      dequantized=any(t not in FLOAT_TYPES for t in types),
                       chat_template_source="gguf" if template else None,
                       general_name=md.get("general.name"))
     return LoadedModel(model, tok, fmt, args, stop, info, chat_template=template)
@@ -468,7 +460,8 @@ def _named_errors(load: Callable[[], torch.Tensor], gguf_tensor: str, source: st
         except CheckpointError as e:
             raise CheckpointError(str(e).split(" — ")[0], file=source, tensor=gguf_tensor) from None
         except Exception as e:
-            raise CheckpointError(f"could not read tensor: {e}", file=source, tensor=gguf_tensor) from None
+            log.info("tensor %s of %s: %s: %s", gguf_tensor, source, type(e).__name__, e)
+            raise CheckpointError(f"this tensor cannot be read: {DAMAGED}", file=source, tensor=gguf_tensor) from None
     return wrapped
 
 

@@ -8,8 +8,7 @@ from core.chat_format import (
     describe,
 )
 from core.errors import SettingsError
-from core.checkpoints.gguf_vocab import sentencepiece_from_vocab
-from core.tokenizer import SentencePieceTokenizer, TiktokenTokenizer
+from core.tokenizer import SentencePieceTokenizer, TiktokenTokenizer, sentencepiece_from_vocab
 from tests.core.test_tokenizer import gguf_vocab
 
 LLAMA3_TEMPLATE = (
@@ -28,13 +27,13 @@ CHATML_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['con
 
 
 @pytest.fixture(scope="module")
-def llama3(fixtures):
-    return TiktokenTokenizer(fixtures / "llama3-tokenizer.model")
+def llama3(meta_fixtures):
+    return TiktokenTokenizer(meta_fixtures / "llama3-tokenizer.model")
 
 
 @pytest.fixture(scope="module")
-def llama2(fixtures):
-    return SentencePieceTokenizer(fixtures / "llama2-tokenizer.model")
+def llama2(meta_fixtures):
+    return SentencePieceTokenizer(meta_fixtures / "llama2-tokenizer.model")
 
 
 @pytest.fixture(scope="module")

@@ -51,13 +51,13 @@ def test_chat_uses_the_format(capsys, tiny_meta_dir):
     assert ids == tok.encode("[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]", bos=True)
 
 
-def test_tokenize_llama3_chat_matches_meta(capsys, fixtures):
-    rc, out, _ = run_cli(capsys, "tokenize", fixtures / "llama3-tokenizer.model", "--text",
+def test_tokenize_llama3_chat_matches_meta(capsys, meta_fixtures):
+    rc, out, _ = run_cli(capsys, "tokenize", meta_fixtures / "llama3-tokenizer.model", "--text",
                          "This is a test sentence.", "--chat")
     assert rc == 0
     assert json.loads(out) == [128000, 128006, 882, 128007, 271, 2028, 374, 264, 1296, 11914, 13, 128009,
                                128006, 78191, 128007, 271]
-    rc, out, _ = run_cli(capsys, "tokenize", fixtures / "llama3-tokenizer.model", "--text",
+    rc, out, _ = run_cli(capsys, "tokenize", meta_fixtures / "llama3-tokenizer.model", "--text",
                          "This is a test sentence.", "--bos", "--eos")
     assert json.loads(out) == [128000, 2028, 374, 264, 1296, 11914, 13, 128001]
 

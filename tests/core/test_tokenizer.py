@@ -12,9 +12,11 @@ from core.tokenizer import (
     SentencePieceTokenizer,
     StreamDecoder,
     TiktokenTokenizer,
+    byte_level_vocab_from_ranks,
+    hf_byte_level_from_vocab,
     load_tokenizer,
+    sentencepiece_from_vocab,
 )
-from core.checkpoints.gguf_vocab import byte_level_vocab_from_ranks, hf_byte_level_from_vocab, sentencepiece_from_vocab
 
 MIXED = "Grüße 👋🏽 日本語のテキスト — naïve café\n\tcode: x = 1"
 SAMPLES = [
@@ -37,13 +39,13 @@ SAMPLES = [
 
 
 @pytest.fixture(scope="module")
-def llama3(fixtures) -> TiktokenTokenizer:
-    return TiktokenTokenizer(fixtures / "llama3-tokenizer.model")
+def llama3(meta_fixtures) -> TiktokenTokenizer:
+    return TiktokenTokenizer(meta_fixtures / "llama3-tokenizer.model")
 
 
 @pytest.fixture(scope="module")
-def llama2(fixtures) -> SentencePieceTokenizer:
-    return SentencePieceTokenizer(fixtures / "llama2-tokenizer.model")
+def llama2(meta_fixtures) -> SentencePieceTokenizer:
+    return SentencePieceTokenizer(meta_fixtures / "llama2-tokenizer.model")
 
 
 def gguf_vocab(path: Path):
@@ -76,11 +78,11 @@ def stories(fixtures) -> SentencePieceTokenizer:
 
 
 @pytest.fixture(scope="module")
-def hf_llama3(fixtures) -> HFTokenizer:
+def hf_llama3(meta_fixtures) -> HFTokenizer:
     """A byte-level HF tokenizer built the way the GGUF loader builds one ("gpt2" vocab)."""
-    from core.tokenizer.tiktoken_bpe import _parse_ranks
+    from core.tokenizer import _parse_ranks
 
-    path = fixtures / "llama3-tokenizer.model"
+    path = meta_fixtures / "llama3-tokenizer.model"
     tokens, merges = byte_level_vocab_from_ranks(_parse_ranks(path.read_bytes(), path))
     types = [1] * len(tokens) + [3] * len(LLAMA3_SPECIAL_TOKENS)
     return hf_byte_level_from_vocab(
@@ -165,9 +167,9 @@ def test_llama3_special_tokens_follow_meta_order(llama3):
     assert llama3.stop_ids == {128001, 128008, 128009}
 
 
-def test_llama3_builds_fast(fixtures):
+def test_llama3_builds_fast(meta_fixtures):
     start = time.perf_counter()
-    TiktokenTokenizer(fixtures / "llama3-tokenizer.model")
+    TiktokenTokenizer(meta_fixtures / "llama3-tokenizer.model")
     assert time.perf_counter() - start < 1.0
 
 
@@ -316,11 +318,11 @@ def test_llama3_eot_text_is_not_eot(llama3):
 # --------------------------------------------------------------------------- loading
 
 
-def test_load_tokenizer_detects_kind_by_content(fixtures, tmp_path, llama2):
+def test_load_tokenizer_detects_kind_by_content(meta_fixtures, tmp_path, llama2):
     # names that say nothing: detection must read the content
     for src, kind in [("llama3-tokenizer.model", "tiktoken"), ("llama2-tokenizer.model", "sentencepiece")]:
         dst = tmp_path / f"mystery-{kind}.bin"
-        dst.write_bytes((fixtures / src).read_bytes())
+        dst.write_bytes((meta_fixtures / src).read_bytes())
         assert load_tokenizer(dst).kind == kind
     hf_path = tmp_path / "whatever.dat"
     hf_path.write_text(sp_style_tokenizer_json(llama2), encoding="utf-8")
@@ -341,8 +343,8 @@ def test_load_tokenizer_from_a_tokenizers_saved_file(tmp_path):
     assert tok.eos_id == 3
 
 
-def test_load_tokenizer_prefers_tokenizer_json_in_a_folder(tmp_path, fixtures, llama2):
-    (tmp_path / "tokenizer.model").write_bytes((fixtures / "llama2-tokenizer.model").read_bytes())
+def test_load_tokenizer_prefers_tokenizer_json_in_a_folder(tmp_path, meta_fixtures, llama2):
+    (tmp_path / "tokenizer.model").write_bytes((meta_fixtures / "llama2-tokenizer.model").read_bytes())
     assert load_tokenizer(tmp_path).kind == "sentencepiece"
     (tmp_path / "tokenizer.json").write_text(sp_style_tokenizer_json(llama2), encoding="utf-8")
     assert load_tokenizer(tmp_path).kind == "hf"

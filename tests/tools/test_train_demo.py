@@ -53,12 +53,11 @@ def test_lr_schedule_warms_up_then_decays_to_min():
     assert td.lr_at(cfg, 999, 1.0) == pytest.approx(1e-4)
 
 
-def test_tiny_run_end_to_end(tmp_path, fixtures, monkeypatch):
+def test_tiny_run_end_to_end(tmp_path):
     from core.checkpoints import load
     from core.engine import Done, Engine
     from core.sampling import SamplingParams
 
-    monkeypatch.setenv("LLAMADESK_FIXTURES", str(fixtures))
     work, out = tmp_path / "work", tmp_path / "model"
     threads = torch.get_num_threads()
     assert td.main(["all", "--tiny", "--work", str(work), "--out", str(out)]) == 0

@@ -178,3 +178,55 @@ def test_bulk_metadata_reader_equals_gguf_reader(tmp_path, fixtures):
             want = field.contents()
             got = md.get(key)
             assert (list(got) if isinstance(want, list) else got) == want, key
+
+
+# --------------------------------------------------------------------------- damaged files, in the user's words
+RAW_LIBRARY_TEXT = ("appears to be version", "we cannot handle", "buffer", "Traceback", "struct", "numpy", "index")
+
+
+def _load_error(path) -> str:
+    from core.checkpoints import load
+    from core.errors import CheckpointError
+    with pytest.raises(CheckpointError) as err:
+        load(path, device="cpu", dtype="float32")
+    msg = str(err.value)
+    assert not any(raw in msg for raw in RAW_LIBRARY_TEXT), msg
+    return msg
+
+
+def test_corrupt_version_field_is_reported_as_a_damaged_file(tmp_path, fixtures):
+    data = bytearray((fixtures / "stories260K.gguf").read_bytes())
+    data[4:8] = (3990784546).to_bytes(4, "little")  # the value a user saw
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(bytes(data))
+    msg = _load_error(bad)
+    assert "damaged" in msg and "not fully downloaded" in msg and str(bad) in msg
+
+
+def test_unsupported_versions_say_which_and_what_to_do(tmp_path, fixtures):
+    data = bytearray((fixtures / "stories260K.gguf").read_bytes())
+    for version, words in [(1, "too old"), (4, "newer than this app reads")]:
+        data[4:8] = version.to_bytes(4, "little")
+        bad = tmp_path / f"v{version}.gguf"
+        bad.write_bytes(bytes(data))
+        msg = _load_error(bad)
+        assert f"GGUF version {version}" in msg and words in msg
+
+
+def test_garbled_metadata_is_reported_as_a_damaged_file(tmp_path, fixtures):
+    data = bytearray((fixtures / "stories260K.gguf").read_bytes())
+    data[24:32] = b"\xff" * 8  # the first key's length: far past the end of the file
+    bad = tmp_path / "garbled.gguf"
+    bad.write_bytes(bytes(data))
+    assert "damaged" in _load_error(bad)
+
+
+@pytest.mark.parametrize("exc, words", [
+    (MemoryError(), "not enough memory"),
+    (FileNotFoundError(2, "No such file or directory", "/m/consolidated.00.pth"), "could not read the model's files (/m/consolidated.00.pth)"),
+    (ValueError("could not broadcast input array from shape (3,) into shape (2,)"), "damaged or in a form"),
+])
+def test_unexpected_loader_exceptions_in_the_users_words(exc, words):
+    from core.worker import load_failure
+    msg = load_failure(exc)
+    assert words in msg and "broadcast" not in msg

@@ -108,11 +108,11 @@ def test_chat_template_jinja_side_file(tmp_path):
     assert lm.chat_format.name == "llama2" and lm.info["chat_template_source"] == "tokenizer_config"
 
 
-def test_sentencepiece_tokenizer_model(tmp_path, fixtures):
+def test_sentencepiece_tokenizer_model(tmp_path, meta_fixtures):
     hf = tiny_hf(5, vocab_size=32000)
     folder = tmp_path / "sp"
     hf.save_pretrained(folder)
-    shutil.copy(fixtures / "llama2-tokenizer.model", folder / "tokenizer.model")
+    shutil.copy(meta_fixtures / "llama2-tokenizer.model", folder / "tokenizer.model")
     lm = load(folder, device="cpu", dtype="float32")
     assert lm.tokenizer.kind == "sentencepiece"
     assert lm.tokenizer.encode("Hello world") == [15043, 3186]
