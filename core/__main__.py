@@ -1,4 +1,4 @@
-"""Command line: ``python -m core generate|compare|tokenize|info|convert``.
+"""Command line: ``python -m core generate|compare|serve|tokenize|info|convert``.
 
 stdout carries the text (or one JSON object with --json); every user error exits with
 status 2 and one line on stderr, never a traceback.
@@ -18,6 +18,7 @@ LANE_KEYS = {
     "temperature": float, "top_p": float, "top_k": int, "min_p": float,
     "repetition_penalty": float, "seed": int, "max_new_tokens": int,
 }
+BACKEND_KEYS = ("model", "server")  # a lane's own model: a local path, or a model on a server
 
 
 class UsageError(LlamaDeskError):
@@ -34,6 +35,15 @@ def _add_model_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
 
 
+def _add_server_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="run on an OpenAI-compatible server (python -m core serve, vLLM, llama.cpp, Ollama) instead of MODEL")
+    p.add_argument("--api-key", default=os.environ.get("LLAMADESK_API_KEY"),
+                   help="the server's API key (default: $LLAMADESK_API_KEY)")
+    p.add_argument("--model", dest="remote_model", default=None, metavar="NAME",
+                   help="the model on the server (default: its first)")
+
+
 def _add_prompt_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", required=True, help="the prompt text ('' means BOS alone)")
     p.add_argument("--chat", action="store_true", help="render the prompt as a user message in the model's chat format")
@@ -48,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate a continuation or a chat reply")
-    g.add_argument("model", help="Meta folder, Hugging Face folder or .gguf file")
+    g.add_argument("model", nargs="?", help="Meta folder, Hugging Face folder or .gguf file (or --server)")
+    _add_server_opts(g)
     _add_prompt_opts(g)
     g.add_argument("--temperature", type=float, default=0.8)
     g.add_argument("--top-p", type=float, default=0.95)
@@ -62,11 +73,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_opts(g)
 
     c = sub.add_parser("compare", help="run one prompt under several sampler settings together")
-    c.add_argument("model")
+    c.add_argument("model", nargs="?", help="the lanes' model (or --server, or model=/server= in each lane)")
+    _add_server_opts(c)
     _add_prompt_opts(c)
     c.add_argument("--lane", action="append", required=True, metavar="SPEC",
-                   help="comma-separated key=value over " + ", ".join(LANE_KEYS))
+                   help="comma-separated key=value over " + ", ".join((*LANE_KEYS, *BACKEND_KEYS))
+                   + " (model=PATH: another local checkpoint; server=URL[,model=NAME]: a model on a server)")
     _add_model_opts(c)
+
+    s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    s.add_argument("model", help="Meta folder, Hugging Face folder or .gguf file")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (other than loopback needs --api-key)")
+    s.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+    s.add_argument("--api-key", default=os.environ.get("LLAMADESK_API_KEY"),
+                   help="clients must send 'Authorization: Bearer KEY' (default: $LLAMADESK_API_KEY)")
+    s.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together")
+    s.add_argument("--max-queue", type=int, default=64, help="most requests waiting; more get 503")
+    s.add_argument("--model-name", default=None, help="the model id clients use (default: the folder or file name)")
+    _add_model_opts(s)
 
     t = sub.add_parser("tokenize", help="print the token ids of a text as a JSON array")
     t.add_argument("model", help="a model (folder or .gguf) or a tokenizer file")
@@ -134,6 +158,32 @@ def _lane_spec(spec: str, default_max: int | None):
     return SamplingParams(**kw).validate()
 
 
+def _remote(url: str, args, model: str | None = None):
+    from .client import RemoteModel
+    r = RemoteModel(url, api_key=args.api_key, model=model)
+    t0 = time.perf_counter()
+    r.connect()
+    return r, time.perf_counter() - t0
+
+
+def _check_remote_opts(args) -> None:
+    if args.model is not None:
+        raise SettingsError("give MODEL or --server, not both")
+    for opt, val, default in (("--device", args.device, "auto"), ("--dtype", args.dtype, "auto"),
+                              ("--chat-format", args.chat_format, "auto")):
+        if val != default:
+            raise SettingsError(f"{opt} applies to local models; the server chooses its own")
+    if args.system and not args.chat:
+        raise SettingsError("--system needs --chat")
+
+
+def _remote_stream(remote, args, params, lane: int = 0, meta: dict | None = None):
+    """One reply from a server: a chat reply with --chat, else a completion."""
+    if args.chat:
+        return remote.stream(params, messages=_messages(args), lane=lane, meta=meta)
+    return remote.stream(params, prompt=args.prompt, lane=lane, meta=meta)
+
+
 def cmd_generate(args) -> int:
     from .engine import Done, Engine, Token
     from .sampling import SamplingParams
@@ -142,11 +192,25 @@ def cmd_generate(args) -> int:
         repetition_penalty=args.repetition_penalty, seed=args.seed,
         max_new_tokens=args.max_new_tokens or 256, stop=tuple(args.stop),
         num_beams=args.num_beams, length_penalty=args.length_penalty).validate().resolved()
-    loaded, load_s = _load(args)
-    ids, strip = _prompt_ids(loaded, args)
-    engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids)
+    meta: dict = {}
+    extra: dict = {}
+    if args.server:
+        _check_remote_opts(args)
+        if params.num_beams > 1:
+            raise SettingsError("--num-beams needs a local model: OpenAI-compatible servers do not run beam search")
+        remote, load_s = _remote(args.server, args, args.remote_model)
+        events = _remote_stream(remote, args, params, meta=meta)
+        extra = {"model": remote.model, "server": remote.url}
+    else:
+        if args.model is None:
+            raise SettingsError("give a MODEL (a folder or .gguf file) or --server URL")
+        loaded, load_s = _load(args)
+        ids, strip = _prompt_ids(loaded, args)
+        engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids)
+        events = engine.generate(ids, params, strip_leading_space=strip)
+        meta["prompt_token_ids"] = ids
     done = None
-    for ev in engine.generate(ids, params, strip_leading_space=strip):
+    for ev in events:
         if isinstance(ev, Token) and not args.json and ev.text:
             sys.stdout.write(ev.text)
             sys.stdout.flush()
@@ -155,49 +219,130 @@ def cmd_generate(args) -> int:
     if args.json:
         st = done.stats
         print(json.dumps({
-            "text": done.text, "prompt_tokens": ids, "tokens": done.tokens, "logprobs": done.logprobs,
-            "stop_reason": done.stop_reason, "seed": params.seed,
+            "text": done.text, "prompt_tokens": meta.get("prompt_token_ids"), "tokens": done.tokens,
+            "logprobs": done.logprobs, "stop_reason": done.stop_reason, "seed": params.seed,
             "timings": {"load_s": load_s, "prefill_s": st.prefill_s, "decode_s": st.decode_s,
                         "prefill_tok_s": st.prefill_tok_s, "decode_tok_s": st.decode_tok_s},
+            **extra,
         }, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
     return 0
 
 
+def _split_lane(spec: str) -> tuple[str, dict]:
+    """(the sampler part of a lane spec, its backend keys model= and server=)."""
+    rest, backend = [], {}
+    for part in spec.split(","):
+        key, eq, val = part.strip().partition("=")
+        if eq and key.strip() in BACKEND_KEYS:
+            backend[key.strip()] = val.strip()
+        else:
+            rest.append(part)
+    return ",".join(rest), backend
+
+
+def _lane_backend(backend: dict, args) -> tuple[str | None, str | None]:
+    """(server URL or None, model): where a lane runs."""
+    if "server" in backend:
+        return backend["server"], backend.get("model")
+    if "model" in backend:
+        if Path(backend["model"]).expanduser().exists() or not args.server:
+            return None, backend["model"]
+        return args.server, backend["model"]  # a model on the default server
+    if args.server:
+        return args.server, args.remote_model
+    if args.model is None:
+        raise SettingsError("give a MODEL, --server URL, or model=/server= in every lane")
+    return None, args.model
+
+
 def cmd_compare(args) -> int:
-    from .engine import Done, Engine
-    lanes = [_lane_spec(s, args.max_new_tokens).resolved() for s in args.lane]
+    """Lanes on the same local model decode together over one prefill; lanes on other
+    local checkpoints run per checkpoint; lanes on servers run as parallel requests."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .engine import Done, Engine, Prefilled
+    from .server import tokenizer_fingerprint
+    if args.server and args.model is not None:
+        raise SettingsError("give MODEL or --server, not both")
+    specs = [_split_lane(s) for s in args.lane]
+    lanes = [_lane_spec(sp, args.max_new_tokens).resolved() for sp, _ in specs]
     if len(lanes) > 8:
         raise SettingsError(f"at most 8 lanes, got {len(lanes)}")
-    loaded, load_s = _load(args)
-    ids, strip = _prompt_ids(loaded, args)
-    engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids)
+    where = [_lane_backend(b, args) for _, b in specs]
+    if args.system and not args.chat:
+        raise SettingsError("--system needs --chat")
+    load_s = local_load = 0.0
+    remotes: dict[tuple, object] = {}
+    for server, model in dict.fromkeys(w for w in where if w[0] is not None):
+        remotes[(server, model)], took = _remote(server, args, model)
+        load_s += took
     t0 = time.perf_counter()
     results: dict[int, Done] = {}
+    prompt_ids: dict[int, list[int] | None] = {}
+    fingerprints: dict[int, str | None] = {}
+    names: dict[int, tuple[str, str | None]] = {}
     prefill_s = 0.0
-    for ev in engine.generate_lanes(ids, lanes, strip_leading_space=strip):
-        if isinstance(ev, Done):
-            results[ev.lane] = ev
-        elif hasattr(ev, "cached_tokens"):
-            prefill_s = ev.seconds
-    total = time.perf_counter() - t0
+
+    def run_remote(i: int) -> Done:
+        meta: dict = {}
+        done = [e for e in _remote_stream(remotes[where[i]], args, lanes[i], lane=i, meta=meta) if isinstance(e, Done)][0]
+        prompt_ids[i] = meta.get("prompt_token_ids")
+        return done
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = {i: pool.submit(run_remote, i) for i, w in enumerate(where) if w[0] is not None}
+        for i, w in enumerate(where):
+            if w[0] is not None:
+                r = remotes[w]
+                fingerprints[i], names[i] = r.tokenizer_fingerprint, (r.model, r.url)
+        local_paths = list(dict.fromkeys(m for s, m in where if s is None))
+        for path in local_paths:
+            idx = [i for i, w in enumerate(where) if w == (None, path)]
+            args.model = path
+            loaded, took = _load(args)
+            load_s += took
+            local_load += took
+            ids, strip = _prompt_ids(loaded, args)
+            engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids)
+            fp = tokenizer_fingerprint(loaded.tokenizer, loaded.model.args.vocab_size)
+            for ev in engine.generate_lanes(ids, [lanes[i] for i in idx], strip_leading_space=strip):
+                if isinstance(ev, Done):
+                    i = idx[ev.lane]
+                    ev.lane = i
+                    results[i] = ev
+                elif isinstance(ev, Prefilled) and path == local_paths[0]:
+                    prefill_s = ev.seconds
+            for i in idx:
+                prompt_ids[i], fingerprints[i], names[i] = ids, fp, (loaded.name, None)
+        for i, f in futures.items():
+            results[i] = f.result()
+    total = time.perf_counter() - t0 - local_load
     out = [results[i] for i in range(len(lanes))]
+    known = {fingerprints[i] for i in range(len(lanes))}
+    match = None if None in known else len(known) == 1
     if args.json:
         print(json.dumps({
-            "prompt_tokens": ids,
+            "prompt_tokens": prompt_ids[0],
             "lanes": [{"settings": d.params.to_dict(), "text": d.text, "tokens": d.tokens, "logprobs": d.logprobs,
-                       "stop_reason": d.stop_reason, "stats": d.stats.to_dict()} for d in out],
+                       "stop_reason": d.stop_reason, "stats": d.stats.to_dict(), "model": names[i][0],
+                       "server": names[i][1]} for i, d in enumerate(out)],
+            "tokenizers_match": match,
             "timings": {"load_s": load_s, "prefill_s": prefill_s, "decode_s": total - prefill_s, "total_s": total},
         }, ensure_ascii=False))
         return 0
-    for d in out:
+    for i, d in enumerate(out):
         p = d.params
-        print(f"── lane {d.lane + 1}: temperature={p.temperature} top_p={p.top_p} top_k={p.top_k} "
+        on = names[i][0] + (f" on {names[i][1]}" if names[i][1] else "")
+        print(f"── lane {i + 1}: {on} · temperature={p.temperature} top_p={p.top_p} top_k={p.top_k} "
               f"min_p={p.min_p} repetition_penalty={p.repetition_penalty} seed={p.seed} "
               f"· {len(d.tokens)} tokens · {d.stop_reason}")
         print(d.text)
         print()
+    if match is not True:
+        print("note: " + ("the lanes' tokenizers differ" if match is False else "a server does not say its tokenizer")
+              + ": compare their texts, not their token ids", file=sys.stderr)
     return 0
 
 
@@ -225,6 +370,28 @@ def cmd_tokenize(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from .server import ServerState, is_loopback, serve_forever
+    if not is_loopback(args.host) and not args.api_key:
+        raise SettingsError(f"--host {args.host} lets other machines connect: it needs --api-key "
+                            "(or LLAMADESK_API_KEY); without one, serve on 127.0.0.1")
+    if not 0 <= args.port <= 65535:
+        raise SettingsError(f"--port must be 0 to 65535, got {args.port}")
+    if not 1 <= args.max_batch <= 256:
+        raise SettingsError(f"--max-batch must be 1 to 256, got {args.max_batch}")
+    if args.max_queue < 0:
+        raise SettingsError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    loaded, load_s = _load(args)
+    state = ServerState(loaded, model_id=args.model_name, api_key=args.api_key,
+                        max_batch=args.max_batch, max_queue=args.max_queue)
+
+    def announce(url: str) -> None:
+        print(f"serving {state.model_id} at {url} (loaded in {load_s:.1f} s; Ctrl+C stops)", file=sys.stderr, flush=True)
+
+    serve_forever(state, args.host, args.port, announce)
+    return 0
+
+
 def cmd_info(args) -> int:
     loaded, load_s = _load(args)
     info = dict(loaded.info)
@@ -241,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         torch.set_num_threads(os.cpu_count() or 1)  # the CLI owns the machine
         handler = {"generate": cmd_generate, "compare": cmd_compare, "tokenize": cmd_tokenize,
-                   "info": cmd_info}.get(args.cmd)
+                   "info": cmd_info, "serve": cmd_serve}.get(args.cmd)
         if handler is None:
             from .convert import run_convert
             return run_convert(args)

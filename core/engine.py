@@ -7,7 +7,8 @@ Everything is a Python generator: callers iterate events, and cancel through a
 
 Rows of the batch are "lanes": a comparison runs N sampler settings over one prompt
 (prefilled once, copied into N rows), and ``generate_batch`` runs different prompts
-side by side. A single reply is a comparison of one lane, so both share one loop.
+side by side. A single reply is a comparison of one lane, so both share one loop, and
+``serve`` lets new requests join that loop between decode steps (continuous batching).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from .beam import beam_search
 from .errors import SettingsError
 from .kv_cache import KVCache
 from .sampling import SamplingParams, draw, filter_rows, top_alternatives
@@ -28,10 +30,14 @@ STOP_REASONS = ("eos", "stop", "length", "context", "cancelled")
 
 @dataclass
 class Prefilled:
-    """The prompt has been run: ``prompt_tokens`` in all, ``cached_tokens`` reused."""
+    """The prompt has been run: ``prompt_tokens`` in all, ``cached_tokens`` reused.
+
+    ``lanes`` are the lanes that share this prompt (one request of a batch).
+    """
     prompt_tokens: int
     cached_tokens: int
     seconds: float
+    lanes: tuple[int, ...] = ()
 
 
 @dataclass
@@ -97,6 +103,19 @@ Event = Prefilled | Token | Done
 
 
 @dataclass
+class Joining:
+    """One request of a batch: a prompt and the lanes that share its prefill.
+
+    Each lane stops on its own when ``cancel`` is set (checked every decode step).
+    """
+    prompt: list[int]
+    lanes: Sequence[SamplingParams]
+    cancel: threading.Event | None = None
+    strip_leading_space: bool = False
+    inspect: int = 0  # top alternatives to record per token (0: none)
+
+
+@dataclass
 class _Lane:
     index: int
     params: SamplingParams
@@ -108,6 +127,10 @@ class _Lane:
     text: str = ""
     emitted: int = 0  # chars of text already sent
     done: Done | None = None
+    cancel: threading.Event | None = None
+    inspect: int = 0
+    t_join: float = 0.0  # when its request joined (TTFT counts from here)
+    t_decode: float = 0.0  # when its prefill ended
 
     def stop_holdback(self) -> int:
         """Chars at the end of text that could start a stop string: hold them back."""
@@ -206,7 +229,7 @@ class Engine:
         """
         if not 1 <= len(lanes) <= 8:
             raise SettingsError(f"a comparison has 1 to 8 lanes, got {len(lanes)}")
-        return self._run([prompt] * len(lanes), list(lanes), cancel, strip_leading_space, inspect, shared=True)
+        return self._run([Joining(prompt, list(lanes), cancel, strip_leading_space, inspect)])
 
     def generate_batch(self, prompts: Sequence[list[int]], params: SamplingParams, *,
                        cancel: threading.Event | None = None, strip_leading_space: bool = False) -> Iterator[Event]:
@@ -216,59 +239,93 @@ class Engine:
         base = params.resolved()
         # Seed each row differently but reproducibly so rows of a batch do not mirror each other.
         lanes = [SamplingParams.from_dict({**base.to_dict(), "seed": base.seed + i}) for i in range(len(prompts))]
-        return self._run([list(p) for p in prompts], lanes, cancel, strip_leading_space, 0, shared=False)
+        return self._run([Joining(list(p), [q], cancel, strip_leading_space) for p, q in zip(prompts, lanes)])
+
+    def serve(self, admit: Callable[[int, int], Sequence[Joining]], *, max_rows: int = 16) -> Iterator[Event]:
+        """Continuous batching: decode the running requests together and, before every
+        step, let new ones join while fewer than ``max_rows`` rows are busy.
+
+        ``admit(free_rows, next_lane)`` returns the requests to start now, validated by
+        :meth:`check_request`, using at most ``free_rows`` lanes in all; their lanes are
+        numbered from ``next_lane`` in order. Returns once no lane runs and ``admit``
+        brings nothing.
+        """
+        return self._loop([], admit, max_rows)
+
+    def check_request(self, prompt: list[int], lanes: Sequence[SamplingParams]) -> list[SamplingParams]:
+        """Raise SettingsError for a prompt or setting the engine cannot run; returns the
+        lanes' settings validated, each with a concrete seed."""
+        self._check_prompt(prompt)
+        return [q.validate().resolved() for q in lanes]
 
     # -- the decode loop -------------------------------------------------------------
 
-    def _run(self, prompts, params_list, cancel, strip_leading_space, inspect, shared) -> Iterator[Event]:
-        params_list = [p.validate().resolved() for p in params_list]
-        for p in prompts:
-            self._check_prompt(p)
-        return self._loop(prompts, params_list, cancel, strip_leading_space, inspect, shared)
+    def _run(self, joining: list[Joining]) -> Iterator[Event]:
+        for j in joining:
+            j.lanes = self.check_request(j.prompt, j.lanes)
+        return self._loop(joining, None, 0)
+
+    def _join(self, j: Joining, lanes: list[_Lane], stats: list[Stats], rows: list[int],
+              positions: list[int], logits_by_lane: dict) -> Iterator[Event]:
+        """Prefill j's prompt into the first free row, copy it into one row per lane."""
+        t0 = time.perf_counter()
+        first, r0, n = len(lanes), len(rows), len(j.lanes)
+        self.cache.ensure(r0 + n, max(min(len(j.prompt) + q.max_new_tokens, self.max_context) for q in j.lanes))
+        for q in j.lanes:
+            lanes.append(_Lane(len(lanes), q, q.generator(self.device),
+                               StreamDecoder(self.tokenizer, strip_leading_space=j.strip_leading_space),
+                               j.prompt, cancel=j.cancel, inspect=j.inspect))
+            stats.append(Stats(prompt_tokens=len(j.prompt)))
+            positions.append(len(j.prompt))
+        logits, reuse = self._prefill_row(r0, j.prompt, j.cancel)
+        seconds = time.perf_counter() - t0
+        for i in range(first, first + n):
+            stats[i].cached_tokens, stats[i].prefill_s = reuse, seconds
+            lanes[i].t_join, lanes[i].t_decode = t0, t0 + seconds
+        yield Prefilled(prompt_tokens=len(j.prompt), cached_tokens=reuse, seconds=seconds,
+                        lanes=tuple(range(first, first + n)))
+        if logits is None:
+            for i in range(first, first + n):
+                yield self._finish(lanes[i], "cancelled", stats[i])
+            return
+        for k in range(1, n):
+            self.cache.copy_row(r0, r0 + k, len(j.prompt))
+        for i in range(first, first + n):
+            rows.append(i)
+            logits_by_lane[i] = logits
 
     @torch.inference_mode()
-    def _loop(self, prompts, params_list, cancel, strip_leading_space, inspect, shared) -> Iterator[Event]:
-        t0 = time.perf_counter()
-        n = len(prompts)
+    def _loop(self, joining: list[Joining], admit, max_rows: int) -> Iterator[Event]:
         dev = self.device
-        need = max(min(len(p) + q.max_new_tokens, self.max_context) for p, q in zip(prompts, params_list))
-        self.cache.ensure(n, need)
-        lanes = [
-            _Lane(i, q, q.generator(dev), StreamDecoder(self.tokenizer, strip_leading_space=strip_leading_space), p)
-            for i, (p, q) in enumerate(zip(prompts, params_list))
-        ]
-        stats = [Stats(prompt_tokens=len(p)) for p in prompts]
-
-        # Prefill: once for a shared prompt, else row by row.
-        first_logits: list[torch.Tensor | None] = []
-        if shared:
-            logits, reuse = self._prefill_row(0, prompts[0], cancel)
-            for r in range(1, n):
-                self.cache.copy_row(0, r, len(prompts[0]))
-            first_logits = [logits] * n
-            reused = [reuse] * n
-        else:
-            reused = []
-            for r, p in enumerate(prompts):
-                logits, reuse = self._prefill_row(r, p, cancel)
-                first_logits.append(logits)
-                reused.append(reuse)
-        t_prefill = time.perf_counter() - t0
-        for s, r in zip(stats, reused):
-            s.cached_tokens, s.prefill_s = r, t_prefill
-        yield Prefilled(prompt_tokens=len(prompts[0]), cached_tokens=reused[0], seconds=t_prefill)
-        if any(l is None for l in first_logits):
-            for lane in lanes:
-                yield self._finish(lane, "cancelled", stats[lane.index])
-            return
-
-        rows = list(range(n))  # rows[i] = lane index held in cache row i
-        positions = [len(p) for p in prompts]  # next position to write, per lane
-        logits_by_lane = {i: first_logits[i] for i in range(n)}
-        t_decode = time.perf_counter()
-        while rows:
+        lanes: list[_Lane] = []
+        stats: list[Stats] = []
+        positions: list[int] = []  # next position to write, per lane
+        rows: list[int] = []  # rows[i] = lane index held in cache row i
+        logits_by_lane: dict[int, torch.Tensor] = {}
+        feed: list[int] = []
+        while True:
+            if rows:
+                # Run the token each row just drew.
+                x = torch.tensor(feed, device=dev).view(len(rows), 1)
+                pos_list = [positions[li] for li in rows]
+                if all(p == pos_list[0] for p in pos_list):
+                    pos = pos_list[0]
+                else:
+                    pos = torch.tensor(pos_list, device=dev)
+                out = self.model(x, pos, self.cache, last_only=True)[:, -1]  # [B, V]
+                for r, li in enumerate(rows):
+                    logits_by_lane[li] = out[r]
+                    positions[li] += 1
+            # New requests take the rows after the running ones.
+            if admit is not None and max_rows > len(rows):
+                joining = list(admit(max_rows - len(rows), len(lanes)))
+            for j in joining:
+                yield from self._join(j, lanes, stats, rows, positions, logits_by_lane)
+            joining = []
+            if not rows:
+                return
             # Sample one token for every active lane from its logits.
-            feed: list[int] = []
+            feed = []
             # All active lanes are filtered together (one batched top-p sort), then each
             # draws from its own row with its own generator.
             step_logits = torch.stack([logits_by_lane[i] for i in rows])  # [B, V]
@@ -276,52 +333,36 @@ class Engine:
                         if lanes[i].params.repetition_penalty != 1.0 else None for i in rows]
             filtered = filter_rows(step_logits, [lanes[i].params for i in rows], previous)
             logprobs = torch.log_softmax(step_logits, -1)
+            now = time.perf_counter()
             for r, lane_idx in enumerate(rows):
                 lane, st = lanes[lane_idx], stats[lane_idx]
-                ev = self._sample(lane, step_logits[r], filtered[r], logprobs[r], previous[r], inspect)
+                ev = self._sample(lane, step_logits[r], filtered[r], logprobs[r], previous[r], lane.inspect)
                 if st.ttft_s == 0.0:
-                    st.ttft_s = time.perf_counter() - t0
+                    st.ttft_s = time.perf_counter() - lane.t_join
                 if ev is not None:
                     yield ev
                 if lane.done is None and positions[lane_idx] >= self.max_context:
                     lane.done = self._finish(lane, "context", None)
+                if lane.done is None and _check_cancel(lane.cancel):
+                    lane.done = self._finish(lane, "cancelled", None)
                 if lane.done is not None:
                     st.generated_tokens = len(lane.tokens)
-                    st.decode_s = time.perf_counter() - t_decode
+                    st.decode_s = now - lane.t_decode
                     lane.done.stats = st
                     yield lane.done
                 feed.append(lane.tokens[-1] if lane.tokens else 0)
-            if _check_cancel(cancel):
-                for lane_idx in rows:
-                    lane = lanes[lane_idx]
-                    if lane.done is None:
-                        st = stats[lane_idx]
-                        st.generated_tokens = len(lane.tokens)
-                        st.decode_s = time.perf_counter() - t_decode
-                        yield self._finish(lane, "cancelled", st)
-                self._remember(lanes, rows, positions)
-                return
             keep = [k for k, li in enumerate(rows) if lanes[li].done is None]
             if not keep:
                 self._remember(lanes, rows, positions)
-                return
+                if admit is None:
+                    return
             if len(keep) < len(rows):
                 # Compact: surviving lanes move to the lowest rows so the batch shrinks.
                 for new_row, old_row in enumerate(keep):
                     if new_row != old_row:
                         self.cache.copy_row(old_row, new_row, positions[rows[old_row]])
                 feed = [feed[k] for k in keep]
-                rows = [rows[k] for k in keep]
-            x = torch.tensor(feed, device=dev).view(len(rows), 1)
-            pos_list = [positions[li] for li in rows]
-            if all(p == pos_list[0] for p in pos_list):
-                pos = pos_list[0]
-            else:
-                pos = torch.tensor(pos_list, device=dev)
-            out = self.model(x, pos, self.cache, last_only=True)[:, -1]  # [B, V]
-            for r, li in enumerate(rows):
-                logits_by_lane[li] = out[r]
-                positions[li] += 1
+                rows[:] = [rows[k] for k in keep]
 
     def _remember(self, lanes, rows, positions) -> None:
         """Record what row 0 holds so the next turn can reuse it."""
@@ -433,65 +474,3 @@ class Engine:
         stats.generated_tokens = len(lane.tokens)
         stats.decode_s = time.perf_counter() - t_dec
         yield self._finish(lane, reason, stats, stop_token=result.stop_token)
-
-
-@dataclass
-class BeamResult:
-    tokens: list[int]
-    logprobs: list[float]
-    score: float
-    stop_token: int | None
-    cancelled: bool = False
-
-
-def beam_search(step: Callable[[list[int], list[int]], torch.Tensor | None], first_logits: torch.Tensor, *,
-                num_beams: int, max_new_tokens: int, stop_ids: set[int], length_penalty: float = 1.0) -> BeamResult:
-    """Beam search over a step function.
-
-    Args:
-        step: step(last_tokens, origin) -> logits [len(last_tokens), V]: feeds each
-            beam's last token, after reordering state so beam i continues beam origin[i];
-            returns None to cancel.
-        first_logits: logits [V] after the prompt.
-
-    Returns:
-        the best hypothesis by sum of log-probs / length ** length_penalty.
-    """
-    def norm(score: float, length: int) -> float:
-        return score / (max(length, 1) ** length_penalty)
-
-    beams: list[tuple[float, list[int], list[float]]] = [(0.0, [], [])]
-    finished: list[tuple[float, list[int], list[float], int]] = []
-    logp = torch.log_softmax(first_logits.float(), -1).unsqueeze(0)  # [1, V]
-    for t in range(max_new_tokens):
-        scores = torch.tensor([b[0] for b in beams]).view(-1, 1) + logp.cpu()
-        flat = scores.view(-1)
-        cand = torch.topk(flat, min(2 * num_beams, flat.numel()))
-        V = logp.shape[-1]
-        nxt: list[tuple[float, list[int], list[float]]] = []
-        origin: list[int] = []
-        for s, idx in zip(cand.values.tolist(), cand.indices.tolist()):
-            b, tok = divmod(idx, V)
-            tok_lp = float(logp[b, tok])
-            if tok in stop_ids:
-                finished.append((norm(s, len(beams[b][1]) + 1), beams[b][1], beams[b][2], tok))
-            else:
-                nxt.append((s, beams[b][1] + [tok], beams[b][2] + [tok_lp]))
-                origin.append(b)
-            if len(nxt) == num_beams:
-                break
-        best_running = max(norm(s, len(toks)) for s, toks, _ in nxt) if nxt else float("-inf")
-        if len(finished) >= num_beams and max(f[0] for f in finished) >= best_running:
-            break
-        beams = nxt
-        if t == max_new_tokens - 1 or not beams:
-            break
-        out = step([b[1][-1] for b in beams], origin)
-        if out is None:
-            best = max(beams, key=lambda b: norm(b[0], len(b[1])))
-            return BeamResult(best[1], best[2], best[0], None, cancelled=True)
-        logp = torch.log_softmax(out.float(), -1)
-    pool = [(f[0], f[1], f[2], f[3]) for f in finished]
-    pool += [(norm(s, len(toks)), toks, lps, None) for s, toks, lps in beams]
-    best = max(pool, key=lambda f: f[0])
-    return BeamResult(best[1], best[2], best[0], best[3])

@@ -32,3 +32,9 @@ class CheckpointError(LlamaDeskError):
         if file:
             parts.append(f"in {file}")
         super().__init__(" — ".join(parts) if len(parts) > 1 else message)
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (its type name when empty), for a user."""
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:limit]

@@ -25,7 +25,7 @@ import torch
 
 from . import engine as _engine
 from .chat_format import chat_format_for
-from .errors import LlamaDeskError, SettingsError
+from .errors import LlamaDeskError, SettingsError, one_line
 from .prompting import fit_dialog, reply_reserve
 from .sampling import SamplingParams
 
@@ -195,11 +195,6 @@ class _Command:
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
-
-
 def load_failure(exc: BaseException) -> str:
     """An unexpected exception from a loader, in the user's words (the traceback goes to the log)."""
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
@@ -355,10 +350,10 @@ class Worker:
                 except _Cancelled:
                     self._emit(Error(cmd.request_id, "cancelled", cancelled=True))
                 except LlamaDeskError as e:
-                    self._emit(Error(cmd.request_id, _one_line(e)))
+                    self._emit(Error(cmd.request_id, one_line(e)))
                 except BaseException as e:  # noqa: BLE001 — the thread must survive anything
                     log.exception("worker command %s failed", cmd.kind)
-                    self._emit(Error(cmd.request_id, f"{cmd.kind} failed: {type(e).__name__}: {_one_line(e)}"))
+                    self._emit(Error(cmd.request_id, f"{cmd.kind} failed: {type(e).__name__}: {one_line(e)}"))
                 finally:
                     with self._lock:
                         self._live.remove(cmd)
@@ -431,7 +426,7 @@ class Worker:
             if cmd.cancel.is_set():
                 self._emit(Error(rid, "loading cancelled" + suffix, cancelled=True))
             else:
-                self._emit(Error(rid, _one_line(e) + suffix))
+                self._emit(Error(rid, one_line(e) + suffix))
             return
         except Exception as e:
             if cmd.cancel.is_set():

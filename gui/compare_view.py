@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog
                                QScrollArea, QSizePolicy, QSpinBox, QSplitter, QTextBrowser, QToolButton,
                                QVBoxLayout, QWidget)
 
+from core import chat_export
 from core.compare import (LANE_KEYS, MAX_LANES, SWEEP_PARAMS, parse_sweep, settings_label, sweep_lanes,
                           token_diff)
 from core.errors import LlamaDeskError
@@ -879,9 +880,9 @@ class CompareView(QWidget):
         if not path:
             return None
         if kind == "md":
-            Path(path).write_text(self.history.export_markdown(conv_id), encoding="utf-8")
+            Path(path).write_text(chat_export.export_markdown(self.history, conv_id), encoding="utf-8")
         else:
-            Path(path).write_text(json.dumps(self.history.export_json(conv_id), ensure_ascii=False, indent=1),
+            Path(path).write_text(json.dumps(chat_export.export_json(self.history, conv_id), ensure_ascii=False, indent=1),
                                   encoding="utf-8")
         self.status.setText(f"Exported to {path}")
         return path

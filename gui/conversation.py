@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal
 
+from core import chat_export
 from core.history import History, Message
 
 TITLE_CHARS = 48
@@ -154,13 +155,13 @@ class ConversationModel(QObject):
 
     # ---- files
     def export_markdown(self) -> str:
-        return self.history.export_markdown(self.conv_id)
+        return chat_export.export_markdown(self.history, self.conv_id)
 
     def export_json(self) -> dict:
-        return self.history.export_json(self.conv_id)
+        return chat_export.export_json(self.history, self.conv_id)
 
     def import_json(self, data: dict) -> int:
-        conv = self.history.import_json(data)
+        conv = chat_export.import_json(self.history, data)
         self.listChanged.emit()
         self.open(conv.id)
         return conv.id

@@ -74,3 +74,19 @@ def hf_greedy(hf, prompt, n):
             lps.append(float(torch.log_softmax(logits, -1)[t]))
             ids.append(t)
     return ids[len(prompt):], torch.tensor(lps)
+
+
+def texts(msgs):
+    """The texts of a list of stored messages."""
+    return [m.text for m in msgs]
+
+
+def greetings_chat(h):
+    """user → assistant(v1, v2) in History ``h``; the second version is on screen."""
+    c = h.create_conversation("Greetings")
+    u = h.add_message(c.id, role="user", text="Hello there")
+    a1 = h.add_message(c.id, role="assistant", text="Hi! v1", parent_id=u.id,
+                       settings={"temperature": 0.7, "top_p": 0.9}, seed=11, model_id="tiny",
+                       stats={"tokens": 4, "tokens_per_s": 12.5}, stop_reason="eos")
+    a2 = h.add_message(c.id, role="assistant", text="Hi! v2", parent_id=u.id, seed=12)
+    return c, u, a1, a2

@@ -14,10 +14,14 @@ import torch
 
 from ..errors import CheckpointError, SettingsError
 from ..model import ModelArgs, Transformer
+from ..quant import QUANT_DTYPES, QuantLinear, describe, packable, quantizer, swap_linear
 
 ProgressFn = Callable[[float, str], None]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: What --dtype and the app's Model > Data Type menu offer: int8/int4 quantize linear
+#: weights at load (weight-only; the rest computes in what 'auto' picks).
+DTYPE_CHOICES = ("auto", *DTYPES, *QUANT_DTYPES)
 
 
 @dataclass
@@ -79,7 +83,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
     if isinstance(dtype, torch.dtype):
         return dtype
     name = str(dtype or "auto")
-    if name == "auto":
+    if name == "auto" or name in QUANT_DTYPES:
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         if device.type == "mps":
@@ -91,8 +95,13 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
                 return torch.bfloat16
         return torch.float32
     if name not in DTYPES:
-        raise SettingsError(f"unknown dtype '{name}' (use auto, float32, bfloat16 or float16)")
+        raise SettingsError(f"unknown dtype '{name}' (use {', '.join(DTYPE_CHOICES)})")
     return DTYPES[name]
+
+
+def quant_kind(dtype: str | torch.dtype | None) -> str | None:
+    """'int8' or 'int4' when ``dtype`` asks to quantize float weights at load, else None."""
+    return dtype if isinstance(dtype, str) and dtype in QUANT_DTYPES else None
 
 
 _MADV_DONTNEED = 4
@@ -148,7 +157,8 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
                 *, device: torch.device, dtype: torch.dtype, source: str,
                 progress: ProgressFn | None = None, ignore: Iterable[str] = (),
                 display: Mapping[str, str] | None = None,
-                sources: Mapping[str, str] | None = None, mapped_sources: bool = False) -> Transformer:
+                sources: Mapping[str, str] | None = None, mapped_sources: bool = False,
+                quantize: str | None = None) -> Transformer:
     """Build on the meta device and assign each checked tensor in the target dtype.
 
     Args:
@@ -160,6 +170,9 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
         mapped_sources: the loaders return views of a private file mapping (torch.load
             with mmap, safetensors): once converted, a source's pages are released.
         sources: Meta name -> the file holding it (sharded checkpoints); default ``source``.
+        quantize: 'int8' or 'int4' turns each float linear weight into a packed layer as it
+            loads (weights whose shape the kernels cannot take stay float). A loader may
+            also return a packed layer itself (quantized GGUF tensors).
 
     Raises:
         CheckpointError naming the file and the tensor for an unknown, missing or
@@ -171,6 +184,7 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
     where = (lambda n: sources.get(n, source)) if sources else (lambda n: source)
     ignore = set(ignore)
     state: dict[str, torch.Tensor] = {}
+    packed: dict[str, torch.nn.Module] = {}
     total = max(len(items), 1)
     for i, (name, load) in enumerate(items):
         if name in ignore or (args.tie_word_embeddings and name == "output.weight"):
@@ -183,22 +197,36 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
             raise
         except Exception as e:  # a corrupt or truncated file surfaces here
             raise CheckpointError(f"could not read tensor: {e}", file=where(name), tensor=shown(name)) from None
+        if isinstance(t, QuantLinear):
+            if (t.out_features, t.in_features) != shapes[name]:
+                raise CheckpointError(f"shape {(t.out_features, t.in_features)} does not fit the model's "
+                                      f"{shapes[name]}", file=where(name), tensor=shown(name))
+            packed[name] = t  # loaders pack on the target device
+            if progress:
+                progress((i + 1) / total, f"loading {name}")
+            continue
         if tuple(t.shape) != shapes[name]:
             raise CheckpointError(
                 f"shape {tuple(t.shape)} does not fit the model's {shapes[name]}", file=where(name), tensor=shown(name))
         if t.is_floating_point() is False:
             raise CheckpointError(f"tensor has non-float dtype {t.dtype}", file=where(name), tensor=shown(name))
-        state[name] = converted = t.to(device=device, dtype=dtype)
-        if mapped_sources and t.device.type == "cpu" and converted.data_ptr() != t.data_ptr():
+        if quantize and t.dim() == 2 and name != "tok_embeddings.weight" \
+                and packable(quantize, tuple(t.shape), device) is None:
+            packed[name] = converted = quantizer(quantize)(t.to(device), device)
+        else:
+            state[name] = converted = t.to(device=device, dtype=dtype)
+        if mapped_sources and t.device.type == "cpu" and (name in packed or converted.data_ptr() != t.data_ptr()):
             release_mapped_pages(t.data_ptr(), t.untyped_storage().nbytes())
         if progress:
             progress((i + 1) / total, f"loading {name}")
-    missing = [k for k in shapes if k not in state]
+    missing = [k for k in shapes if k not in state and k not in packed]
     if missing:
         raise CheckpointError(f"missing tensor ({len(missing)} missing in all)", file=source, tensor=shown(missing[0]))
     with torch.device("meta"):
         model = Transformer(args)
-    model.load_state_dict(state, assign=True, strict=not args.tie_word_embeddings)
+    for name, layer in packed.items():
+        swap_linear(model, name, layer)
+    model.load_state_dict(state, assign=True, strict=not args.tie_word_embeddings and not packed)
     if args.tie_word_embeddings:
         model.output.weight = model.tok_embeddings.weight
     model.eval().requires_grad_(False)
@@ -209,12 +237,13 @@ def model_info(fmt: str, path: Path, args: ModelArgs, model: Transformer, tokeni
                **extra: Any) -> dict[str, Any]:
     """The facts `info` and the GUI show about a loaded model."""
     w = model.tok_embeddings.weight
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in [*model.parameters(), *model.buffers()])
+    packed = [m for m in model.modules() if isinstance(m, QuantLinear)]
     info = {
         "format": fmt,
         "path": str(path),
         "name": path.stem if path.is_file() else path.name,
-        "parameters": model.num_parameters(),
+        "parameters": model.num_parameters() + sum(m.in_features * m.out_features for m in packed),
         "context_length": args.max_seq_len,
         "vocab_size": args.vocab_size,
         "dim": args.dim,
@@ -232,6 +261,7 @@ def model_info(fmt: str, path: Path, args: ModelArgs, model: Transformer, tokeni
         "memory_bytes": nbytes,
         "tokenizer": getattr(tokenizer, "kind", type(tokenizer).__name__),
         "chat_format": chat_format.name,
+        "linear_paths": describe(model),
     }
     info.update(extra)
     return info

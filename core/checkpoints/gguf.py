@@ -1,7 +1,9 @@
-"""GGUF files (llama.cpp's format): metadata -> ModelArgs, tensors dequantized at load.
+"""GGUF files (llama.cpp's format): metadata -> ModelArgs, tensors packed or dequantized.
 
-The file is memory-mapped by ``gguf.GGUFReader``; each tensor is dequantized on its own,
-straight into the compute dtype, so the only full copy in RAM is the model itself.
+The file is memory-mapped by ``gguf.GGUFReader``. Linear weights of the types in
+:data:`core.quant.PACKED_TYPES` go from the mapped blocks straight into packed int4
+layers (no float copy); other tensors are dequantized one at a time into the compute
+dtype. An explicit float dtype (``--dtype float32``) dequantizes everything, as before.
 GGUF "llama" tensors are already in Meta's interleaved RoPE layout: no permutation.
 """
 from __future__ import annotations
@@ -19,8 +21,9 @@ import torch
 
 from ..errors import CheckpointError, TokenizerError
 from ..model import ModelArgs, rope_frequencies
-from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info, release_mapped_pages,
-                     resolve_device, resolve_dtype)
+from .. import quant
+from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info, quant_kind,
+                     release_mapped_pages, resolve_device, resolve_dtype)
 
 # Types whose tensors are stored as plain floats; anything else is quantized blocks.
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -139,6 +142,9 @@ def _reader_class():
                     block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
                 except (ValueError, KeyError):
                     raise _TensorProblem(name, f"unknown tensor type {int(raw_dtype[0])}") from None
+                if block > 1 and int(dims[0]) % block:
+                    raise _TensorProblem(name, f"rows of {int(dims[0])} weights are not a multiple of "
+                                               f"{GGMLQuantizationType(int(raw_dtype[0])).name}'s block size {block}")
                 end = int(start_offs) + int(offset[0]) + int(np.prod(dims)) * type_size // block
                 if end > size:
                     raise _TensorProblem(name, f"the file ends before this tensor's data does "
@@ -357,9 +363,28 @@ def tensor_loader(t, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
     return load
 
 
+def packed_loader(t, device: torch.device) -> Callable[[], torch.nn.Module]:
+    """A loader that repacks one quantized GGUF linear weight into a :mod:`core.quant` layer."""
+    n, k = (int(d) for d in reversed(t.shape.tolist()))
+
+    def load() -> torch.nn.Module:
+        arr = np.asarray(t.data)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable arrays
+            raw = torch.from_numpy(arr.reshape(-1).view(np.uint8))
+        try:
+            layer = quant.pack_gguf(raw, t.tensor_type.name, n, k, device)
+        except ValueError as e:
+            raise CheckpointError(f"{t.tensor_type.name} tensor cannot be read: {e}") from None
+        release_mapped_pages(arr.ctypes.data, arr.nbytes)
+        return layer
+
+    return load
+
+
 def tokenizer_from_gguf(md: Metadata, source: str):
     """The tokenizer embedded in a GGUF file, with its chat template (or None)."""
-    from ..tokenizer import hf_byte_level_from_vocab, sentencepiece_from_vocab
+    from .gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
 
     model = md.get("tokenizer.ggml.model")
     if model is None:
@@ -401,7 +426,7 @@ def tokenizer_from_gguf(md: Metadata, source: str):
 
 def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | None = None,
               progress: ProgressFn | None = None) -> LoadedModel:
-    """Load a GGUF file of architecture llama (F32/F16/BF16 and quantized types, dequantized).
+    """Load a GGUF file of architecture llama (F32/F16/BF16 and quantized types: packed or dequantized).
 
     Raises:
         CheckpointError naming the file (and tensor or metadata key) for anything that does
@@ -429,24 +454,36 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
         orig = md.get("llama.rope.scaling.original_context_length")
         args.rope_scaling = scaling_from_rope_freqs(factors.numpy(), args, orig, source)
     types = sorted({t.tensor_type.name for t in reader.tensors})
-    items = []
+    # An explicit float dtype asks for float weights: dequantize as before.
+    keep_packed = dtype in (None, "auto") or quant_kind(dtype) is not None
+    items, paths = [], {}
     for name, t in by_name.items():
         if name == ROPE_FREQS:
             continue
         meta = meta_name(name)
         if meta is None:
             raise CheckpointError("unexpected tensor (not part of a llama model)", file=source, tensor=name)
-        items.append((meta, _named_errors(tensor_loader(t, dt), name, source)))
+        kind = t.tensor_type.name
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        why = quant.packable(kind, shape, dev) if len(shape) == 2 else "not a matrix"
+        if keep_packed and meta != "tok_embeddings.weight" and why is None:
+            load, how = packed_loader(t, dev), quant.path_of(kind)
+        else:
+            load = tensor_loader(t, dt)
+            how = "float" if kind in FLOAT_TYPES else "dequantized" + (f" ({why})" if keep_packed and why else "")
+        paths.setdefault(kind, set()).add(how)
+        items.append((meta, _named_errors(load, name, source)))
     unsupported = _unsupported_types(reader)
     if unsupported:
         raise CheckpointError(f"tensor type {unsupported[1]} cannot be dequantized", file=source,
                               tensor=unsupported[0])
     model = build_model(args, items, device=dev, dtype=dt, source=source, progress=progress,
-                        display={m: gguf_name(m) for m in expected_shapes(args)})
+                        display={m: gguf_name(m) for m in expected_shapes(args)}, quantize=quant_kind(dtype))
     fmt = chat_format_for(tok, template=template)
     stop = set(tok.stop_ids) | fmt.stop_ids()
     info = model_info("gguf", path, args, model, tok, fmt, tensor_types=types,
-                      dequantized=any(t not in FLOAT_TYPES for t in types),
+                      dequantized=any(p.startswith("dequantized") for v in paths.values() for p in v),
+                      tensor_paths={k: sorted(v) for k, v in sorted(paths.items())},
                       chat_template_source="gguf" if template else None,
                       general_name=md.get("general.name"))
     return LoadedModel(model, tok, fmt, args, stop, info, chat_template=template)

@@ -8,10 +8,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, one_line
 from ..model import ModelArgs
 from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info,
-                     resolve_device, resolve_dtype)
+                     quant_kind, resolve_device, resolve_dtype)
 
 
 def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -164,12 +164,7 @@ def _open_safetensors(file: Path):
         return safe_open(str(file), framework="pt", device="cpu")  # memory-mapped
     except Exception as e:
         raise CheckpointError(f"not a readable safetensors file (truncated or corrupt?): "
-                              f"{_one_line(e)}", file=str(file)) from None
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
+                              f"{one_line(e, 200)}", file=str(file)) from None
 
 
 def hf_tensors(path: Path) -> tuple[list[tuple[str, Path, Callable[[], torch.Tensor]]], list[str]]:
@@ -310,7 +305,7 @@ def load_hf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int |
         sources[meta] = str(file)
         items.append((meta, lambda meta=meta, load=load: to_meta_tensor(meta, load(), args)))
     model = build_model(args, items, device=dev, dtype=dt, source=str(path), progress=progress,
-                        display=display, sources=sources, mapped_sources=True)
+                        display=display, sources=sources, mapped_sources=True, quantize=quant_kind(dtype))
     template = read_chat_template(path, tcfg)
     fmt = chat_format_for(tok, template=template)
     gen_stops = _eos_ids(gcfg, cfg)

@@ -12,7 +12,8 @@ from ..chat_format import chat_format_for
 from ..errors import CheckpointError, TokenizerError
 from ..model import ModelArgs
 from ..tokenizer import load_tokenizer
-from .common import LoadedModel, ProgressFn, build_model, expected_shapes, model_info, resolve_device, resolve_dtype
+from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, model_info, quant_kind, resolve_device,
+                     resolve_dtype)
 
 # Meta's checkpoints carry precomputed RoPE frequencies (Llama 2); the model derives them.
 IGNORED = ("rope.freqs",)
@@ -132,7 +133,8 @@ def load_meta(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
                               f"{args.vocab_size}", file=str(find_tokenizer(path)))
     shapes = expected_shapes(args)
     model = build_model(args, merge_shards(shards, shapes, files), device=dev, dtype=dt,
-                        source=str(files[0]), progress=progress, ignore=IGNORED, mapped_sources=True)
+                        source=str(files[0]), progress=progress, ignore=IGNORED, mapped_sources=True,
+                        quantize=quant_kind(dtype))
     fmt = chat_format_for(tok)
     stop = set(tok.stop_ids) | fmt.stop_ids()
     info = model_info("meta", path, args, model, tok, fmt,

@@ -8,7 +8,8 @@ from core.chat_format import (
     describe,
 )
 from core.errors import SettingsError
-from core.tokenizer import SentencePieceTokenizer, TiktokenTokenizer, sentencepiece_from_vocab
+from core.checkpoints.gguf_vocab import sentencepiece_from_vocab
+from core.tokenizer import SentencePieceTokenizer, TiktokenTokenizer
 from tests.core.test_tokenizer import gguf_vocab
 
 LLAMA3_TEMPLATE = (

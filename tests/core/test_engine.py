@@ -249,3 +249,58 @@ def test_inspector_alternatives_match_direct_softmax(engine, lm):
         expect = probs[keep] / probs[keep].sum()
         assert [i for i, _ in t.top["filtered"]] == k4.indices[keep].tolist()
         torch.testing.assert_close(torch.tensor([p for _, p in t.top["filtered"]]), expect, atol=1e-5, rtol=0)
+
+
+# -- serve: requests joining a running batch ------------------------------------------------
+
+def test_requests_join_a_running_batch_and_each_matches_its_run_alone(engine, lm):
+    from core.engine import Joining
+    texts = ["Hi", "The weather today is rather", "Numbers: 1 2 3", "Once"]
+    prompts = [lm.tokenizer.encode(t, bos=True) for t in texts]
+    greedy = SamplingParams(temperature=0, max_new_tokens=8)
+    arrivals = {0: [Joining(prompts[0], [greedy])], 3: [Joining(prompts[1], [greedy]), Joining(prompts[2], [greedy])],
+                5: [Joining(prompts[3], [greedy] * 2)]}
+    calls, starts = [], {}
+
+    def admit(free, next_lane):
+        step = len(calls)
+        calls.append((free, next_lane))
+        new = arrivals.get(step, [])
+        for j in new:
+            starts[next_lane] = j
+            next_lane += len(j.lanes)
+        return new
+
+    evs = list(engine.serve(admit, max_rows=8))
+    done = {e.lane: e for e in evs if isinstance(e, Done)}
+    assert sorted(done) == list(range(5))
+    by_lane = {0: prompts[0], 1: prompts[1], 2: prompts[2], 3: prompts[3], 4: prompts[3]}
+    for lane, p in by_lane.items():
+        assert done[lane].tokens == reference_greedy(lm.model, p, 8), lane
+    # Later requests joined while the first was still decoding: it was not served alone first.
+    prefilled = [i for i, e in enumerate(evs) if isinstance(e, Prefilled)]
+    first_done = next(i for i, e in enumerate(evs) if isinstance(e, Done))
+    assert len(prefilled) == 4 and prefilled[2] < first_done
+    assert [e.lanes for e in evs if isinstance(e, Prefilled)] == [(0,), (1,), (2,), (3, 4)]
+    assert calls[3] == (7, 1)  # 8 rows, one busy
+
+
+def test_cancelling_one_request_of_a_batch_stops_only_it_within_a_step(engine, lm):
+    from core.engine import Joining
+    stop_a = threading.Event()
+    long = SamplingParams(temperature=0, max_new_tokens=30)
+    a = Joining(lm.tokenizer.encode("Hello", bos=True), [long], cancel=stop_a)
+    b = Joining(lm.tokenizer.encode("Once upon", bos=True), [long])
+    pending = [[a, b]]
+    seen = 0
+    for ev in engine.serve(lambda free, nxt: pending.pop() if pending else [], max_rows=4):
+        if isinstance(ev, Token) and ev.lane == 0:
+            seen += 1
+            if seen == 3:
+                stop_a.set()
+        if isinstance(ev, Done):
+            if ev.lane == 0:
+                assert ev.stop_reason == "cancelled" and len(ev.tokens) == 3
+            else:
+                assert ev.stop_reason == "length" and len(ev.tokens) == 30
+                assert ev.tokens == reference_greedy(lm.model, b.prompt, 30)

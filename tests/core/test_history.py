@@ -1,4 +1,4 @@
-"""core.history: message trees, search, export/import, durability across a killed process."""
+"""core.history: message trees, search, comparisons, durability across a killed process."""
 from __future__ import annotations
 
 import json
@@ -12,32 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import LlamaDeskError
-from core.history import EXPORT_FORMAT, SCHEMA_VERSION, History, HistoryError
+from core.chat_export import export_json, export_markdown, import_json
+from core.history import SCHEMA_VERSION, History, HistoryError
+from tests.helpers import greetings_chat as chat, texts
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def h(tmp_path):
-    hist = History(tmp_path / "data" / "history.sqlite3")
-    yield hist
-    hist.close()
-
-
-def texts(msgs):
-    return [m.text for m in msgs]
-
-
-def chat(h):
-    """user → assistant(v1, v2); the second version is on screen."""
-    c = h.create_conversation("Greetings")
-    u = h.add_message(c.id, role="user", text="Hello there")
-    a1 = h.add_message(c.id, role="assistant", text="Hi! v1", parent_id=u.id,
-                       settings={"temperature": 0.7, "top_p": 0.9}, seed=11, model_id="tiny",
-                       stats={"tokens": 4, "tokens_per_s": 12.5}, stop_reason="eos")
-    a2 = h.add_message(c.id, role="assistant", text="Hi! v2", parent_id=u.id, seed=12)
-    return c, u, a1, a2
 
 
 def test_creates_folders_schema_and_wal(tmp_path):
@@ -186,77 +165,6 @@ def test_list_search_rename_delete(h):
     assert n == 0
 
 
-def test_export_markdown(h):
-    c, u, a1, a2 = chat(h)
-    h.select(a1.id)
-    md = h.export_markdown(c.id)
-    assert md.startswith("# Greetings\n")
-    assert "## User\n\nHello there" in md and "## Assistant\n\nHi! v1" in md
-    assert "Hi! v2" not in md  # only the branch on screen
-    line = next(l for l in md.splitlines() if l.startswith("> "))
-    for part in ("version 1 of 2", "temperature 0.7", "top_p 0.9", "seed 11", "model tiny",
-                 "4 tokens", "stop: eos"):
-        assert part in line
-
-
-def test_export_import_round_trip(h):
-    c, u, a1, a2 = chat(h)
-    h.add_message(c.id, role="user", text="follow-up", parent_id=a1.id,
-                  meta={"note": "ü"})
-    h.select(a2.id)
-    data = h.export_json(c.id)
-    assert data["format"] == EXPORT_FORMAT and data["version"] == 1
-    data = json.loads(json.dumps(data))  # it really is JSON
-    c2 = h.import_json(data)
-    assert c2.id != c.id and c2.title == "Greetings"
-    old, new = h.messages(c.id), h.messages(c2.id)
-    assert {m.id for m in old}.isdisjoint({m.id for m in new})
-
-    def shape(msgs):
-        index = {m.id: i for i, m in enumerate(msgs)}
-        return [(index.get(m.parent_id), m.role, m.text, m.settings, m.seed, m.model_id, m.stats,
-                 m.stop_reason, m.created_at, m.meta) for m in msgs]
-
-    assert shape(old) == shape(new)
-    assert texts(h.current_path(c2.id)) == texts(h.current_path(c.id))
-    exported_again = h.export_json(c2.id)
-    for d in (data, exported_again):
-        d.pop("exported_at")
-        d["conversation"].pop("current_leaf_id")
-        for m in d["messages"]:
-            m.pop("id"), m.pop("parent_id")
-    assert exported_again == data
-
-
-@pytest.mark.parametrize("data, match", [
-    ([], "JSON object"),
-    ({"format": "something.else", "version": 1}, "format"),
-    ({"format": EXPORT_FORMAT, "version": 99, "conversation": {"title": "x"}}, "newer"),
-    ({"format": EXPORT_FORMAT, "version": "1"}, "version"),
-    ({"format": EXPORT_FORMAT, "version": 1}, "conversation"),
-    ({"format": EXPORT_FORMAT, "version": 1, "conversation": {"title": 3}}, "title"),
-    ({"format": EXPORT_FORMAT, "version": 1, "conversation": {"title": "x", "kind": "poem"}}, "kind"),
-    ({"format": EXPORT_FORMAT, "version": 1, "conversation": {"title": "x"}, "messages": {}}, "list"),
-    ({"format": EXPORT_FORMAT, "version": 1, "conversation": {"title": "x"},
-      "messages": [{"id": 1, "role": "user"}]}, "text"),
-    ({"format": EXPORT_FORMAT, "version": 1, "conversation": {"title": "x"},
-      "messages": [{"id": 2, "parent_id": 7, "role": "user", "text": "a"}]}, "parent_id"),
-    ({"format": EXPORT_FORMAT, "version": 1, "conversation": {"title": "x"},
-      "messages": [{"id": 1, "role": "user", "text": "a"}, {"id": 1, "role": "user", "text": "b"}]},
-     "repeats"),
-    ({"format": EXPORT_FORMAT, "version": 1, "conversation": {"title": "x", "current_leaf_id": 5},
-      "messages": []}, "current_leaf_id"),
-    ({"format": EXPORT_FORMAT, "version": 1, "conversation": {"title": "x"},
-      "messages": [{"id": 1, "role": "user", "text": "a", "settings": [1]}]}, "settings"),
-])
-def test_bad_import_raises_history_error(h, data, match):
-    before = len(h.conversations())
-    with pytest.raises(HistoryError, match=match) as err:
-        h.import_json(data)
-    assert isinstance(err.value, LlamaDeskError)
-    assert len(h.conversations()) == before  # nothing half-written
-
-
 def test_comparison_store_export_search(h):
     prompt = {"messages": [{"role": "user", "content": "Name a colour"}], "chat_format": "llama3"}
     lanes = [
@@ -273,10 +181,10 @@ def test_comparison_store_export_search(h):
     assert [x.id for x in h.conversations(kind="comparison")] == [c.id]
     assert h.conversations(kind="chat") == []
     assert [x.id for x in h.conversations(search="vermilion")] == [c.id]
-    md = h.export_markdown(c.id)
+    md = export_markdown(h, c.id)
     assert "Name a colour" in md and "## Lane 2" in md and "Vermilion" in md
     assert "temperature 1.2" in md and "stop: length" in md
-    c2 = h.import_json(json.loads(json.dumps(h.export_json(c.id))))
+    c2 = import_json(h, json.loads(json.dumps(export_json(h, c.id))))
     assert h.comparison(c2.id) == got
     assert c2.id in [x.id for x in h.conversations(search="vermilion")]
     plain = h.create_conversation()

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from core.engine import beam_search
+from core.beam import beam_search
 from core.errors import SettingsError
 from core.sampling import (SamplingParams, apply_repetition_penalty, filter_logits, min_p_filter, sample,
                            top_alternatives, top_k_filter, top_p_filter)

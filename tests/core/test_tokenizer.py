@@ -12,11 +12,9 @@ from core.tokenizer import (
     SentencePieceTokenizer,
     StreamDecoder,
     TiktokenTokenizer,
-    byte_level_vocab_from_ranks,
-    hf_byte_level_from_vocab,
     load_tokenizer,
-    sentencepiece_from_vocab,
 )
+from core.checkpoints.gguf_vocab import byte_level_vocab_from_ranks, hf_byte_level_from_vocab, sentencepiece_from_vocab
 
 MIXED = "Grüße 👋🏽 日本語のテキスト — naïve café\n\tcode: x = 1"
 SAMPLES = [
@@ -80,7 +78,7 @@ def stories(fixtures) -> SentencePieceTokenizer:
 @pytest.fixture(scope="module")
 def hf_llama3(meta_fixtures) -> HFTokenizer:
     """A byte-level HF tokenizer built the way the GGUF loader builds one ("gpt2" vocab)."""
-    from core.tokenizer import _parse_ranks
+    from core.tokenizer.tiktoken_bpe import _parse_ranks
 
     path = meta_fixtures / "llama3-tokenizer.model"
     tokens, merges = byte_level_vocab_from_ranks(_parse_ranks(path.read_bytes(), path))

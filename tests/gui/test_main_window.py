@@ -9,6 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QLabel, QMessageBox, QSlider, QWidget
 
+from core.chat_export import export_json
 from tests.gui.ui_helpers import (bridge, close, data_dir, loop, make_window, run, settings,  # noqa: F401
                                   snapshot, until)
 
@@ -270,7 +271,7 @@ def test_export_import_round_trip(qtbot, window, loop, gguf, tmp_path):
     assert new_id != conv_id and window.conversation.conv_id == new_id
     assert [m.text for m in window.history.current_path(new_id)] == texts
     assert window.conv_list.count() == 2
-    assert json.loads(json.dumps(window.history.export_json(new_id)))["messages"][0]["text"] == data["messages"][0]["text"]
+    assert json.loads(json.dumps(export_json(window.history, new_id)))["messages"][0]["text"] == data["messages"][0]["text"]
 
 
 def test_conversation_list_new_rename_search_delete(qtbot, window, loop, gguf):

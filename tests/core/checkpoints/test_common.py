@@ -26,7 +26,9 @@ def test_explicit_dtypes_and_errors():
     assert common.resolve_dtype("bfloat16", cpu, LLAMA3_8B) == torch.bfloat16
     assert common.resolve_dtype("float16", cpu) == torch.float16
     with pytest.raises(SettingsError, match="dtype"):
-        common.resolve_dtype("int4", cpu)
+        common.resolve_dtype("int3", cpu)
+    # int8/int4 quantize linear weights; the rest computes in what 'auto' picks
+    assert common.resolve_dtype("int4", cpu) == common.resolve_dtype("auto", cpu)
     assert common.resolve_device("cpu") == cpu
     with pytest.raises(SettingsError, match="device"):
         common.resolve_device("tpu")

@@ -1,0 +1,210 @@
+"""GGUF vocabularies as tokenizers: a SentencePiece ModelProto or a byte-level BPE built
+from the arrays a GGUF file stores (``tokenizer.ggml.tokens``/``scores``/``token_type``/``merges``).
+"""
+from __future__ import annotations
+
+import json
+import re
+import struct
+
+from ..errors import TokenizerError
+from ..tokenizer import HFTokenizer, SentencePieceTokenizer
+from ..tokenizer.base import _B2U, LLAMA3_PATTERN
+
+# Minimal protobuf wire encoding for sentencepiece's ModelProto. The package's generated
+# sentencepiece_model_pb2 needs the protobuf runtime, which this project does not depend on;
+# the handful of fields written here are stable parts of sentencepiece_model.proto.
+
+
+def _pb_varint(n: int) -> bytes:
+    n &= (1 << 64) - 1  # negative int32 values go on the wire as 10-byte two's complement
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _pb_int(field: int, value: int) -> bytes:
+    return _pb_varint(field << 3) + _pb_varint(value)
+
+
+def _pb_bytes(field: int, value: bytes) -> bytes:
+    return _pb_varint(field << 3 | 2) + _pb_varint(len(value)) + value
+
+
+def _pb_float(field: int, value: float) -> bytes:
+    return _pb_varint(field << 3 | 5) + struct.pack("<f", value)
+
+
+# llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user defined, 5 unused, 6 byte —
+# the same numbers as SentencePiece's ModelProto.SentencePiece.Type.
+_SP_NORMAL, _SP_UNKNOWN, _SP_CONTROL, _SP_USER, _SP_UNUSED, _SP_BYTE = 1, 2, 3, 4, 5, 6
+_CHAT_MARKER = re.compile(r"<\|[^|<>\s]+\|>")
+
+
+def sentencepiece_from_vocab(
+    tokens: list[str],
+    scores: list[float],
+    token_types: list[int],
+    *,
+    bos_id: int | None,
+    eos_id: int | None,
+    unk_id: int | None,
+    pad_id: int | None = None,
+    add_dummy_prefix: bool = True,
+) -> SentencePieceTokenizer:
+    """A real SentencePiece (BPE, byte fallback) model from GGUF-style vocabulary arrays."""
+    n = len(tokens)
+    if not (len(scores) == len(token_types) == n) or n == 0:
+        raise TokenizerError(
+            f"vocabulary arrays disagree: {n} tokens, {len(scores)} scores, {len(token_types)} types"
+        )
+    types = [int(t) if 1 <= int(t) <= 6 else _SP_NORMAL for t in token_types]
+    if unk_id is None:
+        unk_id = next((i for i, t in enumerate(types) if t == _SP_UNKNOWN), None)
+        if unk_id is None:
+            raise TokenizerError("SentencePiece vocabulary has no unknown token")
+    types[unk_id] = _SP_UNKNOWN
+    for i in (bos_id, eos_id):
+        if i is not None:
+            types[i] = _SP_CONTROL
+    for i, t in enumerate(types):
+        # Some converters mark chat markers like <|eot_id|> as user-defined, which
+        # SentencePiece would match in user text; as control symbols they never are.
+        if t == _SP_USER and _CHAT_MARKER.fullmatch(tokens[i]):
+            types[i] = _SP_CONTROL
+    has_bytes = _SP_BYTE in types
+
+    parts = []
+    for piece, score, t in zip(tokens, scores, types):
+        body = _pb_bytes(1, piece.encode("utf-8")) + _pb_float(2, float(score))
+        if t != _SP_NORMAL:
+            body += _pb_int(3, t)
+        parts.append(_pb_bytes(1, body))
+
+    def piece_of(i: int | None, default: str) -> bytes:
+        return (tokens[i] if i is not None else default).encode("utf-8")
+
+    trainer = b"".join(
+        [
+            _pb_int(3, 2),  # model_type = BPE
+            _pb_int(4, n),  # vocab_size
+            _pb_int(35, int(has_bytes)),  # byte_fallback
+            _pb_int(40, unk_id),
+            _pb_int(41, -1 if bos_id is None else bos_id),
+            _pb_int(42, -1 if eos_id is None else eos_id),
+            _pb_int(43, -1 if pad_id is None else pad_id),
+            _pb_bytes(45, piece_of(unk_id, "<unk>")),
+            _pb_bytes(46, piece_of(bos_id, "<s>")),
+            _pb_bytes(47, piece_of(eos_id, "</s>")),
+            _pb_bytes(48, piece_of(pad_id, "<pad>")),
+        ]
+    )
+    normalizer = b"".join(
+        [
+            _pb_bytes(1, b"identity"),
+            _pb_int(3, int(add_dummy_prefix)),
+            _pb_int(4, 0),  # remove_extra_whitespaces: Llama keeps whitespace runs
+            _pb_int(5, 1),  # escape_whitespaces: spaces become "▁"
+        ]
+    )
+    parts.append(_pb_bytes(2, trainer))
+    parts.append(_pb_bytes(3, normalizer))
+    return SentencePieceTokenizer(b"".join(parts))
+
+
+def hf_byte_level_from_vocab(
+    tokens: list[str],
+    merges: list[str],
+    token_types: list[int],
+    *,
+    bos_id: int | None,
+    eos_id: int | None,
+) -> HFTokenizer:
+    """A byte-level BPE tokenizer (Llama 3 style) from GGUF "gpt2" vocabulary arrays.
+
+    ``tokens`` are in GPT-2's byte-to-unicode spelling, ``merges`` are ``"left right"``.
+    Control tokens (type 3) become special added tokens.
+    """
+    n = len(tokens)
+    if len(token_types) != n:
+        raise TokenizerError(f"vocabulary arrays disagree: {n} tokens, {len(token_types)} types")
+    added = []
+    for i, t in enumerate(token_types):
+        if t in (_SP_CONTROL, _SP_USER):
+            added.append(
+                {
+                    "id": i,
+                    "content": tokens[i],
+                    "single_word": False,
+                    "lstrip": False,
+                    "rstrip": False,
+                    "normalized": False,
+                    "special": t == _SP_CONTROL,
+                }
+            )
+    # Built as JSON so the 128k-entry vocabulary and merges are handled by C/Rust code,
+    # not by a long Python loop that would hold the GIL.
+    spec = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+            ],
+        },
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            # tiktoken takes a whole pre-token that is in the vocabulary as is; so must we.
+            "ignore_merges": True,
+            "vocab": dict(zip(tokens, range(n))),
+            "merges": list(merges),
+        },
+    }
+    tok = HFTokenizer(json.dumps(spec, ensure_ascii=False))
+    # Explicit ids win over the name-based guess made from the usual spellings.
+    tok.bos_id, tok.eos_id = bos_id, eos_id
+    tok.stop_ids = tok._collect_stop_ids()
+    return tok
+
+
+def byte_level_vocab_from_ranks(ranks: dict[bytes, int]) -> tuple[list[str], list[str]]:
+    """Tokens (GPT-2 byte-level spelling, in rank order) and merges for a tiktoken ranks table.
+
+    tiktoken merges any adjacent pair whose concatenation is a token, lowest rank first;
+    listing every such pair, ordered by the rank of the result, makes a BPE that agrees.
+    """
+    by_rank = sorted(ranks, key=ranks.__getitem__)
+    spell = [("".join(_B2U[b] for b in tok)) for tok in by_rank]
+    if ranks and (min(ranks.values()) != 0 or max(ranks.values()) != len(ranks) - 1):
+        raise TokenizerError("tiktoken ranks are not the contiguous ids 0..n-1")
+    merges: list[tuple[int, int, int]] = []
+    for r, tok in enumerate(by_rank):
+        for k in range(1, len(tok)):
+            left = ranks.get(tok[:k])
+            if left is None:
+                continue
+            right = ranks.get(tok[k:])
+            if right is None:
+                continue
+            merges.append((r, left, right))
+    merges.sort()
+    return spell, [f"{spell[a]} {spell[b]}" for _, a, b in merges]

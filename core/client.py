@@ -1,0 +1,286 @@
+"""A client for OpenAI-compatible servers (``python -m core serve``, vLLM, llama.cpp's
+server, Ollama, LM Studio) that yields the engine's own events.
+
+A remote reply streams as :class:`core.engine.Token` events and ends with one
+:class:`core.engine.Done`, so the CLI (and anything else that consumes a local engine's
+events) runs a model on a server exactly as a local one. Every failure is a
+:class:`RemoteError` whose ``kind`` says what went wrong, with a message a user can act on.
+"""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import httpx
+
+from .engine import Done, Stats, Token
+from .errors import LlamaDeskError
+from .sampling import SamplingParams
+
+# finish_reason -> the engine's stop reasons; "stop" is split into eos and stop strings below.
+_FINISH = {"length": "length", "abort": "cancelled", "cancelled": "cancelled"}
+
+
+class RemoteError(LlamaDeskError):
+    """A server that cannot be reached or refused a request.
+
+    ``kind`` is one of: connection (refused, DNS), timeout, auth (401/403), rate_limit
+    (429), busy (503), bad_request (400/422), not_found (404), cut (the stream ended
+    mid-reply), http (anything else). ``status`` is the HTTP status when there was one.
+    """
+
+    def __init__(self, message: str, *, kind: str, status: int | None = None, param: str | None = None):
+        super().__init__(message)
+        self.kind, self.status, self.param = kind, status, param
+
+
+_KINDS = {400: "bad_request", 401: "auth", 403: "auth", 404: "not_found", 422: "bad_request",
+          429: "rate_limit", 503: "busy"}
+
+
+def base_url(url: str) -> str:
+    """``http://host:port`` or ``.../v1`` -> ``.../v1`` (every server above mounts there)."""
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise RemoteError(f"a server URL starts with http:// or https://, got {url!r}", kind="bad_request")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+@dataclass
+class RemoteModel:
+    """One model on one server.
+
+    Args:
+        url: the server (``http://127.0.0.1:8000`` or ``.../v1``).
+        api_key: sent as ``Authorization: Bearer``; never stored anywhere by this class.
+        model: the model id; None takes the server's first model.
+        timeout: seconds to wait for a connection or for the next streamed bytes.
+    """
+    url: str
+    api_key: str | None = None
+    model: str | None = None
+    timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        self.url = base_url(self.url)
+        self.card: dict | None = None
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def _fail(self, r: httpx.Response) -> RemoteError:
+        try:
+            err = r.json().get("error") or {}
+            msg, param = (err.get("message") if isinstance(err, dict) else str(err)), (
+                err.get("param") if isinstance(err, dict) else None)
+        except (ValueError, AttributeError):
+            msg, param = r.text[:200].strip(), None
+        what = {401: "the server refused the API key", 403: "the server refused the API key",
+                429: "the server is rate-limiting requests", 503: "the server is busy"}.get(r.status_code)
+        text = f"{what}: {msg}" if what and msg else (what or msg or r.reason_phrase)
+        return RemoteError(f"{self.url} answered {r.status_code}: {text}", kind=_KINDS.get(r.status_code, "http"),
+                           status=r.status_code, param=param)
+
+    def _request(self, method: str, path: str, **kw) -> httpx.Response:
+        try:
+            r = httpx.request(method, self.url + path, headers=self._headers(), timeout=self.timeout, **kw)
+        except httpx.TimeoutException:
+            raise RemoteError(f"{self.url} did not answer within {self.timeout:g} s", kind="timeout") from None
+        except httpx.TransportError as e:
+            raise RemoteError(f"cannot connect to {self.url}: {e}", kind="connection") from None
+        if r.status_code >= 400:
+            raise self._fail(r)
+        return r
+
+    # -- models ------------------------------------------------------------------------------
+
+    def models(self) -> list[dict]:
+        """The server's ``/v1/models`` list."""
+        data = self._request("GET", "/models").json().get("data")
+        if not isinstance(data, list):
+            raise RemoteError(f"{self.url}/models did not answer a model list", kind="http")
+        return data
+
+    def connect(self) -> dict:
+        """Look the model up (the first one when none was named); returns its model card."""
+        models = self.models()
+        if not models:
+            raise RemoteError(f"{self.url} serves no models", kind="not_found")
+        if self.model is None:
+            self.card = models[0]
+            self.model = self.card["id"]
+        else:
+            self.card = next((m for m in models if m.get("id") == self.model), None)
+            if self.card is None:
+                ids = ", ".join(str(m.get("id")) for m in models)
+                raise RemoteError(f"{self.url} has no model '{self.model}' (it has: {ids})", kind="not_found")
+        return self.card
+
+    @property
+    def is_llamadesk(self) -> bool:
+        return bool(self.card and "llamadesk" in self.card)
+
+    @property
+    def tokenizer_fingerprint(self) -> str | None:
+        """The model's tokenizer hash where the server says it (LlamaDesk servers), else None."""
+        return (self.card or {}).get("llamadesk", {}).get("tokenizer")
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def body(self, params: SamplingParams, *, prompt: str | None = None, messages: list[dict] | None = None,
+             logprobs: bool = True, top_logprobs: int = 0, stream: bool = True) -> dict:
+        """The request body for one reply under ``params`` (fields left at their off value
+        are not sent, so servers that lack them still answer)."""
+        p = params.resolved()
+        b: dict = {"model": self.model, "max_tokens": p.max_new_tokens, "temperature": p.temperature,
+                   "top_p": p.top_p, "seed": p.seed, "stream": stream}
+        if stream:
+            b["stream_options"] = {"include_usage": True}
+        if p.stop:
+            b["stop"] = list(p.stop)
+        for key, off in (("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
+            if getattr(p, key) != off:
+                b[key] = getattr(p, key)
+        if messages is not None:
+            b["messages"] = messages
+            if logprobs:
+                b["logprobs"] = True
+                if top_logprobs:
+                    b["top_logprobs"] = top_logprobs
+        else:
+            b["prompt"] = prompt
+            if logprobs:
+                b["logprobs"] = top_logprobs
+        if self.is_llamadesk or (self.card or {}).get("owned_by") == "vllm":
+            b["return_token_ids"] = True
+        return b
+
+    def stream(self, params: SamplingParams, *, prompt: str | None = None, messages: list[dict] | None = None,
+               lane: int = 0, logprobs: bool = True, top_logprobs: int = 0,
+               cancel: threading.Event | None = None, meta: dict | None = None) -> Iterator[Token | Done]:
+        """Stream one reply (a completion of ``prompt`` or a chat reply to ``messages``) as
+        the engine's Token events and one Done; closing the generator or setting
+        ``cancel`` closes the connection, which cancels the reply on the server.
+
+        ``meta``, when given, receives ``prompt_token_ids`` where the server reports them.
+        """
+        if self.card is None:
+            self.connect()
+        params = params.resolved()
+        chat = messages is not None
+        body = self.body(params, prompt=prompt, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs)
+        path = "/chat/completions" if chat else "/completions"
+        t0 = time.perf_counter()
+        text, tokens, lps = [], [], []
+        stats = Stats()
+        finish, stop_reason, usage = None, None, None
+        first = None
+        try:
+            with httpx.stream("POST", self.url + path, json=body, headers=self._headers(),
+                              timeout=self.timeout) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise self._fail(r)
+                for data in _sse_data(r):
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        err = chunk["error"]
+                        raise RemoteError(f"{self.url} failed mid-reply: {err.get('message', err)}", kind="http")
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    for c in chunk.get("choices") or []:
+                        if meta is not None and "prompt_token_ids" in c:
+                            meta["prompt_token_ids"] = c["prompt_token_ids"]
+                        for ev in _chunk_tokens(c, chat, lane, len(tokens)):
+                            if first is None:
+                                first = time.perf_counter()
+                            text.append(ev.text)
+                            tokens.append(ev.token_id)
+                            lps.append(ev.logprob)
+                            yield ev
+                        if c.get("finish_reason"):
+                            finish, stop_reason = c["finish_reason"], c.get("stop_reason")
+                    if cancel is not None and cancel.is_set():
+                        finish = "abort"
+                        break
+        except httpx.TimeoutException:
+            raise RemoteError(f"{self.url} stopped answering for {self.timeout:g} s", kind="timeout") from None
+        except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+            raise RemoteError(f"the connection to {self.url} was cut mid-reply ({e})", kind="cut") from None
+        except httpx.TransportError as e:
+            raise RemoteError(f"cannot connect to {self.url}: {e}", kind="connection") from None
+        if finish is None:
+            raise RemoteError(f"the connection to {self.url} ended mid-reply", kind="cut")
+        end = time.perf_counter()
+        if finish == "stop":
+            # vLLM-style servers name what stopped the reply: a stop string, or a token id / None for end of turn.
+            reason = "stop" if isinstance(stop_reason, str) else "eos"
+        else:
+            reason = _FINISH.get(finish, "length")
+        stats.prompt_tokens = (usage or {}).get("prompt_tokens", 0)
+        stats.generated_tokens = len(tokens)
+        stats.ttft_s = stats.prefill_s = (first or end) - t0
+        stats.decode_s = end - (first or end)
+        ids = [t for t in tokens] if all(t >= 0 for t in tokens) else []
+        yield Done(lane, reason, ids, "".join(text), lps if all(lp is not None for lp in lps) else [],
+                   params, stats, None)
+
+
+def _sse_data(r: httpx.Response) -> Iterator[str]:
+    """The data of each server-sent event (multi-line data joined with newlines)."""
+    buf: list[str] = []
+    for line in r.iter_lines():
+        if not line:
+            if buf:
+                yield "\n".join(buf)
+                buf = []
+        elif line.startswith("data:"):
+            buf.append(line[5:].removeprefix(" "))
+    if buf:
+        yield "\n".join(buf)
+
+
+def _chunk_tokens(c: dict, chat: bool, lane: int, index: int) -> Iterator[Token]:
+    """Token events in one streamed choice: one per token where the server reports tokens
+    (logprobs or token ids), else one for the text delta."""
+    delta = (c.get("delta") or {}).get("content") if chat else c.get("text")
+    delta = delta or ""
+    ids = c.get("token_ids") or []
+    lp = c.get("logprobs")
+    if chat:
+        entries = (lp or {}).get("content") or []
+        pieces = [(e.get("token", ""), e.get("logprob"), _top(e.get("top_logprobs"))) for e in entries]
+    elif lp:
+        tops = lp.get("top_logprobs") or [None] * len(lp.get("tokens") or [])
+        pieces = [(t, l, _top([{"token": k, "logprob": v} for k, v in top.items()]) if top else None)
+                  for t, l, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], tops)]
+    else:
+        pieces = []
+    n = max(len(ids), len(pieces))
+    if n == 0:
+        if delta:
+            yield Token(lane, index, -1, delta, delta, None)
+        return
+    for k in range(n):
+        piece, logprob, top = pieces[k] if k < len(pieces) else (None, None, None)
+        tid = ids[k] if k < len(ids) else -1
+        # The text delta belongs to the chunk as a whole: give it to its last token.
+        yield Token(lane, index + k, tid, delta if k == n - 1 else "", piece if piece is not None else "", logprob, top)
+
+
+def _top(entries) -> dict | None:
+    """A server's top_logprobs in the engine's inspection shape. Servers name tokens by
+    text, not id, so each alternative gets a stand-in key (-1, -2, ...) named in "pieces";
+    "filtered" is empty: the server does not say what its filters kept."""
+    if not entries:
+        return None
+    raw = [(-1 - j, math.exp(e["logprob"])) for j, e in enumerate(entries) if e.get("logprob") is not None]
+    return {"raw": raw, "filtered": [], "pieces": {-1 - j: e.get("token", "") for j, e in enumerate(entries)}}

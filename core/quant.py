@@ -1,0 +1,307 @@
+"""Weight-only quantized linear layers that keep only packed bytes in memory.
+
+Two layouts, both multiplied by PyTorch's own weight-only kernels:
+
+- :class:`Int4Linear`: 4-bit values in groups of 32 along the input dimension, each
+  group with a bfloat16 scale and zero: ``w = (q - 8) * scale + zero``. GGUF Q4_0, Q4_1
+  and Q4_K are this layout already; Q8_0 becomes two 4-bit planes (high and low nibble of
+  ``q + 128``) whose products are summed by one kernel call over ``[x, x]``;
+  ``--dtype int4`` quantizes float weights into it (min/max per group).
+- :class:`Int8Linear`: int8 per output channel (``--dtype int8``).
+
+What rounds: the kernels take scales (and zeros) in bfloat16, the activations' dtype, so
+a GGUF fp16 scale loses its 3 lowest mantissa bits (relative error <= 2**-8; Q4_0 and
+Q8_0 are otherwise exact). Q4_1/Q4_K zeros (``m + 8d``, ``8*d*sc - dmin*m``) and Q4_K
+scales (``d*sc``, 17 significant bits) round to bfloat16 too. Outputs are bfloat16
+sums, cast back to the model's dtype. Everything else (Q5_*, Q6_K, ...) is dequantized
+at load as before; :func:`path_of` names the path a tensor took.
+
+Decode (a few rows) runs the packed kernel; a prefill chunk of many rows dequantizes the
+weight to bfloat16 once and runs a dense bfloat16 matmul, which on CPU beats the int4
+kernel from ~256 rows on (see bench/bench_quant.py).
+
+CPU and CUDA pack 4-bit weights differently (``_convert_weight_to_int4pack_for_cpu`` vs
+``_convert_weight_to_int4pack``); a layer is packed for one device and cannot move.
+The CUDA branch follows PyTorch's documented signatures and is unmeasured here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+GROUP = 32
+#: Rows from which a matmul dequantizes to bfloat16 and runs dense (CPU): the int4 kernel
+#: costs ~1 ms per row of an 8192x2048 weight, dequantizing it ~0.2 s once.
+DENSE_ROWS = 256
+CUDA_INNER_K_TILES = 8
+#: GGUF types that stay packed (the rest are dequantized at load).
+PACKED_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
+#: dtype names that quantize float weights at load.
+QUANT_DTYPES = ("int8", "int4")
+
+
+def path_of(kind: str) -> str:
+    """Which path a GGUF tensor type takes: 'int4-packed', 'float' or 'dequantized'."""
+    if kind in PACKED_TYPES:
+        return "int4-packed" if kind != "Q8_0" else "int4x2-packed"
+    return "float" if kind in ("F32", "F16", "BF16") else "dequantized"
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class Int4Linear(nn.Module):
+    """y = x @ W.T with W held as 4-bit groups (see the module docstring).
+
+    Args:
+        packed: the kernel's packed weight ([N, planes*K/2] uint8 on CPU).
+        scale_zeros: [planes*K/32, N', 2] bfloat16 (scale, zero) per group; N' >= N when
+            rows were padded to the CPU kernel's 64-row blocks (padding rows are zero).
+        in_features: K; the kernel sees ``planes * K`` inputs.
+        out_features: N.
+        planes: 2 when W is the sum of a high and a low 4-bit plane (Q8_0).
+        source: what the weight came from ('Q4_0', 'int4', ...), for ``info``.
+    """
+
+    def __init__(self, packed: torch.Tensor, scale_zeros: torch.Tensor, in_features: int,
+                 out_features: int, planes: int = 1, source: str = "int4"):
+        super().__init__()
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_zeros", scale_zeros)
+        self.in_features, self.out_features = in_features, out_features
+        self.planes, self.source = planes, source
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        xb = x.reshape(rows, self.in_features).to(torch.bfloat16)
+        if rows >= DENSE_ROWS and xb.device.type == "cpu":
+            y = F.linear(xb, self.dequantize(torch.bfloat16))
+        else:
+            if self.planes > 1:
+                xb = xb.repeat(1, self.planes)
+            y = _int4_mm(xb, self.packed, self.scale_zeros)[:, :self.out_features]
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight [N, K] as ``dtype`` (computed in float32; exact, see tests)."""
+        n, k = self.out_features, self.in_features * self.planes
+        if self.packed.device.type == "cpu":
+            npad = self.scale_zeros.shape[1]
+            q = _unpack_cpu(self.packed, npad, k)[:n].view(n, k // GROUP, GROUP).float()
+            sz = self.scale_zeros[:, :n].float()
+            scale, zero = sz[..., 0].t().unsqueeze(-1), sz[..., 1].t().unsqueeze(-1)
+            w = ((q - 8) * scale + zero).view(n, k)
+        else:  # the CUDA layout is opaque: multiply the identity (unmeasured)
+            eye = torch.eye(k, device=self.packed.device, dtype=torch.bfloat16)
+            w = _int4_mm(eye, self.packed, self.scale_zeros)[:, :n].t().float()
+        if self.planes > 1:
+            w = w.view(n, self.planes, self.in_features).sum(1)
+        return w.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, source={self.source}"
+
+
+class Int8Linear(nn.Module):
+    """y = x @ W.T with W held as int8 per output channel with bfloat16 scales."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, source: str = "int8"):
+        super().__init__()
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.out_features, self.in_features = qweight.shape
+        self.source = source
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        xb = x.reshape(rows, self.in_features).to(torch.bfloat16)
+        if rows >= DENSE_ROWS // 8 and xb.device.type == "cpu":
+            # _weight_int8pack_mm runs ~2 ms per row of an 8192x2048 weight on CPU
+            y = F.linear(xb, self.dequantize(torch.bfloat16))
+        else:
+            y = torch._weight_int8pack_mm(xb, self.qweight, self.scales)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.qweight.float() * self.scales.float().unsqueeze(1)).to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, source={self.source}"
+
+
+QuantLinear = (Int4Linear, Int8Linear)
+
+
+def _int4_mm(xb: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
+    if packed.device.type == "cpu":
+        return torch._weight_int4pack_mm_for_cpu(xb, packed, GROUP, scale_zeros)
+    return torch._weight_int4pack_mm(xb, packed, GROUP, scale_zeros)
+
+
+def _unpack_cpu(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Inverse of ``_convert_weight_to_int4pack_for_cpu`` (uint8 [N, K]).
+
+    Its layout (read off the kernel, checked by tests): blocks of 64 output rows; for
+    each input column 32 bytes, byte j holding row j (low nibble) and row j+32 (high).
+    """
+    v = packed.view(n // 64, k, 32)
+    u = torch.stack([v & 15, v >> 4], 2)  # [N/64, K, 2, 32]
+    return u.view(n // 64, k, 64).transpose(1, 2).reshape(n, k)
+
+
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, device: torch.device,
+              planes: int = 1, source: str = "int4") -> Int4Linear:
+    """An Int4Linear from 4-bit values q [N, planes*K] (0..15), and per-group float32
+    scale, zero [N, planes*K/32] meaning ``w = (q - 8) * scale + zero``."""
+    n, k = q.shape
+    pad = -n % 64 if device.type == "cpu" else 0  # the CPU kernel packs rows in blocks of 64
+    if pad:
+        q, scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (q, scale, zero))
+    sz = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(device=device, dtype=torch.bfloat16)
+    if device.type == "cpu":
+        packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+    else:  # CUDA wants two nibbles per byte, even column high (unmeasured here)
+        qi = q.to(device=device, dtype=torch.int32)
+        packed = torch._convert_weight_to_int4pack((qi[:, ::2] << 4 | qi[:, 1::2]).to(torch.uint8),
+                                                   CUDA_INNER_K_TILES)
+    return Int4Linear(packed, sz, k // planes, n, planes, source)
+
+
+def packable(kind: str, shape: tuple[int, int], device: torch.device) -> str | None:
+    """Why a [N, K] weight of ``kind`` cannot stay packed on ``device``, or None if it can."""
+    n, k = shape
+    if kind not in PACKED_TYPES and kind not in QUANT_DTYPES:
+        return f"{kind} has no packed kernel"
+    if device.type not in ("cpu", "cuda"):
+        return f"no packed kernels on {device.type}"
+    if k % GROUP:
+        return f"{k} inputs are not a multiple of the group size {GROUP}"
+    if kind != "int8" and device.type == "cuda" and (n % 8 or k % (CUDA_INNER_K_TILES * 16)):
+        return f"shape {shape} does not fit the CUDA int4 kernel"
+    return None
+
+
+# --------------------------------------------------------------------------- float -> packed
+
+
+@torch.no_grad()
+def quantize_int4(w: torch.Tensor, device: torch.device) -> Int4Linear:
+    """Asymmetric 4-bit min/max quantization of a float weight [N, K] in groups of 32."""
+    n, k = w.shape
+    if k % GROUP:
+        raise ValueError(f"{k} inputs are not a multiple of the group size {GROUP}")
+    g = w.detach().float().reshape(n, k // GROUP, GROUP)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / 15).clamp_min(1e-12).bfloat16().float()  # what the kernel will use
+    lo = lo.bfloat16().float()
+    q = torch.clamp(torch.round((g - lo.unsqueeze(-1)) / scale.unsqueeze(-1)), 0, 15)
+    return pack_int4(q.view(n, k), scale, lo + 8 * scale, device, source="int4")
+
+
+@torch.no_grad()
+def quantize_int8(w: torch.Tensor, device: torch.device) -> Int8Linear:
+    """Symmetric int8 quantization per output channel of a float weight [N, K]."""
+    wf = w.detach().float()
+    scale = (wf.abs().amax(1) / 127).clamp_min(1e-12).bfloat16().float()
+    q = torch.clamp(torch.round(wf / scale.unsqueeze(1)), -127, 127).to(torch.int8)
+    return Int8Linear(q.to(device), scale.to(device=device, dtype=torch.bfloat16), source="int8")
+
+
+def quantizer(kind: str) -> Callable[[torch.Tensor, torch.device], nn.Module]:
+    return {"int4": quantize_int4, "int8": quantize_int8}[kind]
+
+
+# --------------------------------------------------------------------------- GGUF blocks -> packed
+
+
+@dataclass
+class Groups:
+    """GGUF blocks decoded to 32-weight groups: value = q * scale + zero (float32 math)."""
+    q: torch.Tensor  # int16 [N, K]
+    scale: torch.Tensor  # float32 [N, K/32]
+    zero: torch.Tensor  # float32 [N, K/32]
+
+
+_BLOCK_BYTES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144)}
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """Little-endian fp16 from the last dim's 2 bytes, as float32."""
+    return b.contiguous().view(torch.float16).squeeze(-1).float()
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """16 bytes -> 32 values: low nibbles first, then high (GGUF's 32-weight order)."""
+    return torch.cat([qs & 15, qs >> 4], -1).to(torch.int16)
+
+
+def decode_blocks(raw: torch.Tensor, kind: str, n: int, k: int) -> Groups:
+    """Decode raw GGUF blocks (uint8 [N, K/block*bytes]) of one tensor into groups.
+
+    Same arithmetic as ``gguf.quants`` (float32), so ``q * scale + zero`` reproduces
+    gguf's dequantization; raises ValueError on a size that does not fit.
+    """
+    block, nbytes = _BLOCK_BYTES[kind]
+    if k % block:
+        raise ValueError(f"{k} columns are not a multiple of {kind}'s block size {block}")
+    if raw.numel() != n * (k // block) * nbytes:
+        raise ValueError(f"holds {raw.numel()} bytes, {kind} [{n}, {k}] needs {n * (k // block) * nbytes}")
+    b = raw.reshape(n, k // block, nbytes)
+    if kind == "Q8_0":
+        d = _f16(b[..., :2])
+        q = b[..., 2:].contiguous().view(torch.int8).to(torch.int16)
+        return Groups(q.reshape(n, k), d, torch.zeros_like(d))
+    if kind == "Q4_0":
+        d = _f16(b[..., :2])
+        return Groups(_nibbles(b[..., 2:]).reshape(n, k), d, -8 * d)
+    if kind == "Q4_1":
+        d, m = _f16(b[..., :2]), _f16(b[..., 2:4])
+        return Groups(_nibbles(b[..., 4:]).reshape(n, k), d, m)
+    # Q4_K: 256 weights = 8 groups of 32 with 6-bit scales/mins under fp16 d, dmin
+    d, dmin = _f16(b[..., 0:2]).unsqueeze(-1), _f16(b[..., 2:4]).unsqueeze(-1)
+    s = b[..., 4:16].to(torch.int32)
+    sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
+    mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    qs = b[..., 16:].reshape(n, k // block, 4, 32)
+    q = torch.stack([qs & 15, qs >> 4], 3).reshape(n, k).to(torch.int16)  # 64 per chunk: low 32, high 32
+    return Groups(q, (d * sc).reshape(n, -1), (-(dmin * mn)).reshape(n, -1))
+
+
+def pack_gguf(raw: torch.Tensor, kind: str, n: int, k: int, device: torch.device) -> Int4Linear:
+    """An Int4Linear holding a GGUF Q4_0/Q4_1/Q4_K/Q8_0 tensor [N, K]."""
+    g = decode_blocks(raw, kind, n, k)
+    if kind != "Q8_0":
+        # (q - 8) * scale + zero' == q * scale + zero  with zero' = zero + 8 * scale
+        return pack_int4(g.q, g.scale, g.zero + 8 * g.scale, device, source=kind)
+    u = g.q.to(torch.int32) + 128  # 0..255 = 16 * hi + lo
+    hi, lo = u >> 4, u & 15
+    d = g.scale.bfloat16().float()
+    # d*q = 16d*(hi-8) + 8d  +  d*(lo-8): two planes over [x, x]
+    q = torch.cat([hi, lo], 1)
+    scale = torch.cat([16 * d, d], 1)
+    zero = torch.cat([8 * d, torch.zeros_like(d)], 1)
+    return pack_int4(q, scale, zero, device, planes=2, source=kind)
+
+
+def swap_linear(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Replace the Linear owning parameter ``name`` ('layers.0.attention.wq.weight')."""
+    parent, _, attr = name.removesuffix(".weight").rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, module)
+
+
+def describe(model: nn.Module) -> dict[str, int]:
+    """How many linear layers take each path: {'Q4_0 int4-packed': 14, 'float': 3, ...}."""
+    out: dict[str, int] = {}
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            key = f"{m.source} {'int8-packed' if isinstance(m, Int8Linear) else path_of(m.source) if m.source in PACKED_TYPES else 'int4-packed'}"
+        elif type(m).__name__ == "Linear":
+            key = "float"
+        else:
+            continue
+        out[key] = out.get(key, 0) + 1
+    return out

@@ -1,0 +1,107 @@
+"""Quantized GGUF tensors stay packed: forward against the dequantized-float path."""
+import struct
+
+import pytest
+import torch
+
+from core.checkpoints import load
+from core.errors import CheckpointError
+from tests.core.checkpoints.test_gguf import random_model
+from tests.core.checkpoints.util import write_gguf
+from tests.helpers import greedy
+
+PROMPT = [1, 403, 407, 261, 378]  # BOS + "Once upon a time"
+IDS = torch.randint(3, 280, (2, 48), generator=torch.Generator().manual_seed(5))
+
+
+def teacher_forced_agreement(model, ref, ids):
+    """Share of positions where model's argmax equals ref's along ref's own greedy tokens."""
+    with torch.no_grad():
+        return (model(ids).argmax(-1) == ref(ids).argmax(-1)).float().mean().item()
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K"])
+def test_packed_forward_matches_dequantized_forward(tmp_path, qtype):
+    dim = 256 if qtype == "Q4_K" else 128  # K-quants need 256-wide rows
+    m = random_model(4, dim=dim, n_heads=4, n_kv_heads=2, hidden_dim=dim * 3 // 2 if qtype != "Q4_K" else 512)
+    f = tmp_path / f"m-{qtype}.gguf"
+    write_gguf(f, m, qtype=qtype)
+    packed = load(f, device="cpu")  # auto: quantized linears stay packed
+    floats = load(f, device="cpu", dtype="float32")  # today's path: dequantized to float32
+    assert packed.info["linear_paths"] == {f"{qtype} {'int4x2' if qtype == 'Q8_0' else 'int4'}-packed": 15}
+    assert packed.info["tensor_paths"][qtype] == sorted(["dequantized", "int4x2-packed" if qtype == "Q8_0"
+                                                         else "int4-packed"])  # token_embd stays float
+    assert floats.info["linear_paths"] == {"float": 15}
+    with torch.no_grad():
+        a, b = packed.model(IDS), floats.model(IDS)
+    # The packed path differs by bf16 activations/outputs in each linear and bf16 scales:
+    # stated tolerance 4% of the logits' range on these deliberately wide random models.
+    assert (a - b).abs().max() <= 0.04 * b.abs().max(), ((a - b).abs().max(), b.abs().max())
+    ids, _ = greedy(packed.model, [1, 5, 6], 64)
+    seq = torch.tensor([[1, 5, 6] + ids[:-1]])
+    assert teacher_forced_agreement(packed.model, floats.model, seq) >= 0.9
+    # memory: packed bytes within 1.25x of the file's bytes for the same tensors
+    emb = floats.model.tok_embeddings.weight
+    assert packed.info["memory_bytes"] < 0.5 * floats.info["memory_bytes"] + emb.numel() * 4
+
+
+def test_fallback_types_are_dequantized_and_say_so(tmp_path):
+    m = random_model(2, dim=256, n_heads=4, n_kv_heads=2, hidden_dim=256, n_layers=1)
+    qtypes = {n: ("Q6_K" if "feed_forward" in n else "Q4_K") for n in m.state_dict()}
+    f = tmp_path / "k.gguf"
+    write_gguf(f, m, qtypes=qtypes)
+    lm = load(f, device="cpu")
+    assert lm.info["tensor_paths"]["Q6_K"] == ["dequantized (Q6_K has no packed kernel)"]
+    assert lm.info["linear_paths"] == {"Q4_K int4-packed": 5, "float": 3}
+    assert lm.info["dequantized"] is True
+
+
+def test_stories260k_q8_0_packed_keeps_its_greedy_text(fixtures, tmp_path):
+    """The real model requantized to Q8_0 by gguf's quantizer (w2's 172-wide rows cannot be
+    blocked and stay F32): packed and dequantized paths give the same 64 greedy tokens."""
+    src = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
+    qtypes = {n: ("F32" if n.endswith("w2.weight") else "Q8_0") for n in src.model.state_dict()}
+    src.model.args = src.args
+    f = tmp_path / "s-q8.gguf"
+    write_gguf(f, src.model, qtypes=qtypes, vocab=_vocab(src.tokenizer))
+    packed = load(f, device="cpu")
+    floats = load(f, device="cpu", dtype="float32")
+    assert packed.info["linear_paths"] == {"Q8_0 int4x2-packed": 31, "float": 5}
+    a, _ = greedy(packed.model, PROMPT, 64)
+    b, _ = greedy(floats.model, PROMPT, 64)
+    assert a == b
+    assert packed.tokenizer.decode(a).startswith(", there was a little girl named Lily")
+
+
+def _vocab(tok):
+    n = tok.vocab_size
+    return ([tok._sp.id_to_piece(i) for i in range(n)], [tok._sp.get_score(i) for i in range(n)],
+            [1] * n) if hasattr(tok, "_sp") else None
+
+
+def _patch_first_dim(path, tensor: str, new: int):
+    """Rewrite the first dimension in a tensor's header entry (a corrupt file)."""
+    data = bytearray(path.read_bytes())
+    name = tensor.encode()
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    assert n_dims == 2
+    struct.pack_into("<Q", data, at + 4, new)
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_quantized_tensors_name_file_and_tensor(tmp_path):
+    m = random_model(3, dim=128, n_heads=4, n_kv_heads=2, hidden_dim=192)
+    f = tmp_path / "bad.gguf"
+    write_gguf(f, m, qtype="Q4_0")
+    _patch_first_dim(f, "blk.0.attn_q.weight", 48)  # rows of 48 weights: not whole 32-blocks
+    with pytest.raises(CheckpointError) as e:
+        load(f, device="cpu")
+    assert e.value.tensor == "blk.0.attn_q.weight" and e.value.file == str(f)
+    assert "block size 32" in str(e.value)
+    g = tmp_path / "cut.gguf"
+    write_gguf(g, m, qtype="Q8_0")
+    g.write_bytes(g.read_bytes()[:-1000])
+    with pytest.raises(CheckpointError) as e:
+        load(g, device="cpu")
+    assert e.value.tensor and "truncated" in str(e.value) and e.value.file == str(g)

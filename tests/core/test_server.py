@@ -1,0 +1,288 @@
+"""The OpenAI-compatible server on loopback, driven by the official ``openai`` client.
+
+Every reply is checked against the engine run directly (a separate Engine on a separate
+copy of the model), or against the model's own forward pass for log-probabilities.
+"""
+import json
+import math
+import queue
+import threading
+
+import httpx
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+
+from core.checkpoints import load  # noqa: E402
+from core.engine import Done, Engine  # noqa: E402
+from core.prompting import render_chat  # noqa: E402
+from core.sampling import SamplingParams  # noqa: E402
+from core.server import RunningServer, ServerState  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+KEY = "test-key-123"
+DEMO = ROOT / "assets" / "models" / "llamadesk-demo"
+pytestmark = pytest.mark.timeout(120)
+
+
+class Served:
+    """A running server, a client for it, the engine run directly, and finished jobs."""
+
+    def __init__(self, path, **kw):
+        self.finished: queue.Queue = queue.Queue()
+        self.state = ServerState(load(path, device="cpu", dtype="float32"), api_key=KEY,
+                                 on_done=self.finished.put, **kw)
+        self.server = RunningServer(self.state)
+        self.url = self.server.url
+        self.client = openai.OpenAI(base_url=self.url, api_key=KEY, max_retries=0, timeout=60)
+        self.direct = load(path, device="cpu", dtype="float32")
+        self.engine = Engine(self.direct.model, self.direct.tokenizer, stop_ids=self.direct.stop_ids)
+
+    @property
+    def model(self) -> str:
+        return self.state.model_id
+
+    def alone(self, prompt_ids, params, strip=False) -> Done:
+        return [e for e in self.engine.generate(prompt_ids, params, strip_leading_space=strip) if isinstance(e, Done)][0]
+
+
+@pytest.fixture(scope="module")
+def stories(fixtures):
+    s = Served(fixtures / "stories260K.gguf")
+    yield s
+    s.server.stop()
+
+
+@pytest.fixture(scope="module")
+def demo():
+    s = Served(DEMO)
+    yield s
+    s.server.stop()
+
+
+def chat_ids(s: Served, messages):
+    return render_chat(s.direct.chat_format, messages)
+
+
+def test_models_lists_the_served_model_with_its_tokenizer(stories):
+    models = stories.client.models.list().data
+    assert [m.id for m in models] == ["stories260K"]
+    assert models[0].model_extra["llamadesk"]["vocab_size"] == 512
+
+
+def test_completion_is_the_fixture_text_and_matches_the_engine(stories):
+    r = stories.client.completions.create(model=stories.model, prompt="Once upon a time", max_tokens=12,
+                                          temperature=0)
+    # The fixture's known greedy continuation (llama.cpp and llama2.c agree).
+    assert r.choices[0].text.startswith(", there was a little girl named Lily.")
+    ids = stories.direct.tokenizer.encode("Once upon a time", bos=True)
+    assert r.choices[0].text == stories.alone(ids, SamplingParams(temperature=0, max_new_tokens=12)).text
+    assert r.choices[0].finish_reason == "length" and r.object == "text_completion"
+    assert r.usage.prompt_tokens == len(ids) == 5 and r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == 17 and r.system_fingerprint and r.model == "stories260K"
+
+
+def test_chat_reply_ends_its_turn_and_matches_the_engine(demo):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story about a dog named Max."}]
+    r = demo.client.chat.completions.create(model=demo.model, messages=msgs, temperature=0, max_tokens=200)
+    done = demo.alone(chat_ids(demo, msgs), SamplingParams(temperature=0, max_new_tokens=200), strip=True)
+    assert done.stop_reason == "eos"  # the demo model ends its turn on its own
+    c = r.choices[0]
+    assert c.message.role == "assistant" and c.message.content == done.text and "Max" in done.text
+    assert c.finish_reason == "stop" and r.object == "chat.completion"
+    assert r.usage.completion_tokens == len(done.tokens) + 1  # the end-of-turn token counts
+    assert r.usage.prompt_tokens == len(chat_ids(demo, msgs))
+
+
+def test_streaming_chat_sends_the_same_text_in_deltas_and_usage_last(demo):
+    msgs = [{"role": "user", "content": "Tell me a story about a cat."}]
+    whole = demo.client.chat.completions.create(model=demo.model, messages=msgs, temperature=0, max_tokens=40)
+    chunks = list(demo.client.chat.completions.create(model=demo.model, messages=msgs, temperature=0, max_tokens=40,
+                                                      stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 5  # streamed, not one lump
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].object == "chat.completion.chunk"
+
+
+def test_stop_strings_cut_the_text_whole_and_streamed(stories):
+    kw = dict(model=stories.model, prompt="Once upon a time", max_tokens=30, temperature=0, stop=["Lily", "zzz"])
+    r = stories.client.completions.create(**kw)
+    assert r.choices[0].text == ", there was a little girl named "
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].model_extra["stop_reason"] == "Lily"
+    streamed = "".join(c.choices[0].text for c in stories.client.completions.create(stream=True, **kw))
+    assert streamed == r.choices[0].text  # no held-back piece of "Lily" leaks out
+
+
+def test_seed_reproduces_a_sampled_reply_and_another_seed_differs(stories):
+    kw = dict(model=stories.model, prompt="Once upon a time", max_tokens=30, temperature=1.0, top_p=0.95)
+    a = stories.client.completions.create(seed=1234, **kw).choices[0].text
+    b = stories.client.completions.create(seed=1234, **kw).choices[0].text
+    c = stories.client.completions.create(seed=99, **kw).choices[0].text
+    assert a == b and a != c
+    ids = stories.direct.tokenizer.encode("Once upon a time", bos=True)
+    assert a == stories.alone(ids, SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_new_tokens=30)).text
+
+
+def test_n_3_equals_three_comparison_lanes_over_one_prompt(stories):
+    r = stories.client.completions.create(model=stories.model, prompt="Once upon a time", max_tokens=20,
+                                          temperature=0.9, top_p=0.9, seed=7, n=3,
+                                          extra_body={"top_k": 40, "min_p": 0.02, "repetition_penalty": 1.1})
+    ids = stories.direct.tokenizer.encode("Once upon a time", bos=True)
+    lanes = [SamplingParams(temperature=0.9, top_p=0.9, top_k=40, min_p=0.02, repetition_penalty=1.1,
+                            seed=7 + i, max_new_tokens=20) for i in range(3)]
+    done = sorted((e for e in stories.engine.generate_lanes(ids, lanes) if isinstance(e, Done)), key=lambda d: d.lane)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [d.text for d in done]
+    assert len({c.text for c in r.choices}) > 1  # three different samples, not one copied
+    assert r.usage.completion_tokens == sum(len(d.tokens) + (d.stop_token is not None) for d in done)
+
+
+def test_logprobs_are_the_raw_distribution_of_the_model(stories):
+    r = stories.client.completions.create(model=stories.model, prompt="Once upon a time", max_tokens=6,
+                                          temperature=0.7, seed=3, logprobs=3,
+                                          extra_body={"top_k": 3, "return_token_ids": True})
+    c = r.choices[0]
+    ids = stories.direct.tokenizer.encode("Once upon a time", bos=True)
+    toks = c.model_extra["token_ids"]
+    done = stories.alone(ids, SamplingParams(temperature=0.7, top_p=1.0, top_k=3, seed=3, max_new_tokens=6))
+    assert toks == done.tokens
+    # The reference: one full forward pass, log-softmax of the raw logits (not the top-k-filtered ones).
+    with torch.no_grad():
+        logits = stories.direct.model(torch.tensor([ids + toks]))[0, len(ids) - 1:-1]
+    ref = torch.log_softmax(logits, -1)
+    got = torch.tensor(c.logprobs.token_logprobs)
+    torch.testing.assert_close(got, ref.gather(-1, torch.tensor(toks).view(-1, 1)).view(-1), atol=1e-4, rtol=0)
+    torch.testing.assert_close(got, torch.tensor(done.logprobs), atol=1e-5, rtol=0)
+    for step, alts in enumerate(c.logprobs.top_logprobs):
+        top = torch.topk(ref[step], 3)
+        expect = [stories.direct.tokenizer.token_bytes(int(i)).decode("utf-8", "replace") for i in top.indices]
+        assert list(alts) == expect
+        assert list(alts.values()) == pytest.approx(top.values.tolist(), abs=1e-4)
+    assert "".join(c.logprobs.tokens) == c.text
+
+
+def test_chat_logprobs_carry_top_alternatives(demo):
+    msgs = [{"role": "user", "content": "Tell me a story about a dog."}]
+    r = demo.client.chat.completions.create(model=demo.model, messages=msgs, temperature=0, max_tokens=5,
+                                            logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5 and all(len(t.top_logprobs) == 2 for t in content)
+    # Greedy: the chosen token is the most likely one, so it heads its alternatives.
+    for t in content:
+        assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == pytest.approx(t.logprob, abs=1e-5)
+        assert math.exp(t.top_logprobs[1].logprob) <= math.exp(t.logprob)
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_generation(stories):
+    while not stories.finished.empty():
+        stories.finished.get_nowait()
+    stream = stories.client.completions.create(model=stories.model, prompt="Once upon a time", max_tokens=1500,
+                                               temperature=1.0, seed=1, stream=True)
+    got = []
+    for chunk in stream:
+        got.append(chunk.choices[0].text)
+        if len(got) == 3:
+            break
+    stream.close()
+    job = stories.finished.get(timeout=60)  # the scheduler reports the job finished
+    d = job.done[0]
+    assert d.stop_reason == "cancelled" and len(d.tokens) < 1500
+    assert stories.state.scheduler.active_lanes == 0
+    # The server still answers.
+    assert stories.client.completions.create(model=stories.model, prompt="Once", max_tokens=2).usage.completion_tokens
+
+
+def test_wrong_or_missing_key_is_401(stories):
+    bad = openai.OpenAI(base_url=stories.url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        bad.completions.create(model=stories.model, prompt="Once", max_tokens=2)
+    assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
+    r = httpx.get(stories.url + "/models")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_malformed_json_is_400_with_an_error_object(stories):
+    r = httpx.post(stories.url + "/chat/completions", content=b'{"messages": [', headers={
+        "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert "not valid JSON" in err["message"] and err["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("kw, param", [
+    (dict(temperature=-1), "temperature"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(extra_body={"top_k": "many"}), "top_k"),
+    (dict(extra_body={"min_p": 1.0}), "min_p"),
+    (dict(stop=[""]), "stop"),
+    (dict(presence_penalty=0.5), "presence_penalty"),
+    (dict(logprobs=50), "logprobs"),
+    (dict(prompt=["one", "two"]), "prompt"),
+])
+def test_an_invalid_setting_is_400_naming_it(stories, kw, param):
+    kw = {"prompt": "Once", "max_tokens": 4, **kw}
+    with pytest.raises(openai.BadRequestError) as e:
+        stories.client.completions.create(model=stories.model, **kw)
+    assert e.value.status_code == 400 and e.value.body["param"] == param
+    assert param.split("_")[0] in e.value.body["message"]
+
+
+def test_unknown_model_is_404(stories):
+    with pytest.raises(openai.NotFoundError) as e:
+        stories.client.completions.create(model="gpt-7", prompt="Once", max_tokens=2)
+    assert e.value.body["code"] == "model_not_found" and "gpt-7" in e.value.body["message"]
+
+
+def test_a_full_queue_is_503(fixtures):
+    s = Served(fixtures / "stories260K.gguf", max_batch=1, max_queue=1)
+    try:
+        kw = dict(model=s.model, prompt="Once upon a time", max_tokens=1500, temperature=1.0, seed=2, stream=True)
+        running = s.client.completions.create(**kw)
+        next(iter(running))  # it holds the only row
+        waiting = s.client.completions.create(**kw)  # queued behind it
+        with pytest.raises(openai.InternalServerError) as e:
+            s.client.completions.create(**kw)
+        assert e.value.status_code == 503 and e.value.body["code"] == "queue_full"
+        running.close()
+        waiting.close()
+    finally:
+        s.server.stop()
+
+
+def test_16_concurrent_streams_are_batched_and_each_equals_its_request_alone(stories):
+    tok = stories.direct.tokenizer
+    prompts = [f"{w} upon a time" for w in ("Once", "Twice", "Long", "One day", "The sun", "A cat", "Lily", "Tom",
+                                             "The dog", "In a park", "Mom", "A big", "The bird", "Sue", "A boy", "Ben")]
+    barrier = threading.Barrier(len(prompts))
+    out: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    peak = []
+
+    def client(i):
+        barrier.wait()
+        text = []
+        for chunk in stories.client.completions.create(model=stories.model, prompt=prompts[i], max_tokens=24,
+                                                       temperature=0, stream=True):
+            text.append(chunk.choices[0].text)
+            peak.append(stories.state.scheduler.active_lanes)
+            finish[i] = chunk.choices[0].finish_reason or finish.get(i)
+        out[i] = "".join(text)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(100)
+    assert sorted(out) == list(range(16))
+    for i, p in enumerate(prompts):
+        alone = stories.alone(tok.encode(p, bos=True), SamplingParams(temperature=0, max_new_tokens=24))
+        assert out[i] == alone.text, p
+        assert finish[i] == {"eos": "stop", "length": "length"}[alone.stop_reason]
+    assert max(peak) > 1  # decoded together, not one after another
