@@ -12,7 +12,7 @@ import json
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import httpx
@@ -68,6 +68,7 @@ class RemoteModel:
     def __post_init__(self) -> None:
         self.url = base_url(self.url)
         self.card: dict | None = None
+        self.caps: Capabilities | None = None  # set by probe(): fields the server lacks are not sent
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -131,6 +132,88 @@ class RemoteModel:
         """The model's tokenizer hash where the server says it (LlamaDesk servers), else None."""
         return (self.card or {}).get("llamadesk", {}).get("tokenizer")
 
+    # -- capabilities ----------------------------------------------------------------------------
+
+    def complete(self, body: dict) -> dict:
+        """One non-streamed chat request (``body`` without model and stream); the reply object."""
+        if self.card is None:
+            self.connect()
+        return self._request("POST", "/chat/completions", json={"model": self.model, **body, "stream": False}).json()
+
+    def probe(self) -> Capabilities:
+        """Find what the server honours with a few short requests (about ten, 8 tokens or fewer).
+
+        Servers differ: some refuse a field (400), some accept and ignore it. Each field is
+        tried where its effect is visible: ``top_k=1`` and ``min_p=0.999`` must turn a
+        near-uniform draw (temperature 5) back into the greedy reply, ``seed`` must repeat a
+        draw, a huge ``repetition_penalty`` must change the greedy reply.
+        """
+        caps = self.caps = Capabilities()  # what the probe finds decides what later requests send
+        msgs = [{"role": "user", "content": "Count with me: one, two, three, four, five, six, seven, eight."}]
+        base = {"messages": msgs, "max_tokens": 8}
+
+        def text(r: dict, i: int = 0) -> str:
+            return r["choices"][i]["message"].get("content") or ""
+
+        def attempt(name: str, body: dict) -> dict | None:
+            try:
+                return self.complete({**base, **body})
+            except RemoteError as e:
+                if e.kind != "bad_request":
+                    raise
+                caps.why[name] = f"the server refused {name}: {e}"
+                return None
+
+        greedy = attempt("logprobs", {"temperature": 0, "logprobs": True, "top_logprobs": 2})
+        if greedy is None:
+            caps.why["top_logprobs"] = caps.why["logprobs"]
+            greedy = self.complete({**base, "temperature": 0})
+        else:
+            content = (greedy["choices"][0].get("logprobs") or {}).get("content") or []
+            caps.logprobs = bool(content) and all(e.get("logprob") is not None for e in content)
+            caps.top_logprobs = caps.logprobs and all(len(e.get("top_logprobs") or []) == 2 for e in content)
+            if not caps.logprobs:
+                caps.why["logprobs"] = "the server ignores logprobs: replies carry no log-probabilities"
+            if not caps.top_logprobs:
+                caps.why.setdefault("top_logprobs", "the server returns no top_logprobs alternatives")
+        want = text(greedy)
+
+        hot = {"temperature": 5.0, "seed": 7}
+        a = attempt("seed", hot)
+        if a is not None:
+            b = self.complete({**base, **hot})
+            caps.seed = text(a) == text(b)
+            if not caps.seed:
+                caps.why["seed"] = "the server ignores seed: the same seed gave different replies"
+        control = a if a is not None else self.complete({**base, "temperature": 5.0})
+        for name, value in (("top_k", 1), ("min_p", 0.999)):
+            r = attempt(name, {**(hot if caps.seed else {"temperature": 5.0}), name: value})
+            if r is not None:
+                setattr(caps, name, text(r) == want)
+                if not getattr(caps, name):
+                    caps.why[name] = f"the server ignores {name}: {name}={value} did not make its draws greedy"
+        if text(control) == want:  # the model is too sure of itself to tell: trust what was accepted
+            for name in ("top_k", "min_p"):
+                if name not in caps.why or "ignores" in caps.why[name]:
+                    setattr(caps, name, True)
+                    caps.why.pop(name, None)
+        r = attempt("repetition_penalty", {"temperature": 0, "repetition_penalty": 1000.0})
+        if r is not None:
+            caps.repetition_penalty = text(r) != want
+            if not caps.repetition_penalty:
+                caps.why["repetition_penalty"] = "the server ignores repetition_penalty: the reply did not change"
+        r = attempt("n", {"temperature": 1.0, "n": 2, "max_tokens": 2})
+        if r is not None:
+            caps.n = len(r.get("choices") or []) == 2
+            if not caps.n:
+                caps.why["n"] = "the server ignores n: it answered one choice for two"
+        try:
+            caps.streaming = any(isinstance(ev, Done) for ev in self.stream(
+                SamplingParams(temperature=0, max_new_tokens=2), messages=msgs, logprobs=False))
+        except RemoteError as e:
+            caps.why["streaming"] = f"streaming failed: {e}"
+        return caps
+
     # -- generation ----------------------------------------------------------------------------
 
     def body(self, params: SamplingParams, *, prompt: str | None = None, messages: list[dict] | None = None,
@@ -138,15 +221,20 @@ class RemoteModel:
         """The request body for one reply under ``params`` (fields left at their off value
         are not sent, so servers that lack them still answer)."""
         p = params.resolved()
+        has = (lambda f: True) if self.caps is None else (lambda f: getattr(self.caps, f))
         b: dict = {"model": self.model, "max_tokens": p.max_new_tokens, "temperature": p.temperature,
-                   "top_p": p.top_p, "seed": p.seed, "stream": stream}
+                   "top_p": p.top_p, "stream": stream}
+        if has("seed"):
+            b["seed"] = p.seed
         if stream:
             b["stream_options"] = {"include_usage": True}
         if p.stop:
             b["stop"] = list(p.stop)
         for key, off in (("top_k", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
-            if getattr(p, key) != off:
+            if getattr(p, key) != off and has(key):
                 b[key] = getattr(p, key)
+        logprobs = logprobs and has("logprobs")
+        top_logprobs = top_logprobs if has("top_logprobs") else 0
         if messages is not None:
             b["messages"] = messages
             if logprobs:
@@ -232,6 +320,26 @@ class RemoteModel:
         ids = [t for t in tokens] if all(t >= 0 for t in tokens) else []
         yield Done(lane, reason, ids, "".join(text), lps if all(lp is not None for lp in lps) else [],
                    params, stats, None)
+
+
+@dataclass
+class Capabilities:
+    """What a server does with each request field, found by :meth:`RemoteModel.probe`.
+
+    A field is supported only when the server was seen to honour it; ``why`` says, for
+    each unsupported one, whether the server refused it or ignored it (for a tooltip).
+    """
+    streaming: bool = False
+    seed: bool = False
+    logprobs: bool = False
+    top_logprobs: bool = False
+    top_k: bool = False
+    min_p: bool = False
+    repetition_penalty: bool = False
+    n: bool = False
+    why: dict = field(default_factory=dict)
+
+    FIELDS = ("streaming", "seed", "logprobs", "top_logprobs", "top_k", "min_p", "repetition_penalty", "n")
 
 
 def _sse_data(r: httpx.Response) -> Iterator[str]:

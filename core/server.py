@@ -623,9 +623,12 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class RunningServer:
-    """A server on its own thread (tests, benchmarks, the app): ``url``, ``stop()``."""
+    """A server on its own thread (tests, benchmarks, the app): ``url``, ``stop()``.
 
-    def __init__(self, state: ServerState, *, host: str = "127.0.0.1", port: int = 0):
+    ``wrap`` puts ASGI middleware around the app."""
+
+    def __init__(self, state: ServerState, *, host: str = "127.0.0.1", port: int = 0,
+                 wrap: Callable | None = None):
         import uvicorn
         self.state = state
         self._sock = bind(host, port)
@@ -633,6 +636,8 @@ class RunningServer:
         self.url = f"http://{h}:{p}/v1"
         started = threading.Event()
         app = build_app(state, on_startup=started.set)
+        if wrap is not None:  # ASGI middleware around the app (tests: a server that lacks features)
+            app = wrap(app)
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name="llamadesk-http", daemon=True)
