@@ -22,7 +22,7 @@ import torch
 from .beam import beam_search
 from .errors import SettingsError
 from .kv_cache import KVCache
-from .sampling import SamplingParams, draw, filter_rows, top_alternatives
+from .sampling import SamplingParams, choose_tokens, top_alternatives
 from .tokenizer import StreamDecoder, Tokenizer
 
 STOP_REASONS = ("eos", "stop", "length", "context", "cancelled")
@@ -155,14 +155,19 @@ class Engine:
         tokenizer: the model's tokenizer.
         max_context: most positions a request may use (default: the model's context).
         prefill_chunk: prompt tokens per forward pass, so cancel lands between chunks.
+        preallocate: size the KV cache for prompt + max_new_tokens (bounded by max_context)
+            when a request starts, so decode never reallocates; by default it grows with
+            the conversation, so a huge max_new_tokens costs nothing until tokens exist.
     """
 
     def __init__(self, model, tokenizer: Tokenizer, *, max_context: int | None = None,
-                 prefill_chunk: int = 512, stop_ids: Sequence[int] | None = None):
+                 prefill_chunk: int = 512, stop_ids: Sequence[int] | None = None,
+                 preallocate: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = int(max_context or model.args.max_seq_len)
         self.prefill_chunk = prefill_chunk
+        self.preallocate = preallocate
         self.stop_ids = set(stop_ids if stop_ids is not None else tokenizer.stop_ids)
         self.cache = KVCache.for_model(model)
 
@@ -270,7 +275,11 @@ class Engine:
         """Prefill j's prompt into the first free row, copy it into one row per lane."""
         t0 = time.perf_counter()
         first, r0, n = len(lanes), len(rows), len(j.lanes)
-        self.cache.ensure(r0 + n, max(min(len(j.prompt) + q.max_new_tokens, self.max_context) for q in j.lanes))
+        if self.preallocate:
+            need = max(min(len(j.prompt) + q.max_new_tokens, self.max_context) for q in j.lanes)
+        else:
+            need = len(j.prompt) + 1
+        self.cache.ensure(r0 + n, need)
         for q in j.lanes:
             lanes.append(_Lane(len(lanes), q, q.generator(self.device),
                                StreamDecoder(self.tokenizer, strip_leading_space=j.strip_leading_space),
@@ -308,6 +317,7 @@ class Engine:
                 # Run the token each row just drew.
                 x = torch.tensor(feed, device=dev).view(len(rows), 1)
                 pos_list = [positions[li] for li in rows]
+                self.cache.ensure(len(rows), max(pos_list) + 1)  # grows with the replies
                 if all(p == pos_list[0] for p in pos_list):
                     pos = pos_list[0]
                 else:
@@ -324,19 +334,23 @@ class Engine:
             joining = []
             if not rows:
                 return
-            # Sample one token for every active lane from its logits.
+            # Every active lane picks its token in one batched pass (no vocabulary sort);
+            # the ids and log-probs are the only thing read back from the device.
             feed = []
-            # All active lanes are filtered together (one batched top-p sort), then each
-            # draws from its own row with its own generator.
             step_logits = torch.stack([logits_by_lane[i] for i in rows])  # [B, V]
             previous = [torch.tensor(lanes[i].prompt + lanes[i].tokens, device=dev)
                         if lanes[i].params.repetition_penalty != 1.0 else None for i in rows]
-            filtered = filter_rows(step_logits, [lanes[i].params for i in rows], previous)
-            logprobs = torch.log_softmax(step_logits, -1)
+            choice = choose_tokens(step_logits, [lanes[i].params for i in rows], previous,
+                                   [lanes[i].generator for i in rows])
             now = time.perf_counter()
             for r, lane_idx in enumerate(rows):
                 lane, st = lanes[lane_idx], stats[lane_idx]
-                ev = self._sample(lane, step_logits[r], filtered[r], logprobs[r], previous[r], lane.inspect)
+                top = None
+                if lane.inspect:
+                    top = top_alternatives(step_logits[r], lane.params, previous[r], k=lane.inspect)
+                    # The UI has no tokenizer: name every alternative here.
+                    top["pieces"] = {i: self._piece(i) for i, _ in top["raw"] + top["filtered"]}
+                ev = self._accept(lane, choice.ids[r], choice.logprobs[r], top)
                 if st.ttft_s == 0.0:
                     st.ttft_s = time.perf_counter() - lane.t_join
                 if ev is not None:
@@ -374,16 +388,10 @@ class Engine:
         for r in range(len(rows), self.cache.batch):
             self.cache.tokens[r] = []
 
-    def _sample(self, lane: _Lane, logits: torch.Tensor, filtered: torch.Tensor, logprobs: torch.Tensor,
-                previous: torch.Tensor | None, inspect: int) -> Token | None:
-        """Pick lane's next token from its filtered logits; returns its event, or None if
-        the lane just stopped. ``logprobs`` are the raw log-softmax of ``logits``."""
+    def _accept(self, lane: _Lane, tok: int, logprob: float, top: dict | None) -> Token | None:
+        """Append lane's chosen token; returns its event, or None if the lane just stopped.
+        ``logprob`` is under the raw distribution."""
         q = lane.params
-        if q.greedy:
-            tok = int(filtered.argmax())
-        else:
-            tok = draw(filtered.softmax(-1), lane.generator)
-        logprob = float(logprobs[tok])
         if tok in self.stop_ids:
             lane.done = self._finish(lane, "eos", None, stop_token=tok)
             return None
@@ -406,11 +414,6 @@ class Engine:
             safe = len(lane.text) - lane.stop_holdback()
         delta = lane.text[lane.emitted:safe] if safe > lane.emitted else ""
         lane.emitted = max(lane.emitted, safe)
-        top = None
-        if inspect:
-            top = top_alternatives(logits, q, previous, k=inspect, filtered=filtered)
-            # The UI has no tokenizer: name every alternative here.
-            top["pieces"] = {i: self._piece(i) for i, _ in top["raw"] + top["filtered"]}
         ev = Token(lane.index, len(lane.tokens) - 1, tok, delta, self._piece(tok), logprob, top)
         if reason is not None:
             lane.done = self._finish(lane, reason, None)
@@ -436,7 +439,7 @@ class Engine:
         t0 = time.perf_counter()
         nb = params.num_beams
         max_new = min(params.max_new_tokens, self.max_context - len(prompt))
-        self.cache.ensure(nb, len(prompt) + max_new)
+        self.cache.ensure(nb, len(prompt) + (max_new if self.preallocate else 1))
         logits, reuse = self._prefill_row(0, prompt, cancel)
         stats = Stats(prompt_tokens=len(prompt), cached_tokens=reuse, prefill_s=time.perf_counter() - t0)
         yield Prefilled(len(prompt), reuse, stats.prefill_s)
@@ -453,6 +456,7 @@ class Engine:
             nonlocal pos
             if _check_cancel(cancel):
                 return None
+            self.cache.ensure(nb, pos + 1)
             self.cache.reorder(torch.tensor(origin, device=self.device), pos)
             x = torch.tensor(tokens, device=self.device).view(len(tokens), 1)
             out = self.model(x, pos, self.cache, last_only=True)[:, -1]

@@ -40,7 +40,9 @@ class KVCache:
         if batch <= self.batch and capacity <= self.capacity:
             return
         new_b = max(batch, self.batch)
-        new_c = max(self.capacity, -(-capacity // _GROW) * _GROW)
+        # Grow by at least a quarter so a long reply copies the cache O(log n) times.
+        want = max(capacity, self.capacity + self.capacity // 4) if capacity > self.capacity else capacity
+        new_c = max(self.capacity, -(-want // _GROW) * _GROW)
         shape = (new_b, self.n_kv_heads, new_c, self.head_dim)
         for store in (self.k, self.v):
             for i in range(self.n_layers):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import asdict, dataclass, field, replace
+from typing import Sequence
 
 import torch
 
@@ -187,10 +188,133 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
     torch.multinomial costs ~1 ms for a 32k vocabulary on CPU; this ~0.05 ms.
     """
+    u = torch.rand((), generator=generator, dtype=probs.dtype, device=probs.device)
+    return int(_inverse_cdf(probs.unsqueeze(0), u.view(1))[0])
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Row-wise: the first index whose cumulative mass exceeds u [B] times the row's total."""
     cdf = probs.cumsum(-1)
-    u = torch.rand((), generator=generator, dtype=cdf.dtype, device=cdf.device) * cdf[-1]
     # right=True: the first token whose cumulative mass exceeds u, never a zero-mass one.
-    return int(torch.searchsorted(cdf, u.view(1), right=True).clamp_max(probs.numel() - 1))
+    at = torch.searchsorted(cdf, (u * cdf[:, -1]).view(-1, 1), right=True)
+    return at.view(-1).clamp_max(probs.shape[-1] - 1)
+
+
+CANDIDATES = 256  # tokens the fast sampler looks at first (then 16x that, then the whole row)
+
+
+@dataclass
+class Choice:
+    """What :func:`choose_tokens` picked: ids and raw log-probs per row, read once."""
+    tokens: torch.Tensor  # [B] on the logits' device
+    ids: list[int]
+    logprobs: list[float]  # under the raw (unfiltered) distribution
+
+
+def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
+                  previous: Sequence[torch.Tensor | None], generators: Sequence[torch.Generator | None],
+                  candidates: int = CANDIDATES) -> Choice:
+    """Each row's next token, as ``sample`` would choose it, without sorting the vocabulary.
+
+    The same tokens as filter_rows + argmax/draw with the same generators: sampled rows
+    take their ``candidates`` largest logits (ties ordered by id, as the stable reference
+    sort does), run top-k/top-p/min-p on those against the whole row's softmax mass, and
+    draw with one uniform per row. A row whose kept set might reach past the candidates
+    (top-p mass not reached, ties at the edge, no filter at all) is redone by the
+    reference on the same uniform. The device is read once (ids, log-probs, flags).
+
+    Args:
+        logits: float32 [B, V]; previous: token ids per row for the repetition penalty.
+    """
+    B, V = logits.shape
+    rows, changed = [], False
+    for row, q, prev in zip(logits, params, previous):
+        orig = row
+        if prev is not None:
+            row = apply_repetition_penalty(row, prev, q.repetition_penalty)
+        if not q.greedy:
+            row = apply_temperature(row, q.temperature)
+        changed = changed or row is not orig
+        rows.append(row)
+    x_all = torch.stack(rows) if changed else logits
+    dev = logits.device
+    sampled = [i for i, q in enumerate(params) if not q.greedy]
+    if len(sampled) < B:  # greedy rows: the reference's argmax, first of ties
+        tokens = x_all.argmax(-1)
+    else:
+        tokens = torch.zeros(B, dtype=torch.long, device=dev)
+    ok = torch.ones(0, dtype=torch.bool, device=dev)
+    if sampled:
+        u = torch.stack([torch.rand((), generator=generators[i], dtype=logits.dtype, device=dev)
+                         for i in sampled])
+        sel = torch.tensor(sampled, device=dev)
+        x = x_all.index_select(0, sel)  # [S, V]
+        qs = [params[i] for i in sampled]
+        K = min(V, max(candidates, max(q.top_k for q in qs) + 1))
+        if K < V:
+            fast, ok = _candidate_draw(x, qs, u, K)
+            tokens = tokens.index_copy(0, sel, fast)
+        else:
+            ok = torch.zeros(len(sampled), dtype=torch.bool, device=dev)
+    lse = logits.logsumexp(-1)
+    logprob = logits.gather(-1, tokens.view(B, 1)).view(B) - lse
+    read = torch.cat([tokens.double(), logprob.double(), ok.double()]).tolist()
+    ids, lps = [int(t) for t in read[:B]], read[B:2 * B]
+    bad = [k for k, good in enumerate(read[2 * B:]) if not good]
+    if bad:  # rare: a wider candidate pass, then the reference, on the same uniforms
+        rb = torch.tensor(bad, device=dev)
+        xb, ub, qb = x.index_select(0, rb), u.index_select(0, rb), [qs[k] for k in bad]
+        wide = min(V, 16 * K)
+        if wide < V:
+            slow, ok2 = _candidate_draw(xb, qb, ub, wide)
+        else:
+            slow, ok2 = torch.zeros_like(rb), torch.zeros(len(bad), dtype=torch.bool, device=dev)
+        if not bool(ok2.all()):
+            # x is already penalized and tempered: the reference must not do either again.
+            again = [replace(q, temperature=1.0, repetition_penalty=1.0) for q in qb]
+            ref = _inverse_cdf(filter_rows(xb, again, [None] * len(bad)).softmax(-1), ub)
+            slow = torch.where(ok2, slow, ref)
+        tokens = tokens.index_copy(0, sel.index_select(0, rb), slow)
+        logprob = logits.gather(-1, tokens.view(B, 1)).view(B) - lse
+        read = torch.cat([tokens.double(), logprob.double()]).tolist()
+        ids, lps = [int(t) for t in read[:B]], read[B:]
+    return Choice(tokens, ids, lps)
+
+
+def _candidate_draw(x: torch.Tensor, qs: Sequence[SamplingParams], u: torch.Tensor, K: int):
+    """Filters and the draw on each row's K largest logits; (tokens [S], exact [S] bool)."""
+    S, V = x.shape
+    dev, ninf = x.device, float("-inf")
+    top_vals, top_idx = torch.topk(x, K, dim=-1)  # the K-th value is top_vals[:, -1]
+    # The reference's stable descending sort orders ties by id: sort by id, then stably by value.
+    idx, _ = top_idx.sort(-1)
+    vals = x.gather(-1, idx)
+    vals_s, order = vals.sort(dim=-1, descending=True, stable=True)
+    edge = top_vals[:, -1:]  # tokens outside the candidates are all <= edge
+    col = lambda vs, dt=x.dtype: torch.tensor(vs, dtype=dt, device=dev).view(S, 1)  # noqa: E731
+    k = col([q.top_k if 0 < q.top_k < V else 0 for q in qs], torch.long)
+    kth = torch.where(k > 0, top_vals.gather(-1, (k - 1).clamp_min(0)), ninf)
+    keep = vals_s >= kth  # top-k keeps ties at the k-th value, even past the candidates
+    # Top-p needs the softmax mass of the whole top-k filtered row; computed as softmax
+    # does (exp of the gap to the max, over the sum) so exact cases round the same way.
+    top = top_vals[:, :1]
+    within = x.masked_fill(x < kth, ninf) if any(0 < q.top_k < V for q in qs) else x
+    total = (within - top).exp().sum(-1, keepdim=True)
+    masked = vals_s.masked_fill(~keep, ninf)
+    probs = (masked - top).exp() / total
+    p = col([q.top_p if q.top_p < 1.0 else math.inf for q in qs])
+    before = probs.cumsum(-1) - probs
+    keep &= before < p
+    mp = col([q.min_p for q in qs])
+    probs2 = masked.masked_fill(~keep, ninf).softmax(-1)
+    keep &= ~((mp > 0) & (probs2 < probs2.max(-1, keepdim=True).values * mp))
+    # Exact only if nothing kept sits at the edge value (ties or more mass may lie outside).
+    ok = ~(keep & (vals_s <= edge)).any(-1)
+    # Draw over the kept candidates in id order, as the reference's cumsum runs.
+    keep_by_id = torch.empty_like(keep).scatter_(-1, order, keep)
+    pr = vals.masked_fill(~keep_by_id, ninf).softmax(-1)
+    at = _inverse_cdf(pr, u)
+    return idx.gather(-1, at.view(S, 1)).view(S), ok
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,

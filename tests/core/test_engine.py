@@ -304,3 +304,30 @@ def test_cancelling_one_request_of_a_batch_stops_only_it_within_a_step(engine, l
             else:
                 assert ev.stop_reason == "length" and len(ev.tokens) == 30
                 assert ev.tokens == reference_greedy(lm.model, b.prompt, 30)
+
+def test_kv_cache_grows_with_the_reply_not_with_max_new_tokens(lm):
+    """A huge max_new_tokens and context cost nothing until tokens exist (issue 12)."""
+    eng = Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids, max_context=10**7)
+    prompt = lm.tokenizer.encode("Hello", bos=True)
+    evs = []
+    for ev in eng.generate(prompt, SamplingParams(temperature=0, max_new_tokens=10**6)):
+        evs.append(ev)
+        if isinstance(ev, Token) and ev.index == 299:
+            break  # 300 tokens in: the cache must have grown past its first allocation
+    assert eng.cache.capacity < 2048
+    grown = eng.cache.capacity
+    assert grown >= len(prompt) + 299
+    # The same request with the static option is bounded by max_context, not 10**6 tokens.
+    small = Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids, max_context=64, preallocate=True)
+    _, done = run(small, prompt, temperature=0, max_new_tokens=10**6)
+    assert done.stop_reason == "context" and small.cache.capacity == 256
+
+
+def test_grown_cache_gives_the_same_tokens_as_a_preallocated_one(lm):
+    prompt = lm.tokenizer.encode("Once upon a time", bos=True)
+    grow = Engine(lm.model, lm.tokenizer, stop_ids=set(), max_context=700)
+    static = Engine(lm.model, lm.tokenizer, stop_ids=set(), max_context=700, preallocate=True)
+    a = run(grow, prompt, temperature=0.9, top_p=0.9, seed=4, max_new_tokens=400)[1]
+    b = run(static, prompt, temperature=0.9, top_p=0.9, seed=4, max_new_tokens=400)[1]
+    assert static.cache.capacity >= 400 and len(a.tokens) > 300
+    assert a.tokens == b.tokens and a.logprobs == b.logprobs
