@@ -305,6 +305,7 @@ def test_cancelling_one_request_of_a_batch_stops_only_it_within_a_step(engine, l
                 assert ev.stop_reason == "length" and len(ev.tokens) == 30
                 assert ev.tokens == reference_greedy(lm.model, b.prompt, 30)
 
+
 def test_kv_cache_grows_with_the_reply_not_with_max_new_tokens(lm):
     """A huge max_new_tokens and context cost nothing until tokens exist (issue 12)."""
     eng = Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids, max_context=10**7)
