@@ -159,6 +159,22 @@ class RMSNorm(nn.Module):
         return xf.type_as(x) * self.weight
 
 
+_GQA: bool | None = None
+
+
+def _sdpa_has_gqa() -> bool:
+    """Whether this torch's scaled_dot_product_attention takes ``enable_gqa`` (2.5+)."""
+    global _GQA
+    if _GQA is None:
+        try:
+            x = torch.zeros(1, 2, 1, 4)
+            F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
+            _GQA = True
+        except (TypeError, RuntimeError):
+            _GQA = False
+    return _GQA
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
@@ -179,15 +195,19 @@ class Attention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
         if cache is not None:
             k, v = cache.update(self.layer_id, start_pos, k, v)  # [B, Hkv, L, D]
+        gqa = {}
         if self.n_kv_heads != self.n_heads:
-            rep = self.n_heads // self.n_kv_heads
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
+            if _sdpa_has_gqa():  # query heads share K/V heads without copying them
+                gqa = {"enable_gqa": True}
+            else:
+                rep = self.n_heads // self.n_kv_heads
+                k = k.repeat_interleave(rep, dim=1)
+                v = v.repeat_interleave(rep, dim=1)
         drop = self.dropout if self.training else 0.0
         if isinstance(mask, str):  # "causal": keys are exactly the T queries
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop, **gqa)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, **gqa)
         out = out.transpose(1, 2).reshape(B, T, -1)  # [B, T, H*D]
         return self.wo(out)
 
