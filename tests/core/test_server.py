@@ -286,3 +286,36 @@ def test_16_concurrent_streams_are_batched_and_each_equals_its_request_alone(sto
         assert out[i] == alone.text, p
         assert finish[i] == {"eos": "stop", "length": "length"}[alone.stop_reason]
     assert max(peak) > 1  # decoded together, not one after another
+
+
+def test_streamed_n_2_choices_interleave_and_each_equals_the_whole_reply(stories):
+    kw = dict(model=stories.model, prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=21, n=2)
+    whole = stories.client.completions.create(**kw)
+    parts = {0: [], 1: []}
+    finish = {}
+    for chunk in stories.client.completions.create(stream=True, **kw):
+        c = chunk.choices[0]
+        parts[c.index].append(c.text)
+        if c.finish_reason:
+            finish[c.index] = c.finish_reason
+    assert ["".join(parts[i]) for i in (0, 1)] == [c.text for c in whole.choices]
+    assert finish == {c.index: c.finish_reason for c in whole.choices}
+
+
+def test_a_model_is_described_by_name_and_an_unknown_name_is_404(stories):
+    assert stories.client.models.retrieve("stories260K").id == "stories260K"
+    with pytest.raises(openai.NotFoundError):
+        stories.client.models.retrieve("nope")
+
+
+def test_a_client_that_gives_up_on_a_whole_reply_frees_its_generation(fixtures):
+    from dataclasses import replace
+    lm = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
+    finished: queue.Queue = queue.Queue()
+    # No stop token: the reply runs to the end of the context unless cancelled.
+    with RunningServer(ServerState(replace(lm, stop_ids=set()), on_done=finished.put)) as srv:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/completions", json={"prompt": "Once upon a time", "max_tokens": 5000}, timeout=0.5)
+        job = finished.get(timeout=60)
+        assert job.done[0].stop_reason == "cancelled" and len(job.done[0].tokens) < 2000
+        assert srv.state.scheduler.active_lanes == 0
