@@ -32,7 +32,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_model_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    from .checkpoints.common import DTYPE_CHOICES
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                   help="int8/int4: quantize linear weights at load (weight-only)")
 
 
 def _add_server_opts(p: argparse.ArgumentParser) -> None:
@@ -104,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="describe a model as one JSON object")
     i.add_argument("model")
     _add_model_opts(i)
+    i.add_argument("--quality", action="store_true",
+                   help="add perplexity on a held-out text and greedy agreement over 256 tokens against float32")
 
     try:
         from .convert import add_convert_parser
@@ -396,6 +400,11 @@ def cmd_info(args) -> int:
     loaded, load_s = _load(args)
     info = dict(loaded.info)
     info["load_s"] = round(load_s, 3)
+    if args.quality:
+        from .quality import compare
+        from .checkpoints import load
+        reference = load(args.model, device=args.device, dtype="float32")
+        info["quality"] = compare(loaded.model, reference.model, loaded.tokenizer)
     print(json.dumps(info, ensure_ascii=False, default=str))
     return 0
 

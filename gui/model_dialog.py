@@ -13,12 +13,14 @@ from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QHBoxLayout,
                                QLabel, QProgressBar, QPushButton, QWidget)
 
+from core.checkpoints.common import DTYPE_CHOICES
+
 RECENT_KEY = "models/recent"
 LAST_KEY = "models/last"
 DEVICE_KEY = "models/device"
 DTYPE_KEY = "models/dtype"
 RECENT_MAX = 8
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = DTYPE_CHOICES  # auto, float32, bfloat16, float16, int8, int4 (quantized at load)
 
 
 def ask_model_folder(parent=None, start: str = "") -> str | None:

@@ -360,6 +360,9 @@ def test_model_info_dialog_and_device_choice(qtbot, window, loop, gguf, settings
     assert settings.value("models/device") == "cpu"
     run(loop, window.load_model(gguf), 30)
     assert window.info["device"] == "cpu" and window.info["dtype"] == "float32"
+    window.findChild(QAction, "dtype_int4").trigger()  # quantize linear weights at load
+    run(loop, window.load_model(gguf), 30)
+    assert window.dtype == "int4" and window.info["linear_paths"].get("int4 int4-packed", 0) > 0
 
 
 def test_load_progress_and_cancel(qtbot, window, loop, bridge, monkeypatch):
