@@ -8,6 +8,8 @@ Without MODEL the app opens the last model used, else the bundled demo model, el
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 
@@ -24,11 +26,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def no_display(env=os.environ, platform: str = sys.platform) -> str | None:
+    """Why no window can open (Linux/BSD without X11 or Wayland), else None."""
+    if platform in ("win32", "darwin") or env.get("QT_QPA_PLATFORM"):
+        return None
+    if env.get("DISPLAY") or env.get("WAYLAND_DISPLAY"):
+        return None
+    return ("no display found (neither DISPLAY nor WAYLAND_DISPLAY is set): start LlamaDesk from a desktop "
+            "session, or over SSH with X forwarding (ssh -X); without a window, use python -m core")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv if argv is None else argv)
     args = parse_args(argv)
+    why = no_display()
+    if why and not any(a == "-platform" or a.startswith("-platform=") for a in argv):
+        print(f"llamadesk: {why}", file=sys.stderr)
+        return 2
 
     from gui.app import run
+
+    closers = []  # what must reach the disk before the process ends
 
     def factory(bridge, _argv):
         from PySide6.QtCore import QSettings
@@ -45,13 +63,27 @@ def main(argv: list[str] | None = None) -> int:
         window = MainWindow(bridge=bridge, settings=settings, model=args.model,
                             device=args.device, dtype=args.dtype)
         theme.follow_system(app, window.retheme)
+        closers.extend([window.history.close, settings.sync])
         return window
 
-    return run(factory, argv)
+    try:
+        return run(factory, argv)
+    finally:
+        for close in closers:  # after the worker and every task have ended: nothing writes any more
+            close()
+
+
+def exit_now(rc: int) -> None:
+    """End the process once the app has shut down: skip the interpreter's module teardown,
+    which with torch loaded takes seconds and has nothing left to save."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":
     from tools.bootstrap import ensure
 
     ensure()  # first run: set up .venv and re-run in it; later runs just re-run in it
-    sys.exit(main())
+    exit_now(main())

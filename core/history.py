@@ -186,9 +186,15 @@ class History:
         return base / APP_DIR_NAME / "history.sqlite3"
 
     def close(self) -> None:
-        """Close the database (idempotent)."""
+        """Close the database (idempotent), first moving the WAL's pages into the database
+        file, so what was written lives in ``history.sqlite3`` itself."""
         with self._lock:
             if self._conn is not None:
+                if self.path != ":memory:":
+                    try:
+                        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    except sqlite3.Error:  # another process holds a read snapshot: sqlite retries later
+                        pass
                 self._conn.close()
                 self._conn = None  # type: ignore[assignment]
 
