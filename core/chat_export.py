@@ -6,12 +6,16 @@ written, then stored as a new conversation with fresh ids.
 """
 from __future__ import annotations
 
+import json
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 from .history import _MESSAGE_COLUMNS, KINDS, Conversation, History, HistoryError, prompt_markdown
 
-__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "export_markdown", "export_json", "import_json"]
+__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "export_markdown", "export_json", "import_json", "read_export",
+           "export_file_name"]
 
 EXPORT_FORMAT = "llamadesk.conversation"
 EXPORT_VERSION = 1
@@ -72,6 +76,33 @@ def import_json(history: History, data: Any) -> Conversation:
     HistoryError, writing nothing, when the data is not a valid export."""
     conv, msgs = _validate_export(data)
     return history.add_tree(conv, msgs)
+
+
+def read_export(path: str | Path) -> Any:
+    """The parsed contents of a conversation file; HistoryError in the user's words when the
+    file cannot be read or is not JSON (what it holds is checked by :func:`import_json`)."""
+    p = Path(path)
+    not_export = f"{p.name} is not a LlamaDesk conversation file"
+    try:
+        text = p.read_bytes().decode("utf-8-sig")
+    except OSError as e:
+        raise HistoryError(f"cannot read {p.name}: {e.strerror or 'input/output error'}") from None
+    except UnicodeDecodeError:
+        raise HistoryError(f"{not_export} (it is not a text file); import a file saved with "
+                           "File → Export as JSON") from None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise HistoryError(f"{not_export} (it is not JSON); import a file saved with "
+                           "File → Export as JSON") from None
+
+
+def export_file_name(title: str, ext: str) -> str:
+    """A file name for exporting a conversation titled ``title``: its words joined by single
+    spaces, never starting or ending in punctuation ("What is 2+2?" -> "What is 2 2.md")."""
+    stem = re.sub(r"[^\w\-]+", " ", title).strip(" -_")
+    stem = re.sub(r"\s+", " ", stem)[:80].rstrip(" -_") or "chat"
+    return f"{stem}.{ext}"
 
 
 def _fmt_time(t: float) -> str:

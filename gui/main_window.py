@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, Q
                                QProgressBar, QScrollArea, QSizePolicy, QSplitter, QToolButton, QVBoxLayout,
                                QWidget)
 
+from core import chat_export
 from core.history import History, HistoryError
 from core.sampling import SamplingParams
 
@@ -909,11 +910,11 @@ class MainWindow(QMainWindow):
         if self.conversation.conv_id is None:
             self.statusBar().showMessage("Nothing to export yet", 3000)
             return None
-        safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in self.conversation.title()).strip() or "chat"
+        name = chat_export.export_file_name(self.conversation.title(), fmt)
         if fmt == "md":
-            path = self.ask_save_path("Export as Markdown", f"{safe}.md", "Markdown (*.md)")
+            path = self.ask_save_path("Export as Markdown", name, "Markdown (*.md)")
         else:
-            path = self.ask_save_path("Export as JSON", f"{safe}.json", "JSON (*.json)")
+            path = self.ask_save_path("Export as JSON", name, "JSON (*.json)")
         if not path:
             return None
         try:
@@ -933,10 +934,9 @@ class MainWindow(QMainWindow):
         if not path:
             return None
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-            return self.conversation.import_json(data)
-        except (OSError, ValueError, HistoryError) as e:
-            self.show_error("Import failed", f"{path}\n\n{e}")
+            return self.conversation.import_json(chat_export.read_export(path))
+        except HistoryError as e:
+            self.show_error("Import failed", with_path(path, str(e)))
             return None
 
     # ------------------------------------------------------------------ dialogs, theme, quit

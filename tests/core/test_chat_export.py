@@ -80,3 +80,26 @@ def test_bad_import_raises_history_error(h, data, match):
         import_json(h, data)
     assert isinstance(err.value, LlamaDeskError)
     assert len(h.conversations()) == before  # nothing half-written
+
+
+def test_read_export_refuses_non_json_in_the_users_words(tmp_path):
+    from core.chat_export import read_export
+    from core.history import HistoryError
+    (tmp_path / "a.json").write_text('{"format": "llamadesk.conversation"}', encoding="utf-8")
+    assert read_export(tmp_path / "a.json") == {"format": "llamadesk.conversation"}
+    for name, data, words in [("notes.txt", b"hello", "not JSON"), ("img.json", b"\xff\xd8\xff\xe0", "not a text file")]:
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(HistoryError) as e:
+            read_export(tmp_path / name)
+        assert f"{name} is not a LlamaDesk conversation file" in str(e.value) and words in str(e.value)
+        assert "Expecting value" not in str(e.value) and "codec" not in str(e.value)
+    with pytest.raises(HistoryError, match="cannot read missing.json"):
+        read_export(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("title, name", [("What is 2+2?", "What is 2 2"), ("Hello!", "Hello"),
+                                         ("Tell me a story.", "Tell me a story"), ("***", "chat"),
+                                         ("a/b\\c: d", "a b c d")])
+def test_export_file_name_never_ends_in_punctuation(title, name):
+    from core.chat_export import export_file_name
+    assert export_file_name(title, "md") == f"{name}.md"

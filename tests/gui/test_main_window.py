@@ -393,3 +393,28 @@ def test_load_progress_and_cancel(qtbot, window, loop, bridge, monkeypatch):
         return True
 
     assert run(loop, scenario(), 20)
+
+
+def test_import_of_a_file_that_is_not_an_export_says_so(qtbot, window, loop, tmp_path):
+    for name, data in [("notes.txt", b"just some notes"), ("photo.json", b"\x89PNG\r\n\x1a\n\x00\xff")]:
+        path = tmp_path / name
+        path.write_bytes(data)
+        window.ask_open_path = lambda title, filt: str(path)
+        assert window.import_conversation() is None
+        box = next(b for b in window.findChildren(QMessageBox) if b.isVisible())
+        text = box.text()
+        assert "is not a LlamaDesk conversation file" in text and "Export as JSON" in text
+        assert "Expecting value" not in text and "codec" not in text and text.count(str(path)) == 1, text
+        box.accept()
+    assert window.conv_list.count() == 0  # nothing was imported
+
+
+def test_export_file_names_are_the_title_without_trailing_punctuation(window, tmp_path):
+    conv = window.history.create_conversation("What is 2+2?")
+    window.open_conversation(conv.id)
+    window.history.add_message(conv.id, role="user", text="What is 2+2?")
+    names = []
+    window.ask_save_path = lambda title, name, filt: names.append(name)
+    window.export_conversation("md")
+    window.export_conversation("json")
+    assert names == ["What is 2 2.md", "What is 2 2.json"]
