@@ -1,0 +1,32 @@
+"""``python -m bench --quick`` writes the report with every section (no times asserted)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(300)
+def test_quick_bench_writes_markdown_and_json(tmp_path, meta_fixtures):
+    env = {**os.environ, "LLAMADESK_FIXTURES": str(meta_fixtures)}
+    run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stderr[-2000:]
+    md = (tmp_path / "PERFORMANCE.md").read_text()
+    data = json.loads((tmp_path / "performance.json").read_text())
+    titles = [s["title"] for s in data["sections"]]
+    for want in ("Machine", "Sampler", "Engine decode vs transformers", "GGUF files", "GPU"):
+        assert any(t.startswith(want) for t in titles), (want, titles)
+        assert f"## {want}" in md
+    by = {t.split(" ")[0]: s["data"] for t, s in zip(titles, data["sections"])}
+    assert by["Machine"]["read_bandwidth_gb_s"] > 0
+    assert set(by["Engine"]) >= {"greedy", "top_p", "lanes8", "hf", "floor_tok_s"}
+    gguf = by["GGUF"]
+    # llama.cpp is either measured or the report says why not.
+    assert gguf["llama_cpp"] or ("not measured" in md and gguf["why_not"])
+    if not __import__("torch").cuda.is_available():
+        assert "**Unmeasured**" in md
