@@ -35,7 +35,7 @@ APP_NAME = "LlamaDesk"
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "assets" / "models" / "llamadesk-demo"
 RECORD_PROBS_KEY = "chat/record_probs"
 INSPECT_TOP = 5  # alternatives recorded per token of a chat reply (the worker's ``inspect``)
-NO_MODEL_HINT = "No model loaded — open one with File → Open Model Folder / Open GGUF File (Ctrl+O), or drop it here."
+NO_MODEL_HINT = "No model loaded — open a .gguf file or a model folder with File → Open Model… (Ctrl+O), or drop it here."
 
 
 def _bridge_types():
@@ -258,11 +258,10 @@ class MainWindow(QMainWindow):
         mb = self.menuBar()
         f = mb.addMenu("&File")
         self.new_action = self._action("&New Chat", self.new_chat, QKeySequence.New, "new", "newChatAction")
-        self.open_folder_action = self._action("&Open Model Folder…", lambda: self.open_model_dialog("folder"),
-                                               "Ctrl+O", "open", "openFolderAction")
-        self.open_gguf_action = self._action("Open &GGUF File…", lambda: self.open_model_dialog("gguf"),
-                                             "Ctrl+Shift+O", "model", "openGgufAction")
-        f.addActions([self.new_action, self.open_folder_action, self.open_gguf_action])
+        self.open_action = self._action("&Open Model…", self.open_model_dialog, QKeySequence.Open, "open",
+                                        "openModelAction")
+        self.open_action.setToolTip("Open a .gguf file or a model folder (Ctrl+O)")
+        f.addActions([self.new_action, self.open_action])
         self.recent_menu = f.addMenu("Recent &Models")
         self.recent_menu.setObjectName("recentMenu")
         self.recent_menu.aboutToShow.connect(self._fill_recent)
@@ -353,8 +352,7 @@ class MainWindow(QMainWindow):
         tb.setMovable(False)
         tb.setIconSize(QSize(18, 18))
         tb.addAction(self.new_action)
-        tb.addAction(self.open_folder_action)
-        tb.addAction(self.open_gguf_action)
+        tb.addAction(self.open_action)
         tb.addSeparator()
         tb.addAction(self.regen_action)
         # The side-by-side comparison window (gui/compare_view.py).
@@ -402,15 +400,13 @@ class MainWindow(QMainWindow):
             return str(DEMO_MODEL)
         return None
 
-    def ask_model_path(self, kind: str) -> str | None:
-        """Ask the user for a model ("folder" or "gguf"); tests replace this method."""
+    def ask_model_path(self) -> str | None:
+        """Ask the user for a model (a .gguf file or a folder); tests replace this method."""
         start = os.path.dirname(self.recent.last() or "") or str(Path.home())
-        if kind == "folder":
-            return model_dialog.ask_model_folder(self, start)
-        return model_dialog.ask_gguf_file(self, start)
+        return model_dialog.ask_model(self, start)
 
-    def open_model_dialog(self, kind: str = "folder") -> None:
-        path = self.ask_model_path(kind)
+    def open_model_dialog(self) -> None:
+        path = self.ask_model_path()
         if path:
             self.load_model(path)
 
@@ -963,7 +959,7 @@ class MainWindow(QMainWindow):
         self.new_button.setIcon(theme.icon("new"))
         self.prompt.stop_button.setIcon(theme.icon("stop"))
         self.prompt.send_button.setIcon(theme.icon("send", theme.colors()["accent_text"]))
-        for a, name in ((self.new_action, "new"), (self.open_folder_action, "open"), (self.open_gguf_action, "model"),
+        for a, name in ((self.new_action, "new"), (self.open_action, "open"),
                         (self.regen_action, "regenerate"), (self.toggle_panel_action, "settings"),
                         (self.compare_action, "compare")):
             a.setIcon(theme.icon(name))

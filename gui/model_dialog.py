@@ -1,8 +1,8 @@
 """Choosing and loading a model: file dialogs, recent models, device/dtype, progress, info.
 
-The file dialogs are plain functions (:func:`ask_model_folder`, :func:`ask_gguf_file`)
-that the main window calls through its own ``ask_model_path`` method, so tests replace
-one method instead of driving a native dialog.
+One dialog (:class:`OpenModelDialog`, via :func:`ask_model`) accepts a .gguf file or a model
+folder; the main window calls it through its own ``ask_model_path`` method, so tests of the
+window replace one method instead of driving the dialog.
 """
 from __future__ import annotations
 
@@ -23,16 +23,57 @@ RECENT_MAX = 8
 DTYPES = DTYPE_CHOICES  # auto, float32, bfloat16, float16, int8, int4 (quantized at load)
 
 
-def ask_model_folder(parent=None, start: str = "") -> str | None:
-    """A folder chosen by the user (Meta or Hugging Face checkpoint), or None."""
-    path = QFileDialog.getExistingDirectory(parent, "Open Model Folder", start)
-    return path or None
+MODEL_FILES = ("*.gguf", "params.json", "config.json")  # what marks a model (folder)
 
 
-def ask_gguf_file(parent=None, start: str = "") -> str | None:
-    """A .gguf file chosen by the user, or None."""
-    path, _ = QFileDialog.getOpenFileName(parent, "Open GGUF File", start, "GGUF models (*.gguf);;All files (*)")
-    return path or None
+def model_choice(path: str) -> str | None:
+    """What opening ``path`` opens: a .gguf file itself; a model folder; for another file
+    (params.json, a shard), the folder holding it. None for a path that is none of these."""
+    p = Path(path)
+    if p.is_file():
+        return str(p) if p.suffix.lower() == ".gguf" else model_choice(str(p.parent))
+    if p.is_dir() and ((p / "params.json").exists() or (p / "config.json").exists()
+                       or any(p.glob("*.gguf"))):
+        return str(p)
+    return None
+
+
+class OpenModelDialog(QFileDialog):
+    """"Open Model": one dialog for a .gguf file or a model folder (Meta or Hugging Face).
+
+    Qt's file dialogs choose either files or folders; this one lists both and, on Open,
+    takes a selected model folder (or a file inside one) instead of stepping into it.
+    """
+
+    def __init__(self, parent=None, start: str = ""):
+        super().__init__(parent, "Open Model", start)
+        self.setObjectName("openModelDialog")
+        self.setOption(QFileDialog.DontUseNativeDialog)  # native dialogs pick files or folders, not both
+        self.setFileMode(QFileDialog.ExistingFile)
+        self.setNameFilters(["Models (*.gguf params.json config.json)", "All files (*)"])
+        self.setLabelText(QFileDialog.FileName, "Model:")
+        self.setLabelText(QFileDialog.Accept, "Open")
+        self.chosen: str | None = None
+
+    def accept(self) -> None:
+        sel = self.selectedFiles()
+        path = sel[0] if sel else self.directory().absolutePath()
+        choice = model_choice(path)
+        if choice is None and Path(path).is_dir() and path != self.directory().absolutePath():
+            self.setDirectory(path)  # an ordinary folder: step into it, as a file dialog does
+            return
+        if choice is None:
+            choice = model_choice(self.directory().absolutePath())
+        if choice is None:
+            return  # nothing to open here (yet)
+        self.chosen = choice
+        QDialog.accept(self)
+
+
+def ask_model(parent=None, start: str = "") -> str | None:
+    """A .gguf file or model folder chosen by the user, or None (a modal dialog)."""
+    dlg = OpenModelDialog(parent, start)
+    return dlg.chosen if dlg.exec() == QDialog.Accepted else None
 
 
 def looks_like_model(path: str) -> bool:

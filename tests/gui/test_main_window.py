@@ -6,7 +6,7 @@ import json
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QLabel, QMessageBox, QSlider, QWidget
 
 from core.chat_export import export_json
@@ -64,8 +64,8 @@ def test_names_and_no_model_state(window):
 
 def test_chat_end_to_end(qtbot, window, loop, gguf, data_dir):
     async def scenario():
-        window.ask_model_path = lambda kind: gguf  # the dialog's answer
-        window.open_model_dialog("gguf")
+        window.ask_model_path = lambda: gguf  # the dialog's answer
+        window.open_model_dialog()
         await until(lambda: window.info is not None, 30, "model load")
         assert "stories260K" in window.windowTitle() and "LlamaDesk" in window.windowTitle()
         assert window.prompt.send_button.isEnabled() is False  # empty prompt
@@ -418,3 +418,14 @@ def test_export_file_names_are_the_title_without_trailing_punctuation(window, tm
     window.export_conversation("md")
     window.export_conversation("json")
     assert names == ["What is 2 2.md", "What is 2 2.json"]
+
+
+def test_ctrl_o_is_the_one_open_model_action(qtbot, window):
+    w = window
+    opens = [a for a in w.findChildren(QAction) if a.text().replace("&", "").startswith("Open")]
+    assert [a.objectName() for a in opens] == ["openModelAction"]
+    assert opens[0].shortcut() == QKeySequence("Ctrl+O")
+    asked = []
+    w.ask_model_path = lambda: asked.append(True)
+    qtbot.keyClick(w, Qt.Key_O, Qt.ControlModifier)
+    assert asked == [True]
