@@ -586,6 +586,14 @@ class CompareView(QWidget):
     def _settings_edited(self, col: LaneColumn) -> None:
         if self.seed_lock.isChecked() and self.columns and col is self.columns[0]:
             self._refresh()
+        base = self.columns[self.baseline].settings() if self.columns else None
+        for i, c in enumerate(self.columns):  # an edit of the baseline changes every summary
+            if c.run is None:
+                c.divergence.setText(self._summary(i, c, base))
+
+    def _summary(self, i: int, col: LaneColumn, base_settings: dict | None) -> str:
+        """A lane without results: how its settings differ from the baseline's ('T 2')."""
+        return settings_label(col.settings(), base_settings) if i != self.baseline else ""
 
     def _seed_lock_toggled(self, on: bool) -> None:
         if on and self.columns and self.columns[0].settings()["seed"] is None:
@@ -733,7 +741,7 @@ class CompareView(QWidget):
             run = col.run
             if run is None:
                 col.browser.setHtml(f'<p style="color: {colors["muted"]};">Not run yet.</p>')
-                col.divergence.setText(settings_label(col.settings(), base_settings) if i != self.baseline else "")
+                col.divergence.setText(self._summary(i, col, base_settings))
                 col.stats.setText("")
                 continue
             diff = None

@@ -443,3 +443,20 @@ def test_run_flow_chat_context_seed_lock_and_reruns(qtbot, loop, history):
     v.prompt_edit.setPlainText("")
     v.context_check.setChecked(False)
     assert v.run() is None and "prompt" in v.status.text().lower()
+
+
+def test_lane_summaries_follow_edits_before_a_run(qtbot, loop, history):
+    from gui.compare_view import CompareView
+    v = CompareView(bridge=FakeBridge(), history=history, prompt=PROMPT,
+                    lanes=[{"temperature": 0.0}, {"temperature": 1.0}, {"temperature": 0.0, "top_k": 5}])
+    qtbot.addWidget(v)
+    v.render()
+    assert v.columns[1].divergence.text() == "T 1"
+    v.columns[1].fields["temperature"].setValue(2.0)
+    assert v.columns[1].divergence.text() == "T 2"
+    v.columns[2].fields["top_k"].setValue(9)
+    assert v.columns[2].divergence.text() == "top-k 9"
+    v.columns[0].fields["top_k"].setValue(9)  # the baseline: every other lane's summary changes
+    assert v.columns[2].divergence.text() == "T 0"  # nothing differs any more
+    assert v.columns[1].divergence.text() == "T 2 · top-k 0"
+
