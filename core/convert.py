@@ -6,6 +6,7 @@ checks is checked) and writes DST; quantized GGUF tensors are written dequantize
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -64,6 +65,7 @@ def convert(src: str | Path, dst: str | Path, *, fmt: str = "hf", dtype: str = "
             save_hf(loaded, tmp)
         else:
             _save_meta_folder(loaded, tmp)
+        _usual_permissions(tmp)
         if dst.exists():
             shutil.rmtree(dst)
         tmp.rename(dst)
@@ -73,6 +75,16 @@ def convert(src: str | Path, dst: str | Path, *, fmt: str = "hf", dtype: str = "
     if progress:
         progress(1.0, f"wrote {dst}")
     return dst
+
+
+def _usual_permissions(folder: Path) -> None:
+    """The modes a plain mkdir/open would have given (0755/0644 under umask 022): mkdtemp
+    and temporary files are private (0700/0600), the converted model is not."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for p in folder.rglob("*"):
+        p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
 
 
 def _save_meta_folder(loaded: LoadedModel, dst: Path) -> None:

@@ -1,5 +1,7 @@
 """convert: any format -> HF (or Meta) folder that our loader and transformers both open."""
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -112,3 +114,17 @@ def test_convert_refuses_same_or_bad_destination(fixtures, tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(CheckpointError):
         convert(fixtures / "stories260K.gguf", tmp_path / "file")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_converted_files_get_the_usual_permissions(fixtures, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        for fmt in ("hf", "meta"):
+            dst = convert(fixtures / "stories260K.gguf", tmp_path / f"{fmt}-{umask:o}", fmt=fmt)
+            assert stat.S_IMODE(dst.stat().st_mode) == 0o777 & ~umask
+            files = list(dst.iterdir())
+            assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o666 & ~umask for f in files), \
+                {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files}
+    finally:
+        os.umask(old)
