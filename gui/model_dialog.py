@@ -149,7 +149,8 @@ def info_rows(info: dict) -> list[tuple[str, str]]:
     rows = [("Name", str(info.get("name", "?"))), ("Format", str(info.get("format", "?")))]
     if "parameters" in info:
         rows.append(("Parameters", f"{human_count(info['parameters'])} ({info['parameters']:,})"))
-    for key, label in (("context_length", "Context length"), ("dtype", "Data type"), ("device", "Device")):
+    for key, label in (("context_length", "Context length"), ("dtype", "Data type"),
+                       ("dtype_reason", "Why this data type"), ("device", "Device")):
         if key in info:
             rows.append((label, str(info[key])))
     if "memory_bytes" in info:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from ..errors import CheckpointError
-from .common import LoadedModel, ProgressFn, resolve_device, resolve_dtype
+from .common import QUANT_DTYPES, LoadedModel, ProgressFn, auto_dtype, resolve_device, resolve_dtype
 
 GGUF_MAGIC = b"GGUF"
 
@@ -53,15 +55,18 @@ def load(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | No
     p = Path(path).expanduser()
     kind = detect(p)
     if kind == "meta":
-        from .meta import load_meta
-        return load_meta(p, device=device, dtype=dtype, max_seq_len=max_seq_len, progress=progress)
-    if kind == "hf":
-        from .hf import load_hf
-        return load_hf(p, device=device, dtype=dtype, max_seq_len=max_seq_len, progress=progress)
-    from .gguf import load_gguf
-    if p.is_dir():
-        p = next(iter(sorted(p.glob("*.gguf"))))
-    return load_gguf(p, device=device, dtype=dtype, max_seq_len=max_seq_len, progress=progress)
+        from .meta import load_meta as loader
+    elif kind == "hf":
+        from .hf import load_hf as loader
+    else:
+        from .gguf import load_gguf as loader
+        if p.is_dir():
+            p = next(iter(sorted(p.glob("*.gguf"))))
+    loaded = loader(p, device=device, dtype=dtype, max_seq_len=max_seq_len, progress=progress)
+    if not isinstance(dtype, torch.dtype) and str(dtype or "auto") in ("auto", *QUANT_DTYPES):
+        # info and the status bar's tooltip say what 'auto' chose and why.
+        loaded.info["dtype_reason"] = auto_dtype(resolve_device(device), loaded.args)[1]
+    return loaded
 
 
 __all__ = ["load", "detect", "LoadedModel", "ProgressFn", "resolve_device", "resolve_dtype", "CheckpointError"]

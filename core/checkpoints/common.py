@@ -73,30 +73,38 @@ def total_memory_bytes() -> int | None:
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device,
                   args: ModelArgs | None = None) -> torch.dtype:
-    """'auto': bfloat16 on CUDA (float16 without bf16 support), float16 on MPS; on CPU
-    float32, or bfloat16 when float32 weights would take over half the machine's memory.
-
-    On this project's CPUs (no AMX) bfloat16 prefill runs at 0.15x of float32 while its
-    decode is ~1.5x faster (bench/bench_engine.py): float32 wins while it fits, but an 8B
-    model in float32 (32 GB) would not load at all on most laptops.
-    """
+    """'auto': see :func:`auto_dtype`; otherwise the named dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
     name = str(dtype or "auto")
     if name == "auto" or name in QUANT_DTYPES:
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if device.type == "mps":
-            return torch.float16
-        total = total_memory_bytes()
-        if args is not None and total:
-            n = sum(math.prod(s) for s in expected_shapes(args).values())
-            if 4 * n > total // 2:
-                return torch.bfloat16
-        return torch.float32
+        return auto_dtype(device, args)[0]
     if name not in DTYPES:
         raise SettingsError(f"unknown dtype '{name}' (use {', '.join(DTYPE_CHOICES)})")
     return DTYPES[name]
+
+
+def auto_dtype(device: torch.device, args: ModelArgs | None = None) -> tuple[torch.dtype, str]:
+    """The compute dtype 'auto' means here, and why.
+
+    bfloat16 on CUDA (float16 without bf16 support), float16 on MPS. On CPU bfloat16 when
+    float32 weights would take over half the machine's memory (an 8B model in float32 would
+    not load on most laptops), else whichever a measured probe of this CPU's kernels found
+    faster (:mod:`core.tuning`; cached per machine).
+    """
+    if device.type == "cuda":
+        bf = torch.cuda.is_bf16_supported()
+        return (torch.bfloat16, "bfloat16: CUDA") if bf else (torch.float16, "float16: this GPU lacks bfloat16")
+    if device.type == "mps":
+        return torch.float16, "float16: MPS"
+    total = total_memory_bytes()
+    if args is not None and total:
+        n = sum(math.prod(s) for s in expected_shapes(args).values())
+        if 4 * n > total // 2:
+            return torch.bfloat16, "bfloat16: float32 weights would take over half of this machine's memory"
+    from ..tuning import cpu_choice
+    choice = cpu_choice()
+    return DTYPES[choice.dtype], choice.reason
 
 
 def quant_kind(dtype: str | torch.dtype | None) -> str | None:
