@@ -1,7 +1,8 @@
-"""Convert any supported checkpoint into a Hugging Face-style (or Meta) folder.
+"""Convert any supported checkpoint into a Hugging Face-style (or Meta) folder or a GGUF file.
 
 ``python -m core convert SRC DST`` loads SRC with the ordinary loader (so everything it
-checks is checked) and writes DST; quantized GGUF tensors are written dequantized.
+checks is checked) and writes DST; quantized GGUF tensors are read dequantized. With
+``--to gguf --type Q4_0`` (or Q8_0, F16, ...) DST is a GGUF file with quantized matrices.
 """
 from __future__ import annotations
 
@@ -34,12 +35,13 @@ def output_dtype(loaded: LoadedModel, dtype: str = "auto") -> torch.dtype:
 
 
 def convert(src: str | Path, dst: str | Path, *, fmt: str = "hf", dtype: str = "auto",
-            progress: ProgressFn | None = None, overwrite: bool = False) -> Path:
-    """Write the checkpoint at ``src`` as a folder at ``dst``.
+            progress: ProgressFn | None = None, overwrite: bool = False, qtype: str = "Q8_0") -> Path:
+    """Write the checkpoint at ``src`` as a folder (or, for 'gguf', a file) at ``dst``.
 
     Args:
         fmt: 'hf' (config.json, model.safetensors, tokenizer files, tokenizer_config.json,
-            generation_config.json) or 'meta' (params.json, consolidated.00.pth, tokenizer.model).
+            generation_config.json), 'meta' (params.json, consolidated.00.pth, tokenizer.model)
+            or 'gguf' (one file; matrices as ``qtype``, see core.checkpoints.gguf_write).
         dtype: 'auto' (keep a 16-bit source's dtype, else float32), 'float32', 'bfloat16', 'float16'.
         overwrite: allow writing into a non-empty ``dst``.
 
@@ -47,8 +49,10 @@ def convert(src: str | Path, dst: str | Path, *, fmt: str = "hf", dtype: str = "
     never leaves a half-written model where a loader would find it.
     """
     src, dst = Path(src).expanduser(), Path(dst).expanduser()
-    if fmt not in ("hf", "meta"):
-        raise CheckpointError(f"unknown output format '{fmt}' (use hf or meta)")
+    if fmt not in ("hf", "meta", "gguf"):
+        raise CheckpointError(f"unknown output format '{fmt}' (use hf, meta or gguf)")
+    if fmt == "gguf":
+        return _convert_gguf(src, dst, qtype, progress, overwrite)
     if dst.exists() and (not dst.is_dir() or (any(dst.iterdir()) and not overwrite)):
         raise CheckpointError(f"{dst} already exists and is not empty (pass --overwrite to replace it)")
     if dst.resolve() == src.resolve():
@@ -87,6 +91,34 @@ def _usual_permissions(folder: Path) -> None:
         p.chmod((0o777 if p.is_dir() else 0o666) & ~umask)
 
 
+def _convert_gguf(src: Path, dst: Path, qtype: str, progress: ProgressFn | None, overwrite: bool) -> Path:
+    from .checkpoints.gguf_write import GGUF_TYPES, save_gguf
+
+    if qtype not in GGUF_TYPES:
+        raise CheckpointError(f"unknown GGUF tensor type '{qtype}' (use {', '.join(GGUF_TYPES)})")
+    if dst.exists() and (dst.is_dir() or not overwrite):
+        raise CheckpointError(f"{dst} already exists (pass --overwrite to replace a file)")
+    if dst.resolve() == src.resolve():
+        raise CheckpointError("source and destination are the same")
+    loaded = load(src, device="cpu", dtype="float32", progress=progress)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        save_gguf(loaded, tmp, qtype)
+        umask = os.umask(0o022)
+        os.umask(umask)
+        tmp.chmod(0o666 & ~umask)  # mkstemp's file is private; a converted model is not
+        tmp.replace(dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if progress:
+        progress(1.0, f"wrote {dst}")
+    return dst
+
+
 def _save_meta_folder(loaded: LoadedModel, dst: Path) -> None:
     from .checkpoints.meta import save_meta
 
@@ -106,10 +138,14 @@ def _save_meta_folder(loaded: LoadedModel, dst: Path) -> None:
 
 def add_convert_parser(subparsers) -> None:
     """Register ``convert SRC DST`` on the CLI's subparsers."""
-    p = subparsers.add_parser("convert", help="write a model as a Hugging Face (or Meta) folder")
+    from .checkpoints.gguf_write import GGUF_TYPES
+
+    p = subparsers.add_parser("convert", help="write a model as a Hugging Face or Meta folder, or a GGUF file")
     p.add_argument("src", help="Meta folder, Hugging Face folder or .gguf file")
-    p.add_argument("dst", help="folder to write")
-    p.add_argument("--to", dest="fmt", default="hf", choices=["hf", "meta"])
+    p.add_argument("dst", help="folder (hf, meta) or file (gguf) to write")
+    p.add_argument("--to", dest="fmt", default="hf", choices=["hf", "meta", "gguf"])
+    p.add_argument("--type", dest="qtype", default="Q8_0", choices=GGUF_TYPES,
+                   help="GGUF tensor type of the matrices (with --to gguf)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
     p.add_argument("--json", action="store_true", help="print one JSON object describing the result")
@@ -117,8 +153,8 @@ def add_convert_parser(subparsers) -> None:
 
 def run_convert(args) -> int:
     """``convert``: errors propagate as CheckpointError (the CLI prints one line, exit 2)."""
-    dst = convert(args.src, args.dst, fmt=args.fmt, dtype=args.dtype, overwrite=args.overwrite)
-    files = sorted(p.name for p in dst.iterdir())
+    dst = convert(args.src, args.dst, fmt=args.fmt, dtype=args.dtype, overwrite=args.overwrite, qtype=args.qtype)
+    files = sorted(p.name for p in dst.iterdir()) if dst.is_dir() else [dst.name]
     if args.json:
         print(json.dumps({"dst": str(dst), "format": args.fmt, "files": files}))
     else:
