@@ -82,21 +82,10 @@ def write_gguf(model, dst: Path, kind: str, sp_file: Path) -> None:
     import numpy as np
 
     from core.checkpoints.gguf import gguf_name
+    from core.checkpoints.gguf_write import add_llama_params
 
-    a = model.args
     w = gguf.GGUFWriter(str(dst), "llama")
-    w.add_name("bench-load random llama")
-    w.add_context_length(a.max_seq_len)
-    w.add_embedding_length(a.dim)
-    w.add_block_count(a.n_layers)
-    w.add_feed_forward_length(a.hidden_dim)
-    w.add_head_count(a.n_heads)
-    w.add_head_count_kv(a.n_kv_heads)
-    w.add_layer_norm_rms_eps(a.norm_eps)
-    w.add_rope_freq_base(a.rope_theta)
-    w.add_rope_dimension_count(a.head_dim)
-    w.add_vocab_size(a.vocab_size)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if kind == "F32" else gguf.LlamaFileType.MOSTLY_F16)
+    add_llama_params(w, model.args, "bench-load random llama", kind)
     tokens, scores, types, ids = sp_gguf_vocab(sp_file)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)

@@ -33,7 +33,7 @@ def save_gguf(loaded: LoadedModel, dst: Path, qtype: str = "Q8_0") -> None:
         raise CheckpointError(f"unknown GGUF tensor type '{qtype}' (use {', '.join(GGUF_TYPES)})")
     a = loaded.args
     w = gguf.GGUFWriter(str(dst), "llama")
-    _write_params(w, a, loaded.info.get("general_name") or loaded.name, qtype)
+    add_llama_params(w, a, loaded.info.get("general_name") or loaded.name, qtype)
     _write_tokenizer(w, loaded)
     if loaded.chat_template:
         w.add_chat_template(loaded.chat_template)
@@ -63,10 +63,13 @@ def save_gguf(loaded: LoadedModel, dst: Path, qtype: str = "Q8_0") -> None:
     w.close()
 
 
-def _write_params(w, a: ModelArgs, name: str, qtype: str) -> None:
+def add_llama_params(w, a: ModelArgs, name: str | None = None, qtype: str | None = None) -> None:
+    """Write ``a`` as llama.cpp's llama.* metadata on a ``gguf.GGUFWriter`` (and the file
+    type, when ``qtype`` names the matrices' tensor type)."""
     import gguf
 
-    w.add_name(str(name))
+    if name:
+        w.add_name(str(name))
     w.add_context_length(a.max_seq_len)
     w.add_embedding_length(a.dim)
     w.add_block_count(a.n_layers)
@@ -80,9 +83,10 @@ def _write_params(w, a: ModelArgs, name: str, qtype: str) -> None:
     if a.head_dim != a.dim // a.n_heads:
         w.add_key_length(a.head_dim)
         w.add_value_length(a.head_dim)
-    file_type = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16"}.get(qtype, f"MOSTLY_{qtype}")
-    w.add_file_type(gguf.LlamaFileType[file_type])
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if qtype:
+        file_type = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16"}.get(qtype, f"MOSTLY_{qtype}")
+        w.add_file_type(gguf.LlamaFileType[file_type])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
 def _write_tokenizer(w, loaded: LoadedModel) -> None:

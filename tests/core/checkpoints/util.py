@@ -52,21 +52,11 @@ def write_gguf(path: Path, model, *, qtype="F32", qtypes=None, vocab=None, arch=
     from gguf.quants import dequantize, quantize
 
     from core.checkpoints.gguf import gguf_name
+    from core.checkpoints.gguf_write import add_llama_params
 
     a = model.args
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(a.max_seq_len)
-    w.add_embedding_length(a.dim)
-    w.add_block_count(a.n_layers)
-    w.add_feed_forward_length(a.hidden_dim)
-    w.add_head_count(a.n_heads)
-    w.add_head_count_kv(a.n_kv_heads)
-    w.add_layer_norm_rms_eps(a.norm_eps)
-    w.add_rope_freq_base(a.rope_theta)
-    w.add_rope_dimension_count(a.head_dim)
-    if a.head_dim != a.dim // a.n_heads:
-        w.add_key_length(a.head_dim)
-        w.add_value_length(a.head_dim)
+    add_llama_params(w, a)  # keys carry the writer's arch (another arch: the loader must refuse it)
     if tokenizer == "llama":
         tokens, scores, types = vocab or sp_vocab()
         w.add_tokenizer_model("llama")
