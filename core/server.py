@@ -153,6 +153,7 @@ class Scheduler:
                 for ev in self.engine.serve(self._admit, max_rows=self.max_batch):
                     self._dispatch(ev)
             except Exception as e:  # a bug or out of memory: fail the requests, keep serving
+                self.engine.cache.reset()  # it may hold a half-written step: never reuse it
                 with self._cond:
                     jobs = {id(j): j for j, _ in self._lanes.values()}.values()
                     self._lanes.clear()

@@ -14,6 +14,15 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Code under test may claim every core (the CLI's main does): later tests run on one
+    again, so results that depend on the reduction order stay reproducible."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -319,3 +319,22 @@ def test_a_client_that_gives_up_on_a_whole_reply_frees_its_generation(fixtures):
         job = finished.get(timeout=60)
         assert job.done[0].stop_reason == "cancelled" and len(job.done[0].tokens) < 2000
         assert srv.state.scheduler.active_lanes == 0
+
+
+def test_a_failure_inside_the_engine_fails_its_request_and_the_server_goes_on(stories, monkeypatch):
+    model = stories.state.engine.model
+    real = model.forward
+    calls = []
+
+    def broken(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("simulated out of memory")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(model, "forward", broken)  # the prefill runs, the first decode step fails
+    with pytest.raises(openai.InternalServerError) as e:
+        stories.client.completions.create(model=stories.model, prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert e.value.status_code == 500 and "simulated out of memory" in e.value.body["message"]
+    r = stories.client.completions.create(model=stories.model, prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert r.choices[0].text.startswith(", there was a little girl")
