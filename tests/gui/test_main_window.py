@@ -429,3 +429,18 @@ def test_ctrl_o_is_the_one_open_model_action(qtbot, window):
     w.ask_model_path = lambda: asked.append(True)
     qtbot.keyClick(w, Qt.Key_O, Qt.ControlModifier)
     assert asked == [True]
+
+
+def test_readme_shortcut_table_matches_the_actions(window):
+    from tests.gui.ui_helpers import ROOT
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Keyboard shortcuts", 1)[1].split("\n\n", 2)[1]
+    rows = [line.strip("|").split("|") for line in section.splitlines()[2:] if line.startswith("|")]
+    documented = {(keys.strip(), action.strip().split(" (")[0]) for keys, action in rows}
+    actual = set()
+    for a in window.findChildren(QAction):
+        if a.shortcuts():
+            # Ctrl+Return and keypad Ctrl+Enter are one "Ctrl+Enter" to a reader.
+            keys = sorted({k.toString(QKeySequence.PortableText).replace("Return", "Enter") for k in a.shortcuts()})
+            actual.add((" / ".join(keys), a.text().replace("&", "").rstrip("…")))
+    assert documented == actual
