@@ -73,6 +73,13 @@ def palette(dark: bool) -> QPalette:
     return p
 
 
+def mix(a: str, b: str, t: float) -> str:
+    """``t`` of colour ``a`` over ``b`` (#rrggbb). The context bar's fill is a light tint of the
+    accent so that its text, drawn in one colour across fill and track, reads on both."""
+    ca, cb = QColor(a), QColor(b)
+    return QColor(*(round(t * x + (1 - t) * y) for x, y in zip(ca.getRgb()[:3], cb.getRgb()[:3]))).name()
+
+
 def stylesheet(dark: bool) -> str:
     c = DARK if dark else LIGHT
     return f"""
@@ -101,7 +108,7 @@ def stylesheet(dark: bool) -> str:
     QFrame#message QToolButton:hover {{ background: {c['alt']}; }}
     QProgressBar#contextBar {{ border: 1px solid {c['border']}; border-radius: 3px; background: {c['alt']};
         text-align: center; max-height: 14px; }}
-    QProgressBar#contextBar::chunk {{ background: {c['accent']}; border-radius: 2px; }}
+    QProgressBar#contextBar::chunk {{ background: {mix(c['accent'], c['alt'], 0.35)}; border-radius: 2px; }}
     """
 
 

@@ -444,3 +444,31 @@ def test_readme_shortcut_table_matches_the_actions(window):
             keys = sorted({k.toString(QKeySequence.PortableText).replace("Return", "Enter") for k in a.shortcuts()})
             actual.add((" / ".join(keys), a.text().replace("&", "").rstrip("…")))
     assert documented == actual
+
+
+def _contrast(a, b) -> float:
+    def lum(c):
+        def ch(v):
+            v /= 255
+            return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+        return 0.2126 * ch(c.red()) + 0.7152 * ch(c.green()) + 0.0722 * ch(c.blue())
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+def test_context_bar_text_reads_on_the_fill(qapp, window, mode):
+    from PySide6.QtGui import QColor
+    from gui import theme
+    theme.apply(qapp, mode)
+    try:
+        window._update_context(600, 1000)
+        bar = window.context_bar
+        img = bar.grab().toImage()
+        text = QColor(theme.colors()["text"])
+        # the fill, left of the centred text, and the track, right of it
+        for x in (6, bar.width() - 6):
+            bg = img.pixelColor(x, img.height() // 2)
+            assert _contrast(text, bg) >= 4.5, (mode, x, bg.name(), text.name())
+    finally:
+        theme.apply(qapp, "light")
