@@ -210,11 +210,16 @@ class SamplingPanel(QWidget):
             b.setMinimumWidth(b.fontMetrics().horizontalAdvance(b.text()) + 16)
             b.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Fixed)
         # A group of its own: the title names the combo, so the row needs no label.
+        # The combo has the group's whole width (a row shared with the buttons cut
+        # "Balanced (mine)" to "Balanced (n"); the buttons sit under it, right-aligned.
         presets = QGroupBox("Preset")
-        ph = QHBoxLayout(presets)
-        ph.addWidget(self.presetCombo, 1)
+        pv = QVBoxLayout(presets)
+        pv.addWidget(self.presetCombo)
+        ph = QHBoxLayout()
+        ph.addStretch(1)
         ph.addWidget(self.savePresetButton)
         ph.addWidget(self.deletePresetButton)
+        pv.addLayout(ph)
 
         # --- sampling
         sampling, f = self._form("Sampling")

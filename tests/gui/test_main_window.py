@@ -472,3 +472,16 @@ def test_context_bar_text_reads_on_the_fill(qapp, window, mode):
             assert _contrast(text, bg) >= 4.5, (mode, x, bg.name(), text.name())
     finally:
         theme.apply(qapp, "light")
+
+
+@pytest.mark.parametrize("size", ["800x560", "minimum"])
+def test_preset_box_shows_a_user_preset_name_whole(window, size):
+    from tests.gui.ui_helpers import clipped_texts
+    window.panel.save_preset("Balanced (mine)")
+    assert window.panel.presetCombo.currentText() == "Balanced (mine)"
+    if size == "minimum":
+        window.resize(window.minimumSizeHint())
+    else:
+        window.resize(800, 560)
+    problems = [p for p in clipped_texts(window.panel) if "preset" in p.lower()]
+    assert problems == []

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import qasync
-from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtWidgets import QApplication, QWidget
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
@@ -116,3 +116,46 @@ def close(loop, w):
         t.cancel()
     if tasks:
         loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
+def clipped_texts(root) -> list[str]:
+    """Visible widgets under ``root`` whose text does not fit their width (layout checks).
+
+    Labels that wrap or elide on purpose are skipped (word-wrapped labels; texts ending in "…").
+    """
+    from PySide6.QtWidgets import (QAbstractButton, QComboBox, QLabel, QStyle, QStyleOptionComboBox,
+                                   QToolButton)
+    QApplication.processEvents()
+
+    def shown(text: str) -> str:  # "&Temperature" shows as "Temperature"; "&&" as "&"
+        return text.replace("&&", "\0").replace("&", "").replace("\0", "&")
+
+    out = []
+    for w in [root, *root.findChildren(QWidget)]:
+        if not w.isVisibleTo(root) or w.width() <= 0:
+            continue
+        fm = w.fontMetrics()
+        name = w.objectName() or type(w).__name__
+        if isinstance(w, QLabel):
+            text = w.text()
+            if not text or w.wordWrap() or text.endswith("…") or "<" in text or w.pixmap() is not None and not w.pixmap().isNull():
+                continue
+            need = max(fm.horizontalAdvance(shown(line)) for line in text.splitlines()) + 2 * w.margin()
+            if need > w.contentsRect().width():
+                out.append(f"{name} {text!r}: needs {need}px, has {w.contentsRect().width()}px")
+        elif isinstance(w, QComboBox):
+            opt = QStyleOptionComboBox()
+            w.initStyleOption(opt)
+            field = w.style().subControlRect(QStyle.CC_ComboBox, opt, QStyle.SC_ComboBoxEditField, w)
+            need = fm.horizontalAdvance(w.currentText())
+            if need > field.width():
+                out.append(f"{name} {w.currentText()!r}: needs {need}px, has {field.width()}px")
+        elif isinstance(w, QAbstractButton) and w.text() and not (isinstance(w, QToolButton)
+                                                                  and w.toolButtonStyle() == Qt.ToolButtonIconOnly):
+            # the text, the icon and the style's margins (not the style's 80 px minimum width)
+            need = fm.horizontalAdvance(shown(w.text())) + 2 * w.style().pixelMetric(QStyle.PM_ButtonMargin, None, w)
+            if not w.icon().isNull():
+                need += w.iconSize().width() + 4
+            if need > w.width():
+                out.append(f"{name} {w.text()!r}: needs {need}px, has {w.width()}px")
+    return out
