@@ -259,6 +259,10 @@ def test_export_import_round_trip(qtbot, window, loop, gguf, tmp_path):
     for t in texts:
         assert t.strip() in md
     data = json.loads(js_path.read_text())
+    # Token probabilities are recorded on demand only (View → Record Token Probabilities):
+    # by default an export holds the text, settings and stats, not ~1 KB per token.
+    assert not window.record_probs_action.isChecked()
+    assert all("tokens" not in (m.get("meta") or {}) for m in data["messages"])
     # Ctrl+Shift+C copies the last reply; Ctrl+L comes back to the prompt
     from PySide6.QtGui import QGuiApplication
     window.conv_list.setFocus()
