@@ -227,17 +227,17 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
         logits: float32 [B, V]; previous: token ids per row for the repetition penalty.
     """
     B, V = logits.shape
-    rows, changed = [], False
-    for row, q, prev in zip(logits, params, previous):
-        orig = row
-        if prev is not None:
-            row = apply_repetition_penalty(row, prev, q.repetition_penalty)
-        if not q.greedy:
-            row = apply_temperature(row, q.temperature)
-        changed = changed or row is not orig
-        rows.append(row)
-    x_all = torch.stack(rows) if changed else logits
     dev = logits.device
+    x_all = logits
+    for i, (q, prev) in enumerate(zip(params, previous)):
+        if prev is not None and q.repetition_penalty != 1.0 and prev.numel():
+            if x_all is logits:
+                x_all = logits.clone()
+            x_all[i] = apply_repetition_penalty(logits[i], prev, q.repetition_penalty)
+    # One division for all rows; dividing by 1.0 (greedy or untempered rows) is exact.
+    temps = [q.temperature if not q.greedy and q.temperature != 1.0 else 1.0 for q in params]
+    if any(t != 1.0 for t in temps):
+        x_all = x_all / torch.tensor(temps, dtype=logits.dtype, device=dev).view(B, 1)
     sampled = [i for i, q in enumerate(params) if not q.greedy]
     if len(sampled) < B:  # greedy rows: the reference's argmax, first of ties
         tokens = x_all.argmax(-1)
@@ -248,27 +248,30 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
         u = torch.stack([torch.rand((), generator=generators[i], dtype=logits.dtype, device=dev)
                          for i in sampled])
         sel = torch.tensor(sampled, device=dev)
-        x = x_all.index_select(0, sel)  # [S, V]
+        x = x_all if len(sampled) == B else x_all.index_select(0, sel)  # [S, V]
         qs = [params[i] for i in sampled]
         K = min(V, max(candidates, max(q.top_k for q in qs) + 1))
+        wide = min(V, 16 * K)
         if K < V:
-            fast, ok = _candidate_draw(x, qs, u, K)
-            tokens = tokens.index_copy(0, sel, fast)
+            fast, ok, widen = _candidate_draw(x, qs, u, K, wide)
+            tokens = fast if len(sampled) == B else tokens.index_copy(0, sel, fast)
         else:
-            ok = torch.zeros(len(sampled), dtype=torch.bool, device=dev)
+            ok = widen = torch.zeros(len(sampled), dtype=torch.bool, device=dev)
+    else:
+        widen = ok
     lse = logits.logsumexp(-1)
     logprob = logits.gather(-1, tokens.view(B, 1)).view(B) - lse
-    read = torch.cat([tokens.double(), logprob.double(), ok.double()]).tolist()
+    S = ok.numel()
+    read = torch.cat([tokens.double(), logprob.double(), ok.double(), widen.double()]).tolist()
     ids, lps = [int(t) for t in read[:B]], read[B:2 * B]
-    bad = [k for k, good in enumerate(read[2 * B:]) if not good]
-    if bad:  # rare: a wider candidate pass, then the reference, on the same uniforms
+    bad = [k for k, good in enumerate(read[2 * B:2 * B + S]) if not good]
+    if bad:  # a wider candidate pass where it can succeed, else the reference; same uniforms
         rb = torch.tensor(bad, device=dev)
         xb, ub, qb = x.index_select(0, rb), u.index_select(0, rb), [qs[k] for k in bad]
-        wide = min(V, 16 * K)
-        if wide < V:
-            slow, ok2 = _candidate_draw(xb, qb, ub, wide)
-        else:
-            slow, ok2 = torch.zeros_like(rb), torch.zeros(len(bad), dtype=torch.bool, device=dev)
+        slow = torch.zeros_like(rb)
+        ok2 = torch.zeros(len(bad), dtype=torch.bool, device=dev)
+        if wide < V and any(read[2 * B + S + k] for k in bad):
+            slow, ok2, _ = _candidate_draw(xb, qb, ub, wide, wide)
         if not bool(ok2.all()):
             # x is already penalized and tempered: the reference must not do either again.
             again = [replace(q, temperature=1.0, repetition_penalty=1.0) for q in qb]
@@ -281,8 +284,14 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
     return Choice(tokens, ids, lps)
 
 
-def _candidate_draw(x: torch.Tensor, qs: Sequence[SamplingParams], u: torch.Tensor, K: int):
-    """Filters and the draw on each row's K largest logits; (tokens [S], exact [S] bool)."""
+def _candidate_draw(x: torch.Tensor, qs: Sequence[SamplingParams], u: torch.Tensor, K: int, wide: int):
+    """Filters and the draw on each row's K largest logits.
+
+    Returns:
+        (tokens [S], exact [S], widen [S]): widen says whether ``wide`` candidates could
+        be exact where K were not (top-p rows whose mass cannot reach p even with ``wide``
+        tokens each as likely as the K-th go straight to the reference).
+    """
     S, V = x.shape
     dev, ninf = x.device, float("-inf")
     top_vals, top_idx = torch.topk(x, K, dim=-1)  # the K-th value is top_vals[:, -1]
@@ -302,6 +311,9 @@ def _candidate_draw(x: torch.Tensor, qs: Sequence[SamplingParams], u: torch.Tens
     total = (within - top).exp().sum(-1, keepdim=True)
     masked = vals_s.masked_fill(~keep, ninf)
     probs = (masked - top).exp() / total
+    # Tokens past the candidates are each at most as likely as the edge candidate.
+    p_edge = (edge - top).exp().view(S) / total.view(S)
+    reach = probs.sum(-1) + (wide - K) * p_edge
     p = col([q.top_p if q.top_p < 1.0 else math.inf for q in qs])
     before = probs.cumsum(-1) - probs
     keep &= before < p
@@ -314,7 +326,9 @@ def _candidate_draw(x: torch.Tensor, qs: Sequence[SamplingParams], u: torch.Tens
     keep_by_id = torch.empty_like(keep).scatter_(-1, order, keep)
     pr = vals.masked_fill(~keep_by_id, ninf).softmax(-1)
     at = _inverse_cdf(pr, u)
-    return idx.gather(-1, at.view(S, 1)).view(S), ok
+    no_filter = torch.tensor([q.top_p >= 1.0 and q.min_p <= 0 and not 0 < q.top_k < V for q in qs], device=dev)
+    widen = ~no_filter & ((p.view(S) > 1.0) | (reach >= p.view(S)))
+    return idx.gather(-1, at.view(S, 1)).view(S), ok, widen
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
