@@ -107,6 +107,16 @@ def auto_dtype(device: torch.device, args: ModelArgs | None = None) -> tuple[tor
     return DTYPES[choice.dtype], choice.reason
 
 
+def prefault(t: torch.Tensor) -> None:
+    """Read one element of every page of a CPU tensor now (a memory-mapped weight is
+    otherwise paged in from disk by the first forward pass: the first reply waits on the
+    loader). Costs one strided read per 4 KiB; pages already resident cost nothing."""
+    if t.device.type != "cpu" or t.numel() == 0 or not t.is_contiguous():
+        return
+    step = max(1, 4096 // t.element_size())
+    t.detach().reshape(-1)[::step].sum()
+
+
 def quant_kind(dtype: str | torch.dtype | None) -> str | None:
     """'int8' or 'int4' when ``dtype`` asks to quantize float weights at load, else None."""
     return dtype if isinstance(dtype, str) and dtype in QUANT_DTYPES else None
@@ -223,6 +233,7 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
             packed[name] = converted = quantizer(quantize)(t.to(device), device)
         else:
             state[name] = converted = t.to(device=device, dtype=dtype)
+            prefault(converted)
         if mapped_sources and t.device.type == "cpu" and (name in packed or converted.data_ptr() != t.data_ptr()):
             release_mapped_pages(t.data_ptr(), t.untyped_storage().nbytes())
         if progress:
