@@ -35,6 +35,8 @@ def _add_model_opts(p: argparse.ArgumentParser) -> None:
     from .checkpoints.common import DTYPE_CHOICES
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="int8/int4: quantize linear weights at load (weight-only)")
+    p.add_argument("--compile", action="store_true",
+                   help="decode through torch.compile (minutes to compile; eager if it fails)")
 
 
 def _add_server_opts(p: argparse.ArgumentParser) -> None:
@@ -210,7 +212,8 @@ def cmd_generate(args) -> int:
             raise SettingsError("give a MODEL (a folder or .gguf file) or --server URL")
         loaded, load_s = _load(args)
         ids, strip = _prompt_ids(loaded, args)
-        engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids)
+        engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids,
+                        compile=getattr(args, "compile", False))
         events = engine.generate(ids, params, strip_leading_space=strip)
         meta["prompt_token_ids"] = ids
     done = None
@@ -309,7 +312,8 @@ def cmd_compare(args) -> int:
             load_s += took
             local_load += took
             ids, strip = _prompt_ids(loaded, args)
-            engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids)
+            engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids,
+                            compile=getattr(args, "compile", False))
             fp = tokenizer_fingerprint(loaded.tokenizer, loaded.model.args.vocab_size)
             for ev in engine.generate_lanes(ids, [lanes[i] for i in idx], strip_leading_space=strip):
                 if isinstance(ev, Done):

@@ -158,16 +158,29 @@ class Engine:
         preallocate: size the KV cache for prompt + max_new_tokens (bounded by max_context)
             when a request starts, so decode never reallocates; by default it grows with
             the conversation, so a huge max_new_tokens costs nothing until tokens exist.
+        compile: run decode steps through ``torch.compile`` (True: the default backend,
+            or a backend's name); where compiling fails the engine falls back to eager
+            and ``compile_status`` says why. Prefill stays eager (its length varies).
     """
 
     def __init__(self, model, tokenizer: Tokenizer, *, max_context: int | None = None,
                  prefill_chunk: int = 512, stop_ids: Sequence[int] | None = None,
-                 preallocate: bool = False):
+                 preallocate: bool = False, compile: bool | str = False):
         self.model = model
         self.tokenizer = tokenizer
         self.max_context = int(max_context or model.args.max_seq_len)
         self.prefill_chunk = prefill_chunk
         self.preallocate = preallocate
+        self._decode_fn = None
+        self.compile_status = "off"
+        if compile:
+            backend = compile if isinstance(compile, str) else "inductor"
+            try:
+                # dynamic: the cache length grows every step; one graph serves them all.
+                self._decode_fn = torch.compile(model, dynamic=True, backend=backend)
+                self.compile_status = f"compiling ({backend})"
+            except Exception as e:  # no compiler on this platform, unknown backend, ...
+                self.compile_status = f"eager: torch.compile unavailable ({type(e).__name__}: {e})"[:300]
         self.stop_ids = set(stop_ids if stop_ids is not None else tokenizer.stop_ids)
         self.cache = KVCache.for_model(model)
 
@@ -322,7 +335,7 @@ class Engine:
                     pos = pos_list[0]
                 else:
                     pos = torch.tensor(pos_list, device=dev)
-                out = self.model(x, pos, self.cache, last_only=True)[:, -1]  # [B, V]
+                out = self._decode(x, pos)[:, -1]  # [B, V]
                 for r, li in enumerate(rows):
                     logits_by_lane[li] = out[r]
                     positions[li] += 1
@@ -377,6 +390,18 @@ class Engine:
                         self.cache.copy_row(old_row, new_row, positions[rows[old_row]])
                 feed = [feed[k] for k in keep]
                 rows[:] = [rows[k] for k in keep]
+
+    def _decode(self, x: torch.Tensor, pos) -> torch.Tensor:
+        """One decode step: compiled when asked and it works, else eager."""
+        if self._decode_fn is not None:
+            try:
+                out = self._decode_fn(x, pos, self.cache, last_only=True)
+                self.compile_status = self.compile_status.replace("compiling", "compiled")
+                return out
+            except Exception as e:  # compilation failed (raised before any kernel ran)
+                self._decode_fn = None
+                self.compile_status = f"eager: compiling failed ({type(e).__name__}: {e})"[:300]
+        return self.model(x, pos, self.cache, last_only=True)
 
     def _remember(self, lanes, rows, positions) -> None:
         """Record what row 0 holds so the next turn can reuse it."""

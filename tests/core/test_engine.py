@@ -332,3 +332,31 @@ def test_grown_cache_gives_the_same_tokens_as_a_preallocated_one(lm):
     b = run(static, prompt, temperature=0.9, top_p=0.9, seed=4, max_new_tokens=400)[1]
     assert static.cache.capacity >= 400 and len(a.tokens) > 300
     assert a.tokens == b.tokens and a.logprobs == b.logprobs
+
+
+def test_compiled_decode_gives_the_same_tokens(lm):
+    """torch.compile captures the decode step (dynamo with the eager backend here: the
+    inductor backend takes minutes to compile on a small CPU) and changes nothing."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    prompt = lm.tokenizer.encode("Once upon a time", bos=True)
+    q = SamplingParams(temperature=0.9, top_p=0.9, seed=2, max_new_tokens=20)
+    eager = run(Engine(lm.model, lm.tokenizer, stop_ids=set()), prompt, **q.to_dict())[1]
+    eng = Engine(lm.model, lm.tokenizer, stop_ids=set(), compile="eager")
+    done = run(eng, prompt, **q.to_dict())[1]
+    assert eng.compile_status == "compiled (eager)"
+    assert done.tokens == eager.tokens
+    torch.testing.assert_close(torch.tensor(done.logprobs), torch.tensor(eager.logprobs), atol=1e-5, rtol=0)
+
+
+def test_compile_failure_falls_back_to_eager(lm, monkeypatch):
+    def broken(*a, **k):
+        def fn(*a, **k):
+            raise RuntimeError("no C++ compiler here")
+        return fn
+    monkeypatch.setattr(torch, "compile", broken)
+    prompt = lm.tokenizer.encode("Hello", bos=True)
+    eng = Engine(lm.model, lm.tokenizer, stop_ids=set(), compile=True)
+    done = run(eng, prompt, temperature=0, max_new_tokens=6)[1]
+    assert done.tokens == reference_greedy(lm.model, prompt, 6)
+    assert eng.compile_status.startswith("eager: compiling failed") and "C++" in eng.compile_status
