@@ -15,9 +15,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -28,101 +25,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from core.engine import Done, Engine  # noqa: E402
+from bench.bench_engine import engine_section  # noqa: E402
+from bench.common import GB, LLAMA3_VOCAB, Engine, engine_run, llama_args, machine, median_of, random_model, weight_bytes  # noqa: E402,E501
 from core.sampling import SamplingParams, choose_tokens, draw, filter_rows  # noqa: E402
-
-GB = 1e9
-LLAMA3_VOCAB = 128256
-
-
-def median_of(fn, repeats: int) -> float:
-    """Median seconds of fn() over repeats (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-# --------------------------------------------------------------------------- machine
-
-def read_bandwidth(quick: bool) -> float:
-    """GB/s of the faster of two reads of a buffer far larger than the caches (a sum, and a
-    matrix-vector product like a decode step's): the decode floor's denominator."""
-    n = (64 if quick else 1024) * (1 << 20) // 4
-    buf = torch.ones(n, dtype=torch.float32)
-    mat, vec = buf.view(-1, 4096), torch.ones(4096)
-    reps = 3 if quick else 7
-    s = min(median_of(lambda: buf.sum(), reps), median_of(lambda: mat @ vec, reps))
-    return n * 4 / s / GB
-
-
-def machine(quick: bool, threads: int) -> dict:
-    bw = read_bandwidth(quick)
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    data = {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "torch": torch.__version__,
-            "read_bandwidth_gb_s": bw, "cuda": torch.cuda.is_available()}
-    md = (f"- CPU: {cpu}, {os.cpu_count()} cores; torch {torch.__version__}; {threads} torch thread(s)\n"
-          f"- Read bandwidth (sum or matrix-vector product over a {64 if quick else 1024} MiB float32 buffer, "
-          f"{threads} thread(s), the faster): "
-          f"**{bw:.1f} GB/s**; the decode floor below is bytes read per token at this rate\n"
-          "- This machine is shared with other jobs: figures are medians, peers interleaved, "
-          "ratios are the comparable numbers")
-    return {"title": "Machine", "markdown": md, "data": data}
-
-
-# --------------------------------------------------------------------------- models
-
-def llama_args(quick: bool, vocab: int):
-    from core.model import ModelArgs
-    if quick:
-        return ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=vocab, hidden_dim=128,
-                         max_seq_len=1024, rope_theta=500000.0)
-    # Llama 3-shaped (GQA 4:1, 128k vocabulary, theta 500k), ~0.3B parameters.
-    return ModelArgs(dim=1024, n_layers=8, n_heads=16, n_kv_heads=4, vocab_size=vocab, hidden_dim=3584,
-                     max_seq_len=4096, rope_theta=500000.0)
-
-
-def random_model(args, dtype=torch.float32, logit_std: float = 4.0):
-    """A random Transformer whose next-token distributions are peaked like a trained model's
-    (output weights scaled so logits have std ~logit_std: default init gives near-uniform
-    distributions, which no trained model has and which would make top-p keep most of the
-    vocabulary)."""
-    from core.model import Transformer
-    torch.manual_seed(0)
-    m = Transformer(args).eval()
-    with torch.no_grad():
-        m.output.weight.mul_(logit_std / (0.02 * args.dim ** 0.5))
-    return m.to(dtype)
-
-
-def weight_bytes(model) -> int:
-    """Bytes a decode step reads: every weight except the embedding table (gathered)."""
-    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "tok_embeddings" not in n)
-
-
-def llama3_tokenizer():
-    from core.tokenizer import load_tokenizer
-    fixtures = Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures"))
-    path = fixtures / "llama3-tokenizer.model"
-    if not path.exists():
-        raise SystemExit(f"bench needs the Llama 3 tokenizer fixture: {path} is missing")
-    return load_tokenizer(path)
-
-
-def engine_run(engine: Engine, prompt: list[int], lanes: list[SamplingParams]) -> list[Done]:
-    """One request through the real Engine path; its Done events (their stats timed once)."""
-    return [e for e in engine.generate_lanes(prompt, lanes) if isinstance(e, Done)]
-
 
 # --------------------------------------------------------------------------- sampler
 
@@ -159,90 +64,6 @@ def sampler(quick: bool, threads: int) -> dict:
             "markdown": "\n".join(md), "data": data}
 
 
-# --------------------------------------------------------------------------- engine vs transformers
-
-def hf_decode_tok_s(hf, prompt: list[int], n: int) -> tuple[float, float]:
-    """(decode tok/s from one generate() call, time to first token) with greedy search."""
-    from transformers import LogitsProcessor, LogitsProcessorList
-    stamps: list[float] = []
-
-    class Stamp(LogitsProcessor):
-        def __call__(self, input_ids, scores):
-            stamps.append(time.perf_counter())
-            return scores
-    ids = torch.tensor([prompt])
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                    do_sample=False, logits_processor=LogitsProcessorList([Stamp()]), pad_token_id=0)
-    ttft = stamps[0] - t0
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0]), ttft
-
-
-def engine_section(quick: bool, threads: int, bandwidth: float) -> dict:
-    from tests.helpers import meta_from_hf
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = llama3_tokenizer()
-    V = LLAMA3_VOCAB
-    a = llama_args(quick, V)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=a.dim, intermediate_size=a.hidden_dim,
-                      num_hidden_layers=a.n_layers, num_attention_heads=a.n_heads,
-                      num_key_value_heads=a.n_kv_heads, max_position_embeddings=a.max_seq_len,
-                      rms_norm_eps=a.norm_eps, rope_theta=a.rope_theta, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(4.0 / (0.02 * a.dim ** 0.5))  # peaked distributions (see random_model)
-    ours = meta_from_hf(hf)
-    n_new = 8 if quick else 64
-    prompt = [int(t) for t in torch.randint(0, 128000, (16 if quick else 128,),
-                                             generator=torch.Generator().manual_seed(1))]
-    eng = Engine(ours, tok, stop_ids=set(), max_context=a.max_seq_len)
-    greedy = SamplingParams(temperature=0, max_new_tokens=n_new)
-    top_p = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=n_new, seed=1)
-    wb = weight_bytes(ours)
-    reps = 1 if quick else 3
-    res: dict[str, list[float]] = {k: [] for k in ("greedy", "top_p", "lanes8", "hf", "ttft", "hf_ttft")}
-    engine_run(eng, prompt, [greedy])  # warm-up
-    for _ in range(reps):  # interleaved: every peer once per round
-        eng.cache.reset()
-        d = engine_run(eng, prompt, [greedy])[0]
-        res["greedy"].append(d.stats.decode_tok_s)
-        res["ttft"].append(d.stats.ttft_s)
-        eng.cache.reset()
-        res["top_p"].append(engine_run(eng, prompt, [top_p])[0].stats.decode_tok_s)
-        eng.cache.reset()
-        ds = engine_run(eng, prompt, [SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=n_new, seed=i)
-                                      for i in range(8)])
-        res["lanes8"].append(statistics.median(x.stats.decode_tok_s for x in ds))
-        tps, ttft = hf_decode_tok_s(hf, prompt, n_new)
-        res["hf"].append(tps)
-        res["hf_ttft"].append(ttft)
-    m = {k: statistics.median(v) for k, v in res.items()}
-    floor = bandwidth * GB / wb
-    data = {"params": sum(p.numel() for p in ours.parameters()), "weight_bytes_per_token": wb,
-            "prompt_tokens": len(prompt), "new_tokens": n_new, "rounds": reps, **m,
-            "floor_tok_s": floor}
-    md = [f"Random Llama 3-shaped model: dim {a.dim}, {a.n_layers} layers, heads {a.n_heads}/{a.n_kv_heads}, "
-          f"FFN {a.hidden_dim}, vocabulary {V:,} ({data['params'] / 1e6:.0f}M parameters, float32, "
-          f"{wb / 1e6:.0f} MB read per token); {len(prompt)}-token prompt, {n_new} new tokens, "
-          f"median of {reps} interleaved rounds. Decode tok/s is each request's own timed decode "
-          f"(`Done.stats`), through `Engine.generate_lanes`.", "",
-          "| run | decode tok/s | vs greedy | share of read-bandwidth floor |", "|---|---|---|---|"]
-    for label, key in (("LlamaDesk greedy", "greedy"), ("LlamaDesk top-p 0.9", "top_p"),
-                       ("LlamaDesk 8 lanes top-p (per lane)", "lanes8"),
-                       ("transformers generate() greedy", "hf")):
-        md.append(f"| {label} | {m[key]:.1f} | {m[key] / m['greedy']:.2f}x | {m[key] / floor:.0%} |")
-    md += ["", f"- Floor: {bandwidth:.1f} GB/s / {wb / 1e6:.0f} MB = {floor:.1f} tok/s.",
-           f"- Top-p decode / greedy decode: **{m['top_p'] / m['greedy']:.2f}x** (goal >= 0.95x).",
-           f"- 8 lanes: each step costs **{m['greedy'] / m['lanes8']:.2f}x** one greedy lane's step "
-           f"(goal <= 1.3x of one lane).",
-           f"- LlamaDesk / transformers decode: **{m['greedy'] / m['hf']:.2f}x**; time to first token "
-           f"{m['ttft'] * 1e3:.0f} ms vs {m['hf_ttft'] * 1e3:.0f} ms."]
-    return {"title": "Engine decode vs transformers (float32 checkpoint)", "markdown": "\n".join(md), "data": data}
-
-
 # --------------------------------------------------------------------------- llama.cpp and load
 
 def gguf_section(quick: bool, threads: int, bandwidth: float, work: Path) -> dict:
@@ -259,13 +80,13 @@ def gguf_section(quick: bool, threads: int, bandwidth: float, work: Path) -> dic
     model = random_model(a)
     kinds = ("F32",) if quick else ("F16", "Q8_0", "Q4_0")
     try:
-        import llama_cpp  # noqa: F401
+        import llama_cpp  # noqa: F401  (the peer; imported to see that it is there)
         peer, why = True, ""
     except ImportError as e:
         peer, why = False, f"llama_cpp is not importable here ({e}); install the `bench` extra"
     n_new = 8 if quick else 64
     prompt = [1] + [259 + (i * 7) % 52 for i in range(15 if quick else 127)]
-    rows, data = [], {}
+    data = {}
     for kind in kinds:
         path = work / f"bench-{kind.lower()}.gguf"
         write_gguf(path, model, qtype=kind, vocab=vocab)
@@ -356,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     sections.append(mach)
     bw = mach["data"]["read_bandwidth_gb_s"]
     sections.append(sampler(a.quick, a.threads))
-    sections.append(engine_section(a.quick, a.threads, bw))
+    sections.append(engine_section(a.quick, a.threads, bw))  # bench/bench_engine.py
     with tempfile.TemporaryDirectory() as work:
         sections.append(gguf_section(a.quick, a.threads, bw, Path(work)))
     sections += extra_sections(a.quick)

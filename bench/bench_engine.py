@@ -1,10 +1,14 @@
-"""Prefill and decode speed of LlamaDesk's engine against transformers, in one run.
+"""LlamaDesk's Engine against transformers on the same random Llama 3-shaped checkpoint.
 
-Both run the same random ~100M-parameter Llama in float32 on this machine's CPU, so the
-printed ratios compare implementations, not machines. Also compares the seed's
-token-by-token prefill with one batched prefill for a 512-token prompt.
+Everything goes through the real :class:`core.engine.Engine` path (filters, log-probs,
+stream decoding, stop handling): decode tok/s is each request's own timed decode
+(``Done.stats``, one run, not a difference of two runs), for greedy, top-p 0.9 and eight
+top-p lanes; transformers runs ``generate()`` on the same weights, timed per token by a
+logits processor. Runs are interleaved round by round; medians are reported, with each
+figure as a share of the read-bandwidth floor. ``python -m bench`` includes this section;
+alone:
 
-    python bench/bench_engine.py [--threads N] [--decode-tokens 64] [--repeats 3]
+    python bench/bench_engine.py [--quick] [--threads 1]
 """
 from __future__ import annotations
 
@@ -18,107 +22,102 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.kv_cache import KVCache  # noqa: E402
-from tests.helpers import meta_from_hf  # noqa: E402
+from bench.common import GB, LLAMA3_VOCAB, Engine, engine_run, llama3_tokenizer, llama_args, machine, weight_bytes  # noqa: E402,E501
+from core.sampling import SamplingParams  # noqa: E402
 
-CONFIG = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-              num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=2048,
-              rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)
+def hf_decode_tok_s(hf, prompt: list[int], n: int) -> tuple[float, float]:
+    """(decode tok/s from one generate() call, time to first token) with greedy search."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+    stamps: list[float] = []
 
-
-def best(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), statistics.median(times)
-
-
-@torch.inference_mode()
-def ours_prefill(model, ids):
-    cache = KVCache.for_model(model, capacity=ids.shape[1] + 1)
-    return model(ids, 0, cache, last_only=True)
+    class Stamp(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            stamps.append(time.perf_counter())
+            return scores
+    ids = torch.tensor([prompt])
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                    do_sample=False, logits_processor=LogitsProcessorList([Stamp()]), pad_token_id=0)
+    ttft = stamps[0] - t0
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0]), ttft
 
 
-@torch.inference_mode()
-def ours_decode(model, ids, n):
-    cache = KVCache.for_model(model, capacity=ids.shape[1] + n)
-    logits = model(ids, 0, cache, last_only=True)[:, -1]
-    pos = ids.shape[1]
-    for _ in range(n):
-        tok = logits.argmax(-1, keepdim=True)
-        logits = model(tok, pos, cache)[:, -1]
-        pos += 1
+def engine_section(quick: bool, threads: int, bandwidth: float) -> dict:
+    from tests.helpers import meta_from_hf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = llama3_tokenizer()
+    V = LLAMA3_VOCAB
+    a = llama_args(quick, V)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=a.dim, intermediate_size=a.hidden_dim,
+                      num_hidden_layers=a.n_layers, num_attention_heads=a.n_heads,
+                      num_key_value_heads=a.n_kv_heads, max_position_embeddings=a.max_seq_len,
+                      rms_norm_eps=a.norm_eps, rope_theta=a.rope_theta, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(4.0 / (0.02 * a.dim ** 0.5))  # peaked distributions (see random_model)
+    ours = meta_from_hf(hf)
+    n_new = 8 if quick else 64
+    prompt = [int(t) for t in torch.randint(0, 128000, (16 if quick else 128,),
+                                             generator=torch.Generator().manual_seed(1))]
+    eng = Engine(ours, tok, stop_ids=set(), max_context=a.max_seq_len)
+    greedy = SamplingParams(temperature=0, max_new_tokens=n_new)
+    top_p = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=n_new, seed=1)
+    wb = weight_bytes(ours)
+    reps = 1 if quick else 3
+    res: dict[str, list[float]] = {k: [] for k in ("greedy", "top_p", "lanes8", "hf", "ttft", "hf_ttft")}
+    engine_run(eng, prompt, [greedy])  # warm-up
+    for _ in range(reps):  # interleaved: every peer once per round
+        eng.cache.reset()
+        d = engine_run(eng, prompt, [greedy])[0]
+        res["greedy"].append(d.stats.decode_tok_s)
+        res["ttft"].append(d.stats.ttft_s)
+        eng.cache.reset()
+        res["top_p"].append(engine_run(eng, prompt, [top_p])[0].stats.decode_tok_s)
+        eng.cache.reset()
+        ds = engine_run(eng, prompt, [SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=n_new, seed=i)
+                                      for i in range(8)])
+        res["lanes8"].append(statistics.median(x.stats.decode_tok_s for x in ds))
+        tps, ttft = hf_decode_tok_s(hf, prompt, n_new)
+        res["hf"].append(tps)
+        res["hf_ttft"].append(ttft)
+    m = {k: statistics.median(v) for k, v in res.items()}
+    floor = bandwidth * GB / wb
+    data = {"params": sum(p.numel() for p in ours.parameters()), "weight_bytes_per_token": wb,
+            "prompt_tokens": len(prompt), "new_tokens": n_new, "rounds": reps, **m,
+            "floor_tok_s": floor}
+    md = [f"Random Llama 3-shaped model: dim {a.dim}, {a.n_layers} layers, heads {a.n_heads}/{a.n_kv_heads}, "
+          f"FFN {a.hidden_dim}, vocabulary {V:,} ({data['params'] / 1e6:.0f}M parameters, float32, "
+          f"{wb / 1e6:.0f} MB read per token); {len(prompt)}-token prompt, {n_new} new tokens, "
+          f"median of {reps} interleaved rounds. Decode tok/s is each request's own timed decode "
+          f"(`Done.stats`), through `Engine.generate_lanes`.", "",
+          "| run | decode tok/s | vs greedy | share of read-bandwidth floor |", "|---|---|---|---|"]
+    for label, key in (("LlamaDesk greedy", "greedy"), ("LlamaDesk top-p 0.9", "top_p"),
+                       ("LlamaDesk 8 lanes top-p (per lane)", "lanes8"),
+                       ("transformers generate() greedy", "hf")):
+        md.append(f"| {label} | {m[key]:.1f} | {m[key] / m['greedy']:.2f}x | {m[key] / floor:.0%} |")
+    md += ["", f"- Floor: {bandwidth:.1f} GB/s / {wb / 1e6:.0f} MB = {floor:.1f} tok/s.",
+           f"- Top-p decode / greedy decode: **{m['top_p'] / m['greedy']:.2f}x** (goal >= 0.95x).",
+           f"- 8 lanes: each step costs **{m['greedy'] / m['lanes8']:.2f}x** one greedy lane's step "
+           f"(goal <= 1.3x of one lane).",
+           f"- LlamaDesk / transformers decode: **{m['greedy'] / m['hf']:.2f}x**; time to first token "
+           f"{m['ttft'] * 1e3:.0f} ms vs {m['hf_ttft'] * 1e3:.0f} ms."]
+    return {"title": "Engine decode vs transformers (float32 checkpoint)", "markdown": "\n".join(md), "data": data}
 
 
-@torch.inference_mode()
-def seed_prefill(model, ids):
-    """The seed's method: every prompt token is its own forward pass."""
-    cache = KVCache.for_model(model, capacity=ids.shape[1] + 1)
-    for i in range(ids.shape[1]):
-        model(ids[:, i:i + 1], i, cache)
-
-
-@torch.inference_mode()
-def hf_prefill(hf, ids):
-    return hf(ids, use_cache=True, logits_to_keep=1)
-
-
-@torch.inference_mode()
-def hf_decode(hf, ids, n):
-    from transformers import DynamicCache
-    cache = DynamicCache()
-    out = hf(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    for _ in range(n):
-        tok = out.logits[:, -1].argmax(-1, keepdim=True)
-        out = hf(tok, past_key_values=out.past_key_values, use_cache=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--prompt-tokens", type=int, default=512)
-    ap.add_argument("--decode-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(LlamaConfig(**CONFIG)).eval()
-    ours = meta_from_hf(hf)
-    n_params = sum(p.numel() for p in ours.parameters())
-    ids = torch.randint(0, CONFIG["vocab_size"], (1, a.prompt_tokens), generator=torch.Generator().manual_seed(1))
-    short = ids[:, :16]
-    print(f"model: {n_params / 1e6:.0f}M params, float32, {a.threads} threads, torch {torch.__version__}")
-
-    # Warm up both (first calls allocate and pick kernels).
-    ours_prefill(ours, short), hf_prefill(hf, short)
-
-    rows = []
-    o_pf, _ = best(lambda: ours_prefill(ours, ids), a.repeats)
-    h_pf, _ = best(lambda: hf_prefill(hf, ids), a.repeats)
-    rows.append(("prefill tok/s", a.prompt_tokens / o_pf, a.prompt_tokens / h_pf))
-    o_dec, _ = best(lambda: ours_decode(ours, short, a.decode_tokens), a.repeats)
-    h_dec, _ = best(lambda: hf_decode(hf, short, a.decode_tokens), a.repeats)
-    o_pf_s, _ = best(lambda: ours_prefill(ours, short), a.repeats)
-    h_pf_s, _ = best(lambda: hf_prefill(hf, short), a.repeats)
-    rows.append(("decode tok/s", a.decode_tokens / (o_dec - o_pf_s), a.decode_tokens / (h_dec - h_pf_s)))
-    print(f"{'':16}{'LlamaDesk':>12}{'transformers':>14}{'ratio':>8}")
-    for name, o, h in rows:
-        print(f"{name:16}{o:12.1f}{h:14.1f}{o / h:8.2f}x")
-
-    # The CPU default dtype is chosen from this: float32 vs bfloat16 for our engine.
-    bf = meta_from_hf(hf).to(torch.bfloat16)
-    b_pf, _ = best(lambda: ours_prefill(bf, ids), a.repeats)
-    b_dec, _ = best(lambda: ours_decode(bf, short, a.decode_tokens), a.repeats)
-    b_pf_s, _ = best(lambda: ours_prefill(bf, short), a.repeats)
-    print(f"bfloat16 / float32 on this CPU: prefill {(a.prompt_tokens / b_pf) / rows[0][1]:.2f}x, "
-          f"decode {(a.decode_tokens / (b_dec - b_pf_s)) / rows[1][1]:.2f}x")
-
-    seed_s, _ = best(lambda: seed_prefill(ours, ids), 1)
-    print(f"prefill of {a.prompt_tokens} tokens: token-by-token (seed) {seed_s:.2f} s, batched {o_pf:.3f} s "
-          f"-> batched is {seed_s / o_pf:.1f}x faster")
+    bw = machine(a.quick, a.threads)["data"]["read_bandwidth_gb_s"]
+    s = engine_section(a.quick, a.threads, bw)
+    print(f"## {s['title']}\n\n{s['markdown']}")
 
 
 if __name__ == "__main__":
