@@ -25,7 +25,10 @@ from .kv_cache import KVCache
 from .sampling import SamplingParams, choose_tokens, top_alternatives
 from .tokenizer import StreamDecoder, Tokenizer
 
-STOP_REASONS = ("eos", "stop", "length", "context", "cancelled")
+STOP_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")
+#: cancel should land within this many seconds of a prefill; chunks are sized to it
+PREFILL_TARGET_S = 0.08
+MIN_PREFILL_CHUNK = 16
 
 
 @dataclass
@@ -183,6 +186,10 @@ class Engine:
                 self.compile_status = f"eager: torch.compile unavailable ({type(e).__name__}: {e})"[:300]
         self.stop_ids = set(stop_ids if stop_ids is not None else tokenizer.stop_ids)
         self.cache = KVCache.for_model(model)
+        # Embedding rows past the tokenizer (padded vocabularies) cannot be decoded: never sample them.
+        tv = int(getattr(tokenizer, "vocab_size", 0) or 0)
+        self.sample_limit = tv if 0 < tv < model.args.vocab_size else None
+        self._prefill_tok_s: float | None = None  # measured, sizes the next chunks
 
     @property
     def device(self) -> torch.device:
@@ -205,12 +212,26 @@ class Engine:
         while pos < len(prompt):
             if _check_cancel(cancel):
                 return None, reuse
-            chunk = prompt[pos: pos + self.prefill_chunk]
+            chunk = prompt[pos: pos + self._chunk_size()]
             x = torch.tensor([chunk], device=self.device)
+            t = time.perf_counter()
             logits = self.model(x, pos, view, last_only=True)[0, -1]
+            if self.device.type == "cpu":  # elsewhere the time would measure the launch only
+                dt = time.perf_counter() - t
+                if dt > 0:
+                    rate = len(chunk) / dt
+                    self._prefill_tok_s = rate if self._prefill_tok_s is None else 0.5 * (self._prefill_tok_s + rate)
             pos += len(chunk)
             self.cache.tokens[row] = list(prompt[:pos])
         return logits, reuse
+
+    def _chunk_size(self) -> int:
+        """Prompt tokens per prefill forward: what the measured speed runs in
+        PREFILL_TARGET_S (so cancel lands within ~0.1 s), capped by ``prefill_chunk``;
+        the first chunk of a model is small, to measure it."""
+        if self._prefill_tok_s is None:
+            return min(self.prefill_chunk, 4 * MIN_PREFILL_CHUNK)
+        return min(self.prefill_chunk, max(MIN_PREFILL_CHUNK, int(self._prefill_tok_s * PREFILL_TARGET_S)))
 
     def _check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
@@ -351,6 +372,13 @@ class Engine:
             # the ids and log-probs are the only thing read back from the device.
             feed = []
             step_logits = torch.stack([logits_by_lane[i] for i in rows])  # [B, V]
+            # NaN/inf logits (overflowing activations, broken weights) would sample garbage
+            # with NaN log-probs: such a lane stops with the "error" reason instead.
+            broken = (~torch.isfinite(step_logits).all(-1)).tolist()
+            if any(broken):
+                step_logits = torch.nan_to_num(step_logits, nan=0.0, posinf=0.0, neginf=0.0)
+            if self.sample_limit is not None:
+                step_logits[:, self.sample_limit:] = float("-inf")
             previous = [torch.tensor(lanes[i].prompt + lanes[i].tokens, device=dev)
                         if lanes[i].params.repetition_penalty != 1.0 else None for i in rows]
             choice = choose_tokens(step_logits, [lanes[i].params for i in rows], previous,
@@ -359,11 +387,14 @@ class Engine:
             for r, lane_idx in enumerate(rows):
                 lane, st = lanes[lane_idx], stats[lane_idx]
                 top = None
-                if lane.inspect:
-                    top = top_alternatives(step_logits[r], lane.params, previous[r], k=lane.inspect)
-                    # The UI has no tokenizer: name every alternative here.
-                    top["pieces"] = {i: self._piece(i) for i, _ in top["raw"] + top["filtered"]}
-                ev = self._accept(lane, choice.ids[r], choice.logprobs[r], top)
+                if broken[r]:
+                    lane.done, ev = self._finish(lane, "error", None), None
+                else:
+                    if lane.inspect:
+                        top = top_alternatives(step_logits[r], lane.params, previous[r], k=lane.inspect)
+                        # The UI has no tokenizer: name every alternative here.
+                        top["pieces"] = {i: self._piece(i) for i, _ in top["raw"] + top["filtered"]}
+                    ev = self._accept(lane, choice.ids[r], choice.logprobs[r], top)
                 if st.ttft_s == 0.0:
                     st.ttft_s = time.perf_counter() - lane.t_join
                 if ev is not None:
@@ -444,6 +475,15 @@ class Engine:
             lane.done = self._finish(lane, reason, None)
         return ev
 
+    def _beam_logits(self, out: torch.Tensor) -> torch.Tensor:
+        if not bool(torch.isfinite(out).all()):
+            raise SettingsError("the model produced NaN or infinite logits: its weights or activations "
+                                "overflow (try float32)")
+        if self.sample_limit is not None:
+            out = out.clone()
+            out[..., self.sample_limit:] = float("-inf")
+        return out
+
     def _piece(self, tok: int) -> str:
         return self.tokenizer.token_bytes(tok).decode("utf-8", errors="replace")
 
@@ -486,7 +526,9 @@ class Engine:
             x = torch.tensor(tokens, device=self.device).view(len(tokens), 1)
             out = self.model(x, pos, self.cache, last_only=True)[:, -1]
             pos += 1
-            return out
+            return self._beam_logits(out)
+
+        logits = self._beam_logits(logits)
 
         result = beam_search(step, logits, num_beams=nb, max_new_tokens=max_new, stop_ids=self.stop_ids,
                              length_penalty=params.length_penalty)

@@ -1,9 +1,35 @@
 """Typed errors that carry a message a user can read."""
 from __future__ import annotations
 
+import re
+
+# Terminal control sequences (CSI, OSC, other ESC forms) and the C0/C1 controls a message
+# could smuggle from a file name or a third-party exception into a terminal or a dialog.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]?|\x9b[0-?]*[ -/]*[@-~]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+MAX_MESSAGE = 600  # characters; longer messages end at a word with "…"
+
+
+def plain_text(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` as one printable line: escape sequences and control characters removed,
+    lines joined, lone surrogates (undecodable file names) shown as U+FFFD, and cut at a
+    word boundary when longer than ``limit``."""
+    text = str(text).encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    text = _CONTROLS.sub(" ", _ESCAPES.sub("", text))
+    text = " ".join(text.split())
+    if len(text) > limit:
+        cut = text.rfind(" ", 0, limit)
+        text = text[: cut if cut > limit // 2 else limit].rstrip() + " …"
+    return text
+
 
 class LlamaDeskError(Exception):
     """Base class: ``str(err)`` is one line a user can act on."""
+
+    def __init__(self, *args):
+        if args and isinstance(args[0], str):
+            args = (plain_text(args[0]),) + args[1:]
+        super().__init__(*args)
 
 
 class SettingsError(LlamaDeskError, ValueError):
@@ -34,7 +60,21 @@ class CheckpointError(LlamaDeskError):
         super().__init__(" — ".join(parts) if len(parts) > 1 else message)
 
 
+class ResourceError(LlamaDeskError):
+    """A model or request that needs more memory than is available (checked before allocating).
+
+    ``needed`` and ``available`` are in bytes.
+    """
+
+    def __init__(self, message: str, *, needed: int = 0, available: int = 0):
+        self.needed = needed
+        self.available = available
+        super().__init__(message)
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
-    """The first line of an exception's message (its type name when empty), for a user."""
+    """The first line of an exception's message (its type name when empty), for a user:
+    plain text (see :func:`plain_text`), cut at a word boundary. Works for third-party
+    exceptions and Rust panics too."""
     text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:limit]
+    return plain_text(text[0] if text else type(exc).__name__, limit)

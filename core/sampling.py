@@ -16,11 +16,17 @@ import torch
 from .errors import SettingsError
 
 
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this behave as 0 (greedy)
+# Outside these a penalty overflows float32 logits (1e-45 makes every seen token +inf).
+MIN_PENALTY, MAX_PENALTY = 0.01, 100.0
+MAX_LENGTH_PENALTY = 10.0  # beam scores divide by length ** penalty: 1e308 overflows
+
+
 @dataclass
 class SamplingParams:
     """How one reply (or one comparison lane) is sampled.
 
-    temperature 0 means greedy; top_k 0, top_p 1, min_p 0 and repetition_penalty 1 are
+    temperature 0 (or below 1e-5) means greedy; top_k 0, top_p 1, min_p 0 and repetition_penalty 1 are
     off. seed None draws a fresh seed, which :meth:`resolved` records so the reply can
     be reproduced.
     """
@@ -54,8 +60,13 @@ class SamplingParams:
             bad(f"top_k must be a whole number ≥ 0, got {self.top_k}")
         if not 0 <= self.min_p < 1:
             bad(f"min_p must be in [0, 1), got {self.min_p}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            bad(f"repetition_penalty must be above 0, got {self.repetition_penalty}")
+        if not (isinstance(self.repetition_penalty, (int, float)) and
+                MIN_PENALTY <= self.repetition_penalty <= MAX_PENALTY):
+            bad(f"repetition_penalty must be between {MIN_PENALTY} and {MAX_PENALTY:g}, got {self.repetition_penalty}")
+        if not (isinstance(self.length_penalty, (int, float)) and -MAX_LENGTH_PENALTY <= self.length_penalty
+                <= MAX_LENGTH_PENALTY):
+            bad(f"length_penalty must be between -{MAX_LENGTH_PENALTY:g} and {MAX_LENGTH_PENALTY:g}, "
+                f"got {self.length_penalty}")
         if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
             bad(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if int(self.num_beams) != self.num_beams or not 1 <= self.num_beams <= 16:
@@ -68,7 +79,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # Below GREEDY_TEMPERATURE, logits / temperature overflow float32 to inf and the
+        # softmax turns to NaN; greedy is what such a temperature means anyway.
+        return self.temperature < GREEDY_TEMPERATURE
 
     def resolved(self) -> "SamplingParams":
         """A copy with a concrete seed (drawn now if None)."""

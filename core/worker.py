@@ -25,6 +25,7 @@ import torch
 
 from . import engine as _engine
 from .chat_format import chat_format_for
+from . import limits
 from .errors import LlamaDeskError, SettingsError, one_line
 from .prompting import fit_dialog, reply_reserve
 from .sampling import SamplingParams
@@ -207,6 +208,25 @@ def load_failure(exc: BaseException) -> str:
             f"(an unexpected {type(exc).__name__}; details are in the log)")
 
 
+_DOING = {"load": "loading the model", "adopt": "installing the model", "generate": "generating",
+          "compare": "running the comparison"}
+
+
+def _is_oom(exc: BaseException | None) -> bool:
+    """MemoryError, or torch's allocator failing (a RuntimeError / OutOfMemoryError)."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc).lower() if exc is not None else ""
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text
+                                              or "not enough memory" in text or "defaultcpuallocator" in text)
+
+
+def _memory_message(exc: BaseException | None, what: str) -> str:
+    if exc is not None and not _is_oom(exc):
+        return f"{what} failed: {type(exc).__name__}: {one_line(exc)}"
+    return f"out of memory while {what}: close other programs, or choose a smaller model or context"
+
+
 class Worker:
     """One thread that owns all torch state; see the module docstring.
 
@@ -351,16 +371,37 @@ class Worker:
                     self._emit(Error(cmd.request_id, "cancelled", cancelled=True))
                 except LlamaDeskError as e:
                     self._emit(Error(cmd.request_id, one_line(e)))
+                except MemoryError as e:
+                    # Handled without logging a traceback: formatting one needs memory too,
+                    # and a second MemoryError here would end the thread.
+                    e = None  # noqa: F841 — drop the frames that hold the big allocations
+                    gc.collect()
+                    self._emit(Error(cmd.request_id, _memory_message(None, _DOING.get(cmd.kind, cmd.kind))))
                 except BaseException as e:  # noqa: BLE001 — the thread must survive anything
-                    log.exception("worker command %s failed", cmd.kind)
-                    self._emit(Error(cmd.request_id, f"{cmd.kind} failed: {type(e).__name__}: {one_line(e)}"))
+                    if _is_oom(e):
+                        self._emit(Error(cmd.request_id, _memory_message(e, _DOING.get(cmd.kind, cmd.kind))))
+                    else:
+                        try:
+                            log.exception("worker command %s failed", cmd.kind)
+                        except BaseException:  # noqa: BLE001
+                            pass
+                        self._emit(Error(cmd.request_id, f"{cmd.kind} failed: {type(e).__name__}: {one_line(e)}"))
                 finally:
                     with self._lock:
-                        self._live.remove(cmd)
+                        if cmd in self._live:
+                            self._live.remove(cmd)
         finally:
             self._drop_model()
 
     # -- models --------------------------------------------------------------------------
+
+    def _held_bytes(self) -> int:
+        """Bytes the current model and its KV cache hold (what dropping it would free)."""
+        if self._loaded is None:
+            return 0
+        n = sum(p.numel() * p.element_size() for p in self._loaded.model.parameters())
+        cache = getattr(self._engine, "cache", None)
+        return n + (cache.nbytes() if cache is not None else 0)
 
     def _drop_model(self) -> bool:
         had = self._loaded is not None
@@ -395,14 +436,24 @@ class Worker:
         if cmd.cancel.is_set():
             self._emit(Error(rid, "loading cancelled", cancelled=True))
             return
-        # A typo'd path or an unavailable device must not cost the user the model they
-        # have: check what can be checked cheaply before dropping it.
+        # A failed load must not cost the user the model they have: the path and device
+        # are checked first, then the loader validates the checkpoint's header, config and
+        # tokenizer and computes its memory need; only then, and only when the new model
+        # would not fit beside the current one, is the current one released (before_build).
         checkpoints.detect(a["path"])
         checkpoints.resolve_dtype(a["dtype"], checkpoints.resolve_device(a["device"]))
-        dropped = self._drop_model()
-        if dropped:
+        held = self._held_bytes()
+        dropped = [False]
+
+        def before_build(needed: int, device) -> None:
+            if self._loaded is None or limits.fits(needed, device):
+                return  # nothing held, or both fit: build the new one beside the old
+            if not limits.fits(needed, device, releasable=held):
+                return  # will not fit even alone: check_fits refuses, the old model stays
+            self._drop_model()
+            dropped[0] = True
             self._emit(Unloaded(rid))
-        suffix = " (the previous model was unloaded)" if dropped else ""
+
         last = [0.0]
 
         def progress(fraction: float, stage: str) -> None:
@@ -414,32 +465,45 @@ class Worker:
                 last[0] = now
                 self._emit(LoadProgress(rid, float(fraction), stage))
 
+        def suffix() -> str:
+            return " (the previous model was unloaded)" if dropped[0] else ""
+
         self._emit(LoadProgress(rid, 0.0, "opening"))
         try:
-            loaded = checkpoints.load(a["path"], device=a["device"], dtype=a["dtype"],
-                                      max_seq_len=a["max_seq_len"], progress=progress)
+            with limits.before_build(before_build):
+                loaded = checkpoints.load(a["path"], device=a["device"], dtype=a["dtype"],
+                                          max_seq_len=a["max_seq_len"], progress=progress)
         except _Cancelled:
-            self._emit(Error(rid, "loading cancelled" + suffix, cancelled=True))
+            self._emit(Error(rid, "loading cancelled" + suffix(), cancelled=True))
             return
         except LlamaDeskError as e:
             # A loader may wrap the cancel exception; the flag tells the truth.
             if cmd.cancel.is_set():
-                self._emit(Error(rid, "loading cancelled" + suffix, cancelled=True))
+                self._emit(Error(rid, "loading cancelled" + suffix(), cancelled=True))
             else:
-                self._emit(Error(rid, one_line(e) + suffix))
+                self._emit(Error(rid, one_line(e) + suffix()))
+            return
+        except (MemoryError, RuntimeError) as e:  # torch's allocator raises RuntimeError (OOM)
+            loaded = None
+            gc.collect()
+            self._emit(Error(rid, load_failure(MemoryError() if _is_oom(e) else e) + suffix()))
+            if not _is_oom(e):
+                log.error("loading %s failed: %s: %s", a["path"], type(e).__name__, e)
             return
         except Exception as e:
             if cmd.cancel.is_set():
-                self._emit(Error(rid, "loading cancelled" + suffix, cancelled=True))
+                self._emit(Error(rid, "loading cancelled" + suffix(), cancelled=True))
             else:
                 log.exception("loading %s failed", a["path"])
-                self._emit(Error(rid, load_failure(e) + suffix))
+                self._emit(Error(rid, load_failure(e) + suffix()))
             return
         if cmd.cancel.is_set():  # cancelled after the last tensor: honour it
             del loaded
             gc.collect()
-            self._emit(Error(rid, "loading cancelled" + suffix, cancelled=True))
+            self._emit(Error(rid, "loading cancelled" + suffix(), cancelled=True))
             return
+        if self._drop_model():  # the new model was built beside the old one
+            self._emit(Unloaded(rid))
         self._emit(LoadProgress(rid, 1.0, "ready"))
         self._install(loaded, rid)
 
@@ -498,6 +562,14 @@ class Worker:
         lanes = [p.validate().resolved() for p in lanes]
         ids, dropped, strip, stops = self._prompt(req, max(p.max_new_tokens for p in lanes))
         eng = self._engine
+        # Refuse, saying how much it needs, a request whose KV cache cannot fit.
+        args = self._loaded.args
+        rows = len(lanes) * max(p.num_beams for p in lanes)
+        tokens = min(len(ids) + max(p.max_new_tokens for p in lanes), eng.max_context)
+        need = limits.kv_bytes(args, tokens, batch=rows, itemsize=eng.cache.dtype.itemsize)
+        if need > eng.cache.nbytes():
+            limits.check_fits(need - eng.cache.nbytes(), eng.device,
+                              what=f"a request of {tokens} tokens" + (f" in {rows} rows" if rows > 1 else ""))
         eng.stop_ids = stops
         if cmd.kind == "compare":
             events = eng.generate_lanes(ids, lanes, cancel=cmd.cancel, strip_leading_space=strip,

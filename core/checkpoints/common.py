@@ -234,6 +234,7 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
         else:
             state[name] = converted = t.to(device=device, dtype=dtype)
             prefault(converted)
+        _check_finite(t if name in packed else converted, where(name), shown(name))
         if mapped_sources and t.device.type == "cpu" and (name in packed or converted.data_ptr() != t.data_ptr()):
             release_mapped_pages(t.data_ptr(), t.untyped_storage().nbytes())
         if progress:
@@ -250,6 +251,19 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
         model.output.weight = model.tok_embeddings.weight
     model.eval().requires_grad_(False)
     return model
+
+
+def _check_finite(t: torch.Tensor, file: str, tensor: str) -> None:
+    """Refuse NaN or infinite weights: they give silently wrong replies.
+
+    One float64-accumulated sum per tensor: any NaN or ±inf makes it non-finite (+inf and
+    -inf sum to NaN), no finite weights can overflow float64, and nothing of the tensor's
+    size is allocated.
+    """
+    if t.numel() and not math.isfinite(float(t.sum(dtype=torch.float64))):
+        bad = int((~torch.isfinite(t)).flatten().nonzero()[0])
+        raise CheckpointError(f"holds NaN or infinite values (first at flat index {bad}): corrupt weights",
+                              file=file, tensor=tensor)
 
 
 def model_info(fmt: str, path: Path, args: ModelArgs, model: Transformer, tokenizer, chat_format,
@@ -282,5 +296,12 @@ def model_info(fmt: str, path: Path, args: ModelArgs, model: Transformer, tokeni
         "chat_format": chat_format.name,
         "linear_paths": describe(model),
     }
+    tv = getattr(tokenizer, "vocab_size", 0)
+    if 0 < tv < args.vocab_size:
+        # Rows past the tokenizer are never sampled (the engine masks them); say so here.
+        info["tokenizer_vocab_size"] = tv
+        info.setdefault("warnings", []).append(
+            f"the embedding has {args.vocab_size} rows but the tokenizer only {tv} tokens: "
+            f"the {args.vocab_size - tv} extra ids are never sampled")
     info.update(extra)
     return info

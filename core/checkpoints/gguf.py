@@ -19,7 +19,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, TokenizerError
+from .. import limits
+from ..errors import CheckpointError, TokenizerError, one_line
 from ..model import ModelArgs, rope_frequencies
 from .. import quant
 from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info, quant_kind,
@@ -131,24 +132,52 @@ def _reader_class():
             return offs
 
         def _build_tensors(self, start_offs, fields):
+            # Every tensor must be aligned, lie inside the file and tile the data section
+            # with the others: a tensor whose type was changed in the header (F32 -> F16)
+            # would otherwise read its neighbours' bytes, or half its own, silently.
             size = len(self.data)
+            align = int(getattr(self, "alignment", 32)) or 32
+            spans = []
             for field in fields:
                 try:
                     _, name_data, _, dims, raw_dtype, offset = field.parts
                     name = bytes(name_data).decode("utf-8", "replace")
                 except (TypeError, ValueError):  # another layout: leave the checks to gguf
+                    spans = None
                     break
                 try:
                     block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
                 except (ValueError, KeyError):
                     raise _TensorProblem(name, f"unknown tensor type {int(raw_dtype[0])}") from None
-                if block > 1 and int(dims[0]) % block:
-                    raise _TensorProblem(name, f"rows of {int(dims[0])} weights are not a multiple of "
-                                               f"{GGMLQuantizationType(int(raw_dtype[0])).name}'s block size {block}")
-                end = int(start_offs) + int(offset[0]) + int(np.prod(dims)) * type_size // block
+                shape = [int(d) for d in dims]
+                if not 1 <= len(shape) <= 4 or any(d < 1 or d > 1 << 40 for d in shape):
+                    raise _TensorProblem(name, f"impossible shape {shape}")
+                if shape[0] % block:
+                    raise _TensorProblem(name, f"rows of {shape[0]} values do not split into blocks of {block}")
+                off = int(offset[0])
+                if off % align:
+                    raise _TensorProblem(name, f"data offset {off} is not a multiple of the file's "
+                                               f"alignment ({align}): corrupt header")
+                nbytes = math.prod(shape) * type_size // block
+                end = int(start_offs) + off + nbytes
                 if end > size:
                     raise _TensorProblem(name, f"the file ends before this tensor's data does "
                                                f"({size} of {end} bytes): truncated")
+                spans.append((off, off + nbytes, name))
+            if spans:
+                spans.sort()
+                prev_end, prev = 0, None
+                for off, end, name in spans:
+                    if off < prev_end:
+                        raise _TensorProblem(name, f"its data overlaps tensor '{prev}' (a tensor type or "
+                                                   "shape in the header does not match the data)")
+                    if off - prev_end >= align + (prev_end % align and align - prev_end % align):
+                        raise _TensorProblem(prev or name, "unused bytes follow its data (a tensor type or "
+                                                           "shape in the header does not match the data)")
+                    prev_end, prev = end, name
+                if size - int(start_offs) - prev_end >= 2 * align:
+                    raise _TensorProblem(prev, "unused bytes follow its data at the end of the file (a tensor "
+                                               "type or shape in the header does not match the data)")
             super()._build_tensors(start_offs, fields)
 
     return Reader
@@ -175,6 +204,7 @@ def header_problem(head: bytes) -> str | None:
 
 def open_reader(path: Path):
     """GGUFReader on a copy-on-write map (tensors are writable, the file never is)."""
+    limits.check_regular(path)
     try:
         with open(path, "rb") as f:
             problem = header_problem(f.read(8))
@@ -186,6 +216,8 @@ def open_reader(path: Path):
         return _reader_class()(path, "c")
     except _TensorProblem as e:
         raise CheckpointError(str(e), file=str(path), tensor=e.tensor) from None
+    except (MemoryError, KeyboardInterrupt):
+        raise
     except Exception as e:  # corrupt metadata: numpy/struct/unicode errors of many kinds, none a user's words
         log.info("gguf could not read %s: %s: %s", path, type(e).__name__, e)
         raise CheckpointError(DAMAGED, file=str(path)) from None
@@ -206,10 +238,11 @@ class Metadata:
         if f is None:
             return default
         try:
-            return f.contents()
+            v = f.contents()
         except Exception as e:
             log.info("metadata key %s of %s: %s", key, self.path, e)
             raise CheckpointError(f"metadata key '{key}' cannot be read: {DAMAGED}", file=str(self.path)) from None
+        return v.item() if isinstance(v, np.generic) else v
 
     def require(self, key: str) -> Any:
         v = self.get(key)
@@ -219,55 +252,71 @@ class Metadata:
 
     def token_id(self, key: str) -> int | None:
         v = self.get(key)
-        return None if v is None or int(v) in (_NONE_ID, -1) else int(v)
+        if v is None:
+            return None
+        v = limits.check_int(v, key, -1, _NONE_ID, file=str(self.path))
+        return None if v in (_NONE_ID, -1) else v
+
+
+# The GGUF key for each ModelArgs field, so range errors name what the user can find.
+GGUF_KEYS = {
+    "dim": "llama.embedding_length", "n_layers": "llama.block_count", "n_heads": "llama.attention.head_count",
+    "n_kv_heads": "llama.attention.head_count_kv", "head_dim": "llama.attention.key_length",
+    "vocab_size": "llama.vocab_size", "hidden_dim": "llama.feed_forward_length",
+    "norm_eps": "llama.attention.layer_norm_rms_epsilon", "rope_theta": "llama.rope.freq_base",
+    "max_seq_len": "llama.context_length",
+}
 
 
 def args_from_gguf(md: Metadata, tensors: dict[str, Any], max_seq_len: int | None) -> ModelArgs:
-    """ModelArgs from GGUF llama metadata (and tensor shapes where metadata is silent)."""
+    """ModelArgs from GGUF llama metadata (and tensor shapes where metadata is silent),
+    every value range-checked before it sizes anything."""
     arch = md.get("general.architecture")
     if arch != "llama":
-        raise CheckpointError(f"architecture '{arch}' is not supported (only 'llama')", file=str(md.path))
+        raise CheckpointError(f"architecture '{limits.brief(arch)}' is not supported (only 'llama')", file=str(md.path))
     p = "llama."
-    dim = int(md.require(p + "embedding_length"))
-    n_heads = int(md.require(p + "attention.head_count"))
-    n_kv = int(md.get(p + "attention.head_count_kv", n_heads))
-    head_dim = int(md.get(p + "attention.key_length", dim // n_heads))
+    src = str(md.path)
+    dim = limits.check_int(md.require(p + "embedding_length"), p + "embedding_length", *limits.INT_RANGES["dim"], file=src)
+    n_heads = limits.check_int(md.require(p + "attention.head_count"), p + "attention.head_count",
+                               *limits.INT_RANGES["n_heads"], file=src)
+    head_dim = md.get(p + "attention.key_length", dim // n_heads if dim % n_heads == 0 else None)
     rot = md.get(p + "rope.dimension_count")
-    if rot is not None and int(rot) != head_dim:
-        raise CheckpointError(f"partial rotary embeddings ({rot} of {head_dim} dims) are not supported",
-                              file=str(md.path))
+    if rot is not None and head_dim is not None and rot != head_dim:
+        raise CheckpointError(f"partial rotary embeddings ({limits.brief(rot)} of {limits.brief(head_dim)} dims) "
+                              "are not supported", file=src)
     emb = tensors.get("token_embd.weight")
     vocab = md.get(p + "vocab_size")
     if vocab is None:
         if emb is None:
-            raise CheckpointError("missing tensor", file=str(md.path), tensor="token_embd.weight")
-        vocab = int(emb.shape[1])  # ne order: [dim, vocab]
+            raise CheckpointError("missing tensor", file=src, tensor="token_embd.weight")
+        vocab = int(emb.shape[1]) if len(emb.shape) == 2 else 0  # ne order: [dim, vocab]
     hidden = md.get(p + "feed_forward_length")
     if hidden is None:
         gate = tensors.get("blk.0.ffn_gate.weight")
-        if gate is None:
-            raise CheckpointError("metadata key 'llama.feed_forward_length' is missing", file=str(md.path))
+        if gate is None or len(gate.shape) != 2:
+            raise CheckpointError("metadata key 'llama.feed_forward_length' is missing", file=src)
         hidden = int(gate.shape[1])
-    scaling = None
     kind = md.get(p + "rope.scaling.type")
     if kind not in (None, "none"):
         if kind != "llama3":
-            raise CheckpointError(f"rope scaling type '{kind}' is not supported (only llama3 via rope_freqs)",
-                                  file=str(md.path))
-    ctx = int(md.get(p + "context_length", 4096))
-    args = ModelArgs(
-        dim=dim, n_layers=int(md.require(p + "block_count")), n_heads=n_heads, n_kv_heads=n_kv,
-        vocab_size=int(vocab), hidden_dim=int(hidden), head_dim=head_dim,
-        norm_eps=_f32(md.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=_f32(md.get(p + "rope.freq_base", 10000.0)), rope_scaling=scaling,
-        tie_word_embeddings="output.weight" not in tensors,
-        max_seq_len=int(max_seq_len or ctx),
+            raise CheckpointError(f"rope scaling type '{limits.brief(kind)}' is not supported "
+                                  "(only llama3 via rope_freqs)", file=src)
+    ctx = md.get(p + "context_length", 4096)
+    kw = dict(
+        dim=dim, n_layers=md.require(p + "block_count"), n_heads=n_heads,
+        n_kv_heads=md.get(p + "attention.head_count_kv", n_heads), vocab_size=vocab, hidden_dim=hidden,
+        head_dim=head_dim, norm_eps=_f32(md.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=_f32(md.get(p + "rope.freq_base", 10000.0)), rope_scaling=None,
+        tie_word_embeddings="output.weight" not in tensors, max_seq_len=max_seq_len or ctx,
     )
-    return args
+    return limits.checked_args(kw, file=src, names=GGUF_KEYS)
 
 
-def _f32(v: float) -> float:
-    """A float32 metadata value as the decimal it was written from (9.9999997e-06 -> 1e-05)."""
+def _f32(v: Any) -> Any:
+    """A float32 metadata value as the decimal it was written from (9.9999997e-06 -> 1e-05);
+    anything that is not a number is passed on for the range check to name."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return v
     return float(f"{float(v):.7g}")
 
 
@@ -392,8 +441,13 @@ def tokenizer_from_gguf(md: Metadata, source: str):
     tokens = md.get("tokenizer.ggml.tokens")
     if not tokens:
         raise CheckpointError("the embedded tokenizer has no token list (tokenizer.ggml.tokens)", file=source)
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise CheckpointError("tokenizer.ggml.tokens is not a list of strings", file=source)
     n = len(tokens)
     types = md.get("tokenizer.ggml.token_type") or [1] * n
+    if not isinstance(types, list) or len(types) != n or not all(isinstance(t, int) for t in types):
+        raise CheckpointError(f"tokenizer.ggml.token_type does not list one type for each of the {n} tokens",
+                              file=source)
     bos = md.token_id("tokenizer.ggml.bos_token_id")
     eos = md.token_id("tokenizer.ggml.eos_token_id")
     for key, i in (("bos", bos), ("eos", eos)):
@@ -403,6 +457,10 @@ def tokenizer_from_gguf(md: Metadata, source: str):
     try:
         if model == "llama":
             scores = md.get("tokenizer.ggml.scores") or [0.0] * n
+            if not isinstance(scores, list) or len(scores) != n or \
+                    not all(isinstance(x, (int, float)) and math.isfinite(x) for x in scores):
+                raise CheckpointError(f"tokenizer.ggml.scores does not list one finite score for each of the "
+                                      f"{n} tokens", file=source)
             tok = sentencepiece_from_vocab(
                 tokens, scores, types, bos_id=bos, eos_id=eos,
                 unk_id=md.token_id("tokenizer.ggml.unknown_token_id"),
@@ -412,11 +470,17 @@ def tokenizer_from_gguf(md: Metadata, source: str):
             merges = md.get("tokenizer.ggml.merges")
             if merges is None:
                 raise CheckpointError("gpt2 tokenizer without tokenizer.ggml.merges", file=source)
+            if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+                raise CheckpointError("tokenizer.ggml.merges is not a list of strings", file=source)
             tok = hf_byte_level_from_vocab(tokens, merges, types, bos_id=bos, eos_id=eos)
         else:
             raise CheckpointError(f"embedded tokenizer '{model}' is not supported (llama or gpt2)", file=source)
     except TokenizerError as e:
         raise CheckpointError(f"embedded tokenizer: {e}", file=source) from None
+    except (MemoryError, KeyboardInterrupt, CheckpointError):
+        raise
+    except BaseException as e:  # noqa: BLE001 — sentencepiece / tokenizers errors and Rust panics
+        raise CheckpointError(f"embedded tokenizer cannot be built: {one_line(e)}", file=source) from None
     # llama.cpp records end-of-turn ids separately from EOS (Llama 3 Instruct: <|eot_id|>).
     extra = {i for i in (md.token_id("tokenizer.ggml.eot_token_id"), md.token_id("tokenizer.ggml.eom_token_id"))
              if i is not None and 0 <= i < n}
@@ -449,6 +513,7 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     if tok.vocab_size > args.vocab_size:
         raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the embedding only "
                               f"{args.vocab_size}", file=source, tensor="token_embd.weight")
+    limits.check_model(args, dt, dev, source=source)
     if ROPE_FREQS in by_name:
         factors = tensor_loader(by_name[ROPE_FREQS], torch.float64)()
         orig = md.get("llama.rope.scaling.original_context_length")

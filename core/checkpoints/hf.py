@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from .. import limits
 from ..errors import CheckpointError, one_line
 from ..model import ModelArgs
 from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info,
@@ -29,32 +31,51 @@ def permute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.view(n_heads, hd // 2, 2, inp).transpose(1, 2).reshape(out, inp)
 
 
-def args_from_config(cfg: dict[str, Any], **overrides: Any) -> ModelArgs:
-    """ModelArgs from a LlamaForCausalLM config.json dict."""
+# config.json's key for each ModelArgs field, so range errors name what the user can find.
+CONFIG_KEYS = {
+    "dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads", "vocab_size": "vocab_size", "hidden_dim": "intermediate_size",
+    "head_dim": "head_dim", "norm_eps": "rms_norm_eps", "rope_theta": "rope_theta",
+    "rope_scaling": "rope_scaling", "tie_word_embeddings": "tie_word_embeddings",
+    "max_seq_len": "max_position_embeddings",
+}
+
+
+def args_from_config(cfg: dict[str, Any], *, file: str = "config.json", **overrides: Any) -> ModelArgs:
+    """ModelArgs from a LlamaForCausalLM config.json dict, every value range-checked.
+
+    Raises:
+        CheckpointError naming ``file`` and the config key that is missing or out of range.
+    """
     # transformers ≥ 5 writes `rope_parameters` (theta included); older files `rope_scaling`.
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or None
     rope = None
     if scaling:
+        if not isinstance(scaling, dict):
+            raise CheckpointError("field 'rope_scaling' must be an object", file=file)
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind == "llama3":
-            rope = {k: float(scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                                   "original_max_position_embeddings")}
+            rope = {k: scaling.get(k) for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                                "original_max_position_embeddings")}
         elif kind not in (None, "default"):
-            raise ValueError(f"rope_scaling type '{kind}' is not supported (only llama3)")
+            raise CheckpointError(f"rope_scaling type '{limits.brief(kind)}' is not supported (only llama3)", file=file)
     theta = cfg.get("rope_theta")
     if theta is None:
-        theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-    n_heads = cfg["num_attention_heads"]
+        rp = cfg.get("rope_parameters")
+        theta = rp.get("rope_theta", 10000.0) if isinstance(rp, dict) else 10000.0
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"):
+        if key not in cfg:
+            raise CheckpointError(f"field '{key}' is missing", file=file)
     kw = dict(
-        dim=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"], n_heads=n_heads,
-        n_kv_heads=cfg.get("num_key_value_heads") or n_heads, vocab_size=cfg["vocab_size"],
-        hidden_dim=cfg["intermediate_size"], head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
-        norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(theta), rope_scaling=rope,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        dim=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"], n_heads=cfg["num_attention_heads"],
+        n_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"], vocab_size=cfg["vocab_size"],
+        hidden_dim=cfg["intermediate_size"], head_dim=cfg.get("head_dim"),
+        norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=rope,
+        tie_word_embeddings=cfg.get("tie_word_embeddings", False) or False,
         max_seq_len=cfg.get("max_position_embeddings", 4096),
     )
     kw.update(overrides)
-    return ModelArgs(**kw)
+    return limits.checked_args(kw, file=file, names=CONFIG_KEYS)
 
 
 _LAYER_MAP = {
@@ -119,14 +140,11 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 
 
 def _read_json(file: Path, *, required: bool = False) -> dict[str, Any] | None:
-    if not file.is_file():
+    if not file.exists():
         if required:
             raise CheckpointError(f"{file.name} is missing", file=str(file))
         return None
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"cannot read {file.name}: {e}", file=str(file)) from None
+    data = limits.read_json(file)
     if not isinstance(data, dict):
         raise CheckpointError(f"{file.name} is not a JSON object", file=str(file))
     return data
@@ -158,13 +176,47 @@ def weight_files(path: Path) -> tuple[str, dict[str, Path]]:
                           f"{SAFETENSORS_INDEX}, or pytorch_model.bin", file=str(path))
 
 
+MAX_SAFETENSORS_HEADER = 100 * limits.MiB  # safetensors' own limit
+
+
+def check_safetensors_header(file: Path) -> None:
+    """Read only the header (8-byte length + JSON) and refuse what safetensors would
+    accept silently: a tensor name stated twice (its JSON parser keeps the last one)."""
+    with limits.opened_regular(file) as fd:
+        size = os.fstat(fd).st_size
+        head = os.read(fd, 8)
+        if len(head) < 8:
+            raise CheckpointError("not a safetensors file (shorter than its 8-byte header length)", file=str(file))
+        n = int.from_bytes(head, "little")
+        if n > min(MAX_SAFETENSORS_HEADER, size - 8):
+            raise CheckpointError(f"the header claims {n} bytes, more than the file holds or "
+                                  f"{limits.human(MAX_SAFETENSORS_HEADER)}: truncated or corrupt", file=str(file))
+        data = os.pread(fd, n, 8)
+
+    def pairs(items):
+        seen = set()
+        for k, _ in items:
+            if k in seen:
+                raise CheckpointError("tensor is stated twice in the header", file=str(file), tensor=k)
+            seen.add(k)
+        return dict(items)
+
+    header = limits.parse_json(data, file=str(file), object_pairs_hook=pairs, depth=8)
+    if not isinstance(header, dict):
+        raise CheckpointError("the safetensors header is not a JSON object", file=str(file))
+
+
 def _open_safetensors(file: Path):
     from safetensors import safe_open
+    check_safetensors_header(file)
     try:
-        return safe_open(str(file), framework="pt", device="cpu")  # memory-mapped
-    except Exception as e:
+        with limits.native_path(file) as native:
+            return safe_open(native, framework="pt", device="cpu")  # memory-mapped
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # noqa: BLE001 — Rust panics are BaseExceptions
         raise CheckpointError(f"not a readable safetensors file (truncated or corrupt?): "
-                              f"{one_line(e, 200)}", file=str(file)) from None
+                              f"{one_line(e)}", file=str(file)) from None
 
 
 def hf_tensors(path: Path) -> tuple[list[tuple[str, Path, Callable[[], torch.Tensor]]], list[str]]:
@@ -222,10 +274,10 @@ def read_chat_template(path: Path, tcfg: dict[str, Any] | None) -> str | None:
         return t
     # transformers ≥ 4.43 may save the template beside tokenizer_config.json instead.
     jinja = path / "chat_template.jinja"
-    if jinja.is_file():
+    if jinja.exists():
         try:
-            return jinja.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
+            return limits.read_limited(jinja, limits.MAX_CONFIG_BYTES).decode("utf-8")
+        except UnicodeDecodeError as e:
             raise CheckpointError(f"cannot read the chat template: {e}", file=str(jinja)) from None
     side = _read_json(path / "chat_template.json")
     if side and isinstance(side.get("chat_template"), str):
@@ -239,7 +291,7 @@ def _eos_ids(*cfgs: dict[str, Any] | None) -> set[int]:
         if v is None:
             continue
         ids = v if isinstance(v, list) else [v]
-        return {int(i) for i in ids if isinstance(i, int)}
+        return {int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool)}
     return set()
 
 
@@ -279,11 +331,7 @@ def load_hf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int |
     mtype = cfg.get("model_type")
     if mtype not in (None, "llama"):
         raise CheckpointError(f"model type '{mtype}' is not supported (only llama)", file=str(cfg_file))
-    try:
-        args = args_from_config(cfg, **({"max_seq_len": max_seq_len} if max_seq_len else {}))
-    except (KeyError, TypeError, ValueError) as e:
-        what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
-        raise CheckpointError(f"config.json does not describe a Llama model: {what}", file=str(cfg_file)) from None
+    args = args_from_config(cfg, file=str(cfg_file), **({"max_seq_len": max_seq_len} if max_seq_len else {}))
     dt = resolve_dtype(dtype, dev, args)
     tcfg = _read_json(path / "tokenizer_config.json")
     gcfg = _read_json(path / "generation_config.json")
@@ -294,6 +342,7 @@ def load_hf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int |
     if progress:
         progress(0.0, "reading weights")
     tensors, stored = hf_tensors(path)
+    limits.check_model(args, dt, dev, source=str(path))
     items, sources = [], {}
     display = {m: hf_name(m) for m in expected_shapes(args)}  # names missing tensors too
     for name, file, load in tensors:

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from ..chat_format import chat_format_for
-from ..errors import CheckpointError, TokenizerError
+from .. import limits
+from ..errors import CheckpointError, TokenizerError, one_line
 from ..model import ModelArgs
 from ..tokenizer import load_tokenizer
 from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, model_info, quant_kind, resolve_device,
@@ -35,10 +36,7 @@ def shard_files(path: Path) -> list[Path]:
 
 def read_params(path: Path) -> dict:
     f = path / "params.json"
-    try:
-        params = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"cannot read params.json: {e}", file=str(f)) from None
+    params = limits.read_json(f)
     if not isinstance(params, dict):
         raise CheckpointError("params.json is not a JSON object", file=str(f))
     return params
@@ -46,16 +44,19 @@ def read_params(path: Path) -> dict:
 
 def safe_torch_load(file: Path) -> dict[str, torch.Tensor]:
     """torch.load with weights_only and mmap: nothing pickled runs, nothing is copied."""
+    limits.check_regular(file)  # a FIFO or device would block or never end
     try:
-        sd = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        with limits.native_path(file) as native:
+            sd = torch.load(native, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "unsupported content"
-        raise CheckpointError(f"refused to load: the file holds more than plain tensors ({first[:160]})",
+        raise CheckpointError(f"refused to load: the file holds more than plain tensors ({first})",
                               file=str(file)) from None
+    except (MemoryError, KeyboardInterrupt):
+        raise
     except Exception as e:
         raise CheckpointError(f"cannot read the weights (truncated or not a PyTorch file?): "
-                              f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__}",
-                              file=str(file)) from None
+                              f"{one_line(e)}", file=str(file)) from None
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError("the file is not a dictionary of tensors", file=str(file))
     return sd
@@ -110,8 +111,9 @@ def load_meta(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     if progress:
         progress(0.0, "reading weights")
     shards = [safe_torch_load(f) for f in files]
+    pfile = str(path / "params.json")
     vocab = params.get("vocab_size", -1)
-    if not isinstance(vocab, int) or vocab <= 0:
+    if isinstance(vocab, bool) or not isinstance(vocab, (int, float)) or vocab <= 0:
         emb = shards[0].get("tok_embeddings.weight")
         if emb is None or emb.dim() != 2:
             vocab = tok.vocab_size
@@ -119,18 +121,18 @@ def load_meta(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
             vocab = emb.shape[0]  # split along the embedding dim (Llama 2)
         else:
             vocab = emb.shape[0] * len(shards)  # split along the vocabulary (Llama 3)
+    theta = params.get("rope_theta", 1e4)
     ctx = params.get("max_seq_len") or (131072 if params.get("use_scaled_rope") else
-                                        8192 if params.get("rope_theta", 1e4) >= 5e5 else 4096)
-    try:
-        args = ModelArgs.from_params(params, vocab_size=vocab, max_seq_len=max_seq_len or ctx,
-                                     tie_word_embeddings=params.get("tie_word_embeddings", False)
-                                     or "output.weight" not in shards[0])
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"params.json does not describe a Llama model: {e}", file=str(path / "params.json"))
+                                        8192 if isinstance(theta, (int, float)) and theta >= 5e5 else 4096)
+    tied = params.get("tie_word_embeddings", False)
+    args = limits.checked_args({**params, "vocab_size": vocab, "max_seq_len": max_seq_len or ctx,
+                                "tie_word_embeddings": tied if tied not in (False, 0) else "output.weight" not in shards[0]},
+                               file=pfile)
     dt = resolve_dtype(dtype, dev, args)
     if tok.vocab_size > args.vocab_size:
         raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the embedding only "
                               f"{args.vocab_size}", file=str(find_tokenizer(path)))
+    limits.check_model(args, dt, dev, source=str(path))
     shapes = expected_shapes(args)
     model = build_model(args, merge_shards(shards, shapes, files), device=dev, dtype=dt,
                         source=str(files[0]), progress=progress, ignore=IGNORED, mapped_sources=True,

@@ -267,13 +267,14 @@ def test_failed_load_leaves_a_clear_state(make_worker, gguf, tmp_path):
     assert col.finished(w.generate(completion(max_new=3)))[-1].stop_reason in ("length", "eos")
     assert "device" in _error(col, w.load(gguf, device="tpu"))
     assert w.info is not None
-    # A model file that breaks midway: the old model was unloaded first, and says so.
+    # A model file that breaks midway: refused before the working model is released.
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(gguf.read_bytes()[:5000])
     rid = w.load(broken)
     msg = _error(col, rid)
-    assert "unloaded" in msg
-    assert any(isinstance(e, Unloaded) for e in col.of(rid)) and w.info is None
+    assert "unloaded" not in msg
+    assert not any(isinstance(e, Unloaded) for e in col.of(rid)) and w.info is not None
+    assert col.finished(w.generate(completion(max_new=3)))[-1].stop_reason in ("length", "eos")
 
 
 def test_bad_settings_are_errors_and_the_worker_goes_on(make_worker, gguf):
@@ -314,7 +315,8 @@ def test_load_while_generating_cancels_the_generation_first(make_worker, gguf):
     evs = col.wait(lambda evs: [e for e in evs if e.request_id == lid and isinstance(e, (Loaded, Error))])
     assert isinstance(evs[-1], Loaded)
     kinds = [type(e) for e in col.of(lid)]
-    assert kinds[0] is Unloaded and kinds[-1] is Loaded
+    # Both fit: the new model is built beside the old, which is released just before it is installed.
+    assert kinds[-1] is Loaded and Unloaded in kinds[:-1]
     assert col.finished(w.generate(completion(max_new=3)))[-1].stop_reason in ("length", "eos")
 
 
