@@ -1,0 +1,687 @@
+"""A reproducible corpus of broken and hostile inputs, and a runner that feeds them to the CLI.
+
+    python tools/badinputs.py --out /tmp/bad [--seed 0] [--limit N] [--list]
+
+Every input is generated here from one valid seed model (the shared fixture
+stories260K.gguf, also written as a Meta and a Hugging Face folder): wrong values in
+every header field, byte flips and truncations of every file, special files (FIFOs,
+devices, sockets, folders), JSON and GGUF bombs, NaN weights, re-typed and misaligned
+tensors, duplicate keys, extreme sampler settings and invalid UTF-8 arguments. Nothing
+is committed but this code: the same seed gives the same corpus.
+
+Each input runs ``python -m core`` in a process forked from one that has already imported
+torch (a fresh interpreter per input would take hours), with a 30 s limit, and the
+runner reports per category:
+
+- traceback: a Python traceback on stderr, an exit status other than 0 or 2, or a crash;
+- hang: still running after 30 s (killed);
+- peak: a peak RSS above 1 GB (the inputs' real data are all under 10 MB);
+- silent: an input that must be refused was accepted, or a setting that must behave as
+  its limit (a tiny temperature as greedy) gave other output.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import socket
+import stat
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout: test that checkout's core
+    sys.path.insert(0, str(ROOT))
+FIXTURE = Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures")) / "stories260K.gguf"
+HANG_S = 30.0
+PEAK_BYTES = 1 << 30
+
+
+@dataclass
+class Case:
+    """One input: the CLI arguments and what must happen.
+
+    expect: "error" (must exit 2 with one line), "ok" (must succeed), "either" (a clean
+    refusal or a success; only tracebacks, hangs and peaks count), or "same:<name>" (must
+    print what the case <name> printed).
+    """
+    name: str
+    category: str
+    argv: list[str]
+    expect: str = "either"
+
+
+# --------------------------------------------------------------------------- seeds
+
+def write_gguf(src: Path, dst: Path, *, set_kv: dict | None = None, drop_kv=(), tensors=None,
+               retype: dict | None = None, shift: dict | None = None) -> None:
+    """Copy the GGUF ``src`` to ``dst`` with metadata and tensors changed.
+
+    set_kv: key -> value (type picked from the value: bool, int (u32/i32/u64/i64), float
+        (f32 or f64), str, list) replacing or adding a key.
+    tensors: name -> numpy array replacing a tensor's data (same type).
+    retype: name -> GGML type name written in the header while the data stay as they were.
+    shift: name -> bytes added to the tensor's data offset in the header (misalignment).
+    """
+    import gguf
+    import numpy as np
+
+    r = gguf.GGUFReader(src)
+    arch = (set_kv or {}).get("general.architecture", r.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(str(dst), str(arch))
+    set_kv = dict(set_kv or {})
+    set_kv.pop("general.architecture", None)
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in drop_kv:
+            continue
+        if name in set_kv:
+            _add_value(w, name, set_kv.pop(name))
+            continue
+        vt = f.types[0]
+        sub = f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, f.contents(), vt, sub_type=sub)
+    for name, v in set_kv.items():
+        _add_value(w, name, v)
+    for t in r.tensors:
+        data = np.array(t.data)
+        if tensors and t.name in tensors:
+            data = np.asarray(tensors[t.name], dtype=data.dtype).reshape(data.shape)
+        kind = t.tensor_type
+        if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            w.add_tensor(t.name, data)
+        else:
+            w.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    if retype or shift:
+        _patch_tensor_infos(dst, retype or {}, shift or {})
+
+
+def _add_value(w, key: str, v) -> None:
+    import gguf
+    T = gguf.GGUFValueType
+    if isinstance(v, bool):
+        w.add_key_value(key, v, T.BOOL)
+    elif isinstance(v, int):
+        if 0 <= v < 2**32:
+            w.add_key_value(key, v, T.UINT32)
+        elif -2**31 <= v < 0:
+            w.add_key_value(key, v, T.INT32)
+        elif 0 <= v < 2**64:
+            w.add_key_value(key, v, T.UINT64)
+        else:
+            w.add_key_value(key, max(min(v, 2**63 - 1), -2**63), T.INT64)
+    elif isinstance(v, float):
+        w.add_key_value(key, v, T.FLOAT64 if abs(v) > 3e38 and v == v and abs(v) != float("inf") else T.FLOAT32)
+    elif isinstance(v, str):
+        w.add_key_value(key, v, T.STRING)
+    elif isinstance(v, list):
+        sub = T.STRING if v and isinstance(v[0], str) else T.FLOAT32 if v and isinstance(v[0], float) else T.INT32
+        w.add_key_value(key, v, T.ARRAY, sub_type=sub)
+    else:
+        raise TypeError(type(v))
+
+
+def _patch_tensor_infos(path: Path, retype: dict, shift: dict) -> None:
+    """Rewrite tensor-info type fields / offsets in place (little-endian GGUF v3)."""
+    import struct
+
+    import gguf
+    data = bytearray(path.read_bytes())
+    r = gguf.GGUFReader(path)
+    for t in r.tensors:
+        info = t.field
+        _, name_data, _, dims, raw_dtype, offset = info.parts
+        # parts are views into the mapped file: their byte positions
+        base = r.data.ctypes.data
+        if t.name in retype:
+            pos = raw_dtype.ctypes.data - base
+            struct.pack_into("<I", data, pos, int(gguf.GGMLQuantizationType[retype[t.name]]))
+        if t.name in shift:
+            pos = offset.ctypes.data - base
+            struct.pack_into("<Q", data, pos, int(offset[0]) + shift[t.name])
+    del r
+    path.write_bytes(bytes(data))
+
+
+def make_seeds(out: Path) -> dict[str, Path]:
+    """The valid seed inputs every case is made from: GGUF, Meta and HF forms of one model."""
+    from core.checkpoints import load
+    from core.checkpoints.hf import save_hf
+    from core.checkpoints.meta import save_meta
+
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = {"gguf": out / "seed.gguf", "meta": out / "seed_meta", "hf": out / "seed_hf"}
+    if not seeds["gguf"].exists():
+        shutil.copy(FIXTURE, seeds["gguf"])
+    lm = load(seeds["gguf"], device="cpu", dtype="float32")
+    if not (seeds["meta"] / "params.json").exists():
+        tok_file = out / "seed_tokenizer.model"
+        tok_file.write_bytes(lm.tokenizer._sp.serialized_model_proto())
+        save_meta(lm, seeds["meta"], tokenizer_file=tok_file)
+    if not (seeds["hf"] / "config.json").exists():
+        save_hf(lm, seeds["hf"])
+        # An HF folder with a tokenizer.json too, for the tokenizer.json cases.
+    seeds["tokenizer.model"] = seeds["meta"] / "tokenizer.model"
+    tj = out / "seed_tokenizer.json"
+    if not tj.exists():
+        from tokenizers import SentencePieceBPETokenizer  # noqa: F401  (a real tokenizer.json)
+        from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+        vocab = {lm.tokenizer.id_to_piece(i): i for i in range(lm.tokenizer.vocab_size)}
+        t = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+        t.pre_tokenizer = pre_tokenizers.Metaspace()
+        t.decoder = decoders.Metaspace()
+        t.save(str(tj))
+    seeds["tokenizer.json"] = tj
+    return seeds
+
+
+# --------------------------------------------------------------------------- the corpus
+
+BAD_VALUES = [0, -1, 1, 3, 10**9, 2**31, 2**40, 1.5, -2.5, 1e308, float("nan"), float("inf"), "x", "", None,
+              [], [1, 2], {}, True]
+META_FIELDS = ["dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of", "ffn_dim_multiplier",
+               "norm_eps", "rope_theta", "max_seq_len", "use_scaled_rope", "hidden_dim", "head_dim"]
+HF_FIELDS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
+             "intermediate_size", "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings",
+             "tie_word_embeddings", "rope_scaling", "eos_token_id", "model_type"]
+GGUF_KEYS = ["llama.block_count", "llama.embedding_length", "llama.feed_forward_length", "llama.attention.head_count",
+             "llama.attention.head_count_kv", "llama.context_length", "llama.attention.layer_norm_rms_epsilon",
+             "llama.rope.freq_base", "llama.rope.dimension_count", "llama.attention.key_length", "llama.vocab_size",
+             "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.model",
+             "general.architecture", "llama.rope.scaling.type"]
+GGUF_VALUES = [0, 1, 3, 7, 10**9, 2**32 - 1, 2**40, -1, 1.5, -1e-5, 1e38, float("nan"), "x", [1, 2]]
+POSITIVE_INT_FIELDS = {"dim", "n_layers", "n_heads", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                       "intermediate_size", "llama.block_count", "llama.embedding_length",
+                       "llama.feed_forward_length", "llama.attention.head_count"}
+
+
+def _must_fail(key: str, v) -> bool:
+    """Values that can never describe a working model for this key."""
+    if key in POSITIVE_INT_FIELDS:
+        return not (isinstance(v, int) and not isinstance(v, bool) and v > 0) or v >= 10**9
+    if key in ("norm_eps", "rms_norm_eps", "llama.attention.layer_norm_rms_epsilon"):
+        return not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1)
+    return False
+
+
+def _json_cases(seeds, out: Path, rng: random.Random) -> list[Case]:
+    cases = []
+    for kind, fname, fields_ in (("meta", "params.json", META_FIELDS), ("hf", "config.json", HF_FIELDS)):
+        base = json.loads((seeds[kind] / fname).read_text())
+        for key in fields_:
+            for i, v in enumerate(BAD_VALUES):
+                d = out / f"{kind}-{fname.split('.')[0]}-{key}-{i}"
+                _clone(seeds[kind], d)
+                data = dict(base)
+                data[key] = v
+                _put(d / fname, json.dumps(data).encode())
+                cases.append(Case(d.name, f"{fname} field", ["info", str(d), "--device", "cpu"],
+                                  "error" if _must_fail(key, v) else "either"))
+        # a few fields removed, and not-an-object documents
+        for key in fields_[:6]:
+            d = out / f"{kind}-{fname.split('.')[0]}-no-{key}"
+            _clone(seeds[kind], d)
+            data = dict(base)
+            data.pop(key, None)
+            _put(d / fname, json.dumps(data).encode())
+            cases.append(Case(d.name, f"{fname} field", ["info", str(d), "--device", "cpu"]))
+        for j, doc in enumerate(["[]", "1", '"x"', "null", "{", "\xff\xfe", "{}" + " " * 10, "[" * 100000 + "]" * 100000,
+                                 '{"a":' * 5000 + "1" + "}" * 5000, " " * (5 << 20) + "{}"]):
+            d = out / f"{kind}-{fname.split('.')[0]}-doc{j}"
+            _clone(seeds[kind], d)
+            _put(d / fname, doc.encode("utf-8", "surrogateescape"))
+            cases.append(Case(d.name, f"{fname} document", ["info", str(d), "--device", "cpu"], "error"))
+    return cases
+
+
+def _gguf_kv_cases(seeds, out: Path) -> list[Case]:
+    cases = []
+    for key in GGUF_KEYS:
+        for i, v in enumerate(GGUF_VALUES):
+            f = out / f"gguf-kv-{key}-{i}.gguf"
+            try:
+                write_gguf(seeds["gguf"], f, set_kv={key: v})
+            except Exception:  # noqa: BLE001 — the writer refuses some combinations itself
+                continue
+            cases.append(Case(f.name, "gguf metadata", ["info", str(f), "--device", "cpu"],
+                              "error" if _must_fail(key, v) else "either"))
+    return cases
+
+
+def _silent_cases(seeds, out: Path) -> list[Case]:
+    """Inputs that load 'fine' unless checked: every one must be refused."""
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    cases = []
+    import gguf
+    r = gguf.GGUFReader(seeds["gguf"])
+    names = [t.name for t in r.tensors]
+    for i, name in enumerate(names[::4]):
+        for j, bad in enumerate((float("nan"), float("inf"), -float("inf"))):
+            t = next(t for t in r.tensors if t.name == name)
+            arr = np.array(t.data, dtype=np.float32).copy()
+            arr.reshape(-1)[(i * 7 + j) % arr.size] = bad
+            f = out / f"gguf-nonfinite-{i}-{j}.gguf"
+            write_gguf(seeds["gguf"], f, tensors={name: arr})
+            cases.append(Case(f.name, "non-finite weights", ["info", str(f), "--device", "cpu"], "error"))
+    for i, name in enumerate(names[1::6]):
+        f = out / f"gguf-retype-{i}.gguf"
+        write_gguf(seeds["gguf"], f, retype={name: "F16"})
+        cases.append(Case(f.name, "re-typed tensor", ["info", str(f), "--device", "cpu"], "error"))
+        f = out / f"gguf-misaligned-{i}.gguf"
+        write_gguf(seeds["gguf"], f, shift={name: 4})
+        cases.append(Case(f.name, "misaligned tensor", ["info", str(f), "--device", "cpu"], "error"))
+    sd = load_file(seeds["hf"] / "model.safetensors")
+    for i, name in enumerate(sorted(sd)[::5]):
+        d = out / f"hf-nonfinite-{i}"
+        _clone(seeds["hf"], d)
+        sd2 = dict(sd)
+        t = sd2[name].clone()
+        t.view(-1)[i % t.numel()] = float("nan") if i % 2 else float("inf")
+        sd2[name] = t
+        (d / "model.safetensors").unlink()
+        save_file(sd2, d / "model.safetensors", metadata={"format": "pt"})
+        cases.append(Case(d.name, "non-finite weights", ["info", str(d), "--device", "cpu"], "error"))
+    msd = torch.load(seeds["meta"] / "consolidated.00.pth", weights_only=True)
+    for i, name in enumerate(sorted(msd)[::5]):
+        d = out / f"meta-nonfinite-{i}"
+        _clone(seeds["meta"], d)
+        sd2 = {k: v.clone() for k, v in msd.items()}
+        sd2[name].view(-1)[0] = float("nan")
+        (d / "consolidated.00.pth").unlink()
+        torch.save(sd2, d / "consolidated.00.pth")
+        cases.append(Case(d.name, "non-finite weights", ["info", str(d), "--device", "cpu"], "error"))
+    # duplicate safetensors keys: the header names one tensor twice (different data)
+    raw = (seeds["hf"] / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    for i, name in enumerate([k for k in sorted(header) if k != "__metadata__"][:8]):
+        other = [k for k in sorted(header) if k not in ("__metadata__", name)
+                 and header[k]["shape"] == header[name]["shape"]]
+        if not other:
+            continue
+        text = json.dumps(header)
+        dup = f', "{name}": {json.dumps(header[other[0]])}'
+        new = (text[:-1] + dup + "}").encode()
+        new += b" " * (-(len(new)) % 8)
+        d = out / f"hf-duplicate-key-{i}"
+        _clone(seeds["hf"], d)
+        _put(d / "model.safetensors", len(new).to_bytes(8, "little") + new + raw[8 + n:])
+        cases.append(Case(d.name, "duplicate safetensors key", ["info", str(d), "--device", "cpu"], "error"))
+    return cases
+
+
+def _byte_cases(seeds, out: Path, rng: random.Random, per_file: int) -> list[Case]:
+    """Byte flips, zeroed blocks, truncations and insertions in every file of every seed."""
+    files = [("gguf", None), ("meta", "consolidated.00.pth"), ("meta", "params.json"), ("meta", "tokenizer.model"),
+             ("hf", "model.safetensors"), ("hf", "config.json"), ("hf", "tokenizer.model"),
+             ("hf", "tokenizer_config.json"), ("hf", "generation_config.json")]
+    cases = []
+    for kind, fname in files:
+        src = seeds[kind] if fname is None else seeds[kind] / fname
+        data = src.read_bytes()
+        for i in range(per_file):
+            b = bytearray(data)
+            op = i % 5
+            if op == 0:  # truncate
+                b = b[: rng.randrange(len(b))]
+            elif op == 1:  # flip bytes in the first 4 KiB (headers)
+                for _ in range(rng.choice((1, 4, 16))):
+                    b[rng.randrange(min(len(b), 4096))] = rng.randrange(256)
+            elif op == 2:  # flip anywhere
+                for _ in range(rng.choice((1, 8, 64))):
+                    b[rng.randrange(len(b))] = rng.randrange(256)
+            elif op == 3:  # zero or 0xFF a block
+                at, n = rng.randrange(len(b)), rng.choice((8, 64, 512))
+                b[at: at + n] = bytes([rng.choice((0, 255))]) * len(b[at: at + n])
+            else:  # insert junk
+                at = rng.randrange(len(b))
+                b[at:at] = bytes(rng.randrange(256) for _ in range(rng.choice((1, 7, 100))))
+            tag = f"{kind}-{(fname or 'gguf').replace('.', '_')}-bytes{i}"
+            if fname is None:
+                f = out / f"{tag}.gguf"
+                f.write_bytes(bytes(b))
+                target = f
+            else:
+                target = out / tag
+                _clone(seeds[kind], target)
+                (target / fname).unlink()
+                (target / fname).write_bytes(bytes(b))
+            cases.append(Case(tag, f"bytes of {fname or 'gguf'}", ["info", str(target), "--device", "cpu"]))
+    return cases
+
+
+def _tokenizer_cases(seeds, out: Path, rng: random.Random) -> list[Case]:
+    cases = []
+    tj = json.loads(seeds["tokenizer.json"].read_text())
+    variants = {
+        "model-null": {**tj, "model": None}, "model-type": {**tj, "model": {**tj["model"], "type": "Nope"}},
+        "vocab-list": {**tj, "model": {**tj["model"], "vocab": [1, 2]}},
+        "merges-bad": {**tj, "model": {**tj["model"], "merges": [["a"], 3, None]}},
+        "added-bad": {**tj, "added_tokens": [{"id": -5, "content": 3}]},
+        "added-huge-id": {**tj, "added_tokens": [{"id": 2**40, "content": "<x>", "special": True}]},
+        "normalizer-bad": {**tj, "normalizer": {"type": "Replace", "pattern": {"Regex": "("}, "content": ""}},
+        "pretok-bad": {**tj, "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[["}, "behavior": "Isolated"}},
+        "decoder-bad": {**tj, "decoder": {"type": "Nope"}},
+        "vocab-empty": {**tj, "model": {**tj["model"], "vocab": {}}},
+    }
+    for name, doc in variants.items():
+        f = out / f"tokjson-{name}.json"
+        f.write_text(json.dumps(doc))
+        cases.append(Case(f.name, "tokenizer.json", ["tokenize", str(f), "--text", "hello"]))
+        d = out / f"hf-tokjson-{name}"
+        _clone(seeds["hf"], d)
+        _put(d / "tokenizer.json", json.dumps(doc).encode())
+        cases.append(Case(d.name, "tokenizer.json in folder", ["info", str(d), "--device", "cpu"]))
+    deep = out / "tokjson-deep.json"
+    deep.write_text('{"model": ' + "[" * 50000 + "]" * 50000 + "}")
+    cases.append(Case(deep.name, "tokenizer.json", ["tokenize", str(deep), "--text", "x"], "error"))
+    # tiktoken ranks files: valid shape, broken content
+    for i, text in enumerate(["YQ== 0\nYg== 0\n", "YQ== -1\n", "!!!! 1\n", "YQ== 99999999999999999999\n",
+                              "YQ== 0\n" * 3, "YQ== 0\nYQ== 1\n"]):
+        f = out / f"ranks-{i}.model"
+        f.write_text(text)
+        cases.append(Case(f.name, "tiktoken ranks", ["tokenize", str(f), "--text", "ab"]))
+    sp = seeds["tokenizer.model"].read_bytes()
+    for i in range(40):
+        b = bytearray(sp)
+        for _ in range(rng.choice((1, 4, 32))):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        f = out / f"sp-{i}.model"
+        f.write_bytes(bytes(b))
+        cases.append(Case(f.name, "sentencepiece model", ["tokenize", str(f), "--text", "hello world"]))
+    return cases
+
+
+def _special_file_cases(seeds, out: Path) -> list[Case]:
+    cases = []
+
+    def folder_with(kind, fname, make, expect="error"):
+        d = out / f"special-{kind}-{fname.replace('.', '_')}-{make.__name__}"
+        _clone(seeds[kind], d)
+        (d / fname).unlink()
+        make(d / fname)
+        cases.append(Case(d.name, f"special file {make.__name__}", ["info", str(d), "--device", "cpu"], expect))
+
+    def fifo(p):
+        os.mkfifo(p)
+
+    def devzero(p):
+        os.symlink("/dev/zero", p)
+
+    def devnull(p):
+        os.symlink("/dev/null", p)
+
+    def folder(p):
+        p.mkdir()
+
+    def sock(p):
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.bind(str(p))
+        finally:
+            s.close()
+
+    def dangling(p):
+        os.symlink(out / "nowhere", p)
+
+    for make in (fifo, devzero, devnull, folder, sock, dangling):
+        for kind, fname in (("meta", "params.json"), ("meta", "consolidated.00.pth"), ("meta", "tokenizer.model"),
+                            ("hf", "config.json"), ("hf", "model.safetensors"), ("hf", "tokenizer.model")):
+            try:
+                folder_with(kind, fname, make)
+            except OSError:
+                pass
+    for make in (fifo, devzero):
+        f = out / f"special-gguf-{make.__name__}.gguf"
+        make(f)
+        cases.append(Case(f.name, f"special file {make.__name__}", ["info", str(f), "--device", "cpu"], "error"))
+        cases.append(Case(f.name + "-tok", f"special file {make.__name__}", ["tokenize", str(f), "--text", "x"], "error"))
+    # A 6 GB sparse "GGUF" of which only the magic is real: a magic check must not read it.
+    big = out / "sparse-6g.gguf"
+    with open(big, "wb") as fh:
+        fh.write(b"GGUF" + (3).to_bytes(4, "little") + (2**60).to_bytes(8, "little") + (2**60).to_bytes(8, "little"))
+        fh.truncate(6 << 30)
+    cases.append(Case(big.name, "sparse huge file", ["tokenize", str(big), "--text", "x"], "error"))
+    cases.append(Case(big.name + "-info", "sparse huge file", ["info", str(big), "--device", "cpu"], "error"))
+    return cases
+
+
+def _cli_cases(seeds, out: Path) -> list[Case]:
+    g = str(seeds["gguf"])
+    base = ["generate", g, "--prompt", "Once upon a time", "--max-new-tokens", "8", "--device", "cpu", "--seed", "1"]
+    cases = [Case("cli-greedy", "sampler limits", base + ["--temperature", "0"], "ok")]
+    for i, t in enumerate(("1e-40", "1e-30", "1e-9", "1e-6")):
+        cases.append(Case(f"cli-temp-{i}", "sampler limits", base + ["--temperature", t], "same:cli-greedy"))
+    for i, (opt, v) in enumerate([("--length-penalty", "1e308"), ("--length-penalty", "nan"), ("--repetition-penalty", "1e-45"),
+                                  ("--repetition-penalty", "inf"), ("--temperature", "nan"), ("--temperature", "-1"),
+                                  ("--top-p", "nan"), ("--top-p", "0"), ("--min-p", "nan"), ("--top-k", "-1"),
+                                  ("--max-new-tokens", "0"), ("--seed", "-1"), ("--num-beams", "1000"),
+                                  ("--temperature", "1e400"), ("--max-new-tokens", str(2**63))]):
+        cases.append(Case(f"cli-opt-{i}", "sampler values", base + [opt, v], "error"))
+    bad_utf8 = os.fsdecode(b"caf\xe9 \xff\xfe \xed\xa0\x80 end")
+    for i, argv in enumerate([
+        ["generate", g, "--prompt", bad_utf8, "--max-new-tokens", "4", "--device", "cpu", "--seed", "1"],
+        ["generate", g, "--prompt", "hi", "--chat", "--system", bad_utf8, "--max-new-tokens", "4", "--device", "cpu"],
+        ["tokenize", g, "--text", bad_utf8],
+        ["tokenize", str(seeds["tokenizer.model"]), "--text", bad_utf8],
+        ["tokenize", str(seeds["tokenizer.json"]), "--text", bad_utf8],
+        ["tokenize", str(seeds["hf"]), "--text", bad_utf8, "--chat"],
+    ]):
+        cases.append(Case(f"cli-utf8-{i}", "invalid UTF-8 argument", argv, "either"))
+    # A folder whose name is not UTF-8 must load like any other.
+    for kind in ("meta", "hf"):
+        d = Path(os.fsdecode(bytes(out) + b"/nonutf8-\xff\xfe-" + kind.encode()))
+        _clone(seeds[kind], d)
+        cases.append(Case(f"nonutf8-{kind}", "non-UTF-8 folder name", ["info", str(d), "--device", "cpu"], "ok"))
+    return cases
+
+
+def _put(path: Path, data: bytes) -> None:
+    """Replace a file of a cloned folder without writing through its hard link to the seed."""
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    path.write_bytes(data)
+
+
+def _clone(src: Path, dst: Path) -> None:
+    """A copy of a seed folder whose unchanged files are hard links (the corpus stays small)."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        try:
+            os.link(f, dst / f.name)
+        except OSError:
+            shutil.copy(f, dst / f.name)
+
+
+def generate(out: Path, *, seed: int = 0, per_file: int = 110) -> list[Case]:
+    """Write the corpus under ``out`` and return its cases (same seed, same corpus)."""
+    rng = random.Random(seed)
+    for sub in ("seeds", "inputs", "run"):
+        if (out / sub).exists():
+            shutil.rmtree(out / sub)
+    seeds = make_seeds(out / "seeds")
+    work = out / "inputs"
+    work.mkdir(parents=True, exist_ok=True)
+    cases: list[Case] = []
+    cases += [Case("seed-gguf", "valid seed", ["info", str(seeds["gguf"]), "--device", "cpu"], "ok"),
+              Case("seed-meta", "valid seed", ["info", str(seeds["meta"]), "--device", "cpu"], "ok"),
+              Case("seed-hf", "valid seed", ["info", str(seeds["hf"]), "--device", "cpu"], "ok")]
+    cases += _json_cases(seeds, work, rng)
+    cases += _gguf_kv_cases(seeds, work)
+    cases += _silent_cases(seeds, work)
+    cases += _tokenizer_cases(seeds, work, rng)
+    cases += _special_file_cases(seeds, work)
+    cases += _cli_cases(seeds, work)
+    cases += _byte_cases(seeds, work, rng, per_file)
+    return cases
+
+
+# --------------------------------------------------------------------------- the runner
+
+@dataclass
+class Result:
+    case: Case
+    rc: int | None
+    seconds: float
+    peak_bytes: int
+    stdout: str
+    stderr: str
+    verdicts: list[str] = field(default_factory=list)
+
+
+def _run_forked(case: Case, tmp: Path) -> Result:
+    out_f, err_f = tmp / "out", tmp / "err"
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child: run the CLI and leave without cleanup handlers
+        try:
+            os.setpgid(0, 0)
+            fo = os.open(out_f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            fe = os.open(err_f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fo, 1)
+            os.dup2(fe, 2)
+            sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+            from core.__main__ import main
+            rc = main(list(case.argv))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc if isinstance(rc, int) else 0)
+        except SystemExit as e:
+            os._exit(e.code if isinstance(e.code, int) else 1)
+        except BaseException:  # noqa: BLE001 — what escapes main is the finding
+            import traceback
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(99)
+    rc = None
+    while True:
+        done, status, ru = os.wait4(pid, os.WNOHANG)
+        if done:
+            rc = os.waitstatus_to_exitcode(status)
+            break
+        if time.monotonic() - t0 > HANG_S:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                os.kill(pid, signal.SIGKILL)
+            _, status, ru = os.wait4(pid, 0)
+            rc = None
+            break
+        time.sleep(0.005)
+    read = lambda f: f.read_bytes().decode("utf-8", "replace") if f.exists() else ""  # noqa: E731
+    return Result(case, rc, time.monotonic() - t0, ru.ru_maxrss * 1024, read(out_f), read(err_f))
+
+
+def judge(r: Result, by_name: dict[str, Result]) -> list[str]:
+    v = []
+    if r.rc is None:
+        v.append("hang")
+    elif "Traceback (most recent call last)" in r.stderr or r.rc not in (0, 2):
+        v.append("traceback")
+    if r.peak_bytes > PEAK_BYTES:
+        v.append("peak")
+    err_lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    if r.rc == 2 and (len(err_lines) != 1 or "\x1b" in r.stderr):
+        v.append("message")
+    e = r.case.expect
+    if r.rc is not None and "traceback" not in v:
+        if e == "error" and r.rc == 0:
+            v.append("silent")
+        elif e == "ok" and r.rc != 0:
+            v.append("refused-valid")
+        elif e.startswith("same:"):
+            ref = by_name.get(e[5:])
+            if ref is None or r.rc != 0 or ref.stdout != r.stdout:
+                v.append("silent")
+    return v
+
+
+def run(cases: list[Case], tmp: Path, *, progress=True) -> list[Result]:
+    import torch  # noqa: F401 — imported once here, inherited by every forked child
+    import core.__main__  # noqa: F401
+    import core.checkpoints.gguf, core.checkpoints.hf, core.checkpoints.meta  # noqa: F401,E401
+    import gguf, safetensors, sentencepiece, tiktoken, tokenizers  # noqa: F401,E401
+    torch.set_num_threads(1)
+    tmp.mkdir(parents=True, exist_ok=True)
+    results: list[Result] = []
+    by_name: dict[str, Result] = {}
+    t0 = time.monotonic()
+    for i, c in enumerate(cases):
+        r = _run_forked(c, tmp)
+        by_name[c.name] = r
+        r.verdicts = judge(r, by_name)
+        results.append(r)
+        if progress and (i % 100 == 0 or r.verdicts):
+            tag = ",".join(r.verdicts) or "ok"
+            print(f"[{i + 1}/{len(cases)} {time.monotonic() - t0:.0f}s] {c.name}: rc={r.rc} {tag} "
+                  f"{r.stderr.strip().splitlines()[-1][:160] if r.stderr.strip() else ''}", flush=True)
+    return results
+
+
+def report(results: list[Result]) -> dict:
+    counts = Counter(v for r in results for v in r.verdicts)
+    per_cat = defaultdict(Counter)
+    for r in results:
+        per_cat[r.case.category]["inputs"] += 1
+        for v in r.verdicts:
+            per_cat[r.case.category][v] += 1
+    return {
+        "inputs": len(results),
+        "tracebacks": counts["traceback"], "hangs_over_30s": counts["hang"], "peaks_over_1GB": counts["peak"],
+        "silently_wrong": counts["silent"], "valid_inputs_refused": counts["refused-valid"],
+        "messages_not_one_clean_line": counts["message"],
+        "max_peak_MB": round(max((r.peak_bytes for r in results), default=0) / 2**20),
+        "max_seconds": round(max((r.seconds for r in results), default=0), 1),
+        "refused_cleanly": sum(1 for r in results if r.rc == 2 and not r.verdicts),
+        "loaded": sum(1 for r in results if r.rc == 0),
+        "by_category": {k: dict(v) for k, v in sorted(per_cat.items())},
+        "findings": [{"name": r.case.name, "verdicts": r.verdicts, "rc": r.rc,
+                      "stderr": r.stderr.strip()[-400:]} for r in results if r.verdicts][:200],
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="folder for the generated corpus (rewritten)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--per-file", type=int, default=110, help="byte mutations per seed file")
+    ap.add_argument("--limit", type=int, default=0, help="run only every n-th case (0: all)")
+    ap.add_argument("--list", action="store_true", help="generate and count, do not run")
+    ap.add_argument("--json", type=Path, help="write the report here too")
+    a = ap.parse_args(argv)
+    cases = generate(a.out, seed=a.seed, per_file=a.per_file)
+    digest = hashlib.sha256("\n".join(c.name for c in cases).encode()).hexdigest()[:12]
+    print(f"{len(cases)} inputs (corpus {digest})", flush=True)
+    if a.list:
+        print(json.dumps(Counter(c.category for c in cases), indent=1))
+        return 0
+    if a.limit:
+        cases = [c for i, c in enumerate(cases) if i % a.limit == 0 or c.name in ("cli-greedy",)]
+    results = run(cases, a.out / "run")
+    rep = report(results)
+    text = json.dumps(rep, indent=1, ensure_ascii=False)
+    print(text)
+    if a.json:
+        a.json.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
