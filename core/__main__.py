@@ -359,7 +359,9 @@ def cmd_tokenize(args) -> int:
     path = Path(args.model).expanduser()
     if not path.exists():
         raise SettingsError(f"no such file or folder: {path}")
-    if path.is_dir() or path.read_bytes()[:4] == b"GGUF":
+    from . import limits
+    # Only the magic is read: the file may be a multi-GB GGUF (or a FIFO, refused).
+    if path.is_dir() or limits.read_head(path, 4, error=SettingsError) == b"GGUF":
         from .checkpoints import load
         loaded = load(path, device="cpu", dtype="float32")
         tok, fmt = loaded.tokenizer, loaded.chat_format
@@ -401,6 +403,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_info(args) -> int:
+    from . import limits
     loaded, load_s = _load(args)
     info = dict(loaded.info)
     info["load_s"] = round(load_s, 3)
@@ -409,8 +412,30 @@ def cmd_info(args) -> int:
         from .checkpoints import load
         reference = load(args.model, device=args.device, dtype="float32")
         info["quality"] = compare(loaded.model, reference.model, loaded.tokenizer)
-    print(json.dumps(info, ensure_ascii=False, default=str))
+    path = Path(args.model).expanduser()
+    links = limits.symlinks_in([path] + (sorted(path.iterdir()) if path.is_dir() else []))
+    if links:  # followed, but said: the files read are not where they seem to be
+        info["symlinks"] = links
+    # Bytes out, so a folder name that is not UTF-8 prints as the bytes it is.
+    text = json.dumps(info, ensure_ascii=False, default=str) + "\n"
+    sys.stdout.flush()
+    sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
+    sys.stdout.flush()
     return 0
+
+
+def _valid_arguments(args) -> None:
+    """Text arguments that were not valid UTF-8 (lone surrogates after Python's decoding)
+    get U+FFFD in place of the bad bytes, with a warning."""
+    from .tokenizer.base import valid_text
+    for name in ("prompt", "system", "text"):
+        v = getattr(args, name, None)
+        if isinstance(v, str):
+            fixed = valid_text(v)
+            if fixed != v:
+                setattr(args, name, fixed)
+                print(f"warning: --{name} was not valid UTF-8; the bad bytes were replaced with U+FFFD",
+                      file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.cmd in ("generate", "compare") and args.max_new_tokens is not None and args.max_new_tokens < 1:
             raise SettingsError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+        _valid_arguments(args)
         import torch
         torch.set_num_threads(os.cpu_count() or 1)  # the CLI owns the machine
         handler = {"generate": cmd_generate, "compare": cmd_compare, "tokenize": cmd_tokenize,
@@ -435,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except MemoryError:
+        print("error: out of memory while loading or running the model", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # torch's allocator reports running out of memory this way
+        if "memory" not in str(e).lower():
+            raise
         print("error: out of memory while loading or running the model", file=sys.stderr)
         return 2
     except OSError as e:

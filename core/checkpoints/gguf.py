@@ -152,8 +152,9 @@ def _reader_class():
                 shape = [int(d) for d in dims]
                 if not 1 <= len(shape) <= 4 or any(d < 1 or d > 1 << 40 for d in shape):
                     raise _TensorProblem(name, f"impossible shape {shape}")
-                if shape[0] % block:
-                    raise _TensorProblem(name, f"rows of {shape[0]} values do not split into blocks of {block}")
+                if block > 1 and shape[0] % block:
+                    raise _TensorProblem(name, f"rows of {shape[0]} weights are not a multiple of "
+                                               f"{GGMLQuantizationType(int(raw_dtype[0])).name}'s block size {block}")
                 off = int(offset[0])
                 if off % align:
                     raise _TensorProblem(name, f"data offset {off} is not a multiple of the file's "
@@ -513,7 +514,6 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     if tok.vocab_size > args.vocab_size:
         raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the embedding only "
                               f"{args.vocab_size}", file=source, tensor="token_embd.weight")
-    limits.check_model(args, dt, dev, source=source)
     if ROPE_FREQS in by_name:
         factors = tensor_loader(by_name[ROPE_FREQS], torch.float64)()
         orig = md.get("llama.rope.scaling.original_context_length")
@@ -521,7 +521,7 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     types = sorted({t.tensor_type.name for t in reader.tensors})
     # An explicit float dtype asks for float weights: dequantize as before.
     keep_packed = dtype in (None, "auto") or quant_kind(dtype) is not None
-    items, paths = [], {}
+    items, paths, held = [], {}, 0
     for name, t in by_name.items():
         if name == ROPE_FREQS:
             continue
@@ -533,7 +533,9 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
         why = quant.packable(kind, shape, dev) if len(shape) == 2 else "not a matrix"
         if keep_packed and meta != "tok_embeddings.weight" and why is None:
             load, how = packed_loader(t, dev), quant.path_of(kind)
+            held += int(t.n_bytes)
         else:
+            held += math.prod(shape) * dt.itemsize
             load = tensor_loader(t, dt)
             how = "float" if kind in FLOAT_TYPES else "dequantized" + (f" ({why})" if keep_packed and why else "")
         paths.setdefault(kind, set()).add(how)
@@ -542,6 +544,7 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     if unsupported:
         raise CheckpointError(f"tensor type {unsupported[1]} cannot be dequantized", file=source,
                               tensor=unsupported[0])
+    limits.check_model(args, dt, dev, source=source, held=held)
     model = build_model(args, items, device=dev, dtype=dt, source=source, progress=progress,
                         display={m: gguf_name(m) for m in expected_shapes(args)}, quantize=quant_kind(dtype))
     fmt = chat_format_for(tok, template=template)

@@ -157,11 +157,28 @@ def _readable(data: bytes) -> str:
 
 
 def _read_bytes(path: str | Path) -> bytes:
+    """A tokenizer file's bytes: a regular file (never a FIFO or device), size-limited."""
+    from core import limits
+    return limits.read_limited(path, limits.MAX_TOKENIZER_BYTES, error=TokenizerError)
+
+
+def valid_text(text: str) -> str:
+    """``text`` with lone surrogates (invalid UTF-8 from argv, broken clipboard data)
+    replaced by U+FFFD: native tokenizers refuse or panic on them."""
     try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
-        raise TokenizerError(f"tokenizer file not found: {path}") from None
-    except IsADirectoryError:
-        raise TokenizerError(f"expected a tokenizer file, got a folder: {path}") from None
-    except OSError as exc:
-        raise TokenizerError(f"cannot read tokenizer file {path}: {exc.strerror or exc}") from None
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def native_call(build, what: str):
+    """``build()`` with any third-party failure (Rust panics included: they are
+    BaseExceptions) turned into a TokenizerError saying ``what`` failed."""
+    from core.errors import one_line
+    try:
+        return build()
+    except (KeyboardInterrupt, SystemExit, MemoryError, TokenizerError):
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        raise TokenizerError(f"{what} ({one_line(exc)})") from None

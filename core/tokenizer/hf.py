@@ -7,7 +7,7 @@ from typing import Iterable
 
 from core.errors import TokenizerError, one_line
 
-from .base import _U2B, TokenizerBase, _readable
+from .base import _U2B, TokenizerBase, _read_bytes, _readable, native_call, valid_text
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -30,6 +30,7 @@ class HFTokenizer(TokenizerBase):
         bos_token: str | None = None,
         eos_token: str | None = None,
         extra_stop_tokens: Iterable[str] = (),
+        source: str | None = None,
     ):
         from tokenizers import Tokenizer as _HFTok
 
@@ -37,13 +38,17 @@ class HFTokenizer(TokenizerBase):
         if isinstance(src, _HFTok):
             tok, where = src, "tokenizers.Tokenizer"
         elif isinstance(src, str) and src.lstrip().startswith("{"):
-            where = "tokenizer.json text"
+            where = source or "tokenizer.json text"
             tok = _hf_from(lambda: _HFTok.from_str(src), where)
         else:
+            from core import limits
             where = str(src)
-            if not Path(src).is_file():
-                raise TokenizerError(f"tokenizer file not found: {where}")
-            tok = _hf_from(lambda: _HFTok.from_file(str(src)), where)
+            # Read here (bounded, regular files only, nesting-limited), parsed from text:
+            # tokenizers' from_file would read anything, and cannot open non-UTF-8 names.
+            data = _read_bytes(src)
+            limits.parse_json(data, file=where, error=TokenizerError)
+            text = data.decode("utf-8")
+            tok = _hf_from(lambda: _HFTok.from_str(text), where)
         # The one switch that keeps added *special* tokens from being matched inside input
         # text: they are then tokenized like any other characters. Splitting the text
         # around special spellings instead would still hand them to the added-token matcher.
@@ -84,7 +89,9 @@ class HFTokenizer(TokenizerBase):
         return None
 
     def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids if text else []
+        text = valid_text(text)
+        ids = native_call(lambda: self._tok.encode(text, add_special_tokens=False).ids,
+                          "the tokenizer failed on this text") if text else []
         return self._wrap(ids, bos, eos)
 
     def decode(self, ids: list[int]) -> str:
@@ -123,7 +130,4 @@ class HFTokenizer(TokenizerBase):
 
 
 def _hf_from(build, where: str):
-    try:
-        return build()
-    except Exception as exc:
-        raise TokenizerError(f"not a valid tokenizer.json: {where} ({one_line(exc)})") from None
+    return native_call(build, f"not a valid tokenizer.json: {where}")

@@ -28,13 +28,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     data = _read_bytes(p)
     head = data[:4096]
     if head.lstrip()[:1] == b"{":
-        try:
-            text = data.decode("utf-8")
-            if not isinstance(json.loads(text).get("model"), dict):
-                raise ValueError
-        except (UnicodeDecodeError, ValueError, AttributeError):
-            raise TokenizerError(f"JSON file is not a Hugging Face tokenizer.json: {p}") from None
-        return HFTokenizer(p)
+        from core import limits
+        doc = limits.parse_json(data, file=str(p), error=TokenizerError)
+        if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
+            raise TokenizerError(f"JSON file is not a Hugging Face tokenizer.json: {p}")
+        return HFTokenizer(data.decode("utf-8"), source=str(p))
     if _looks_like_ranks(head):
         return TiktokenTokenizer(p)
     if head[:4] == b"GGUF":

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from core.errors import TokenizerError, one_line
 
-from .base import TokenizerBase, _read_bytes
+from .base import TokenizerBase, _read_bytes, native_call, valid_text
 
 
 class SentencePieceTokenizer(TokenizerBase):
@@ -43,7 +43,9 @@ class SentencePieceTokenizer(TokenizerBase):
 
     def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
         # SentencePiece never matches control symbols in input text, so no escaping needed.
-        return self._wrap(self._sp.encode(text) if text else [], bos, eos)
+        text = valid_text(text)
+        return self._wrap(native_call(lambda: self._sp.encode(text), "the tokenizer failed on this text")
+                          if text else [], bos, eos)
 
     def decode(self, ids: list[int]) -> str:
         return self._sp.decode(list(ids))

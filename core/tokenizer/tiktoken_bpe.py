@@ -8,7 +8,7 @@ from typing import Iterator
 
 from core.errors import TokenizerError, one_line
 
-from .base import LLAMA3_PATTERN, LLAMA3_SPECIAL_TOKENS, TokenizerBase, _read_bytes, _readable
+from .base import LLAMA3_PATTERN, LLAMA3_SPECIAL_TOKENS, TokenizerBase, _read_bytes, _readable, valid_text
 
 # Meta cuts inputs this way because tiktoken slows down badly on huge inputs and on very
 # long runs without a whitespace/non-whitespace change.
@@ -37,7 +37,9 @@ class TiktokenTokenizer(TokenizerBase):
                 mergeable_ranks=ranks,
                 special_tokens=self.special_tokens,
             )
-        except Exception as exc:
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except BaseException as exc:  # noqa: BLE001 — tiktoken's Rust core panics on some files
             raise TokenizerError(f"cannot build a tiktoken tokenizer from {path}: {one_line(exc)}") from None
         self._names = {i: name for name, i in self.special_tokens.items()}
         self.vocab_size = self._enc.n_vocab
@@ -49,7 +51,7 @@ class TiktokenTokenizer(TokenizerBase):
     def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
         enc = self._enc
         ids: list[int] = []
-        for chunk in _tiktoken_chunks(text):
+        for chunk in _tiktoken_chunks(valid_text(text)):
             # allowed_special=set() + disallowed_special=(): special spellings are plain text.
             ids.extend(enc.encode(chunk, allowed_special=set(), disallowed_special=()))
         return self._wrap(ids, bos, eos)
