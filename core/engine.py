@@ -231,7 +231,7 @@ class Engine:
         the first chunk of a model is small, to measure it."""
         if self._prefill_tok_s is None:
             return min(self.prefill_chunk, 4 * MIN_PREFILL_CHUNK)
-        return min(self.prefill_chunk, max(MIN_PREFILL_CHUNK, int(self._prefill_tok_s * PREFILL_TARGET_S)))
+        return min(self.prefill_chunk, max(MIN_PREFILL_CHUNK, round(self._prefill_tok_s * PREFILL_TARGET_S)))
 
     def _check_prompt(self, prompt: list[int]) -> None:
         if not prompt:

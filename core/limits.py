@@ -283,21 +283,23 @@ def opened_regular(path: str | Path, *, error=CheckpointError) -> Iterator[int]:
     """A read-only descriptor of ``path`` when it is a regular file (symlinks followed);
     FIFOs, devices and sockets are refused without blocking on them."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise _err(error, "file not found", str(path)) from None
-    except IsADirectoryError:
-        raise _err(error, "expected a file, found a folder", str(path)) from None
-    except OSError as e:
-        raise _err(error, f"cannot open: {e.strerror or e}", str(path)) from None
-    try:
-        mode = os.fstat(fd).st_mode
+
+    def refuse_special(mode: int) -> None:
         if not stat.S_ISREG(mode):
             kind = ("a folder" if stat.S_ISDIR(mode) else "a pipe (FIFO)" if stat.S_ISFIFO(mode) else
                     "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
                     else "not a regular file")
             raise _err(error, f"refused to read {kind}: only regular files are opened", str(path))
+
+    try:
+        refuse_special(os.stat(path).st_mode)  # before open: opening a FIFO or socket has effects
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise _err(error, "file not found", str(path)) from None
+    except OSError as e:
+        raise _err(error, f"cannot open: {e.strerror or e}", str(path)) from None
+    try:
+        refuse_special(os.fstat(fd).st_mode)  # what was opened, should it have been swapped since
         yield fd
     finally:
         os.close(fd)

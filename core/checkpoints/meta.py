@@ -65,7 +65,7 @@ def safe_torch_load(file: Path) -> dict[str, torch.Tensor]:
 def find_tokenizer(path: Path) -> Path:
     """tokenizer.model in the folder, or beside it (Meta's Llama 2 download layout)."""
     for cand in (path / "tokenizer.model", path.parent / "tokenizer.model"):
-        if cand.is_file():
+        if cand.exists() and not cand.is_dir():  # a FIFO or device is refused by name when read
             return cand
     raise CheckpointError("no tokenizer.model in the folder or beside it", file=str(path))
 

@@ -169,7 +169,13 @@ def valid_text(text: str) -> str:
         text.encode("utf-8")
         return text
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        pass
+    import re
+    # Bytes Python escaped while decoding (argv, file names) decode as a UTF-8 decoder would;
+    # any other lone surrogate is one U+FFFD.
+    text = re.sub(r"[\udc80-\udcff]+",
+                  lambda m: m.group().encode("utf-8", "surrogateescape").decode("utf-8", "replace"), text)
+    return re.sub(r"[\ud800-\udfff]", "\ufffd", text)
 
 
 def native_call(build, what: str):
