@@ -18,7 +18,7 @@ from .errors import SettingsError
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this behave as 0 (greedy)
 # Outside these a penalty overflows float32 logits (1e-45 makes every seen token +inf).
-MIN_PENALTY, MAX_PENALTY = 0.01, 100.0
+MIN_PENALTY, MAX_PENALTY = 0.01, 1e6
 MAX_LENGTH_PENALTY = 10.0  # beam scores divide by length ** penalty: 1e308 overflows
 
 

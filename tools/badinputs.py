@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout: test that checkout's core
     sys.path.insert(0, str(ROOT))
-FIXTURE = Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures")) / "stories260K.gguf"
+FIXTURE = ROOT / "tests" / "fixtures" / "stories260K.gguf"
 HANG_S = 30.0
 PEAK_BYTES = 1 << 30
 

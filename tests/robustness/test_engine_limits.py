@@ -68,17 +68,26 @@ def test_non_finite_logits_stop_the_reply_with_error(lm, monkeypatch):
     assert len(done.tokens) == 3 and all(lp == lp for lp in done.logprobs)
 
 
-def test_invalid_utf8_text_is_replaced_not_raised(seeds, fixtures):
+RAW = b"caf\xe9 ok \xed\xa0\x80"
+
+
+def check_replaced(tok):
     import os
+    ids = tok.encode(os.fsdecode(RAW))  # what Python makes of invalid UTF-8 in argv
+    assert ids == tok.encode(RAW.decode("utf-8", "replace"))
+    assert tok.encode("a\ud800b") == tok.encode("a\ufffdb")
+
+
+def test_invalid_utf8_text_is_replaced_not_raised(seeds):
     from core.tokenizer import load_tokenizer
-    raw = b"caf\xe9 ok \xed\xa0\x80"
-    bad = os.fsdecode(raw)
-    for tok in (load(seeds["gguf"], device="cpu").tokenizer, load_tokenizer(fixtures / "llama2-tokenizer.model"),
-                load_tokenizer(fixtures / "llama3-tokenizer.model"), load_tokenizer(seeds["tokenizer.json"])):
-        ids = tok.encode(bad)
-        assert ids == tok.encode(raw.decode("utf-8", "replace"))
-    assert load(seeds["gguf"], device="cpu").tokenizer.encode("a\ud800b") == \
-        load(seeds["gguf"], device="cpu").tokenizer.encode("a\ufffdb")
+    check_replaced(load(seeds["gguf"], device="cpu").tokenizer)  # SentencePiece
+    check_replaced(load_tokenizer(seeds["tokenizer.json"]))  # tokenizers
+
+
+def test_invalid_utf8_text_with_meta_tokenizers(meta_fixtures):
+    from core.tokenizer import load_tokenizer
+    check_replaced(load_tokenizer(meta_fixtures / "llama2-tokenizer.model"))
+    check_replaced(load_tokenizer(meta_fixtures / "llama3-tokenizer.model"))  # tiktoken
 
 
 def test_cli_invalid_utf8_prompt_warns_and_generates(seeds, capsys):

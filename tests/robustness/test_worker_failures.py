@@ -48,7 +48,7 @@ def test_memory_error_while_loading_keeps_the_working_model(make_worker, seeds, 
         raise MemoryError
     monkeypatch.setattr(common.Transformer, "__init__", no_memory)
     rid = w.load(seeds["hf"])
-    assert "out of memory" in error_of(col, rid)
+    assert "not enough memory to load this model" in error_of(col, rid)
     assert not any(isinstance(e, Unloaded) for e in col.of(rid))
     monkeypatch.undo()
     assert w.info is not None and w.info["format"] == "gguf"
