@@ -237,11 +237,17 @@ class Worker:
         torch_threads: intra-op threads (default: LLAMADESK_THREADS, else one per core
             less one for the UI).
         prefill_chunk: prompt tokens per forward pass; cancel lands between chunks.
+        collect_garbage: called (on the worker thread) after a model is dropped, to free
+            tensors held in reference cycles. The default collects right there; a GUI
+            passes one that collects on its own thread instead, because a collection
+            finalises every unreachable cycle in the process, Qt objects included, and
+            Qt objects must never be destroyed off their thread.
     """
 
     def __init__(self, on_event: Callable[[object], None], *, torch_threads: int | None = None,
-                 prefill_chunk: int = 256):
+                 prefill_chunk: int = 256, collect_garbage: Callable[[], object] = gc.collect):
         self._on_event = on_event
+        self._collect_garbage = collect_garbage
         self.torch_threads = resolve_torch_threads(torch_threads)
         self._prefill_chunk = prefill_chunk
         self._queue: queue.Queue[_Command | None] = queue.Queue()
@@ -411,7 +417,7 @@ class Worker:
         with self._lock:
             self._info = None
         if had:
-            gc.collect()
+            self._collect_garbage()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         return had
@@ -499,7 +505,7 @@ class Worker:
             return
         if cmd.cancel.is_set():  # cancelled after the last tensor: honour it
             del loaded
-            gc.collect()
+            self._collect_garbage()
             self._emit(Error(rid, "loading cancelled" + suffix(), cancelled=True))
             return
         if self._drop_model():  # the new model was built beside the old one

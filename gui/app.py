@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 from typing import Callable
 
 import torch  # noqa: F401  — import cost paid here, before the UI is up
 
 import qasync
+from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QApplication, QWidget
 
 from .bridge import Bridge
@@ -24,6 +26,44 @@ from .bridge import Bridge
 log = logging.getLogger(__name__)
 
 WindowFactory = Callable[[Bridge, "argparse.Namespace | list[str]"], QWidget]
+
+
+class UiThreadCollector(QObject):
+    """Runs Python's cyclic garbage collection on the UI thread only, while it is active.
+
+    An automatic collection runs on whichever thread happens to allocate when a threshold
+    is crossed; on the worker thread it would finalise unreachable Qt objects there, and a
+    QObject destroyed off its thread crashes a later event pass (seen in the GUI tests).
+    So automatic collection is switched off and a timer applies the same thresholds here.
+
+    Signals: none.
+    """
+
+    def __init__(self, interval_ms: int = 250, parent: QObject | None = None):
+        super().__init__(parent)
+        self._was_enabled = False
+        self._timer = QTimer(self)
+        self._timer.setInterval(interval_ms)
+        self._timer.timeout.connect(self.check)
+
+    def start(self) -> None:
+        self._was_enabled = gc.isenabled()
+        gc.disable()
+        self._timer.start()
+
+    def stop(self) -> None:
+        self._timer.stop()
+        gc.collect()
+        if self._was_enabled:
+            gc.enable()
+
+    def check(self) -> None:
+        """Collect the oldest generation whose count passed its threshold, as Python would."""
+        counts, thresholds = gc.get_count(), gc.get_threshold()
+        for gen in (2, 1, 0):
+            if thresholds[gen] and counts[gen] > thresholds[gen]:
+                gc.collect(gen)
+                return
 
 
 def run(window_factory: WindowFactory, argv: list[str], *, torch_threads: int | None = None,
@@ -45,6 +85,8 @@ def run(window_factory: WindowFactory, argv: list[str], *, torch_threads: int | 
     app.setApplicationName(app_name)
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
+    collector = UiThreadCollector()
+    collector.start()
     bridge = Bridge(torch_threads=torch_threads)
     window = None
     rc = 0
@@ -65,6 +107,7 @@ def run(window_factory: WindowFactory, argv: list[str], *, torch_threads: int | 
             bridge.deleteLater()
             # deleteLater needs one pass of the (Qt) event loop to happen now.
             app.sendPostedEvents(None, 0)
+            collector.stop()  # the worker has been joined: collecting anywhere is safe again
     return int(rc)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import threading
 import time
 import weakref
@@ -134,6 +135,7 @@ class Bridge(QObject):
     errorOccurred = Signal(str)
     busyChanged = Signal(bool)
     _wake = Signal()
+    _collect = Signal()
 
     def __init__(self, *, worker_factory: Callable[[Callable[[object], None]], Worker] | None = None,
                  torch_threads: int | None = None, parent: QObject | None = None):
@@ -148,13 +150,24 @@ class Bridge(QObject):
         self._timer.timeout.connect(self._flush)
         # Queued even when emitted on this thread: a flush never runs inside a caller.
         self._wake.connect(self._on_wake, Qt.ConnectionType.QueuedConnection)
+        # The worker's garbage collections run here: one on the worker thread would
+        # finalise unreachable Qt objects there (a crash seen in the GUI tests under load).
+        self._collect.connect(self._on_collect, Qt.ConnectionType.QueuedConnection)
         self._streams: dict[int, _Stream] = {}
         self._futures: dict[int, asyncio.Future] = {}
         self._open: set[int] = set()  # requests not finished yet (for busy)
         self._unloads: set[int] = set()
         self._info: dict | None = None
         self._closed = False
-        factory = worker_factory or (lambda on_event: Worker(on_event, torch_threads=torch_threads))
+        me = weakref.ref(self)
+
+        def collect() -> None:
+            bridge = me()
+            if bridge is not None:
+                bridge._collect.emit()
+
+        factory = worker_factory or (lambda on_event: Worker(on_event, torch_threads=torch_threads,
+                                                             collect_garbage=collect))
         # The worker thread must not own the bridge: if its reference were the last one,
         # this QObject would be destroyed on the worker thread (Qt warns, timers leak).
         ref = weakref.WeakMethod(self._on_worker_event)
@@ -279,6 +292,9 @@ class Bridge(QObject):
         self._wake.emit()
 
     @Slot()
+    def _on_collect(self) -> None:
+        gc.collect()
+
     def _on_wake(self) -> None:
         # Pace drains to one a frame: the first event after a quiet spell goes at once
         # (lowest latency), a steady stream is batched per frame.

@@ -435,3 +435,12 @@ def test_thread_count_resolution(monkeypatch):
     assert resolve_torch_threads() == default_torch_threads()
     with pytest.raises(SettingsError):
         resolve_torch_threads(0)
+
+
+def test_dropping_a_model_calls_the_given_garbage_collector(make_worker, gguf):
+    calls = threading.Event()
+    w, col = make_worker(collect_garbage=calls.set)
+    loaded_ok(col, w.load(gguf))
+    assert not calls.is_set()
+    w.unload()
+    assert calls.wait(20)

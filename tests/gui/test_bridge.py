@@ -376,3 +376,27 @@ def test_app_run_tears_down_cleanly_mid_generation(fixtures, tmp_path):
     assert "done cancelled" in p.stdout and "rc 0" in p.stdout, out
     for bad in ("Task was destroyed", "QThread", "Traceback", "Event loop stopped", "never awaited"):
         assert bad not in out, out
+
+
+def test_garbage_after_unload_is_collected_on_the_ui_thread(make_bridge, qloop, gguf, monkeypatch):
+    """A collection on the worker thread would finalise unreachable Qt objects there."""
+    import gui.bridge as bridge_mod
+
+    threads: list[threading.Thread] = []
+
+    class RecordingGC:
+        @staticmethod
+        def collect():
+            threads.append(threading.current_thread())
+            return 0
+    monkeypatch.setattr(bridge_mod, "gc", RecordingGC)
+    bridge, sig = make_bridge()
+
+    async def scenario():
+        await bridge.load(gguf)
+        await bridge.unload()
+        while not threads:
+            await asyncio.sleep(0.01)
+    run(qloop, scenario())
+    assert sig.unloaded == [True]
+    assert threads and all(t is threading.main_thread() for t in threads)
