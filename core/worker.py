@@ -381,7 +381,7 @@ class Worker:
                     # Handled without logging a traceback: formatting one needs memory too,
                     # and a second MemoryError here would end the thread.
                     e = None  # noqa: F841 — drop the frames that hold the big allocations
-                    gc.collect()
+                    self._collect_garbage()
                     self._emit(Error(cmd.request_id, _memory_message(None, _DOING.get(cmd.kind, cmd.kind))))
                 except BaseException as e:  # noqa: BLE001 — the thread must survive anything
                     if _is_oom(e):
@@ -491,7 +491,7 @@ class Worker:
             return
         except (MemoryError, RuntimeError) as e:  # torch's allocator raises RuntimeError (OOM)
             loaded = None
-            gc.collect()
+            self._collect_garbage()
             self._emit(Error(rid, load_failure(MemoryError() if _is_oom(e) else e) + suffix()))
             if not _is_oom(e):
                 log.error("loading %s failed: %s: %s", a["path"], type(e).__name__, e)
