@@ -84,7 +84,8 @@ def add_llama_params(w, a: ModelArgs, name: str | None = None, qtype: str | None
         w.add_key_length(a.head_dim)
         w.add_value_length(a.head_dim)
     if qtype:
-        file_type = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16"}.get(qtype, f"MOSTLY_{qtype}")
+        file_type = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q4_K": "MOSTLY_Q4_K_M",
+                     "Q5_K": "MOSTLY_Q5_K_M", "Q6_K": "MOSTLY_Q6_K"}.get(qtype, f"MOSTLY_{qtype}")
         w.add_file_type(gguf.LlamaFileType[file_type])
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
