@@ -131,6 +131,53 @@ def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+class _Damaged(str):
+    """Text read back from bytes that were not valid UTF-8 (a damaged row)."""
+
+
+def _decode_text(data: bytes) -> str:
+    # text_factory: a few corrupt bytes in one row must not make the whole query raise.
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return _Damaged(data.decode("utf-8", "replace"))
+
+
+def _meta_or_empty(text: str | None) -> dict:
+    try:
+        v = _loads(text)
+    except (ValueError, TypeError):
+        return {"damaged": ["meta"]}
+    return v if isinstance(v, dict) else {}
+
+
+def clean_text(text: str) -> tuple[str, bool]:
+    """(``text`` with lone surrogates replaced by U+FFFD, whether any were): SQLite stores
+    UTF-8, and a lone surrogate (broken clipboard data, invalid bytes from argv) cannot be
+    encoded, which would make a message silently fail to save."""
+    try:
+        text.encode("utf-8")
+        return text, False
+    except UnicodeEncodeError:
+        from .tokenizer.base import valid_text
+        return valid_text(text), True
+
+
+def _moved_aside(path: Path) -> Path:
+    """Rename a damaged store (and its WAL/SHM files) out of the way; it is never deleted."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.damaged-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+    for suffix in ("", "-wal", "-shm"):
+        src = Path(str(path) + suffix)
+        if src.exists():
+            os.replace(src, Path(str(target) + suffix))
+    return target
+
+
 def _contains(haystack: str | None, needle: str | None) -> int:
     # Registered as an SQL function: SQLite's LIKE/lower() fold ASCII only, casefold() all.
     if not haystack or needle is None:
@@ -147,12 +194,14 @@ class History:
         if isinstance(self.path, Path):
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        self._conn = None
         try:
             # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE), so a
             # write never starts while holding a read snapshot that another process changed.
             self._conn = sqlite3.connect(str(self.path), isolation_level=None,
                                          check_same_thread=False, timeout=10.0)
             self._conn.row_factory = sqlite3.Row
+            self._conn.text_factory = _decode_text
             self._conn.execute("PRAGMA foreign_keys = ON")
             if self.path != ":memory:":
                 mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
@@ -162,8 +211,40 @@ class History:
             self._conn.execute("PRAGMA synchronous = FULL")
             self._conn.create_function("ld_contains", 2, _contains, deterministic=True)
             self._migrate()
-        except sqlite3.DatabaseError as e:
+            if self.path != ":memory:":
+                ok = self._conn.execute("PRAGMA quick_check(1)").fetchone()[0]
+                if ok != "ok":
+                    raise sqlite3.DatabaseError(f"integrity check failed: {ok}")
+        except (sqlite3.Error, HistoryError) as e:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            if isinstance(e, HistoryError):
+                raise
             raise HistoryError(f"cannot open history {self.path}: {e}") from None
+
+    @classmethod
+    def open_or_recover(cls, path: str | Path) -> tuple["History", str | None]:
+        """Open the store at ``path`` whatever state it is in: (store, notice or None).
+
+        A damaged file is moved aside (kept, never deleted) and a fresh store started;
+        when the folder cannot hold a store at all (read-only, full, a file where the
+        folder should be), the session uses an in-memory store and the notice says so.
+        """
+        path = Path(path).expanduser()
+        try:
+            return cls(path), None
+        except (HistoryError, OSError) as first:
+            reason = str(first)
+        if path.is_file() and _looks_damaged(reason):
+            try:
+                kept = _moved_aside(path)
+                return cls(path), (f"The conversation history was damaged and could not be read; it was kept "
+                                   f"as {kept.name} and a new history was started.")
+            except (HistoryError, OSError) as e:
+                reason = str(e)
+        return cls(":memory:"), (f"Conversations cannot be saved in {path.parent} ({reason}); this session "
+                                 "keeps them in memory only, and they will be lost when the app closes.")
 
     # ------------------------------------------------------------------ plumbing
 
@@ -242,14 +323,25 @@ class History:
         return Conversation(id=row["id"], title=row["title"], created_at=row["created_at"],
                             updated_at=row["updated_at"], kind=row["kind"],
                             current_leaf_id=row["current_leaf_id"],
-                            meta=_loads(row["meta"]) or {})
+                            meta=_meta_or_empty(row["meta"]))
 
     @staticmethod
     def _msg(row: sqlite3.Row) -> Message:
         d = {k: row[k] for k in _MESSAGE_COLUMNS}
+        damaged = []
         for k in _JSON_FIELDS:
-            d[k] = _loads(d[k])
-        d["meta"] = d["meta"] or {}
+            try:
+                d[k] = _loads(d[k])
+            except (ValueError, TypeError):
+                d[k], damaged = None, damaged + [k]
+        if not isinstance(d["meta"], dict):
+            d["meta"] = {}
+        if isinstance(d["text"], _Damaged):
+            d["text"], damaged = str(d["text"]), damaged + ["text"]
+        if not isinstance(d["text"], str):
+            d["text"], damaged = "", damaged + ["text"]
+        if damaged:  # shown as damaged; the rest of the conversation opens as usual
+            d["meta"] = {**d["meta"], "damaged": damaged}
         return Message(**d)
 
     def _message_row(self, msg_id: int) -> sqlite3.Row:
@@ -331,6 +423,9 @@ class History:
         """Append a message under ``parent_id`` (None: a root). With ``make_current`` the
         new message becomes the conversation's current leaf."""
         now = time.time()
+        text, repaired = clean_text(text)
+        if repaired:
+            meta = {**(meta or {}), "text_repaired": True}
         with self._tx() as c:
             if c.execute("SELECT 1 FROM conversations WHERE id = ?", (conv_id,)).fetchone() is None:
                 raise HistoryError(f"no conversation with id {conv_id}")
@@ -367,6 +462,10 @@ class History:
                                f"updatable: {', '.join(_UPDATABLE)}")
         if not fields:
             return self.message(msg_id)
+        if isinstance(fields.get("text"), str):
+            fields["text"], repaired = clean_text(fields["text"])
+            if repaired:
+                fields["meta"] = {**(fields.get("meta") or self.message(msg_id).meta or {}), "text_repaired": True}
         sets, args = [], []
         for k, v in fields.items():
             sets.append(f"{k} = ?")  # k is from the _UPDATABLE whitelist
@@ -558,6 +657,66 @@ SELECT messages.* FROM up JOIN messages ON messages.id = up.id ORDER BY up.depth
 """
 
 
+def _looks_damaged(reason: str) -> bool:
+    r = reason.lower()
+    return any(w in r for w in ("not a database", "malformed", "integrity check", "not a llamadesk",
+                                "file is not", "disk image", "corrupt", "unsupported file format"))
+
+
+INCOMPLETE = "incomplete"  # stop_reason of a reply still streaming, or cut short by a crash
+
+
+class PartialReply:
+    """A streaming reply saved as it grows: the first text creates the message with stop
+    reason ``incomplete``; then it is rewritten at most every ``every_s`` seconds or
+    ``every_chars`` characters, so a crash loses at most that much; :meth:`finish` writes
+    the final text and stop reason. Writes happen on the caller's thread (the UI's), never
+    the generating one.
+    """
+
+    def __init__(self, history: "History", conv_id: int, parent_id: int, *, every_s: float = 0.5,
+                 every_chars: int = 200, **fields):
+        self.history, self.conv_id, self.parent_id = history, conv_id, parent_id
+        self.fields = fields
+        self.every_s, self.every_chars = every_s, every_chars
+        self.text = ""
+        self.msg_id: int | None = None
+        self._saved_len = 0
+        self._saved_at = 0.0
+        self.error: str | None = None  # the last failed save, if any
+
+    def append(self, text: str) -> None:
+        self.text += text
+        now = time.monotonic()
+        if self.msg_id is None or len(self.text) - self._saved_len >= self.every_chars or now - self._saved_at >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.text == "" or (self.msg_id is not None and len(self.text) == self._saved_len):
+            return
+        try:
+            if self.msg_id is None:
+                self.msg_id = self.history.add_message(self.conv_id, role="assistant", text=self.text,
+                                                       parent_id=self.parent_id, stop_reason=INCOMPLETE,
+                                                       **self.fields).id
+            else:
+                self.history.update_message(self.msg_id, text=self.text)
+            self.error = None
+        except HistoryError as e:  # full disk, read-only folder: keep streaming, retry next time
+            self.error = str(e)
+        self._saved_len, self._saved_at = len(self.text), time.monotonic()
+
+    def finish(self, text: str, **fields) -> Message:
+        """The final reply: updates the partial message (or adds it) and makes it current."""
+        merged = {**self.fields, **fields}
+        if self.msg_id is None:
+            return self.history.add_message(self.conv_id, role="assistant", text=text,
+                                            parent_id=self.parent_id, **merged)
+        m = self.history.update_message(self.msg_id, text=text, **merged)
+        self.history.set_current_leaf(self.conv_id, self.msg_id)
+        return m
+
+
 class _Transaction:
     """``with history._tx() as c:`` — BEGIN IMMEDIATE … COMMIT, ROLLBACK on error,
     holding the instance lock for the whole transaction."""
@@ -590,12 +749,17 @@ class _Transaction:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if exc_type is None:
-                self.conn.execute("COMMIT")
-            else:
+                try:
+                    self.conn.execute("COMMIT")
+                except sqlite3.Error as e:  # full disk, read-only file: nothing was written
+                    if self.conn.in_transaction:
+                        self.conn.execute("ROLLBACK")
+                    raise HistoryError(f"history database error: {e}") from None
+            elif self.conn.in_transaction:  # SQLite already rolled back after some errors (SQLITE_FULL)
                 self.conn.execute("ROLLBACK")
         finally:
             self.h._lock.release()
-        if isinstance(exc, sqlite3.DatabaseError):
+        if isinstance(exc, sqlite3.Error):
             raise HistoryError(f"history database error: {exc}") from exc
 
 

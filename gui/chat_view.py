@@ -271,7 +271,7 @@ class MessageWidget(QFrame):
         for name, b in self.buttons.items():
             b.setVisible(not streaming)
         if "continue" in self.buttons:
-            self.buttons["continue"].setVisible(not streaming and message.get("stop_reason") == "length")
+            self.buttons["continue"].setVisible(not streaming and message.get("stop_reason") in ("length", "incomplete"))
         self._load_tokens(message.get("tokens"))
         has_tokens = self.token_run is not None and not streaming
         self.inspect_button.setVisible(has_tokens)

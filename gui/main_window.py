@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, Q
                                QWidget)
 
 from core import chat_export
-from core.history import History, HistoryError
+from core.history import History, HistoryError, PartialReply
 from core.sampling import SamplingParams
 
 from . import model_dialog, theme
@@ -101,7 +101,10 @@ class MainWindow(QMainWindow):
         self.setAccessibleName("mainWindow")
         self.bridge = bridge
         self.settings = settings if settings is not None else QSettings(APP_NAME, APP_NAME)
-        self.history = history if history is not None else History(History.default_path())
+        # A damaged or unwritable store never stops the app: it is moved aside, or the
+        # session keeps conversations in memory, and the notice says which (issue 12).
+        self.history, self._history_notice = ((history, None) if history is not None
+                                              else History.open_or_recover(History.default_path()))
         self.recent = RecentModels(settings=self.settings)
         self.conversation = ConversationModel(history=self.history, parent=self)
         self.info: dict | None = None
@@ -186,6 +189,8 @@ class MainWindow(QMainWindow):
         self.inspector = TokenInspector()
         self.inspector.hide()
         self.chat = ChatView(inspector=self.inspector)
+        if self._history_notice:
+            self.chat.set_notice(self._history_notice)
         self.chat.actionRequested.connect(self._on_message_action)
         self.chat.copied.connect(lambda t: self.statusBar().showMessage("Copied to the clipboard", 2000))
         self.chat.tokenViewChanged.connect(self.inspector.setVisible)
@@ -708,7 +713,11 @@ class MainWindow(QMainWindow):
                        "text": "", "started": None, "done": None, "error": None, "saved": False,
                        "settings": params.to_dict(), "tokens": 0,
                        # per-token records (ids, log-probs, alternatives) for the inspector
-                       "run": LaneRun() if inspect else None, "inspect": inspect}
+                       "run": LaneRun() if inspect else None, "inspect": inspect,
+                       # the reply is saved as it streams (stop reason "incomplete" until it ends)
+                       "partial": None if continue_of is not None else PartialReply(
+                           self.history, self.conversation.conv_id, parent_id, settings=params.to_dict(),
+                           seed=params.seed, model_id=(self.info or {}).get("name"))}
         self.chat.set_notice(None)
         self.chat.begin_stream(view)
         self.chat.scroll_to_bottom()
@@ -743,6 +752,8 @@ class MainWindow(QMainWindow):
                     reply["error"] = ev.message
                 elif hasattr(ev, "text"):  # a chunk of streamed text
                     reply["text"] += ev.text
+                    if reply["partial"] is not None:
+                        reply["partial"].append(ev.text)
                     reply["tokens"] += len(getattr(ev, "tokens", None) or [None])
                     if reply["run"] is not None and getattr(ev, "tokens", None):
                         reply["run"].add(ev.tokens)
@@ -798,6 +809,10 @@ class MainWindow(QMainWindow):
                 m = self.conversation.update_reply(old.id, text=reply["prefix"] + text, stats=merged,
                                                    stop_reason=stop_reason, settings=params,
                                                    seed=params.get("seed"), meta={**(old.meta or {}), **meta})
+            elif reply["partial"] is not None:
+                m = reply["partial"].finish(text, settings=params, seed=params.get("seed"), stats=stats,
+                                            stop_reason=stop_reason, meta=meta)
+                self.conversation.listChanged.emit()
             else:
                 m = self.conversation.add_reply(
                     reply["parent_id"], text, settings=params, seed=params.get("seed"),
