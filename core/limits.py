@@ -37,7 +37,7 @@ INT_RANGES = {
     "max_seq_len": (1, 1 << 24), "multiple_of": (1, 1 << 20),
 }
 FLOAT_RANGES = {  # (low, high, low inclusive)
-    "norm_eps": (0.0, 1.0, False), "rope_theta": (0.0, 1e12, False), "ffn_dim_multiplier": (0.0, 64.0, False),
+    "norm_eps": (0.0, 0.5, False), "rope_theta": (0.0, 1e12, False), "ffn_dim_multiplier": (0.0, 64.0, False),
 }
 
 
@@ -63,7 +63,7 @@ def check_float(value: Any, key: str, lo: float, hi: float, *, lo_inclusive: boo
     v = float(value)
     if not math.isfinite(v) or v > hi or v < lo or (v == lo and not lo_inclusive):
         side = "[" if lo_inclusive else "("
-        raise _err(error, f"field '{key}' = {_show(value)} is out of range ({side}{lo:g} to {hi:g}])", file)
+        raise _err(error, f"field '{key}' = {_show(value)} is out of range {side}{lo:g}, {hi:g}]", file)
     return v
 
 

@@ -211,7 +211,7 @@ def _must_fail(key: str, v) -> bool:
     if key in POSITIVE_INT_FIELDS:
         return not (isinstance(v, int) and not isinstance(v, bool) and v > 0) or v >= 10**9
     if key in ("norm_eps", "rms_norm_eps", "llama.attention.layer_norm_rms_epsilon"):
-        return not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1)
+        return not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 0.5)
     return False
 
 

@@ -8,7 +8,7 @@ from typing import Iterator
 
 from core.errors import TokenizerError, one_line
 
-from .base import LLAMA3_PATTERN, LLAMA3_SPECIAL_TOKENS, TokenizerBase, _read_bytes, _readable, valid_text
+from .base import LLAMA3_PATTERN, LLAMA3_SPECIAL_TOKENS, TokenizerBase, _read_bytes, _readable, native_call, valid_text
 
 # Meta cuts inputs this way because tiktoken slows down badly on huge inputs and on very
 # long runs without a whitespace/non-whitespace change.
@@ -53,7 +53,8 @@ class TiktokenTokenizer(TokenizerBase):
         ids: list[int] = []
         for chunk in _tiktoken_chunks(valid_text(text)):
             # allowed_special=set() + disallowed_special=(): special spellings are plain text.
-            ids.extend(enc.encode(chunk, allowed_special=set(), disallowed_special=()))
+            ids.extend(native_call(lambda: enc.encode(chunk, allowed_special=set(), disallowed_special=()),
+                                   "the tokenizer failed on this text"))
         return self._wrap(ids, bos, eos)
 
     def decode(self, ids: list[int]) -> str:
@@ -79,9 +80,19 @@ def _parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
     if not parts or len(parts) % 2:
         raise TokenizerError(f"not a tiktoken ranks file (lines of 'base64 rank'): {path}")
     try:
-        return dict(zip(map(binascii.a2b_base64, parts[0::2]), map(int, parts[1::2])))
+        ranks = dict(zip(map(binascii.a2b_base64, parts[0::2]), map(int, parts[1::2])))
     except (binascii.Error, ValueError):
         raise TokenizerError(f"not a tiktoken ranks file (lines of 'base64 rank'): {path}") from None
+    # tiktoken's Rust core panics mid-encode on a file that breaks these (issue 12):
+    # every byte must be a token of its own, and ranks must number the tokens 0..n-1 once each.
+    n = len(ranks)
+    if len(parts) // 2 != n or len(set(ranks.values())) != n or min(ranks.values()) != 0 or max(ranks.values()) != n - 1:
+        raise TokenizerError(f"tiktoken ranks must number {len(parts) // 2} distinct tokens 0 to n-1, once each: {path}")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise TokenizerError(f"tiktoken ranks lack {len(missing)} of the 256 single-byte tokens "
+                             f"(first: byte {missing[0]}): {path}")
+    return ranks
 
 
 def _tiktoken_chunks(text: str) -> Iterator[str]:
