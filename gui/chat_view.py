@@ -254,6 +254,18 @@ class MessageWidget(QFrame):
         b.clicked.connect(lambda: self.action.emit(name, int(self.message.get("id") or 0)))
         return b
 
+    can_generate = True  # a model is loaded: Regenerate and Continue can do something
+
+    def set_can_generate(self, on: bool) -> None:
+        self.can_generate = on
+        self._show_buttons()
+
+    def _show_buttons(self) -> None:
+        for name, b in self.buttons.items():
+            b.setVisible(not self.streaming and (self.can_generate or name not in ("regenerate", "continue")))
+        if "continue" in self.buttons and self.message.get("stop_reason") not in ("length", "incomplete"):
+            self.buttons["continue"].setVisible(False)
+
     @property
     def msg_id(self) -> int | None:
         return self.message.get("id")
@@ -268,10 +280,7 @@ class MessageWidget(QFrame):
             w.setVisible(multi)
         self.prev_button.setEnabled(i > 1 and not streaming)
         self.next_button.setEnabled(i < n and not streaming)
-        for name, b in self.buttons.items():
-            b.setVisible(not streaming)
-        if "continue" in self.buttons:
-            self.buttons["continue"].setVisible(not streaming and message.get("stop_reason") in ("length", "incomplete"))
+        self._show_buttons()
         self._load_tokens(message.get("tokens"))
         has_tokens = self.token_run is not None and not streaming
         self.inspect_button.setVisible(has_tokens)
@@ -491,7 +500,16 @@ class ChatView(QScrollArea):
         self.tokenViewChanged.emit(bool(self._token_views))
         self.scroll_to_bottom()
 
+    can_generate = True
+
+    def set_can_generate(self, on: bool) -> None:
+        """Show Regenerate and Continue only while a model is loaded (they would do nothing)."""
+        self.can_generate = on
+        for w in self.widgets:
+            w.set_can_generate(on)
+
     def _add(self, w: MessageWidget) -> MessageWidget:
+        w.set_can_generate(self.can_generate)
         w.action.connect(self._on_action)
         w.codeCopied.connect(self.copied)
         w.tokenViewToggled.connect(lambda mid, on, w=w: self._token_view_toggled(w, on))

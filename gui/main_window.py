@@ -116,6 +116,7 @@ class MainWindow(QMainWindow):
         self._loading_path: str | None = None
         self._reply: dict | None = None  # the reply streaming now
         self._dialogs: list = []  # non-blocking dialogs kept alive while open
+        self._drafts: dict[int | None, str] = {}  # unsent prompt text per conversation (None: a new chat)
         self._closing = False
         self.context_used = 0
         self.context_length = 0
@@ -127,6 +128,7 @@ class MainWindow(QMainWindow):
         self._connect_bridge()
         self.conversation.listChanged.connect(self.refresh_conversations)
         self.conversation.pathChanged.connect(self.refresh_transcript)
+        self.conversation.pathChanged.connect(self._status_from_path)
         self.conversation.currentChanged.connect(self._on_conversation_switched)
         self.refresh_conversations()
         self.refresh_transcript()
@@ -500,10 +502,13 @@ class MainWindow(QMainWindow):
             self.model_status.setToolTip("")
             self.chat.set_empty_hint(NO_MODEL_HINT)
         self.prompt.set_model_ready(ready, None if ready else NO_MODEL_HINT)
+        self.chat.set_can_generate(ready)
         for a in (self.reload_action, self.unload_action, self.info_action, self.regen_action,
                   self.continue_action):
             a.setEnabled(ready and not (a in (self.regen_action, self.continue_action) and self.busy))
-        self._update_context(self.context_used, self.context_length)
+        if not ready:
+            self.context_length = 0
+        self._status_from_path()
         self._update_title()
 
     def show_model_info(self) -> None:
@@ -560,6 +565,17 @@ class MainWindow(QMainWindow):
                 self.conv_list.setCurrentItem(item)
         self.conv_list.blockSignals(False)
 
+    def _highlight_current(self) -> None:
+        self.conv_list.blockSignals(True)
+        self.conv_list.clearSelection()
+        self.conv_list.setCurrentRow(-1)
+        for i in range(self.conv_list.count()):
+            it = self.conv_list.item(i)
+            if it.data(Qt.UserRole) == self.conversation.conv_id:
+                self.conv_list.setCurrentItem(it)
+                it.setSelected(True)
+        self.conv_list.blockSignals(False)
+
     def _on_conv_clicked(self, item: QListWidgetItem) -> None:
         conv_id = item.data(Qt.UserRole)
         if conv_id != self.conversation.conv_id:
@@ -572,7 +588,7 @@ class MainWindow(QMainWindow):
         if self.busy:
             self.stop()
         try:
-            self.conversation.open(conv_id)
+            self._with_drafts(lambda: self.conversation.open(conv_id))
         except HistoryError as e:
             self.show_error("Could not open the conversation", str(e))
             self.refresh_conversations()
@@ -580,9 +596,25 @@ class MainWindow(QMainWindow):
     def new_chat(self) -> None:
         if self.busy:
             self.stop()
-        self.prompt.end_edit()
-        self.conversation.new()
+        self._with_drafts(self.conversation.new)
         self.prompt.focus()
+
+    def _with_drafts(self, switch) -> None:
+        """Switch conversations keeping each one's unsent prompt text: the draft stays with
+        the chat it was typed in and comes back when that chat is opened again."""
+        before = self.conversation.conv_id
+        editing = self.prompt.editing is not None  # the text of a message being edited, not a draft
+        text = "" if editing else self.prompt.text()
+        switch()
+        after = self.conversation.conv_id
+        if after == before and not editing:
+            return
+        if text.strip():
+            self._drafts[before] = text
+        else:
+            self._drafts.pop(before, None)
+        self.prompt.end_edit()
+        self.prompt.set_text(self._drafts.pop(after, ""))
 
     def rename_current(self) -> None:
         item = self.conv_list.currentItem()
@@ -607,6 +639,9 @@ class MainWindow(QMainWindow):
         item = self.conv_list.itemAt(pos)
         if item is None:
             return
+        # The right-button press moved the highlight to this item; the transcript shows the open
+        # chat, so the highlight goes back to it (the menu acts on the item clicked).
+        self._highlight_current()
         menu = QMenu(self)
         menu.addAction("Rename", lambda: self.conv_list.editItem(item))
         menu.addAction("Delete", lambda: self.delete_current(item.data(Qt.UserRole)))
@@ -615,12 +650,25 @@ class MainWindow(QMainWindow):
     def _on_conversation_switched(self) -> None:
         self.chat.set_notice(None)
         self.prompt.end_edit()
-        last = next((m for m in reversed(self.conversation.path()) if m.role == "assistant"), None)
-        s = (last.stats or {}) if last else {}
-        self._update_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
-        self.stats_label.setText(format_stats(self.conversation.view_message(last)) if last else "")
+        self._status_from_path()
         self.refresh_conversations()
         self._update_title()
+
+    def _status_from_path(self) -> None:
+        """The status bar for what is on screen: the shown reply version's stats, and its
+        context use only when counted by the loaded model's tokenizer; nothing without a model."""
+        if self.busy:  # a streaming reply owns the status bar
+            return
+        last = next((m for m in reversed(self.conversation.path()) if m.role == "assistant"), None)
+        if self.info is None or last is None:
+            self._update_context(0, self.context_length if self.info else 0)
+            self.stats_label.setText("")
+            return
+        s = last.stats or {}
+        counted_here = last.model_id == self.info.get("name")
+        used = int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)) if counted_here else 0
+        self._update_context(used, self.context_length)
+        self.stats_label.setText(format_stats(self.conversation.view_message(last)))
 
     def refresh_transcript(self) -> None:
         self.chat.set_messages(self._with_tokens(self.conversation.view_messages()))

@@ -489,3 +489,107 @@ def test_preset_box_shows_a_user_preset_name_whole(window, size):
         window.resize(800, 560)
     problems = [p for p in clipped_texts(window.panel) if "preset" in p.lower()]
     assert problems == []
+
+
+def _chat_with_history(window, title, messages):
+    """A stored chat (no model needed): [(role, text, stats, model_id, stop_reason)]."""
+    conv = window.history.create_conversation(title)
+    parent = None
+    for role, text, stats, model_id, stop in messages:
+        parent = window.history.add_message(conv.id, role=role, text=text, parent_id=parent, stats=stats,
+                                            model_id=model_id, stop_reason=stop).id
+    window.refresh_conversations()
+    return conv.id
+
+
+def test_status_bar_follows_the_shown_version_the_model_and_unload(qtbot, window, loop, gguf):
+    from gui.chat_view import format_stats
+
+    async def scenario():
+        await load(window, gguf)
+        await send(qtbot, window, "Once upon a time", max_tokens=6)
+        window.panel.maxTokensSpin.setValue(12)
+        done = []
+        window.replyFinished.connect(done.append)
+        window.regenerate()
+        await until(lambda: done, 30, "regenerated reply")
+        return True
+
+    run(loop, scenario(), 60)
+    path = window.conversation.path()
+    v2 = path[-1]
+    assert window.stats_label.text() == format_stats(window.conversation.view_message(v2))
+    v1_id = window.conversation.switch_version(v2.id, -1)  # what ‹ does
+    v1 = window.history.message(v1_id)
+    assert window.stats_label.text() == format_stats(window.conversation.view_message(v1))
+    assert window.stats_label.text() != format_stats(window.conversation.view_message(v2))
+    assert window.context_used == v1.stats["prompt_tokens"] + v1.stats["generated_tokens"]
+
+    # another model (another tokenizer): the old count is not shown as this model's
+    window._set_model({**window.info, "name": "another-model", "context_length": 4096})
+    assert window.context_used == 0 and window.context_bar.maximum() == 4096
+
+    run(loop, window.bridge.unload(), 30)
+    assert window.info is None
+    assert window.stats_label.text() == "" and window.context_used == 0
+    assert "—" in window.context_bar.format()
+
+
+def test_continue_and_regenerate_hidden_without_a_model(qtbot, window, loop, gguf):
+    _chat_with_history(window, "Cut short", [("user", "Hi", None, None, None),
+                                             ("assistant", "Once upon", {"generated_tokens": 2}, "stories260K", "length")])
+    window.open_conversation(window.conv_list.item(0).data(Qt.UserRole))
+    reply = window.chat.widgets[-1]
+    assert window.info is None
+    shown = lambda name: not reply.buttons[name].isHidden()  # noqa: E731  (buttons show on hover)
+    assert not shown("continue") and not shown("regenerate") and shown("copy")
+
+    run(loop, load(window, gguf), 30)
+    reply = window.chat.widgets[-1]
+    assert shown("continue") and shown("regenerate")
+
+
+def test_right_click_in_the_chat_list_keeps_list_and_transcript_together(qtbot, window):
+    from PySide6.QtCore import QPoint
+    from PySide6.QtGui import QContextMenuEvent
+    from PySide6.QtWidgets import QApplication, QMenu
+    a = _chat_with_history(window, "Apples", [("user", "about apples", None, None, None)])
+    b = _chat_with_history(window, "Bananas", [("user", "about bananas", None, None, None)])
+    window.open_conversation(a)
+    item_b = next(window.conv_list.item(i) for i in range(window.conv_list.count())
+                  if window.conv_list.item(i).data(Qt.UserRole) == b)
+    pos = window.conv_list.visualItemRect(item_b).center()
+    vp = window.conv_list.viewport()
+    qtbot.mousePress(vp, Qt.RightButton, pos=pos)
+    qtbot.mouseRelease(vp, Qt.RightButton, pos=pos)
+    QApplication.sendEvent(vp, QContextMenuEvent(QContextMenuEvent.Mouse, pos, vp.mapToGlobal(pos)))
+
+    def agree():
+        current = window.conv_list.currentItem()
+        selected = [i.data(Qt.UserRole) for i in window.conv_list.selectedItems()]
+        return (current is not None and current.data(Qt.UserRole) == window.conversation.conv_id == a
+                and selected == [a] and window.chat.widgets[0].message["text"] == "about apples"
+                and window.windowTitle().startswith("Apples"))
+
+    assert agree()
+    menu = next(m for m in window.findChildren(QMenu) if m.isVisible())
+    menu.close()
+    window.confirm = lambda title, text: False  # Delete of the right-clicked chat, cancelled
+    window.delete_current(b)
+    assert agree() and window.conv_list.count() == 2
+
+
+def test_prompt_draft_stays_with_its_chat(qtbot, window):
+    a = _chat_with_history(window, "Apples", [("user", "about apples", None, None, None)])
+    b = _chat_with_history(window, "Bananas", [("user", "about bananas", None, None, None)])
+    window.open_conversation(a)
+    qtbot.keyClicks(window.prompt.editor, "half a thought about apples")
+    window.open_conversation(b)
+    assert window.prompt.text() == ""  # not carried over
+    qtbot.keyClicks(window.prompt.editor, "bananas draft")
+    window.new_chat()
+    assert window.prompt.text() == ""
+    window.open_conversation(a)
+    assert window.prompt.text() == "half a thought about apples"
+    window.open_conversation(b)
+    assert window.prompt.text() == "bananas draft"
