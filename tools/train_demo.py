@@ -93,7 +93,7 @@ class Config:
     export_best: bool = False  # export best.pt (lowest periodic val loss) instead of the last step
     threads: int = 1  # measured on a shared 2-core box: 1 thread ~4x faster than 2 (see main)
     # eval
-    eval_prompts: int = 20
+    eval_prompts: int = 1000  # one per held-out topic, all of them (a corpus has ~50-60)
     eval_max_tokens: int = 400
 
     @classmethod
@@ -670,6 +670,7 @@ def stage_eval(cfg: Config, work: Path, out: Path, log=print) -> dict:
                          "stop_reason": d.stop_reason})
     result = {"summary": summary, "replies": rows, "sampling_variants": variants}
     (work / "eval.json").write_text(json.dumps(result, indent=1))
+    (out / "eval.json").write_text(json.dumps(result, indent=1))  # the numbers travel with the model
     log("eval: " + json.dumps(summary))
     return result
 

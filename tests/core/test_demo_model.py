@@ -61,3 +61,22 @@ def test_seeded_reply_ends_its_turn_and_stays_on_topic(demo):
     hot = reply(demo, "Write a short story about a red train.",
                 SamplingParams(temperature=1.2, top_p=1.0, seed=1, max_new_tokens=400))
     assert hot.text != d.text
+
+
+def test_model_card_states_what_eval_json_measured():
+    card = (DEMO / "README.md").read_text(encoding="utf-8")
+    ev = json.loads((DEMO / "eval.json").read_text())
+    rows, n = ev["replies"], ev["summary"]["prompts"]
+    assert n == len(rows) and n > 0
+    counts = {
+        "at least 200 characters": sum(r["chars"] >= 200 for r in rows),
+        "ended with `<|eot_id|>`": sum(r["stop_reason"] == "eos" for r in rows),
+        "mentions the requested name or object": sum(r["on_topic"] for r in rows),
+        "at least 90% dictionary words": sum(r["english"] >= 0.9 for r in rows),
+    }
+    for check, k in counts.items():
+        line = next(line for line in card.splitlines() if line.startswith(f"| {check}"))
+        assert f"| {k} / {n} " in line, (check, line)
+    prose = " ".join(card.split())
+    assert f"{n} held-out topics" in prose
+    assert f"held-out loss is {ev['summary']['heldout_loss']:.3f}" in prose
