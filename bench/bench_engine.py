@@ -22,7 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import GB, LLAMA3_VOCAB, Engine, engine_run, llama3_tokenizer, llama_args, machine, weight_bytes  # noqa: E402,E501
+from bench.common import (GB, LLAMA3_VOCAB, Engine, engine_run, llama3_tokenizer, llama_args, machine,  # noqa: E402
+                          median_of, weight_bytes)
 from core.sampling import SamplingParams  # noqa: E402
 
 def hf_decode_tok_s(hf, prompt: list[int], n: int) -> tuple[float, float]:
@@ -84,6 +85,7 @@ def engine_section(quick: bool, threads: int, bandwidth: float) -> dict:
         res["hf"].append(tps)
         res["hf_ttft"].append(ttft)
     m = {k: statistics.median(v) for k, v in res.items()}
+    m.update(step_costs(ours, eng, prompt, 3 if quick else 15))
     floor = bandwidth * GB / wb
     data = {"params": sum(p.numel() for p in ours.parameters()), "weight_bytes_per_token": wb,
             "prompt_tokens": len(prompt), "new_tokens": n_new, "rounds": reps, **m,
@@ -102,11 +104,39 @@ def engine_section(quick: bool, threads: int, bandwidth: float) -> dict:
            f"- Top-p decode / greedy decode: **{m['top_p'] / m['greedy']:.2f}x** (goal >= 0.95x).",
            f"- 8 lanes: each step costs **{m['greedy'] / m['lanes8']:.2f}x** one greedy lane's step "
            f"(goal <= 1.3x of one lane).",
+           f"- The same goals from per-step medians ({3 if quick else 15} steps each, steadier on a busy machine): "
+           f"a forward step takes {m['step_1'] * 1e3:.1f} ms for one row and {m['step_8'] * 1e3:.1f} ms for eight "
+           f"(**{m['step_8'] / m['step_1']:.2f}x**); choosing a token takes {m['pick_greedy'] * 1e3:.2f} ms greedy, "
+           f"{m['pick_top_p'] * 1e3:.2f} ms top-p, {m['pick_top_p_8'] * 1e3:.2f} ms for eight top-p lanes; so top-p "
+           f"decode runs at **{(m['step_1'] + m['pick_greedy']) / (m['step_1'] + m['pick_top_p']):.2f}x** greedy "
+           f"and eight lanes cost **{(m['step_8'] + m['pick_top_p_8']) / (m['step_1'] + m['pick_top_p']):.2f}x** "
+           "one top-p lane per step.",
            f"- LlamaDesk / transformers decode: **{m['greedy'] / m['hf']:.2f}x**; time to first token "
            f"{m['ttft'] * 1e3:.0f} ms vs {m['hf_ttft'] * 1e3:.0f} ms."]
     return {"title": "Engine decode vs transformers (float32 checkpoint)", "markdown": "\n".join(md), "data": data}
 
 
+
+
+def step_costs(model, eng: Engine, prompt: list[int], reps: int) -> dict:
+    """Median seconds of one decode forward (1 and 8 rows at the prompt's end) and of the
+    engine's token choice on those logits (greedy, top-p, eight top-p lanes)."""
+    from core.sampling import choose_tokens
+    eng.cache.reset()
+    list(eng.generate_lanes(prompt, [SamplingParams(temperature=0, max_new_tokens=1)] * 8))
+    pos = len(prompt)
+    out = {}
+    with torch.inference_mode():
+        for rows in (1, 8):
+            x = torch.zeros(rows, 1, dtype=torch.long)
+            out[f"step_{rows}"] = median_of(lambda: model(x, pos, eng.cache, last_only=True), reps)
+        logits = model(torch.zeros(8, 1, dtype=torch.long), pos, eng.cache, last_only=True)[:, -1]
+    for key, rows, q in (("pick_greedy", 1, SamplingParams(temperature=0)),
+                         ("pick_top_p", 1, SamplingParams(temperature=0.8, top_p=0.9, seed=1)),
+                         ("pick_top_p_8", 8, SamplingParams(temperature=0.8, top_p=0.9, seed=1))):
+        gens = [q.generator() for _ in range(rows)]
+        out[key] = median_of(lambda: choose_tokens(logits[:rows], [q] * rows, [None] * rows, gens), reps)
+    return out
 
 
 def main() -> None:
