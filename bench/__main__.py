@@ -164,6 +164,21 @@ def extra_sections(quick: bool) -> list[dict]:
     return out
 
 
+BEGIN, END = "<!-- python -m bench: begin (generated) -->", "<!-- python -m bench: end -->"
+
+
+def write_report(path: Path, block: str) -> None:
+    """Put the generated block into PERFORMANCE.md, replacing the previous one and keeping
+    everything else (other benchmarks' hand-written sections)."""
+    old = path.read_text() if path.exists() else "# Performance\n"
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        new = head + block + rest.split(END, 1)[1]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(new)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny models: checks the plumbing in seconds")
@@ -184,12 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     sections.append(gpu_section(a.quick, a.threads))
     a.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    md = [f"# Performance{' (quick run: plumbing only, numbers meaningless)' if a.quick else ''}", "",
+    md = [BEGIN, f"## `python -m bench`{' --quick (plumbing only, numbers meaningless)' if a.quick else ''}", "",
           f"Written by `python -m bench{' --quick' if a.quick else ''}` on {stamp} "
-          f"in {time.perf_counter() - t0:.0f} s. Re-run it to refresh; every number below is from that one run.", ""]
+          f"in {time.perf_counter() - t0:.0f} s. Re-run it to refresh; every number in this part is from that one run.", ""]
     for s in sections:
-        md += [f"## {s['title']}", "", s["markdown"], ""]
-    (a.out / "PERFORMANCE.md").write_text("\n".join(md))
+        md += [f"### {s['title']}", "", s["markdown"], ""]
+    md.append(END)
+    write_report(a.out / "PERFORMANCE.md", "\n".join(md))
     (a.out / "performance.json").write_text(json.dumps(
         {"quick": a.quick, "written": stamp, "sections": [{"title": s["title"], "data": s["data"]} for s in sections]},
         indent=2, default=str))

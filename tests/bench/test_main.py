@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(300)
 def test_quick_bench_writes_markdown_and_json(tmp_path, meta_fixtures):
     env = {**os.environ, "LLAMADESK_FIXTURES": str(meta_fixtures)}
+    kept = "# Performance\n\n## Serving (hand-written)\n\nnot the bench's to touch\n"
+    (tmp_path / "PERFORMANCE.md").write_text(kept)
     run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -21,7 +23,15 @@ def test_quick_bench_writes_markdown_and_json(tmp_path, meta_fixtures):
     titles = [s["title"] for s in data["sections"]]
     for want in ("Machine", "Sampler", "Engine decode vs transformers", "GGUF files", "GPU"):
         assert any(t.startswith(want) for t in titles), (want, titles)
-        assert f"## {want}" in md
+        assert f"### {want}" in md
+    assert md.startswith(kept)  # other sections stay; a second run replaces only its own block
+    again = subprocess.run([sys.executable, "-c", "from pathlib import Path; from bench.__main__ import "
+                            f"write_report; write_report(Path({str(tmp_path / 'PERFORMANCE.md')!r}), "
+                            "'<!-- python -m bench: begin (generated) -->X<!-- python -m bench: end -->')"],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "PERFORMANCE.md").read_text() == kept.rstrip("\n") + "\n\n" + \
+        "<!-- python -m bench: begin (generated) -->X<!-- python -m bench: end -->\n"
     by = {t.split(" ")[0]: s["data"] for t, s in zip(titles, data["sections"])}
     assert by["Machine"]["read_bandwidth_gb_s"] > 0
     assert set(by["Engine"]) >= {"greedy", "top_p", "lanes8", "hf", "floor_tok_s"}
