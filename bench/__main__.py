@@ -153,14 +153,26 @@ def gpu_section(quick: bool, threads: int) -> dict:
     return {"title": "GPU", "markdown": md, "data": {"measured": False}}
 
 
-def extra_sections(quick: bool) -> list[dict]:
+EXTRA = ("bench.bench_quant",)
+
+
+def extra_sections(quick: bool, skip: list[str]) -> list[dict]:
+    """Other modules' sections; one that fails is reported, not allowed to lose the run."""
     out = []
-    for name in ("bench.bench_quant",):
+    for name in EXTRA:
+        if name.rsplit(".", 1)[-1] in skip:
+            out.append({"title": f"{name} (skipped)", "markdown": f"Skipped in this run (`--skip {name.rsplit('.', 1)[-1]}`).",
+                        "data": {"skipped": True}})
+            continue
         try:
             mod = importlib.import_module(name)
         except ImportError:
             continue
-        out.append(mod.run(quick))
+        try:
+            out.append(mod.run(quick))
+        except Exception as e:
+            out.append({"title": f"{name} (failed)", "markdown": f"`{name}.run` failed: {type(e).__name__}: {e}",
+                        "data": {"error": f"{type(e).__name__}: {e}"}})
     return out
 
 
@@ -184,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny models: checks the plumbing in seconds")
     ap.add_argument("--out", type=Path, default=ROOT / "docs", help="folder for PERFORMANCE.md and JSON")
     ap.add_argument("--threads", type=int, default=1, help="torch (and llama.cpp) threads (default 1)")
+    ap.add_argument("--skip", action="append", default=[], metavar="MODULE",
+                    help="leave out another module's section (e.g. bench_quant)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
@@ -195,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     sections.append(engine_section(a.quick, a.threads, bw))  # bench/bench_engine.py
     with tempfile.TemporaryDirectory() as work:
         sections.append(gguf_section(a.quick, a.threads, bw, Path(work)))
-    sections += extra_sections(a.quick)
+    sections += extra_sections(a.quick, a.skip)
     sections.append(gpu_section(a.quick, a.threads))
     a.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
