@@ -133,7 +133,39 @@ class Int8Linear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, source={self.source}"
 
 
+class GGUFEmbedding(nn.Module):
+    """A token embedding left as the file's quantized blocks (on the memory map, so only
+    rows that are looked up are ever read); rows are decoded exactly as ``gguf`` does.
+
+    ``weight`` is a zero-size stand-in that carries the device and compute dtype, which is
+    all the engine and KV cache ask of an embedding's weight.
+    """
+
+    def __init__(self, raw: torch.Tensor, kind: str, dim: int, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("raw", raw, persistent=False)  # uint8 [vocab, bytes per row]
+        self.register_buffer("weight", torch.empty(0, dtype=dtype, device=raw.device), persistent=False)
+        self.kind, self.num_embeddings, self.embedding_dim = kind, raw.shape[0], dim
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        flat = tokens.reshape(-1)
+        g = decode_blocks(self.raw[flat], self.kind, flat.numel(), self.embedding_dim)
+        rows = g.q.view(flat.numel(), -1, GROUP).float() * g.scale.unsqueeze(-1) + g.zero.unsqueeze(-1)
+        return rows.view(*tokens.shape, self.embedding_dim).to(self.weight.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, source={self.kind}"
+
+
 QuantLinear = (Int4Linear, Int8Linear)
+Packed = (Int4Linear, Int8Linear, GGUFEmbedding)
+
+
+def packed_shape(m: nn.Module) -> tuple[int, int]:
+    """The [rows, cols] of the weight a packed module stands for."""
+    if isinstance(m, GGUFEmbedding):
+        return m.num_embeddings, m.embedding_dim
+    return m.out_features, m.in_features
 
 
 def _int4_mm(xb: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) -> torch.Tensor:
@@ -294,10 +326,13 @@ def swap_linear(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def describe(model: nn.Module) -> dict[str, int]:
-    """How many linear layers take each path: {'Q4_0 int4-packed': 14, 'float': 3, ...}."""
+    """How many linear layers take each path: {'Q4_0 int4-packed': 14, 'float': 3, ...};
+    an embedding kept as GGUF blocks counts as 'Q4_0 embedding-blocks'."""
     out: dict[str, int] = {}
     for m in model.modules():
-        if isinstance(m, QuantLinear):
+        if isinstance(m, GGUFEmbedding):
+            key = f"{m.kind} embedding-blocks"
+        elif isinstance(m, QuantLinear):
             key = f"{m.source} {'int8-packed' if isinstance(m, Int8Linear) else path_of(m.source) if m.source in PACKED_TYPES else 'int4-packed'}"
         elif type(m).__name__ == "Linear":
             key = "float"

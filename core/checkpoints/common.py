@@ -14,7 +14,7 @@ import torch
 
 from ..errors import CheckpointError, SettingsError
 from ..model import ModelArgs, Transformer
-from ..quant import QUANT_DTYPES, QuantLinear, describe, packable, quantizer, swap_linear
+from ..quant import QUANT_DTYPES, Packed, describe, packable, packed_shape, quantizer, swap_linear
 
 ProgressFn = Callable[[float, str], None]
 
@@ -215,9 +215,9 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
             raise
         except Exception as e:  # a corrupt or truncated file surfaces here
             raise CheckpointError(f"could not read tensor: {e}", file=where(name), tensor=shown(name)) from None
-        if isinstance(t, QuantLinear):
-            if (t.out_features, t.in_features) != shapes[name]:
-                raise CheckpointError(f"shape {(t.out_features, t.in_features)} does not fit the model's "
+        if isinstance(t, Packed):
+            if packed_shape(t) != shapes[name]:
+                raise CheckpointError(f"shape {packed_shape(t)} does not fit the model's "
                                       f"{shapes[name]}", file=where(name), tensor=shown(name))
             packed[name] = t  # loaders pack on the target device
             if progress:
@@ -271,12 +271,12 @@ def model_info(fmt: str, path: Path, args: ModelArgs, model: Transformer, tokeni
     """The facts `info` and the GUI show about a loaded model."""
     w = model.tok_embeddings.weight
     nbytes = sum(p.numel() * p.element_size() for p in [*model.parameters(), *model.buffers()])
-    packed = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    packed = [m for m in model.modules() if isinstance(m, Packed)]
     info = {
         "format": fmt,
         "path": str(path),
         "name": path.stem if path.is_file() else path.name,
-        "parameters": model.num_parameters() + sum(m.in_features * m.out_features for m in packed),
+        "parameters": model.num_parameters() + sum(math.prod(packed_shape(m)) for m in packed),
         "context_length": args.max_seq_len,
         "vocab_size": args.vocab_size,
         "dim": args.dim,

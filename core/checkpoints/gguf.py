@@ -432,6 +432,23 @@ def packed_loader(t, device: torch.device) -> Callable[[], torch.nn.Module]:
     return load
 
 
+def embedding_loader(t, device: torch.device, dtype: torch.dtype) -> Callable[[], torch.nn.Module]:
+    """A loader that keeps a quantized token embedding as its GGUF blocks (see GGUFEmbedding)."""
+    n, k = (int(d) for d in reversed(t.shape.tolist()))
+
+    def load() -> torch.nn.Module:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable arrays
+            raw = torch.from_numpy(np.asarray(t.data).reshape(n, -1).view(np.uint8))
+        try:
+            quant.decode_blocks(raw[:1], t.tensor_type.name, 1, k)  # sizes checked now, not at the first token
+        except ValueError as e:
+            raise CheckpointError(f"{t.tensor_type.name} tensor cannot be read: {e}") from None
+        return quant.GGUFEmbedding(raw.to(device), t.tensor_type.name, k, dtype)
+
+    return load
+
+
 def tokenizer_from_gguf(md: Metadata, source: str):
     """The tokenizer embedded in a GGUF file, with its chat template (or None)."""
     from .gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
@@ -531,7 +548,11 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
         kind = t.tensor_type.name
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         why = quant.packable(kind, shape, dev) if len(shape) == 2 else "not a matrix"
-        if keep_packed and meta != "tok_embeddings.weight" and why is None:
+        if keep_packed and meta == "tok_embeddings.weight" and kind in quant.PACKED_TYPES \
+                and not args.tie_word_embeddings:
+            # untied: only looked-up rows are read; tied, the output layer needs the float copy
+            load, how = embedding_loader(t, dev, dt), "embedding-blocks"
+        elif keep_packed and meta != "tok_embeddings.weight" and why is None:
             load, how = packed_loader(t, dev), quant.path_of(kind)
             held += int(t.n_bytes)
         else:
