@@ -101,8 +101,10 @@ def test_cli_convert_and_info(fixtures, tmp_path, capsys):
     assert "already exists" in err and len(err.strip().splitlines()) == 1
     q = tmp_path / "q.gguf"
     write_gguf(q, random_model(0), qtype="Q8_0")
-    for model, fmt, dequant in ((q, "gguf", True), (dst, "hf", False)):
-        assert main(["info", str(model), "--device", "cpu"]) == 0
+    # Q8_0 linears stay packed under the default dtype (nothing dequantized); float32 dequantizes
+    for model, fmt, dtype, dequant in ((q, "gguf", "auto", False), (q, "gguf", "float32", True),
+                                       (dst, "hf", "auto", False)):
+        assert main(["info", str(model), "--device", "cpu", "--dtype", dtype]) == 0
         info = json.loads(capsys.readouterr().out)
         assert info["format"] == fmt and info["dequantized"] is dequant
         assert info["chat_format"] == "raw" and "chat_template_source" in info
