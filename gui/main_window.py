@@ -74,6 +74,38 @@ class _PanelPlaceholder(QWidget):
         pass
 
 
+class ElidedLabel(QLabel):
+    """A one-line status text that ends in "…" when the bar is narrower than it, so status bar
+    widgets never draw over each other; ``text()`` is still the whole text."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self._full = ""
+        self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Preferred)
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt's name)
+        self._full = text
+        self._elide()
+        self.updateGeometry()
+
+    def text(self) -> str:
+        return self._full
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return QSize(self.fontMetrics().horizontalAdvance(self._full) + 8, super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        return QSize(min(self.sizeHint().width(), 60), super().minimumSizeHint().height())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        shown = self.fontMetrics().elidedText(self._full, Qt.ElideRight, max(self.contentsRect().width(), 0))
+        QLabel.setText(self, shown)
+
+
 def with_path(path: str, message: str) -> str:
     """An error's text naming ``path`` once: loader messages often end "— in PATH" already."""
     message = message.replace(f" — in {path}", "")
@@ -226,7 +258,7 @@ class MainWindow(QMainWindow):
 
         # status bar: model | load progress | context | stats
         sb = self.statusBar()
-        self.model_status = QLabel()
+        self.model_status = ElidedLabel()
         self.model_status.setObjectName("modelStatus")
         self.model_status.setAccessibleName("modelStatus")
         sb.addWidget(self.model_status, 1)
@@ -236,11 +268,12 @@ class MainWindow(QMainWindow):
         self.context_bar = QProgressBar()
         self.context_bar.setObjectName("contextBar")
         self.context_bar.setAccessibleName("Context used")
-        self.context_bar.setFixedWidth(190)
+        self.context_bar.setMinimumWidth(120)
+        self.context_bar.setMaximumWidth(190)
         self.context_bar.setRange(0, 1)
         self.context_bar.setValue(0)
         sb.addPermanentWidget(self.context_bar)
-        self.stats_label = QLabel()
+        self.stats_label = ElidedLabel()
         self.stats_label.setObjectName("statsLabel")
         self.stats_label.setAccessibleName("statsLabel")
         sb.addPermanentWidget(self.stats_label)

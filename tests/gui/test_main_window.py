@@ -5,9 +5,9 @@ import asyncio
 import json
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QLabel, QMessageBox, QSlider, QWidget
+from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QSlider, QWidget
 
 from core.chat_export import export_json
 from tests.gui.ui_helpers import (bridge, close, data_dir, loop, make_window, run, settings,  # noqa: F401
@@ -593,3 +593,22 @@ def test_prompt_draft_stays_with_its_chat(qtbot, window):
     assert window.prompt.text() == "half a thought about apples"
     window.open_conversation(b)
     assert window.prompt.text() == "bananas draft"
+
+
+@pytest.mark.parametrize("size", ["800x560", "minimum"])
+def test_status_bar_texts_never_overlap(window, size):
+    from tests.gui.ui_helpers import clipped_texts
+    window.model_status.setText("stories260K · llama · 0.3M params · float32 · cpu · context 512")
+    window.stats_label.setText("24 tokens · TTFT 12 ms · 310.2 tok/s · stop: length · seed 123456")
+    window._update_context(300, 512)
+    window.resize(window.minimumSizeHint() if size == "minimum" else QSize(800, 560))
+    QApplication.processEvents()
+    parts = [w for w in (window.model_status, window.load_progress, window.context_bar, window.stats_label)
+             if w.isVisible()]
+    assert window.stats_label in parts and window.model_status in parts
+    for i, a in enumerate(parts):
+        assert a.width() > 0, a.objectName()
+        for b in parts[i + 1:]:
+            assert not a.geometry().intersects(b.geometry()), (a.objectName(), b.objectName())
+    assert clipped_texts(window.statusBar()) == []
+    assert window.stats_label.text().endswith("seed 123456")  # the whole text, even when shown shortened

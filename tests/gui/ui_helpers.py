@@ -137,7 +137,7 @@ def clipped_texts(root) -> list[str]:
         fm = w.fontMetrics()
         name = w.objectName() or type(w).__name__
         if isinstance(w, QLabel):
-            text = w.text()
+            text = QLabel.text(w)  # what is drawn (an eliding subclass may return its full text)
             if not text or w.wordWrap() or text.endswith("…") or "<" in text or w.pixmap() is not None and not w.pixmap().isNull():
                 continue
             need = max(fm.horizontalAdvance(shown(line)) for line in text.splitlines()) + 2 * w.margin()
