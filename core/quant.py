@@ -38,6 +38,8 @@ GROUP = 32
 #: costs ~1 ms per row of an 8192x2048 weight, dequantizing it ~0.2 s once.
 DENSE_ROWS = 256
 CUDA_INNER_K_TILES = 8
+#: Rows packed at a time (a multiple of 64 and of 8: both kernels' row blocks).
+CHUNK_ROWS = 1024
 #: GGUF types that stay packed (the rest are dequantized at load).
 PACKED_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
 #: dtype names that quantize float weights at load.
@@ -185,12 +187,10 @@ def _unpack_cpu(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     return u.view(n // 64, k, 64).transpose(1, 2).reshape(n, k)
 
 
-def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, device: torch.device,
-              planes: int = 1, source: str = "int4") -> Int4Linear:
-    """An Int4Linear from 4-bit values q [N, planes*K] (0..15), and per-group float32
-    scale, zero [N, planes*K/32] meaning ``w = (q - 8) * scale + zero``."""
-    n, k = q.shape
-    pad = -n % 64 if device.type == "cpu" else 0  # the CPU kernel packs rows in blocks of 64
+def _pack_rows(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed, scale_zeros) of a block of rows; padded to the CPU kernel's 64-row blocks."""
+    pad = -q.shape[0] % 64 if device.type == "cpu" else 0
     if pad:
         q, scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (q, scale, zero))
     sz = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(device=device, dtype=torch.bfloat16)
@@ -200,7 +200,37 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, device: 
         qi = q.to(device=device, dtype=torch.int32)
         packed = torch._convert_weight_to_int4pack((qi[:, ::2] << 4 | qi[:, 1::2]).to(torch.uint8),
                                                    CUDA_INNER_K_TILES)
+    return packed, sz
+
+
+def _join(parts, k: int, n: int, planes: int, source: str) -> Int4Linear:
+    """One Int4Linear from an iterable of row chunks' (packed, scale_zeros).
+
+    Both kernels' layouts hold whole row blocks one after another, so chunks are copied
+    into one preallocated tensor (no second full-size copy as torch.cat would make).
+    """
+    packed = sz = None
+    row = 0
+    for p, z in parts:
+        if packed is None:
+            total = n + (-n % 64 if p.device.type == "cpu" else 0)
+            scale = p.shape[0] / z.shape[1]  # packed rows per weight row (CUDA packs 8 to a row)
+            packed = p.new_empty((int(total * scale),) + tuple(p.shape[1:]))
+            sz = z.new_empty((z.shape[0], total, 2))
+        packed[int(row * scale):int((row + z.shape[1]) * scale)] = p
+        sz[:, row:row + z.shape[1]] = z
+        row += z.shape[1]
     return Int4Linear(packed, sz, k // planes, n, planes, source)
+
+
+def pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, device: torch.device,
+              planes: int = 1, source: str = "int4") -> Int4Linear:
+    """An Int4Linear from 4-bit values q [N, planes*K] (0..15), and per-group float32
+    scale, zero [N, planes*K/32] meaning ``w = (q - 8) * scale + zero``."""
+    n, k = q.shape
+    parts = (_pack_rows(q[i:i + CHUNK_ROWS], scale[i:i + CHUNK_ROWS], zero[i:i + CHUNK_ROWS], device)
+             for i in range(0, n, CHUNK_ROWS))
+    return _join(parts, k, n, planes, source)
 
 
 def packable(kind: str, shape: tuple[int, int], device: torch.device) -> str | None:
@@ -304,19 +334,33 @@ def decode_blocks(raw: torch.Tensor, kind: str, n: int, k: int) -> Groups:
 
 
 def pack_gguf(raw: torch.Tensor, kind: str, n: int, k: int, device: torch.device) -> Int4Linear:
-    """An Int4Linear holding a GGUF Q4_0/Q4_1/Q4_K/Q8_0 tensor [N, K]."""
-    g = decode_blocks(raw, kind, n, k)
-    if kind != "Q8_0":
-        # (q - 8) * scale + zero' == q * scale + zero  with zero' = zero + 8 * scale
-        return pack_int4(g.q, g.scale, g.zero + 8 * g.scale, device, source=kind)
-    u = g.q.to(torch.int32) + 128  # 0..255 = 16 * hi + lo
-    hi, lo = u >> 4, u & 15
-    d = g.scale.bfloat16().float()
-    # d*q = 16d*(hi-8) + 8d  +  d*(lo-8): two planes over [x, x]
-    q = torch.cat([hi, lo], 1)
-    scale = torch.cat([16 * d, d], 1)
-    zero = torch.cat([8 * d, torch.zeros_like(d)], 1)
-    return pack_int4(q, scale, zero, device, planes=2, source=kind)
+    """An Int4Linear holding a GGUF Q4_0/Q4_1/Q4_K/Q8_0 tensor [N, K].
+
+    Decoded and packed CHUNK_ROWS rows at a time, so the temporaries (int32 values,
+    float32 scales) stay a few MB instead of several times the tensor.
+    """
+    if k % _BLOCK_BYTES[kind][0]:
+        raise ValueError(f"{k} columns are not a multiple of {kind}'s block size {_BLOCK_BYTES[kind][0]}")
+    if raw.numel() % max(n, 1):
+        raise ValueError(f"holds {raw.numel()} bytes, not a whole number per row for {n} rows")
+    rows = raw.reshape(n, -1)
+    planes = 2 if kind == "Q8_0" else 1
+
+    def parts():
+        for i in range(0, n, CHUNK_ROWS):
+            chunk = rows[i:i + CHUNK_ROWS]
+            g = decode_blocks(chunk, kind, chunk.shape[0], k)
+            if kind != "Q8_0":
+                # (q - 8) * scale + zero' == q * scale + zero  with zero' = zero + 8 * scale
+                yield _pack_rows(g.q, g.scale, g.zero + 8 * g.scale, device)
+                continue
+            u = g.q.to(torch.int32) + 128  # 0..255 = 16 * hi + lo
+            d = g.scale.bfloat16().float()
+            # d*q = 16d*(hi-8) + 8d  +  d*(lo-8): two planes over [x, x]
+            yield _pack_rows(torch.cat([u >> 4, u & 15], 1), torch.cat([16 * d, d], 1),
+                             torch.cat([8 * d, torch.zeros_like(d)], 1), device)
+
+    return _join(parts(), planes * k, n, planes, kind)
 
 
 def swap_linear(model: nn.Module, name: str, module: nn.Module) -> None:

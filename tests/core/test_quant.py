@@ -123,3 +123,14 @@ def test_cuda_int4_matches_cpu():  # pragma: no cover - runs only with a GPU
     torch.testing.assert_close(gpu.dequantize().cpu(), cpu.dequantize())
     x = torch.randn(2, 512)
     torch.testing.assert_close(gpu(x.cuda()).cpu(), cpu(x), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K"])
+def test_packing_in_row_chunks_equals_packing_at_once(kind, monkeypatch):
+    data = gguf_blocks(kind, n=200)
+    whole = quant.pack_gguf(as_raw(data), kind, 200, K, CPU)
+    monkeypatch.setattr(quant, "CHUNK_ROWS", 64)  # 200 rows: three whole chunks and a padded one
+    chunked = quant.pack_gguf(as_raw(data), kind, 200, K, CPU)
+    assert torch.equal(chunked.dequantize(), whole.dequantize())
+    x = torch.randn(2, K)
+    assert torch.equal(chunked(x), whole(x))
