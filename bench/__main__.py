@@ -153,7 +153,7 @@ def gpu_section(quick: bool, threads: int) -> dict:
     return {"title": "GPU", "markdown": md, "data": {"measured": False}}
 
 
-EXTRA = ("bench.bench_quant",)
+EXTRA = ("bench.bench_quant", "bench.bench_serve")
 
 
 def extra_sections(quick: bool, skip: list[str]) -> list[dict]:
