@@ -47,12 +47,17 @@ class _NoStopTokenizer:
         return "x" * len(ids)
 
 
-def random_model() -> LoadedModel:
+def random_model(small: bool = False) -> LoadedModel:
+    """A random ~125M Llama (or a ~10M one for a quick run)."""
     torch.manual_seed(0)
-    args = ModelArgs(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, vocab_size=32000, hidden_dim=2048,
-                     max_seq_len=2048)
+    if small:
+        args = ModelArgs(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, vocab_size=32000, hidden_dim=768,
+                         max_seq_len=2048)
+    else:
+        args = ModelArgs(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, vocab_size=32000, hidden_dim=2048,
+                         max_seq_len=2048)
     model = Transformer(args).eval().requires_grad_(False)
-    info = {"name": "random-125M", "dtype": "float32", "device": "cpu"}
+    info = {"name": "random-10M" if small else "random-125M", "dtype": "float32", "device": "cpu"}
     return LoadedModel(model, _NoStopTokenizer(), SimpleNamespace(name="raw"), args, set(), info)
 
 
@@ -121,8 +126,9 @@ def bench_model(lm: LoadedModel, prompts, tokens: int, repeats: int) -> dict:
 
 
 def run(quick: bool = False) -> dict:
-    """Both models at 1, 4 and 16 clients; ``{"title", "markdown", "data"}``."""
-    tokens, repeats = (24, 1) if quick else (48, 2)
+    """Both models at 1, 4 and 16 clients; ``{"title", "markdown", "data"}``. ``quick``: 8
+    tokens, one run, and a ~10M random model instead of the 125M one (seconds, not minutes)."""
+    tokens, repeats = (8, 1) if quick else (48, 2)
     data = {"threads": torch.get_num_threads(), "tokens_per_request": tokens, "repeats": repeats, "models": {}}
     lm = fixture_model()
     if lm is not None:
@@ -131,7 +137,8 @@ def run(quick: bool = False) -> dict:
         data["models"]["stories260K"] = bench_model(lm, prompts, tokens, repeats)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 32000, (32,), generator=g).tolist() for _ in range(8)]
-    data["models"]["random-125M"] = bench_model(random_model(), prompts, tokens, repeats)
+    small = random_model(small=quick)
+    data["models"][small.info["name"]] = bench_model(small, prompts, tokens, repeats)
     lines = [f"{tokens} new tokens per streaming request, median of {repeats} interleaved runs, "
              f"{data['threads']} torch threads, server and clients in one process on loopback.", "",
              "| model | clients | aggregate tok/s | × one client | TTFT p50 | TTFT p99 |",
