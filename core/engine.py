@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -116,6 +116,7 @@ class Joining:
     cancel: threading.Event | None = None
     strip_leading_space: bool = False
     inspect: int = 0  # top alternatives to record per token (0: none)
+    stop_ids: frozenset[int] | None = None  # None: the engine's default_stop_ids
 
 
 @dataclass
@@ -132,6 +133,7 @@ class _Lane:
     done: Done | None = None
     cancel: threading.Event | None = None
     inspect: int = 0
+    stop_ids: frozenset[int] = frozenset()
     t_join: float = 0.0  # when its request joined (TTFT counts from here)
     t_decode: float = 0.0  # when its prefill ended
 
@@ -164,6 +166,8 @@ class Engine:
         compile: run decode steps through ``torch.compile`` (True: the default backend,
             or a backend's name); where compiling fails the engine falls back to eager
             and ``compile_status`` says why. Prefill stays eager (its length varies).
+        stop_ids: the tokens that end a reply when a call names none (default: the
+            tokenizer's); a request's own stop ids go with the request, never onto the engine.
     """
 
     def __init__(self, model, tokenizer: Tokenizer, *, max_context: int | None = None,
@@ -184,7 +188,7 @@ class Engine:
                 self.compile_status = f"compiling ({backend})"
             except Exception as e:  # no compiler on this platform, unknown backend, ...
                 self.compile_status = f"eager: torch.compile unavailable ({type(e).__name__}: {e})"[:300]
-        self.stop_ids = set(stop_ids if stop_ids is not None else tokenizer.stop_ids)
+        self.default_stop_ids = frozenset(stop_ids if stop_ids is not None else tokenizer.stop_ids)
         self.cache = KVCache.for_model(model)
         # Embedding rows past the tokenizer (padded vocabularies) cannot be decoded: never sample them.
         tv = int(getattr(tokenizer, "vocab_size", 0) or 0)
@@ -247,20 +251,22 @@ class Engine:
     # -- public entry points ---------------------------------------------------------
 
     def generate(self, prompt: list[int], params: SamplingParams, *, cancel: threading.Event | None = None,
-                 strip_leading_space: bool = False, inspect: int = 0) -> Iterator[Event]:
+                 strip_leading_space: bool = False, inspect: int = 0,
+                 stop_ids: Iterable[int] | None = None) -> Iterator[Event]:
         """Stream one reply to ``prompt`` (token ids, BOS included).
 
         Yields Prefilled, then Token events, then one Done. Beam search (num_beams > 1)
-        yields its tokens once the best beam is known.
+        yields its tokens once the best beam is known. ``stop_ids`` end this reply
+        (default: the engine's ``default_stop_ids``).
         """
         if params.num_beams > 1:
-            return self._beam(prompt, params.validate(), cancel, strip_leading_space)
-        return self.generate_lanes(prompt, [params], cancel=cancel,
-                                   strip_leading_space=strip_leading_space, inspect=inspect)
+            return self._beam(prompt, params.validate(), cancel, strip_leading_space, self._stops(stop_ids))
+        return self.generate_lanes(prompt, [params], cancel=cancel, strip_leading_space=strip_leading_space,
+                                   inspect=inspect, stop_ids=stop_ids)
 
     def generate_lanes(self, prompt: list[int], lanes: Sequence[SamplingParams], *,
                        cancel: threading.Event | None = None, strip_leading_space: bool = False,
-                       inspect: int = 0) -> Iterator[Event]:
+                       inspect: int = 0, stop_ids: Iterable[int] | None = None) -> Iterator[Event]:
         """Decode one prompt under several sampler settings together (a comparison).
 
         The prompt is prefilled once, copied into one cache row per lane, and every step
@@ -268,7 +274,11 @@ class Engine:
         """
         if not 1 <= len(lanes) <= 8:
             raise SettingsError(f"a comparison has 1 to 8 lanes, got {len(lanes)}")
-        return self._run([Joining(prompt, list(lanes), cancel, strip_leading_space, inspect)])
+        return self._run([Joining(prompt, list(lanes), cancel, strip_leading_space, inspect,
+                                  self._stops(stop_ids))])
+
+    def _stops(self, stop_ids: Iterable[int] | None) -> frozenset[int]:
+        return self.default_stop_ids if stop_ids is None else frozenset(stop_ids)
 
     def generate_batch(self, prompts: Sequence[list[int]], params: SamplingParams, *,
                        cancel: threading.Event | None = None, strip_leading_space: bool = False) -> Iterator[Event]:
@@ -309,6 +319,7 @@ class Engine:
         """Prefill j's prompt into the first free row, copy it into one row per lane."""
         t0 = time.perf_counter()
         first, r0, n = len(lanes), len(rows), len(j.lanes)
+        stops = self._stops(j.stop_ids)
         if self.preallocate:
             need = max(min(len(j.prompt) + q.max_new_tokens, self.max_context) for q in j.lanes)
         else:
@@ -317,7 +328,7 @@ class Engine:
         for q in j.lanes:
             lanes.append(_Lane(len(lanes), q, q.generator(self.device),
                                StreamDecoder(self.tokenizer, strip_leading_space=j.strip_leading_space),
-                               j.prompt, cancel=j.cancel, inspect=j.inspect))
+                               j.prompt, cancel=j.cancel, inspect=j.inspect, stop_ids=stops))
             stats.append(Stats(prompt_tokens=len(j.prompt)))
             positions.append(len(j.prompt))
         logits, reuse = self._prefill_row(r0, j.prompt, j.cancel)
@@ -448,7 +459,7 @@ class Engine:
         """Append lane's chosen token; returns its event, or None if the lane just stopped.
         ``logprob`` is under the raw distribution."""
         q = lane.params
-        if tok in self.stop_ids:
+        if tok in lane.stop_ids:
             lane.done = self._finish(lane, "eos", None, stop_token=tok)
             return None
         lane.tokens.append(tok)
@@ -495,12 +506,12 @@ class Engine:
 
     # -- beam search -----------------------------------------------------------------
 
-    def _beam(self, prompt, params: SamplingParams, cancel, strip_leading_space) -> Iterator[Event]:
+    def _beam(self, prompt, params: SamplingParams, cancel, strip_leading_space, stops) -> Iterator[Event]:
         self._check_prompt(prompt)
-        return self._beam_loop(prompt, params, cancel, strip_leading_space)
+        return self._beam_loop(prompt, params, cancel, strip_leading_space, stops)
 
     @torch.inference_mode()
-    def _beam_loop(self, prompt, params, cancel, strip_leading_space) -> Iterator[Event]:
+    def _beam_loop(self, prompt, params, cancel, strip_leading_space, stops) -> Iterator[Event]:
         t0 = time.perf_counter()
         nb = params.num_beams
         max_new = min(params.max_new_tokens, self.max_context - len(prompt))
@@ -530,7 +541,7 @@ class Engine:
 
         logits = self._beam_logits(logits)
 
-        result = beam_search(step, logits, num_beams=nb, max_new_tokens=max_new, stop_ids=self.stop_ids,
+        result = beam_search(step, logits, num_beams=nb, max_new_tokens=max_new, stop_ids=stops,
                              length_penalty=params.length_penalty)
         reason = "cancelled" if result.cancelled else ("eos" if result.stop_token is not None else
                                                        ("length" if max_new == params.max_new_tokens else "context"))

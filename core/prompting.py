@@ -6,6 +6,8 @@ on. Pure functions over a chat format and a tokenizer: no torch, no threads.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .errors import SettingsError
 
 
@@ -84,3 +86,35 @@ def fit_dialog(chat_format, messages: list[dict], max_prompt_tokens: int, *,
         else:
             lo = mid + 1
     return best, cuts[hi]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What the engine needs to answer a request: the ids, the stop tokens, and whether the
+    reply's first space is SentencePiece's dummy prefix (to be dropped)."""
+    ids: list[int]
+    dropped_messages: int
+    strip_leading_space: bool
+    stop_ids: frozenset[int]
+
+
+def build_prompt(request, chat_format, stop_ids, context: int, max_new_tokens: int) -> Prompt:
+    """The prompt of a chat or completion request (``core.worker.GenerateRequest`` fields:
+    mode, messages, prompt, continue_reply) for a ``context``-token model.
+
+    Completion mode is BOS + the text; chat mode renders with ``chat_format``, dropping the
+    oldest turns to leave :func:`reply_reserve` positions for the reply. ``stop_ids`` are the
+    model's; the chat format adds its end-of-turn tokens.
+    """
+    tok = chat_format.tokenizer
+    if request.mode == "completion":
+        ids = tok.encode(request.prompt, bos=True)
+        if len(ids) >= context:
+            raise SettingsError(f"the prompt is {len(ids)} tokens, but the context holds {context}: shorten it")
+        return Prompt(ids, 0, False, frozenset(stop_ids))
+    budget = context - reply_reserve(context, max_new_tokens)
+    ids, dropped = fit_dialog(chat_format, list(request.messages), budget, continue_reply=request.continue_reply)
+    # SentencePiece replies start with the dummy-prefix space: drop it at a reply's
+    # start, but not when continuing one (that space separates words).
+    strip = tok.add_dummy_prefix and not request.continue_reply and chat_format.name != "raw"
+    return Prompt(ids, dropped, strip, frozenset(stop_ids) | chat_format.stop_ids())

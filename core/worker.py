@@ -27,7 +27,7 @@ from . import engine as _engine
 from .chat_format import chat_format_for
 from . import limits
 from .errors import LlamaDeskError, SettingsError, one_line
-from .prompting import fit_dialog, reply_reserve
+from .prompting import build_prompt
 from .sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -97,43 +97,19 @@ class Unloaded:
 
 
 @dataclass
-class Started:
-    """The prompt has been prefilled; ``dropped_messages`` oldest turns were left out to fit."""
+class Prompted:
+    """The prompt is built: ``dropped_messages`` oldest turns were left out to fit the
+    ``context_length``-token context. Comes before the request's first :class:`Reply`."""
     request_id: int
-    prompt_tokens: int
-    cached_tokens: int
     dropped_messages: int
     context_length: int
 
 
 @dataclass
-class TokenDelta:
-    """One generated token: ``text`` is what to append (may be ""), ``piece`` the token itself."""
+class Reply:
+    """One of the engine's own events (Prefilled, Token or Done) of request ``request_id``."""
     request_id: int
-    lane: int
-    index: int
-    token_id: int
-    text: str
-    piece: str
-    logprob: float
-    top: dict | None = None
-
-
-@dataclass
-class Done:
-    """A lane finished. ``stop_reason``: eos | stop | length | context | cancelled.
-
-    ``params`` are the exact settings used (concrete seed); ``stats`` has prompt_tokens,
-    cached_tokens, generated_tokens, ttft_s, prefill_s, decode_s, decode_tok_s, prefill_tok_s.
-    """
-    request_id: int
-    lane: int
-    stop_reason: str
-    text: str
-    tokens: list[int]
-    logprobs: list[float]
-    params: dict
-    stats: dict
+    event: _engine.Event
 
 
 @dataclass
@@ -147,7 +123,7 @@ class Error:
     cancelled: bool = False
 
 
-WorkerEvent = LoadProgress | Loaded | Unloaded | Started | TokenDelta | Done | Error
+WorkerEvent = LoadProgress | Loaded | Unloaded | Prompted | Reply | Error
 
 
 # --------------------------------------------------------------------------- threads
@@ -281,27 +257,35 @@ class Worker:
         unloaded (Unloaded event) before the new one loads, so two models never need
         memory at once. Events: LoadProgress…, then Loaded or Error.
         """
-        return self._submit("load", cancel_others=True, path=path, device=device, dtype=dtype,
+        return self._submit("load", cancel_all=True, path=path, device=device, dtype=dtype,
                             max_seq_len=max_seq_len)
 
     def adopt(self, loaded) -> int:
         """Use an already built :class:`~core.checkpoints.LoadedModel` (tests, benchmarks)."""
-        return self._submit("adopt", cancel_others=True, loaded=loaded)
+        return self._submit("adopt", cancel_all=True, loaded=loaded)
 
     def unload(self) -> int:
         """Cancel what runs, drop the model and free its memory; then an Unloaded event."""
-        return self._submit("unload", cancel_others=True)
+        return self._submit("unload", cancel_all=True)
 
     def generate(self, request: GenerateRequest) -> int:
-        """Queue one reply: Started, TokenDelta…, Done (or Error)."""
+        """Queue one reply: Prompted, then Reply(Prefilled), Reply(Token)…, Reply(Done) (or Error)."""
         return self._submit("generate", request=request)
 
     def compare(self, request: CompareRequest) -> int:
-        """Queue a comparison: Started, TokenDelta… (lane-tagged), one Done per lane (or Error)."""
+        """Queue a comparison: like :meth:`generate`, with lane-tagged tokens and one Done per lane."""
         return self._submit("compare", request=request)
 
-    def cancel(self) -> None:
-        """Cancel the running command and everything queued so far."""
+    def cancel(self, request_id: int) -> None:
+        """Cancel one request, running or queued; the others go on. Unknown or finished
+        ids are ignored (a late Stop must not reach the next request)."""
+        with self._lock:
+            for cmd in self._live:
+                if cmd.request_id == request_id:
+                    cmd.cancel.set()
+
+    def cancel_all(self) -> None:
+        """Cancel the running command and everything queued (model load/unload, shutdown)."""
         with self._lock:
             for cmd in self._live:
                 cmd.cancel.set()
@@ -339,13 +323,13 @@ class Worker:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _submit(self, kind: str, *, cancel_others: bool = False, **args) -> int:
+    def _submit(self, kind: str, *, cancel_all: bool = False, **args) -> int:
         with self._lock:
             rid = self._next_id
             self._next_id += 1
             stopping = self._stopping
             if not stopping:
-                if cancel_others:
+                if cancel_all:
                     for cmd in self._live:
                         cmd.cancel.set()
                 cmd = _Command(kind, rid, args)
@@ -531,30 +515,12 @@ class Worker:
             self._formats[name] = chat_format_for(self._loaded.tokenizer, override=name)
         return self._formats[name]
 
-    def _prompt(self, req, max_new_tokens: int) -> tuple[list[int], int, bool, set[int]]:
-        """(prompt ids, dropped messages, strip_leading_space, stop ids) for a request."""
-        tok = self._loaded.tokenizer
-        ctx = self._engine.max_context
-        stops = set(self._loaded.stop_ids)
-        if req.mode == "completion":
-            ids = tok.encode(req.prompt, bos=True)
-            if len(ids) >= ctx:
-                raise SettingsError(f"the prompt is {len(ids)} tokens, but the context holds {ctx}: shorten it")
-            return ids, 0, False, stops
-        fmt = self._chat_format(req.chat_format)
-        budget = ctx - reply_reserve(ctx, max_new_tokens)
-        ids, dropped = fit_dialog(fmt, list(req.messages), budget, continue_reply=req.continue_reply)
-        # SentencePiece replies start with the dummy-prefix space: drop it at a reply's
-        # start, but not when continuing one (that space separates words).
-        strip = bool(getattr(tok, "add_dummy_prefix", False)) and not req.continue_reply and fmt.name != "raw"
-        return ids, dropped, strip, stops | set(fmt.stop_ids())
-
     def _do_generate(self, cmd: _Command) -> None:
         rid, req = cmd.request_id, cmd.args["request"]
         lanes = list(req.lanes) if cmd.kind == "compare" else [req.params]
         if cmd.cancel.is_set():  # cancelled while queued: end it without touching the model
             for i, p in enumerate(lanes):
-                self._emit(Done(rid, i, "cancelled", "", [], [], p.to_dict(), _engine.Stats().to_dict()))
+                self._emit(Reply(rid, _engine.Done(i, "cancelled", [], "", [], p, _engine.Stats())))
             return
         if self._engine is None:
             raise SettingsError("no model is loaded: open a model first")
@@ -566,34 +532,27 @@ class Worker:
             raise SettingsError("a comparison needs at least one lane")
         # Resolve seeds here so Done.params records the seed that was really used.
         lanes = [p.validate().resolved() for p in lanes]
-        ids, dropped, strip, stops = self._prompt(req, max(p.max_new_tokens for p in lanes))
         eng = self._engine
+        prompt = build_prompt(req, self._chat_format(req.chat_format), self._loaded.stop_ids, eng.max_context,
+                              max(p.max_new_tokens for p in lanes))
         # Refuse, saying how much it needs, a request whose KV cache cannot fit.
         args = self._loaded.args
         rows = len(lanes) * max(p.num_beams for p in lanes)
-        tokens = min(len(ids) + max(p.max_new_tokens for p in lanes), eng.max_context)
+        tokens = min(len(prompt.ids) + max(p.max_new_tokens for p in lanes), eng.max_context)
         need = limits.kv_bytes(args, tokens, batch=rows, itemsize=eng.cache.dtype.itemsize)
         if need > eng.cache.nbytes():
             limits.check_fits(need - eng.cache.nbytes(), eng.device,
                               what=f"a request of {tokens} tokens" + (f" in {rows} rows" if rows > 1 else ""))
-        eng.stop_ids = stops
+        how = dict(cancel=cmd.cancel, strip_leading_space=prompt.strip_leading_space, inspect=int(req.inspect),
+                   stop_ids=prompt.stop_ids)
         if cmd.kind == "compare":
-            events = eng.generate_lanes(ids, lanes, cancel=cmd.cancel, strip_leading_space=strip,
-                                        inspect=int(req.inspect))
+            events = eng.generate_lanes(prompt.ids, lanes, **how)
         else:
-            events = eng.generate(ids, lanes[0], cancel=cmd.cancel, strip_leading_space=strip,
-                                  inspect=int(req.inspect))
+            events = eng.generate(prompt.ids, lanes[0], **how)
+        self._emit(Prompted(rid, prompt.dropped_messages, eng.max_context))
         try:
             for ev in events:
-                if isinstance(ev, _engine.Token):
-                    self._emit(TokenDelta(rid, ev.lane, ev.index, ev.token_id, ev.text, ev.piece,
-                                          ev.logprob, ev.top))
-                elif isinstance(ev, _engine.Prefilled):
-                    self._emit(Started(rid, ev.prompt_tokens, ev.cached_tokens, dropped, eng.max_context))
-                elif isinstance(ev, _engine.Done):
-                    stats = ev.stats.to_dict() if ev.stats is not None else _engine.Stats().to_dict()
-                    self._emit(Done(rid, ev.lane, ev.stop_reason, ev.text, list(ev.tokens), list(ev.logprobs),
-                                    ev.params.to_dict(), stats))
+                self._emit(Reply(rid, ev))
         except BaseException:
             # The cache may hold a half-written step: never reuse it.
             eng.cache.reset()
@@ -603,7 +562,6 @@ class Worker:
 
 
 __all__ = [
-    "GenerateRequest", "CompareRequest", "LoadProgress", "Loaded", "Unloaded", "Started", "TokenDelta",
-    "Done", "Error", "WorkerEvent", "Worker", "default_torch_threads", "resolve_torch_threads",
-    "fit_dialog",
+    "GenerateRequest", "CompareRequest", "LoadProgress", "Loaded", "Unloaded", "Prompted", "Reply",
+    "Error", "WorkerEvent", "Worker", "default_torch_threads", "resolve_torch_threads",
 ]

@@ -3,14 +3,14 @@
 The UI awaits the worker instead of polling it::
 
     info = await bridge.load(path)                 # raises BridgeError on error or cancel
-    async for ev in bridge.generate(request):      # Started, Chunk…, Done  (or … Error)
-        ...
+    async for ev in bridge.generate(request):      # Prompted, Prefilled, Chunk…, Done (or … Error)
+        match ev: ...
 
 Worker events arrive on the worker thread; they are queued under a lock and one queued
-Qt signal wakes the UI thread, which drains the queue at most once a frame (~16 ms).
-Consecutive token deltas of a lane drained together become ONE :class:`Chunk`, so the UI
-does at most one update per lane per frame however fast tokens come, and the UI thread
-is woken at most once a frame rather than once a token.
+Qt signal wakes the UI thread, which drains the queue at most once a frame (~16 ms): this
+is the app's only frame timer. The engine's Token events of a lane drained together
+become ONE :class:`Chunk`, so the UI does at most one update per lane per frame however
+fast tokens come. Everything else a stream yields is the worker's or engine's own event.
 
 All methods are called on the UI thread, with a qasync event loop running for the async
 ones (``gui/app.py`` builds it).
@@ -28,13 +28,14 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
-from core.worker import (CompareRequest, Done, Error, GenerateRequest, Loaded, LoadProgress, Started,
-                         TokenDelta, Unloaded, Worker)
+from core.engine import Done, Prefilled, Token
+from core.worker import (CompareRequest, Error, GenerateRequest, Loaded, LoadProgress, Prompted, Reply, Unloaded,
+                         Worker)
 
 FRAME_S = 1 / 60
 
-__all__ = ["Bridge", "BridgeError", "Chunk", "Started", "Done", "Error", "TokenDelta",
-           "GenerateRequest", "CompareRequest", "FRAME_S"]
+__all__ = ["Bridge", "BridgeError", "Chunk", "Prompted", "Prefilled", "Done", "Error", "GenerateRequest",
+           "CompareRequest", "FRAME_S"]
 
 
 class BridgeError(Exception):
@@ -47,21 +48,21 @@ class BridgeError(Exception):
 
 @dataclass
 class Chunk:
-    """Consecutive token deltas of one lane, delivered together (at most one per lane a frame).
+    """The engine's Token events of one lane that arrived within a frame, delivered together.
 
-    ``text`` is what to append to the lane's visible reply; ``tokens`` are the deltas
-    (for token counts, logprobs and the token inspector).
+    ``text`` is what to append to the lane's visible reply; ``tokens`` are the events
+    themselves (for token counts, logprobs and the token inspector).
     """
     lane: int
     text: str
-    tokens: list[TokenDelta] = field(default_factory=list)
+    tokens: list[Token] = field(default_factory=list)
 
 
 class _Stream:
     """Async iterator over one generate/compare request.
 
-    Yields ``Started``, ``Chunk`` and ``Done`` (one per lane) and ends after the last
-    lane's Done. A failure is yielded as an ``Error`` event, which is always the last
+    Yields ``Prompted``, ``Prefilled``, ``Chunk``… and ``Done`` (one per lane) and ends after
+    the last lane's Done. A failure is yielded as an ``Error`` event, which is always the last
     item: errors are data in the stream, never raised, so partial output stays usable.
     Breaking out of ``async for`` does not stop generation: call :meth:`cancel`.
     """
@@ -88,10 +89,15 @@ class _Stream:
                 self._waiter = None
         return self._items.popleft()
 
+    @property
+    def pending(self) -> int:
+        """Events delivered but not consumed yet (a frame's events arrive together)."""
+        return len(self._items)
+
     def cancel(self) -> None:
-        """Cancel the worker's current work (this request if it still runs)."""
+        """Cancel this request (running or queued); other requests go on."""
         if not self.finished:
-            self._bridge.cancel()
+            self._bridge.worker.cancel(self.request_id)
 
     # -- called by the bridge on the UI thread -----------------------------------------
 
@@ -216,16 +222,17 @@ class Bridge(QObject):
         await self._await(rid, fut)
 
     def generate(self, request: GenerateRequest) -> _Stream:
-        """Queue one reply; returns an async iterator of Started, Chunk…, Done (or Error)."""
+        """Queue one reply; returns an async iterator of Prompted, Prefilled, Chunk…, Done (or Error)."""
         return self._stream(self._worker.generate(request), 1)
 
     def compare(self, request: CompareRequest) -> _Stream:
         """Queue a comparison; like :meth:`generate` with one Done per lane (Chunk.lane tells them apart)."""
         return self._stream(self._worker.compare(request), max(1, len(request.lanes)))
 
-    def cancel(self) -> None:
-        """Cancel the running load or generation (and whatever is queued)."""
-        self._worker.cancel()
+    def cancel_all(self) -> None:
+        """Cancel every load and generation, running or queued (closing a window, quitting).
+        A single reply or comparison is stopped through its own stream's ``cancel()``."""
+        self._worker.cancel_all()
 
     async def shutdown(self, timeout: float = 5.0) -> None:
         """Cancel everything and stop the worker without blocking the event loop.
@@ -260,7 +267,7 @@ class Bridge(QObject):
                 return await fut
             except asyncio.CancelledError:
                 if rid in self._futures:  # the caller gave up: stop the work too
-                    self._worker.cancel()
+                    self._worker.cancel(rid)
                 raise
         return wait()
 
@@ -312,10 +319,10 @@ class Bridge(QObject):
         if not events:
             return
         self._last_flush = time.perf_counter()
-        chunks: dict[tuple[int, int], list[TokenDelta]] = {}
+        chunks: dict[tuple[int, int], list[Token]] = {}
         for ev in events:
-            if isinstance(ev, TokenDelta):
-                chunks.setdefault((ev.request_id, ev.lane), []).append(ev)
+            if isinstance(ev, Reply) and isinstance(ev.event, Token):
+                chunks.setdefault((ev.request_id, ev.event.lane), []).append(ev.event)
                 continue
             if chunks:  # everything before a lifecycle event goes out before it
                 self._deliver(chunks)
@@ -324,7 +331,7 @@ class Bridge(QObject):
         if chunks:
             self._deliver(chunks)
 
-    def _deliver(self, chunks: dict[tuple[int, int], list[TokenDelta]]) -> None:
+    def _deliver(self, chunks: dict[tuple[int, int], list[Token]]) -> None:
         for (rid, lane), tokens in chunks.items():
             stream = self._streams.get(rid)
             if stream is not None:
@@ -348,7 +355,7 @@ class Bridge(QObject):
             return
         stream = self._streams.get(rid)
         if stream is not None:
-            if stream._push(ev):
+            if stream._push(ev.event if isinstance(ev, Reply) else ev):
                 del self._streams[rid]
                 self._closed_request(rid)
             return

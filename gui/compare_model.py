@@ -55,7 +55,7 @@ class LaneRun:
         return [t.logprob for t in self.tokens]
 
     def add(self, deltas) -> None:
-        """Append token deltas (objects with token_id, text, piece, logprob, top)."""
+        """Append the engine's Token events of this lane."""
         now = time.monotonic()
         if deltas:
             self.first_at = self.first_at if self.first_at is not None else now
@@ -68,8 +68,8 @@ class LaneRun:
         """Take a Done event's final text, reason, settings and stats."""
         self.text = done.text
         self.stop_reason = done.stop_reason
-        self.params = dict(done.params)
-        self.engine_stats = dict(done.stats or {})
+        self.params = done.params.to_dict()
+        self.engine_stats = done.stats.to_dict()
 
     def tail(self) -> str:
         """Final text that no token's delta carried (a flushed partial character)."""

@@ -28,13 +28,15 @@ from core import chat_export
 from core.compare import (LANE_KEYS, MAX_LANES, SWEEP_PARAMS, parse_sweep, settings_label, sweep_lanes,
                           token_diff)
 from core.errors import LlamaDeskError
+from core.engine import Done, Prefilled
 from core.sampling import SamplingParams
+from core.worker import CompareRequest, Error, Prompted
 
 from . import theme
+from .bridge import Chunk
 from .compare_model import LaneRun, format_stats, lane_colors, parse_anchor, render_lane_html
 from .token_inspector import TokenInspector
 
-FRAME_MS = 16
 DEFAULT_INSPECT = 5
 SEED_RANDOM = -1  # the seed spin's "random" value
 
@@ -48,12 +50,6 @@ FIELDS = {
     "max_new_tokens": ("max", "Most new tokens", 1, 8192, 16, None),
     "seed": ("seed", "Seed (random: a new one each run; the one used is saved)", SEED_RANDOM, 2**31 - 1, 1, None),
 }
-
-
-def _bridge_types():
-    """CompareRequest and the stream's event classes (late: the bridge imports torch)."""
-    from . import bridge
-    return bridge
 
 
 class LaneColumn(QFrame):
@@ -290,10 +286,6 @@ class CompareView(QWidget):
         self._task: asyncio.Task | None = None
         self._stream = None
         self._running_columns: list[LaneColumn] = []
-        self._dirty = False
-        self._render_timer = QTimer(self)
-        self._render_timer.setSingleShot(True)
-        self._render_timer.timeout.connect(self.render)
         self.renders = 0  # how many times lanes were re-rendered (tests check throttling)
         self._build(prompt, mode, token_text)
         for s in (lanes or [SamplingParams()]):
@@ -664,8 +656,7 @@ class CompareView(QWidget):
         except LlamaDeskError as e:
             self.status.setText(f"Settings: {e}")
             return None
-        br = _bridge_types()
-        request = br.CompareRequest(messages=prompt.get("messages", []), lanes=params, mode=prompt["mode"],
+        request = CompareRequest(messages=prompt.get("messages", []), lanes=params, mode=prompt["mode"],
                                     prompt=prompt["text"], chat_format=self.chat_format, inspect=self.inspect)
         for col in self.columns:
             col.run = LaneRun()
@@ -681,32 +672,33 @@ class CompareView(QWidget):
         return self._task
 
     async def _run(self, request) -> None:
-        br = _bridge_types()
         cols = self._running_columns
         error = None
+        dropped = 0
         try:
-            self._stream = self.bridge.compare(request)
-            async for ev in self._stream:
-                if isinstance(ev, br.Chunk):
-                    if 0 <= ev.lane < len(cols):
+            self._stream = stream = self.bridge.compare(request)
+            async for ev in stream:
+                match ev:
+                    case Chunk() if 0 <= ev.lane < len(cols):
                         cols[ev.lane].run.add(ev.tokens)
                         for t in ev.tokens:
                             self.inspector.learn(t.token_id, t.piece)
-                        self._schedule_render()
-                elif isinstance(ev, br.Done):
-                    if 0 <= ev.lane < len(cols):
+                    case Done() if 0 <= ev.lane < len(cols):
                         cols[ev.lane].run.finish(ev)
-                        self._schedule_render()
-                elif isinstance(ev, br.Started):
-                    self.status.setText(f"Prompt: {ev.prompt_tokens} tokens"
-                                        + (f" ({ev.dropped_messages} oldest messages left out to fit)"
-                                           if ev.dropped_messages else "") + " · generating…")
-                elif isinstance(ev, br.Error):
-                    error = ev
+                    case Prompted():
+                        dropped = ev.dropped_messages
+                    case Prefilled():
+                        self.status.setText(f"Prompt: {ev.prompt_tokens} tokens"
+                                            + (f" ({dropped} oldest messages left out to fit)" if dropped else "")
+                                            + " · generating…")
+                    case Error():
+                        error = ev
+                # The bridge delivers a frame's events together: render once they are in.
+                if not stream.pending:
+                    self.render()
         finally:
             self._stream = None
             self._task = None
-            self._render_timer.stop()
             self.render(all_lanes=True)
             self._refresh()
         if error is not None and not error.cancelled:
@@ -718,19 +710,13 @@ class CompareView(QWidget):
 
     def stop(self) -> None:
         if self.running:
-            self.bridge.cancel()
+            self._stream.cancel()
             self.status.setText("Stopping…")
 
     # ------------------------------------------------------------------ rendering
-    def _schedule_render(self) -> None:
-        self._dirty = True
-        if not self._render_timer.isActive():
-            self._render_timer.start(FRAME_MS)
-
     def render(self, all_lanes: bool = True) -> None:
-        """Re-render the lanes' HTML, divergence labels and stats (at most once a frame
-        while streaming: chunks only schedule this)."""
-        self._dirty = False
+        """Re-render the lanes' HTML, divergence labels and stats (while streaming, once
+        per batch of events the bridge delivers: at most once a frame)."""
         self.renders += 1
         colors = lane_colors(theme.colors(), theme.is_dark())
         base = self.columns[self.baseline].run if self.columns and self.baseline < len(self.columns) else None

@@ -132,6 +132,11 @@ class ConversationModel(QObject):
         self.listChanged.emit()
         return m
 
+    def show_branch_at(self, msg_id: int) -> None:
+        """Show the branch that ends at ``msg_id`` (a new reply to it will follow)."""
+        self.history.set_current_leaf(self.conv_id, msg_id)
+        self.pathChanged.emit()
+
     def switch_version(self, msg_id: int, step: int) -> int | None:
         """Show the previous (-1) or next (+1) version of a message; returns the new id."""
         sibs = [s.id for s in self.history.siblings(msg_id)]

@@ -13,22 +13,22 @@ import os
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QActionGroup, QGuiApplication, QIcon, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QLineEdit,
                                QListWidget, QListWidgetItem, QMainWindow, QMenu, QMessageBox,
-                               QProgressBar, QScrollArea, QSizePolicy, QSplitter, QToolButton, QVBoxLayout,
+                               QProgressBar, QSizePolicy, QSplitter, QToolButton, QVBoxLayout,
                                QWidget)
 
 from core import chat_export
-from core.history import History, HistoryError, PartialReply
-from core.sampling import SamplingParams
+from core.history import History, HistoryError
 
 from . import model_dialog, theme
 from .chat_view import ChatView, format_stats
-from .compare_model import LaneRun
 from .conversation import ConversationModel
 from .model_dialog import LoadProgress, ModelInfoDialog, RecentModels, info_summary
 from .prompt_editor import PromptEditor
+from .reply import ReplyController
+from .sampling_panel import SamplingPanel
 from .token_inspector import TokenInspector
 
 APP_NAME = "LlamaDesk"
@@ -36,42 +36,6 @@ DEMO_MODEL = Path(__file__).resolve().parent.parent / "assets" / "models" / "lla
 RECORD_PROBS_KEY = "chat/record_probs"
 INSPECT_TOP = 5  # alternatives recorded per token of a chat reply (the worker's ``inspect``)
 NO_MODEL_HINT = "No model loaded — open a .gguf file or a model folder with File → Open Model… (Ctrl+O), or drop it here."
-
-
-def _bridge_types():
-    """GenerateRequest and the event classes (imported late: the bridge module loads torch)."""
-    from core import worker
-    return worker
-
-
-def _panel_class():
-    try:
-        from .sampling_panel import SamplingPanel
-        return SamplingPanel
-    except ImportError:  # the panel lands separately; keep the window usable without it
-        return None
-
-
-class _PanelPlaceholder(QWidget):
-    """Stands in for the sampling panel until it exists: default settings, no controls."""
-
-    changed = Signal()
-
-    def __init__(self, *, settings=None, parent=None):
-        super().__init__(parent)
-        QVBoxLayout(self).addWidget(QLabel("Sampling settings unavailable (default settings are used)."))
-
-    def params(self) -> SamplingParams:
-        return SamplingParams()
-
-    def system_prompt(self) -> str:
-        return ""
-
-    def chat_format(self) -> str:
-        return "auto"
-
-    def set_model_context(self, n: int) -> None:
-        pass
 
 
 class ElidedLabel(QLabel):
@@ -143,13 +107,10 @@ class MainWindow(QMainWindow):
         self.device = device or str(self.settings.value(model_dialog.DEVICE_KEY, "auto"))
         self.dtype = dtype or str(self.settings.value(model_dialog.DTYPE_KEY, "auto"))
         self._tasks: set[asyncio.Task] = set()
-        self._gen_task: asyncio.Task | None = None
         self._load_task: asyncio.Task | None = None
         self._loading_path: str | None = None
-        self._reply: dict | None = None  # the reply streaming now
         self._dialogs: list = []  # non-blocking dialogs kept alive while open
         self._drafts: dict[int | None, str] = {}  # unsent prompt text per conversation (None: a new chat)
-        self._closing = False
         self.context_used = 0
         self.context_length = 0
 
@@ -157,6 +118,8 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self._build()
         self._build_actions()
+        self.reply = ReplyController(bridge=bridge, conversation=self.conversation, settings=self.panel, parent=self)
+        self._wire_reply()
         self._connect_bridge()
         self.conversation.listChanged.connect(self.refresh_conversations)
         self.conversation.pathChanged.connect(self.refresh_transcript)
@@ -243,8 +206,7 @@ class MainWindow(QMainWindow):
         ml.addWidget(self.prompt)
 
         # right: sampling panel
-        cls = _panel_class()
-        self.panel = cls(settings=self.settings) if cls is not None else _PanelPlaceholder(settings=self.settings)
+        self.panel = SamplingPanel(settings=self.settings)
         self.panel.setMinimumWidth(240)
 
         for w in (left, mid, self.panel):
@@ -453,7 +415,7 @@ class MainWindow(QMainWindow):
 
     def load_model(self, path: str) -> asyncio.Task:
         """Start loading a model (cancelling a running reply); returns the task."""
-        if self._gen_task is not None and not self._gen_task.done():
+        if self.busy:
             self.stop()
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
@@ -494,7 +456,7 @@ class MainWindow(QMainWindow):
 
     def cancel_load(self) -> None:
         if self._load_task is not None and not self._load_task.done():
-            self.bridge.cancel()  # the load ends with a "cancelled" BridgeError
+            self.bridge.cancel_all()  # the load ends with a "cancelled" BridgeError
 
     def _on_load_progress(self, fraction: float, stage: str) -> None:
         self.load_progress.update_progress(fraction, stage)
@@ -525,6 +487,8 @@ class MainWindow(QMainWindow):
             self.model_status.setText(info_summary(self.info))
             self.model_status.setToolTip("\n".join(f"{k}: {v}" for k, v in model_dialog.info_rows(self.info)))
             self.context_length = int(self.info.get("context_length") or 0)
+            self.reply.context_length = self.context_length
+            self.reply.model_id = self.info.get("name")
             try:
                 self.panel.set_model_context(self.context_length)
             except Exception:
@@ -719,227 +683,63 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(" — ".join(parts))
 
     # ------------------------------------------------------------------ messages
+    def _wire_reply(self) -> None:
+        r = self.reply
+        r.started.connect(self._on_reply_started)
+        r.streamed.connect(self.chat.append_stream)
+        r.contextUsed.connect(self._update_context)
+        r.rateChanged.connect(self.stats_label.setText)
+        r.notice.connect(self.chat.set_notice)
+        r.finished.connect(self._on_reply_finished)
+        r.failed.connect(self.show_error)
+        r.busyChanged.connect(self._set_busy)
+
     @property
     def busy(self) -> bool:
-        return self._gen_task is not None and not self._gen_task.done()
+        return self.reply.busy
 
     def send(self, text: str) -> None:
         """Send the prompt box's text (a new turn, or the resend of an edited message)."""
-        if self.busy or self.info is None or not text.strip():
+        if self.info is None:
             return
-        editing = self.prompt.editing
-        try:
-            if editing is not None:
-                old = self.conversation.message(editing)
-                user = self.conversation.add_user(text, parent_id=old.parent_id)
-            else:
-                user = self.conversation.add_user(text)
-        except HistoryError as e:
-            self.show_error("Could not save the message", str(e))
-            return
-        self.prompt.end_edit()
-        self.prompt.clear()
-        self._start_reply(parent_id=user.id)
+        self.reply.inspect = INSPECT_TOP if self.record_probs_action.isChecked() else 0
+        if self.reply.send(text, editing=self.prompt.editing):
+            self.prompt.end_edit()
+            self.prompt.clear()
 
     def regenerate(self, msg_id: int | None = None) -> None:
         """A new version of a reply (default: the last one) — the old versions stay."""
-        if self.busy or self.info is None:
-            return
-        path = self.conversation.path()
-        if msg_id is None:
-            target = path[-1] if path else None
-            if target is None:
-                return
-        else:
-            target = self.conversation.message(msg_id)
-        if target.role == "assistant":
-            parent = target.parent_id
-        else:  # a user message without a reply: answer it
-            parent = target.id
-        if parent is None:
-            return
-        self.conversation.history.set_current_leaf(self.conversation.conv_id, parent)
-        self.refresh_transcript()
-        self._start_reply(parent_id=parent)
+        if self.info is not None:
+            self.reply.inspect = INSPECT_TOP if self.record_probs_action.isChecked() else 0
+            self.reply.regenerate(msg_id)
 
     def continue_reply(self, msg_id: int | None = None) -> None:
         """Carry on a reply that stopped on length (default: the last message)."""
-        if self.busy or self.info is None:
-            return
-        path = self.conversation.path()
-        target = self.conversation.message(msg_id) if msg_id is not None else (path[-1] if path else None)
-        if target is None or target.role != "assistant":
-            return
-        self._start_reply(parent_id=target.parent_id, continue_of=target)
+        if self.info is not None:
+            self.reply.inspect = INSPECT_TOP if self.record_probs_action.isChecked() else 0
+            self.reply.continue_reply(msg_id)
 
-    def _start_reply(self, *, parent_id: int, continue_of=None) -> None:
-        worker = _bridge_types()
-        try:
-            # Draw the seed here, so even a reply cut short by quitting records the seed it used.
-            params = self.panel.params().validate().resolved()
-        except Exception as e:
-            self.show_error("Invalid sampling settings", str(e))
-            return
-        messages = self.conversation.request_messages(self.panel.system_prompt(), upto=parent_id)
-        inspect = INSPECT_TOP if self.record_probs_action.isChecked() else 0
-        request = worker.GenerateRequest(messages=messages, params=params, chat_format=self.panel.chat_format(),
-                                         continue_reply=continue_of.text if continue_of is not None else "",
-                                         inspect=inspect)
-        n_versions = 1 if continue_of is not None else len(self.conversation.history.children(parent_id)) + 1
-        if continue_of is not None:
-            view = self.conversation.view_message(continue_of)
-        else:
-            view = {"id": None, "role": "assistant", "text": "", "version": (n_versions, n_versions)}
-        self._reply = {"parent_id": parent_id, "continue_of": continue_of, "prefix": view["text"],
-                       "text": "", "started": None, "done": None, "error": None, "saved": False,
-                       "settings": params.to_dict(), "tokens": 0,
-                       # per-token records (ids, log-probs, alternatives) for the inspector
-                       "run": LaneRun() if inspect else None, "inspect": inspect,
-                       # the reply is saved as it streams (stop reason "incomplete" until it ends)
-                       "partial": None if continue_of is not None else PartialReply(
-                           self.history, self.conversation.conv_id, parent_id, settings=params.to_dict(),
-                           seed=params.seed, model_id=(self.info or {}).get("name"))}
+    def _on_reply_started(self, view: dict) -> None:
         self.chat.set_notice(None)
         self.chat.begin_stream(view)
         self.chat.scroll_to_bottom()
-        self._gen_task = self._spawn(self._generate(request))
-        self._set_busy(True)
+
+    def _on_reply_finished(self, view: dict) -> None:
+        if view.get("id") is None:  # nothing came back: the error shows in place of the reply
+            self.chat.end_stream(view)
+            return
+        view = self._with_tokens([view], {view["id"]: self.conversation.message(view["id"]).meta})[0]
+        self.chat.end_stream(view)
+        self.stats_label.setText(format_stats(view))
+        s = view["stats"]
+        self._update_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
+        self.replyFinished.emit(view)
 
     def _set_busy(self, busy: bool) -> None:
         self.prompt.set_busy(busy)
         for a in (self.regen_action, self.continue_action, self.send_action):
             a.setEnabled(not busy and (a is self.send_action or self.info is not None))
         self.busyChanged.emit(busy)
-
-    async def _generate(self, request) -> None:
-        worker = _bridge_types()
-        reply = self._reply
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        try:
-            async for ev in self.bridge.generate(request):
-                if isinstance(ev, worker.Started):
-                    reply["started"] = ev
-                    self.context_length = ev.context_length or self.context_length
-                    self._update_context(ev.prompt_tokens, self.context_length)
-                    if ev.dropped_messages:
-                        self.chat.set_notice(
-                            f"This conversation no longer fits in the model's context ({self.context_length} tokens): "
-                            f"the {ev.dropped_messages} oldest message(s) were left out of this reply "
-                            "(the system prompt was kept).")
-                elif isinstance(ev, worker.Done):
-                    reply["done"] = ev
-                elif isinstance(ev, worker.Error):
-                    reply["error"] = ev.message
-                elif hasattr(ev, "text"):  # a chunk of streamed text
-                    reply["text"] += ev.text
-                    if reply["partial"] is not None:
-                        reply["partial"].append(ev.text)
-                    reply["tokens"] += len(getattr(ev, "tokens", None) or [None])
-                    if reply["run"] is not None and getattr(ev, "tokens", None):
-                        reply["run"].add(ev.tokens)
-                    self.chat.append_stream(ev.text)
-                    st = reply["started"]
-                    used = (st.prompt_tokens if st else 0) + reply["tokens"]
-                    self._update_context(used, self.context_length)
-                    dt = loop.time() - t0
-                    self.stats_label.setText(f"{reply['tokens']} tokens · {reply['tokens'] / dt:.1f} tok/s" if dt > 0 else "")
-        except asyncio.CancelledError:
-            reply["error"] = reply["error"] or None
-            self._finish_reply(reply, cancelled=True)
-            raise
-        except Exception as e:  # BridgeError: show it, keep what streamed
-            reply["error"] = str(e)
-        self._finish_reply(reply)
-
-    def _finish_reply(self, reply: dict, cancelled: bool = False) -> None:
-        """Write the reply (finished, stopped or failed) to the store and show it final."""
-        if reply is None or reply["saved"]:
-            return
-        reply["saved"] = True
-        done = reply["done"]
-        text = done.text if done is not None and done.text is not None else reply["text"]
-        stop_reason = done.stop_reason if done is not None else ("cancelled" if cancelled or not reply["error"] else "error")
-        params = dict(done.params) if done is not None and done.params else reply["settings"]
-        stats = dict(done.stats) if done is not None and done.stats else {"generated_tokens": reply["tokens"]}
-        meta = {}
-        st = reply["started"]
-        if st is not None and st.dropped_messages:
-            meta["dropped_messages"] = st.dropped_messages
-        if reply["error"]:
-            meta["error"] = reply["error"]
-        record = self._token_record(reply)
-        if record is not None:
-            meta["tokens"] = record
-        self._set_busy(False)
-        if self._reply is reply:
-            self._reply = None
-        if not text and reply["error"] and reply["continue_of"] is None:
-            # Nothing came back: no empty reply in the store, just the error.
-            self.chat.end_stream({"id": None, "role": "assistant", "text": "", "error": reply["error"]})
-            self.show_error("Generation failed", reply["error"])
-            return
-        try:
-            if reply["continue_of"] is not None:
-                old = reply["continue_of"]
-                merged = dict(old.stats or {})
-                merged["generated_tokens"] = int(merged.get("generated_tokens", 0)) + int(stats.get("generated_tokens", 0))
-                for k in ("ttft_s", "decode_tok_s", "prompt_tokens", "cached_tokens"):
-                    if k in stats:
-                        merged[k] = stats[k]
-                m = self.conversation.update_reply(old.id, text=reply["prefix"] + text, stats=merged,
-                                                   stop_reason=stop_reason, settings=params,
-                                                   seed=params.get("seed"), meta={**(old.meta or {}), **meta})
-            elif reply["partial"] is not None:
-                m = reply["partial"].finish(text, settings=params, seed=params.get("seed"), stats=stats,
-                                            stop_reason=stop_reason, meta=meta)
-                self.conversation.listChanged.emit()
-            else:
-                m = self.conversation.add_reply(
-                    reply["parent_id"], text, settings=params, seed=params.get("seed"),
-                    model_id=(self.info or {}).get("name"), stats=stats, stop_reason=stop_reason, meta=meta)
-        except HistoryError as e:
-            self.show_error("Could not save the reply", str(e))
-            return
-        view = self._with_tokens([self.conversation.view_message(m)], {m.id: m.meta})[0]
-        if self._closing:
-            return
-        self.chat.end_stream(view)
-        self.stats_label.setText(format_stats(view))
-        s = view["stats"]
-        self._update_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
-        if reply["error"]:
-            self.show_error("Generation failed", reply["error"])
-        self.replyFinished.emit(view)
-
-    @staticmethod
-    def _token_record(reply: dict) -> dict | None:
-        """The reply's tokens as stored in its meta (see LaneRun.token_record), or None.
-
-        A continuation extends the earlier part's record when that record covers the text
-        before it; otherwise the record starts after that text (``offset``: characters no
-        token covers), so the new part is still inspectable.
-        """
-        run = reply.get("run")
-        if run is None or not run.tokens:
-            return None
-        rec = {**run.token_record(), "inspect": reply["inspect"]}
-        old = reply["continue_of"]
-        if old is None:
-            return rec
-        prefix = reply["prefix"]
-        prev = (old.meta or {}).get("tokens")
-        if isinstance(prev, dict) and prev.get("tokens"):
-            off = int(prev.get("offset") or 0)
-            if prefix[off:] == "".join(prev.get("token_texts") or []):
-                n = len(prev["tokens"])
-                fill = {"top": [None] * n, "pieces": prev.get("token_texts"), "logprobs": [0.0] * n}
-                merged = {k: list(prev.get(k) or fill.get(k) or []) + rec[k]
-                          for k in ("tokens", "token_texts", "pieces", "logprobs", "top")}
-                return {**merged, "inspect": rec["inspect"], **({"offset": off} if off else {})}
-        if prefix:
-            rec["offset"] = len(prefix)
-        return rec
 
     def _with_tokens(self, views: list[dict], metas: dict | None = None) -> list[dict]:
         """Attach each reply's stored token record (meta "tokens") to its view dict."""
@@ -954,7 +754,7 @@ class MainWindow(QMainWindow):
     def stop(self) -> None:
         """Stop the running reply (what streamed so far is kept); cancel an edit otherwise."""
         if self.busy:
-            self.bridge.cancel()
+            self.reply.stop()
         elif self.prompt.editing is not None:
             self.prompt.end_edit()
             self.prompt.clear()
@@ -1070,12 +870,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event):
         """Quitting mid-reply: stop it, save what streamed, then close."""
-        self._closing = True
-        if self._reply is not None and not self._reply["saved"]:
-            self._finish_reply(self._reply, cancelled=True)
-        if self.busy:
-            self.bridge.cancel()
-            self._gen_task.cancel()
+        self.reply.abandon()
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
         for d in list(self._dialogs):

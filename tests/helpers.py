@@ -90,3 +90,26 @@ def greetings_chat(h):
                        stats={"tokens": 4, "tokens_per_s": 12.5}, stop_reason="eos")
     a2 = h.add_message(c.id, role="assistant", text="Hi! v2", parent_id=u.id, seed=12)
     return c, u, a1, a2
+
+
+def gguf_vocab(path):
+    """The vocabulary arrays of a GGUF file read with the gguf package: tokens, scores,
+    token types and the bos/eos/unknown ids."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+
+    def array(name, convert):
+        field = reader.fields[name]
+        return [convert(field.parts[i]) for i in field.data]
+
+    def scalar(name):
+        field = reader.fields[name]
+        return int(field.parts[field.data[0]][0])
+
+    return (
+        array("tokenizer.ggml.tokens", lambda p: bytes(p).decode("utf-8")),
+        array("tokenizer.ggml.scores", lambda p: float(p[0])),
+        array("tokenizer.ggml.token_type", lambda p: int(p[0])),
+        {k: scalar(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "unknown")},
+    )

@@ -10,7 +10,7 @@ from core.chat_format import (
 from core.errors import SettingsError
 from core.checkpoints.gguf_vocab import sentencepiece_from_vocab
 from core.tokenizer import SentencePieceTokenizer, TiktokenTokenizer
-from tests.core.test_tokenizer import gguf_vocab
+from tests.helpers import gguf_vocab
 
 LLAMA3_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}"

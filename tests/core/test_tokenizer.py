@@ -1,7 +1,6 @@
 import json
 import random
 import time
-from pathlib import Path
 
 import pytest
 
@@ -15,6 +14,7 @@ from core.tokenizer import (
     load_tokenizer,
 )
 from core.checkpoints.gguf_vocab import byte_level_vocab_from_ranks, hf_byte_level_from_vocab, sentencepiece_from_vocab
+from tests.helpers import gguf_vocab
 
 MIXED = "Grüße 👋🏽 日本語のテキスト — naïve café\n\tcode: x = 1"
 SAMPLES = [
@@ -44,27 +44,6 @@ def llama3(meta_fixtures) -> TiktokenTokenizer:
 @pytest.fixture(scope="module")
 def llama2(meta_fixtures) -> SentencePieceTokenizer:
     return SentencePieceTokenizer(meta_fixtures / "llama2-tokenizer.model")
-
-
-def gguf_vocab(path: Path):
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-
-    def array(name, convert):
-        field = reader.fields[name]
-        return [convert(field.parts[i]) for i in field.data]
-
-    def scalar(name):
-        field = reader.fields[name]
-        return int(field.parts[field.data[0]][0])
-
-    return (
-        array("tokenizer.ggml.tokens", lambda p: bytes(p).decode("utf-8")),
-        array("tokenizer.ggml.scores", lambda p: float(p[0])),
-        array("tokenizer.ggml.token_type", lambda p: int(p[0])),
-        {k: scalar(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "unknown")},
-    )
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,25 @@ import pytest
 
 from core import checkpoints
 from core.chat_format import chat_format_for
-from core.engine import Engine
+from core.engine import Done, Engine, Prefilled, Token
 from core.errors import SettingsError
 from core.prompting import fit_dialog, reply_reserve
 from core.sampling import SamplingParams
-from core.worker import (CompareRequest, Done, Error, GenerateRequest, Loaded, LoadProgress, Started,
-                         TokenDelta, Unloaded, Worker, default_torch_threads, resolve_torch_threads)
+from core.worker import (CompareRequest, Error, GenerateRequest, Loaded, LoadProgress, Prompted, Reply, Unloaded,
+                         Worker, default_torch_threads, resolve_torch_threads)
 
 PROMPT = "Once upon a time"
+
+
+def inner(ev):
+    """A worker event with the engine's event taken out of its Reply wrapper."""
+    return ev.event if isinstance(ev, Reply) else ev
+
+
+def is_token(ev, rid=None, index=None) -> bool:
+    """ev is a Reply carrying a Token (of request rid, with that index, when given)."""
+    return (isinstance(ev, Reply) and isinstance(ev.event, Token) and (rid is None or ev.request_id == rid)
+            and (index is None or ev.event.index == index))
 
 
 class Collector:
@@ -41,9 +52,10 @@ class Collector:
         return pred(self.events)
 
     def finished(self, rid: int, lanes: int = 1):
-        """Wait for the terminal events of request rid: one Done per lane, or an Error."""
+        """Wait for the terminal events of request rid (one Done per lane, or an Error);
+        returns its events with the engine's own unwrapped."""
         def done(evs):
-            mine = [e for e in evs if e.request_id == rid]
+            mine = [inner(e) for e in evs if e.request_id == rid]
             if any(isinstance(e, Error) for e in mine):
                 return mine
             return mine if sum(isinstance(e, Done) for e in mine) >= lanes else None
@@ -51,7 +63,7 @@ class Collector:
 
     def of(self, rid: int) -> list:
         with self._cond:
-            return [e for e in self.events if e.request_id == rid]
+            return [inner(e) for e in self.events if e.request_id == rid]
 
 
 @pytest.fixture
@@ -102,24 +114,24 @@ def test_load_generate_events_in_order_and_match_engine(make_worker, gguf):
     gid = w.generate(completion())
     evs = col.finished(gid)
     kinds = [type(e) for e in col.events]
-    # LoadProgress…, Loaded, Started, TokenDelta…, Done
+    # LoadProgress…, Loaded, Prompted, Reply(Prefilled), Reply(Token)…, Reply(Done)
     first_loaded = kinds.index(Loaded)
     assert kinds[0] is LoadProgress and all(k is LoadProgress for k in kinds[:first_loaded])
     assert [e.request_id for e in col.events[: first_loaded + 1]] == [lid] * (first_loaded + 1)
-    assert [type(e) for e in evs][0] is Started and type(evs[-1]) is Done
-    assert all(isinstance(e, TokenDelta) for e in evs[1:-1])
-    deltas = evs[1:-1]
+    assert all(type(e) is Reply for e in col.events[first_loaded + 2:])
+    assert [type(e) for e in evs[:2]] == [Prompted, Prefilled] and type(evs[-1]) is Done
+    assert all(isinstance(e, Token) for e in evs[2:-1])
+    deltas = evs[2:-1]
     done = evs[-1]
     assert [d.index for d in deltas] == list(range(len(deltas)))
     assert "".join(d.text for d in deltas) == done.text
-    assert done.stop_reason in ("length", "eos") and done.params["seed"] == 7
-    assert set(done.stats) >= {"prompt_tokens", "cached_tokens", "generated_tokens", "ttft_s", "prefill_s",
-                               "decode_s", "decode_tok_s", "prefill_tok_s"}
+    assert done.stop_reason in ("length", "eos") and done.params.seed == 7
+    assert done.stats.generated_tokens == len(done.tokens) and done.stats.prompt_tokens == 5
     info = col.events[first_loaded].info
     assert info["name"] == "stories260K" and info["context_length"] > 0 and w.info == info
-    started = evs[0]
-    assert started.prompt_tokens == 5 and started.dropped_messages == 0
-    assert started.context_length == info["context_length"]
+    prompted, prefilled = evs[0], evs[1]
+    assert prefilled.prompt_tokens == 5 and prompted.dropped_messages == 0
+    assert prompted.context_length == info["context_length"]
 
     text, tokens = direct_text(gguf, lambda lm: lm.tokenizer.encode(PROMPT, bos=True),
                                SamplingParams(temperature=0.8, max_new_tokens=30, seed=7))
@@ -145,8 +157,8 @@ def test_chat_mode_matches_engine_and_reuses_the_cache(make_worker, gguf):
     assert done.text == text and not done.text.startswith(" ")
     # The next turn extends the same prompt: only its new tokens are prefilled.
     msgs2 = msgs + [{"role": "assistant", "content": done.text}, {"role": "user", "content": "More."}]
-    started = col.finished(w.generate(GenerateRequest(messages=msgs2, params=params, chat_format="llama2")))[0]
-    assert isinstance(started, Started) and started.cached_tokens > evs[0].prompt_tokens // 2
+    started = col.finished(w.generate(GenerateRequest(messages=msgs2, params=params, chat_format="llama2")))[1]
+    assert isinstance(started, Prefilled) and started.cached_tokens > evs[1].prompt_tokens // 2
 
 
 def test_compare_runs_one_done_per_lane(make_worker, gguf):
@@ -157,8 +169,8 @@ def test_compare_runs_one_done_per_lane(make_worker, gguf):
     dones = sorted((e for e in evs if isinstance(e, Done)), key=lambda d: d.lane)
     assert [d.lane for d in dones] == [0, 1]
     for d in dones:
-        assert "".join(t.text for t in evs if isinstance(t, TokenDelta) and t.lane == d.lane) == d.text
-    tops = [t.top for t in evs if isinstance(t, TokenDelta)]
+        assert "".join(t.text for t in evs if isinstance(t, Token) and t.lane == d.lane) == d.text
+    tops = [t.top for t in evs if isinstance(t, Token)]
     assert tops and all(t and len(t["raw"]) <= 3 for t in tops)
 
 
@@ -170,7 +182,7 @@ def test_continue_reply_carries_on_after_the_partial_reply(make_worker, gguf):
                                                     chat_format="llama2")))
     cont = col.finished(w.generate(GenerateRequest(messages=msgs, params=SamplingParams(temperature=0, max_new_tokens=6),
                                                    chat_format="llama2", continue_reply=first[-1].text)))
-    assert cont[0].prompt_tokens > first[0].prompt_tokens
+    assert cont[1].prompt_tokens > first[1].prompt_tokens
     assert cont[-1].stop_reason in ("length", "eos")
 
 
@@ -180,8 +192,8 @@ def test_cancel_during_decode_stops_within_one_step(make_worker, gguf):
     holder = {}
 
     def hook(ev):
-        if isinstance(ev, TokenDelta) and ev.request_id == holder.get("rid") and ev.index == 4:
-            holder["w"].cancel()  # on the worker thread, right after token 4 was made
+        if is_token(ev, holder.get("rid"), 4):
+            holder["w"].cancel(ev.request_id)  # on the worker thread, right after token 4 was made
     w, col = make_worker(hook)
     holder["w"] = w
     w.load(gguf)
@@ -202,7 +214,7 @@ def test_cancel_during_long_prefill_stops_between_chunks(make_worker, gguf):
         if x.shape[1] > 1:  # a prefill chunk
             calls.append(x.shape[1])
             if len(calls) == 3 and holder.get("cancel"):
-                holder["w"].cancel()
+                holder["w"].cancel(holder["rid"])
         return forward(x, *a, **kw)
     lm.model.forward = counting_forward
     w, col = make_worker(prefill_chunk=8)
@@ -210,29 +222,51 @@ def test_cancel_during_long_prefill_stops_between_chunks(make_worker, gguf):
     w.adopt(lm)
     long_prompt = " ".join(["the little dog ran to the park and played"] * 30)
     holder["cancel"] = True
-    evs = col.finished(w.generate(completion(prompt=long_prompt, max_new=5)))
-    assert isinstance(evs[0], Started) and evs[0].prompt_tokens > 100
+    holder["rid"] = w.generate(completion(prompt=long_prompt, max_new=5))
+    evs = col.finished(holder["rid"])
+    assert isinstance(evs[1], Prefilled) and evs[1].prompt_tokens > 100
     assert evs[-1].stop_reason == "cancelled" and evs[-1].tokens == []
     assert len(calls) == 3  # the chunk running when cancel came finished; no further chunk ran
     holder["cancel"] = False
     params = SamplingParams(temperature=0.8, max_new_tokens=10, seed=5)
     evs = col.finished(w.generate(GenerateRequest(mode="completion", prompt=long_prompt, params=params)))
-    assert evs[0].cached_tokens == 24  # the three chunks that ran are reused
+    assert evs[1].cached_tokens == 24  # the three chunks that ran are reused
     lm.model.forward = forward
     text, _ = direct_text(gguf, lambda m: m.tokenizer.encode(long_prompt, bos=True), params)
     assert evs[-1].text == text
 
 
-def test_cancel_reaches_queued_requests_but_not_later_ones(make_worker, gguf):
+def test_cancel_all_reaches_queued_requests_but_not_later_ones(make_worker, gguf):
     w, col = make_worker()
     loaded_ok(col, w.load(gguf))
     a = w.generate(completion(max_new=1000))
     b = w.generate(completion(max_new=1000))
-    w.cancel()
+    w.cancel_all()
     c = w.generate(completion(max_new=5))
     assert col.finished(a)[-1].stop_reason == "cancelled"
     assert col.finished(b)[-1].stop_reason == "cancelled"
     assert col.finished(c)[-1].stop_reason in ("length", "eos")
+
+
+def test_cancel_names_one_request_and_leaves_the_others(make_worker, gguf):
+    holder = {}
+
+    def hook(ev):  # on the worker thread: while a runs, cancel the queued b only
+        if is_token(ev, holder.get("a"), 2):
+            holder["w"].cancel(holder["b"])
+    w, col = make_worker(hook)
+    holder["w"] = w
+    loaded_ok(col, w.load(gguf))
+    holder["b"] = None
+    holder["a"] = a = w.generate(completion(max_new=12, temperature=0))
+    holder["b"] = b = w.generate(completion(max_new=12, temperature=0))
+    c = w.generate(completion(max_new=12, temperature=0))
+    done_a, done_b, done_c = (col.finished(r)[-1] for r in (a, b, c))
+    assert done_b.stop_reason == "cancelled" and done_b.tokens == []
+    assert done_a.stop_reason in ("length", "eos") and done_c.stop_reason in ("length", "eos")
+    assert done_a.text == done_c.text and len(done_a.tokens) == 12
+    w.cancel(a)  # a finished request: nothing to cancel, and nothing else is touched
+    assert col.finished(w.generate(completion(max_new=3)))[-1].stop_reason in ("length", "eos")
 
 
 # --------------------------------------------------------------------------- errors
@@ -289,7 +323,7 @@ def test_bad_settings_are_errors_and_the_worker_goes_on(make_worker, gguf):
 
 def test_listener_exceptions_do_not_kill_the_worker(make_worker, gguf):
     def hook(ev):
-        if isinstance(ev, TokenDelta):
+        if is_token(ev):
             raise RuntimeError("listener bug")
     w, col = make_worker(hook)
     w.load(gguf)
@@ -303,7 +337,7 @@ def test_load_while_generating_cancels_the_generation_first(make_worker, gguf):
     holder = {}
 
     def hook(ev):
-        if isinstance(ev, TokenDelta) and ev.request_id == holder.get("gen") and ev.index == 3:
+        if is_token(ev, holder.get("gen"), 3):
             holder["load"] = holder["w"].load(gguf)
     w, col = make_worker(hook)
     holder["w"] = w
@@ -326,12 +360,12 @@ def test_shutdown_while_generating_returns_quickly(gguf):
     w.start()
     w.load(gguf)
     rid = w.generate(completion(max_new=100000))
-    col.wait(lambda evs: any(isinstance(e, TokenDelta) for e in evs))
+    col.wait(lambda evs: any(is_token(e) for e in evs))
     t0 = time.monotonic()
     w.shutdown(5)
     assert time.monotonic() - t0 < 2 and not w.alive
     assert col.of(rid)[-1].stop_reason == "cancelled"
-    assert isinstance(col.events[-1], Done)
+    assert isinstance(inner(col.events[-1]), Done)
     # After shutdown, commands are answered with an error, not silence.
     assert "shut down" in _error(col, w.generate(completion()))
 
@@ -410,8 +444,9 @@ def test_worker_reports_dropped_turns_and_too_long_messages(make_worker, gguf):
     w, col = make_worker()
     w.load(gguf, max_seq_len=160)
     params = SamplingParams(temperature=0, max_new_tokens=20)
-    started = col.finished(w.generate(GenerateRequest(messages=_dialog(8), params=params, chat_format="llama2")))[0]
-    assert isinstance(started, Started) and started.dropped_messages >= 2 and started.dropped_messages % 2 == 0
+    prompted, started = col.finished(w.generate(GenerateRequest(messages=_dialog(8), params=params,
+                                                                chat_format="llama2")))[:2]
+    assert isinstance(prompted, Prompted) and prompted.dropped_messages >= 2 and prompted.dropped_messages % 2 == 0
     assert started.prompt_tokens <= 160 - reply_reserve(160, 20)
     huge = [{"role": "user", "content": "dog " * 400}]
     msg = _error(col, w.generate(GenerateRequest(messages=huge, params=params)))

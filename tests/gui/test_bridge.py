@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from core.engine import Done, Prefilled, Stats, Token
 from core.sampling import SamplingParams
-from core.worker import CompareRequest, Done, Error, GenerateRequest, Started, TokenDelta, Worker
+from core.worker import CompareRequest, Error, GenerateRequest, Prompted, Reply, Worker
 from gui.bridge import Bridge, BridgeError, Chunk
 from tests.gui.ui_helpers import loop  # noqa: F401  (the shared qasync loop fixture)
 
@@ -79,9 +80,9 @@ async def collect(stream, on_chunk=None) -> list:
 
 
 def check_stream(evs: list) -> Done:
-    """Started, Chunk…, Done; chunk texts add up to the reply."""
-    assert isinstance(evs[0], Started) and isinstance(evs[-1], Done)
-    chunks = evs[1:-1]
+    """Prompted, Prefilled, Chunk…, Done; chunk texts add up to the reply."""
+    assert [type(e) for e in evs[:2]] == [Prompted, Prefilled] and isinstance(evs[-1], Done)
+    chunks = evs[2:-1]
     assert all(isinstance(c, Chunk) for c in chunks)
     done = evs[-1]
     assert "".join(c.text for c in chunks) == done.text
@@ -103,7 +104,7 @@ def test_load_then_generate_streams_chunks(make_bridge, qloop, gguf):
         return info, evs
     info, evs = run(qloop, scenario())
     done = check_stream(evs)
-    assert done.stop_reason in ("length", "eos") and done.params["seed"] == 7
+    assert done.stop_reason in ("length", "eos") and done.params.seed == 7
     assert info["name"] == "stories260K" and bridge.model_info == info
     assert sig.loaded == [info]
     assert sig.progress and sig.progress[-1][0] == 1.0
@@ -113,13 +114,14 @@ def test_load_then_generate_streams_chunks(make_bridge, qloop, gguf):
     # The same seed through the worker directly gives the same text.
     direct = []
     ev = threading.Event()
-    w = Worker(lambda e: (direct.append(e), isinstance(e, Done) and ev.set()), torch_threads=1)
+    w = Worker(lambda e: (direct.append(e), isinstance(e, Reply) and isinstance(e.event, Done) and ev.set()),
+               torch_threads=1)
     w.start()
     w.load(gguf)
     w.generate(completion())
     assert ev.wait(20)
     w.shutdown()
-    assert direct[-1].text == done.text
+    assert direct[-1].event.text == done.text
 
 
 def test_compare_streams_lanes(make_bridge, qloop, gguf):
@@ -160,18 +162,53 @@ def test_errors_without_model_and_bad_path(make_bridge, qloop, gguf, tmp_path):
 def test_cancel_inside_the_stream_then_next_request_works(make_bridge, qloop, gguf):
     bridge, _ = make_bridge()
 
-    async def cancel_at_first(chunk, out):
-        if sum(isinstance(e, Chunk) for e in out) == 1:
-            bridge.cancel()
-
     async def scenario():
         await bridge.load(gguf)
-        first = await collect(bridge.generate(completion(max_new=100000)), cancel_at_first)
+        stream = bridge.generate(completion(max_new=100000))
+
+        async def cancel_at_first(chunk, out):
+            if sum(isinstance(e, Chunk) for e in out) == 1:
+                stream.cancel()
+        first = await collect(stream, cancel_at_first)
+        stream.cancel()  # a late Stop of a finished stream must not reach the next request
         second = await collect(bridge.generate(completion(max_new=5)))
         return first, second
     first, second = run(qloop, scenario())
     assert check_stream(first).stop_reason == "cancelled"
     assert check_stream(second).stop_reason in ("length", "eos")
+
+
+def test_a_chat_reply_and_a_comparison_on_one_bridge_stop_alone(make_bridge, qloop, gguf):
+    """Stop on one stream ends that request only, whether it runs or waits in the queue."""
+    bridge, _ = make_bridge()
+    lanes = [SamplingParams(temperature=0, max_new_tokens=40), SamplingParams(temperature=1, seed=3, max_new_tokens=40)]
+
+    def comparison():
+        return bridge.compare(CompareRequest(mode="completion", prompt="Once upon a time", lanes=lanes))
+
+    async def scenario():
+        await bridge.load(gguf)
+        # 1. Stop the chat reply while it streams; the comparison queued behind it runs on.
+        chat, comp = bridge.generate(completion(max_new=100000)), comparison()
+
+        async def stop_chat(chunk, out):
+            chat.cancel()
+        chat_evs, comp_evs = await asyncio.gather(collect(chat, stop_chat), collect(comp))
+        # 2. Stop the comparison while the chat reply before it still streams.
+        chat2, comp2 = bridge.generate(completion(max_new=40, temperature=0)), comparison()
+
+        async def stop_comp(chunk, out):
+            comp2.cancel()
+        chat2_evs, comp2_evs = await asyncio.gather(collect(chat2, stop_comp), collect(comp2))
+        return chat_evs, comp_evs, chat2_evs, comp2_evs
+    chat_evs, comp_evs, chat2_evs, comp2_evs = run(qloop, scenario(), 60)
+    assert check_stream(chat_evs).stop_reason == "cancelled"
+    assert sorted((d.lane, d.stop_reason, len(d.tokens)) for d in comp_evs if isinstance(d, Done)) \
+        == [(0, "length", 40), (1, "length", 40)]
+    assert check_stream(chat2_evs).stop_reason == "length" and len(chat2_evs[-1].tokens) == 40
+    comp2_done = [d for d in comp2_evs if isinstance(d, Done)]
+    assert [d.stop_reason for d in comp2_done] == ["cancelled", "cancelled"]
+    assert all(d.tokens == [] for d in comp2_done)  # stopped while queued: it never ran
 
 
 def test_load_while_streaming_cancels_the_stream(make_bridge, qloop, gguf):
@@ -275,15 +312,20 @@ class BurstWorker:
 
     def compare(self, request):
         rid, lanes = self._rid(), len(request.lanes)
-        self.on_event(Started(rid, 3, 0, 0, 512))
+        self.on_event(Prompted(rid, 0, 512))
+        self.on_event(Reply(rid, Prefilled(3, 0, 0.0)))
         for i in range(self.n):
             for lane in range(lanes):
-                self.on_event(TokenDelta(rid, lane, i, 5, "ab", "ab", -0.1))
+                self.on_event(Reply(rid, Token(lane, i, 5, "ab", "ab", -0.1)))
         for lane in range(lanes):
-            self.on_event(Done(rid, lane, "length", "ab" * self.n, [5] * self.n, [-0.1] * self.n, {}, {}))
+            self.on_event(Reply(rid, Done(lane, "length", [5] * self.n, "ab" * self.n, [-0.1] * self.n,
+                                          request.lanes[lane], Stats())))
         return rid
 
-    def cancel(self):
+    def cancel(self, request_id):
+        pass
+
+    def cancel_all(self):
         pass
 
     def stop(self):
@@ -304,26 +346,12 @@ def test_a_burst_of_tokens_becomes_one_chunk_per_lane(make_bridge, qloop):
         three = await collect(bridge.compare(CompareRequest(lanes=[SamplingParams()] * 3)))
         return one, three
     one, three = run(qloop, scenario())
-    assert [type(e) for e in one] == [Started, Chunk, Done]
-    assert len(one[1].tokens) == 200 and one[1].text == "ab" * 200
+    assert [type(e) for e in one] == [Prompted, Prefilled, Chunk, Done]
+    assert len(one[2].tokens) == 200 and one[2].text == "ab" * 200
     chunks = [e for e in three if isinstance(e, Chunk)]
     assert sorted(c.lane for c in chunks) == [0, 1, 2] and all(len(c.tokens) == 200 for c in chunks)
     # Every lane's chunk comes before any Done.
     assert max(three.index(c) for c in chunks) < min(three.index(d) for d in three if isinstance(d, Done))
-
-
-def test_streaming_is_coalesced_per_frame(make_bridge, qloop, gguf):
-    """A real generation: far fewer chunks than tokens (the UI is woken once a frame)."""
-    bridge, _ = make_bridge()
-
-    async def scenario():
-        await bridge.load(gguf)
-        return await collect(bridge.generate(completion(max_new=400)))
-    evs = run(qloop, scenario())
-    done = check_stream(evs)
-    chunks = [e for e in evs if isinstance(e, Chunk)]
-    if len(done.tokens) >= 200 and done.stats["decode_tok_s"] > 200:
-        assert len(chunks) < len(done.tokens) / 2
 
 
 # --------------------------------------------------------------------------- gui.app.run

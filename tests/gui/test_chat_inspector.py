@@ -13,9 +13,8 @@ from PySide6.QtCore import Qt, QUrl
 from PySide6.QtWidgets import QToolButton
 
 from core.sampling import SamplingParams
-from tests.gui.test_compare_view import anchor_point, reference_probs
-from tests.gui.test_main_window import close, load, send
-from tests.gui.ui_helpers import bridge, data_dir, loop, make_window, run, settings, snapshot  # noqa: F401
+from tests.gui.ui_helpers import (anchor_point, bridge, close, data_dir, load, loop, make_window,  # noqa: F401
+                                  reference_probs, run, send, settings, snapshot)
 
 PROMPT = "Tell me a story about a cat"
 # Every filter on, so the "after filters" column is a real test of all of them.
@@ -219,21 +218,23 @@ def test_token_view_without_model(qtbot):
 def test_continued_reply_record():
     """Continuing a reply extends its token record when the record covers the text so far;
     otherwise the new record starts after it (``offset``)."""
+    from dataclasses import replace
     from types import SimpleNamespace
 
-    from core.worker import TokenDelta
+    from core.engine import Token
     from gui.compare_model import LaneRun
-    from gui.main_window import MainWindow
+    from gui.reply import ReplyState, token_record
     top = {"raw": [(4, 0.5)], "filtered": [(4, 1.0)], "pieces": {4: "!"}}
     run = LaneRun()
-    run.add([TokenDelta(1, 0, 0, 4, "!", "!", -0.6931, top)])
+    run.add([Token(0, 0, 4, "!", "!", -0.6931, top)])
     prev = {"tokens": [1, 2], "token_texts": ["Hi", " there"], "logprobs": [-0.1, -0.2], "top": [None, None]}
-    reply = {"run": run, "inspect": 5, "prefix": "Hi there", "continue_of": SimpleNamespace(meta={"tokens": prev})}
-    rec = MainWindow._token_record(reply)
+    reply = ReplyState(parent_id=1, settings={}, inspect=5, prefix="Hi there", run=run,
+                       continue_of=SimpleNamespace(meta={"tokens": prev}))
+    rec = token_record(reply)
     assert rec["tokens"] == [1, 2, 4] and rec["token_texts"] == ["Hi", " there", "!"]
     assert rec["pieces"] == ["Hi", " there", "!"] and rec["logprobs"] == [-0.1, -0.2, -0.6931]
     assert rec["top"][2] == {"raw": [[4, 0.5]], "filtered": [[4, 1.0]], "pieces": {"4": "!"}}
     assert "offset" not in rec
-    rec = MainWindow._token_record({**reply, "prefix": "Hello there"})  # the record does not cover it
+    rec = token_record(replace(reply, prefix="Hello there"))  # the record does not cover it
     assert rec["tokens"] == [4] and rec["offset"] == len("Hello there")
-    assert MainWindow._token_record({**reply, "run": None}) is None  # recording was off
+    assert token_record(replace(reply, run=None)) is None  # recording was off

@@ -23,7 +23,8 @@ LANES = [
 ]
 PROMPT = "Once upon a time"
 
-from tests.gui.ui_helpers import loop, run, until  # noqa: E402,F401  (shared qasync loop fixture and helpers)
+from core.sampling import SamplingParams  # noqa: E402
+from tests.gui.ui_helpers import ScriptedBridge, anchor_point, loop, reference_probs, run, until  # noqa: E402,F401  (shared qasync loop fixture and helpers)
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -76,61 +77,11 @@ def snapshot(widget, name: str, *, in_coroutine: bool = False) -> Path:
     return path
 
 
-def anchor_point(browser, href):
-    """Viewport point inside the text of the anchor ``href``."""
-    from PySide6.QtGui import QTextCursor
-    doc = browser.document()
-    block = doc.begin()
-    while block.isValid():
-        it = block.begin()
-        while not it.atEnd():
-            frag = it.fragment()
-            if frag.charFormat().anchorHref() == href:
-                cur = QTextCursor(doc)
-                cur.setPosition(frag.position() + max(1, frag.length() // 2))
-                r = browser.cursorRect(cur)
-                return r.center() - QPoint(2, 0)
-            it += 1
-        block = block.next()
-    raise AssertionError(f"no anchor {href}")
-
-
 def token_text_of(tok):
     return lambda i: tok.token_bytes(i).decode("utf-8", errors="replace")
 
 
 # --------------------------------------------------------------------------- a reference
-
-def reference_probs(lm, prompt_ids, generated, index, settings):
-    """Raw and filtered probabilities at step ``index`` computed straight from the model,
-    with the filters written out here (not core.sampling's)."""
-    import torch
-    ids = list(prompt_ids) + list(generated[:index])
-    with torch.inference_mode():
-        logits = lm.model(torch.tensor([ids]), 0, None)[0, -1].float()
-    raw = logits.softmax(-1)
-    lg = logits.clone()
-    rp = settings.get("repetition_penalty", 1.0)
-    if rp != 1.0:
-        for t in set(ids):
-            lg[t] = lg[t] / rp if lg[t] > 0 else lg[t] * rp
-    lg = lg / settings["temperature"]
-    k = settings.get("top_k", 0)
-    if k:
-        kth = torch.sort(lg, descending=True).values[k - 1]
-        lg[lg < kth] = float("-inf")
-    p = settings.get("top_p", 1.0)
-    if p < 1.0:
-        vals, order = torch.sort(lg, descending=True)
-        probs = vals.softmax(-1)
-        mass_before = probs.cumsum(-1) - probs
-        lg[order[mass_before >= p]] = float("-inf")
-    mp = settings.get("min_p", 0.0)
-    if mp > 0:
-        probs = lg.softmax(-1)
-        lg[probs < probs.max() * mp] = float("-inf")
-    return raw, lg.softmax(-1)
-
 
 # --------------------------------------------------------------------------- tests
 
@@ -338,11 +289,8 @@ def test_stop_cancels_all_lanes(qtbot, loop, bridge, history, fixtures):
 def test_main_window_hook(qtbot, loop, bridge, tmp_path, monkeypatch):
     """compareButton / Ctrl+Shift+K open the view seeded from the prompt and the panel."""
     from PySide6.QtCore import QSettings
-    mw = pytest.importorskip("gui.main_window")
-    if not hasattr(mw.MainWindow, "_open_compare"):
-        pytest.skip("the main window has no compare hook yet")
+    import gui.main_window as mw
     from core.history import History
-    from core.sampling import SamplingParams
     monkeypatch.setenv("LLAMADESK_DATA_DIR", str(tmp_path))
     settings = QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat)
     w = mw.MainWindow(bridge=bridge, history=History(tmp_path / "h.sqlite3"), settings=settings, autoload=False)
@@ -364,36 +312,24 @@ def test_main_window_hook(qtbot, loop, bridge, tmp_path, monkeypatch):
     assert w._compare_view is view  # raised, not opened twice
     snapshot(w, "compare_main_window_toolbar")
     view.close()
-    w._closing = True
     w.close()
 
 
-class ScriptedBridge:
-    """A bridge whose compare() streams a scripted reply per lane and records requests."""
-
-    def __init__(self):
-        self.requests = []
-
-    def compare(self, request):
-        from core.worker import Done, Started, TokenDelta
-        from gui.bridge import Chunk
-        self.requests.append(request)
-
-        async def stream():
-            yield Started(1, 5, 0, 0, 256)
-            for lane, p in enumerate(request.lanes):
-                seed = p.seed if p.seed is not None else 1000 + lane
-                words = [" a", " b", " c"] if lane == 0 else [" a", " x", " c"]
-                toks = [TokenDelta(1, lane, i, 10 + i + (lane and i == 1) * 50, w, w, -0.5, None)
-                        for i, w in enumerate(words)]
-                yield Chunk(lane, "".join(words), toks)
-                await asyncio.sleep(0)
-                yield Done(1, lane, "length", "".join(words).strip(), [t.token_id for t in toks],
-                           [-0.5] * 3, {**p.to_dict(), "seed": seed}, {"decode_tok_s": 10.0})
-        return stream()
-
-    def cancel(self):
-        pass
+async def three_words(request, stream):
+    """Each lane streams three words (" a b c", lane 1 differs at the second) in one Chunk."""
+    from core.engine import Done, Prefilled, Stats, Token
+    from core.worker import Prompted
+    from gui.bridge import Chunk
+    yield Prompted(1, 0, 256)
+    yield Prefilled(5, 0, 0.0)
+    for lane, p in enumerate(request.lanes):
+        seed = p.seed if p.seed is not None else 1000 + lane
+        words = [" a", " b", " c"] if lane == 0 else [" a", " x", " c"]
+        toks = [Token(lane, i, 10 + i + (lane and i == 1) * 50, w, w, -0.5, None) for i, w in enumerate(words)]
+        yield Chunk(lane, "".join(words), toks)
+        await asyncio.sleep(0)
+        yield Done(lane, "length", [t.token_id for t in toks], "".join(words).strip(), [-0.5] * 3,
+                   SamplingParams.from_dict({**p.to_dict(), "seed": seed}), Stats(generated_tokens=3, decode_s=0.2))
 
 
 def test_run_flow_chat_context_seed_lock_and_reruns(qtbot, loop, history):
@@ -402,7 +338,7 @@ def test_run_flow_chat_context_seed_lock_and_reruns(qtbot, loop, history):
     conv = ConversationModel(history=history)
     conv.add_user("Hi")
     conv.add_reply(conv.leaf_id(), "Hello!")
-    b = ScriptedBridge()
+    b = ScriptedBridge(three_words)
     v = CompareView(bridge=b, history=history, prompt="And then?", messages=conv.request_messages("Be brief."),
                     lanes=[{"temperature": 0.7, "seed": None, "stop": ["\n\n"]}, {"temperature": 1.2, "seed": 3}],
                     conversation=conv)

@@ -10,8 +10,8 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QSlider, QWidget
 
 from core.chat_export import export_json
-from tests.gui.ui_helpers import (bridge, close, data_dir, loop, make_window, run, settings,  # noqa: F401
-                                  snapshot, until)
+from tests.gui.ui_helpers import (bridge, close, data_dir, load, loop, make_window, run, send,  # noqa: F401
+                                  settings, snapshot, until)
 
 NAMES = ["mainWindow", "promptEditor", "sendButton", "stopButton", "temperatureSlider", "temperatureSpin",
          "topPSlider", "topPSpin", "topKSpin", "maxTokensSpin", "seedSpin", "systemPrompt", "transcript",
@@ -33,22 +33,6 @@ def window(qtbot, loop, bridge, settings, data_dir):
 
 def last_view(w):
     return w.chat.widgets[-1].message if w.chat.widgets else None
-
-
-async def load(w, path):
-    await w.load_model(path)
-    assert w.info is not None, "model did not load"
-
-
-async def send(qtbot, w, text, max_tokens=24):
-    w.panel.maxTokensSpin.setValue(max_tokens)
-    qtbot.keyClicks(w.prompt.editor, text)
-    done = []
-    w.replyFinished.connect(done.append)
-    qtbot.keyClick(w.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
-    await until(lambda: done, 30, "the reply")
-    w.replyFinished.disconnect(done.append)
-    return done[0]
 
 
 def test_names_and_no_model_state(window):
@@ -380,7 +364,7 @@ def test_load_progress_and_cancel(qtbot, window, loop, bridge, monkeypatch):
         raise BridgeError("load cancelled", cancelled=True)
 
     monkeypatch.setattr(bridge, "load", slow_load)
-    monkeypatch.setattr(bridge, "cancel", cancelled.set)
+    monkeypatch.setattr(bridge, "cancel_all", cancelled.set)
 
     async def scenario():
         task = window.load_model("/some/model")

@@ -65,5 +65,4 @@ def test_screenshots(qtbot, mode, loop, bridge, settings, data_dir, fixtures):
         return True
 
     assert run(loop, scenario(), 60)
-    w._closing = True
     w.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import qasync
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QPoint, QSettings, Qt
 from PySide6.QtWidgets import QApplication, QWidget
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +109,6 @@ def snapshot(widget, name: str) -> Path:
 
 def close(loop, w):
     """Close the window and let its tasks unwind while it still exists."""
-    w._closing = True
     w.close()
     tasks = [t for t in w._tasks if not t.done()]
     for t in tasks:
@@ -159,3 +158,107 @@ def clipped_texts(root) -> list[str]:
             if need > w.width():
                 out.append(f"{name} {w.text()!r}: needs {need}px, has {w.width()}px")
     return out
+
+
+class ScriptedStream:
+    """A bridge stream that plays ``script(request, stream)``, an async generator of the
+    events a real stream yields; ``cancelled`` tells the script that Stop was pressed."""
+
+    pending = 0  # a script yields one event at a time
+
+    def __init__(self, script, request):
+        self.cancelled = False
+        self._events = script(request, self)
+
+    def __aiter__(self):
+        return self._events.__aiter__()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ScriptedBridge:
+    """Stands in for gui.bridge.Bridge: generate() and compare() play ``script`` and
+    record each request and its stream."""
+
+    def __init__(self, script):
+        self.script = script
+        self.requests: list = []
+        self.streams: list[ScriptedStream] = []
+
+    def _stream(self, request) -> ScriptedStream:
+        self.requests.append(request)
+        self.streams.append(ScriptedStream(self.script, request))
+        return self.streams[-1]
+
+    generate = compare = _stream
+
+    def cancel_all(self) -> None:
+        for s in self.streams:
+            s.cancel()
+
+
+async def load(w, path):
+    await w.load_model(path)
+    assert w.info is not None, "model did not load"
+
+
+async def send(qtbot, w, text, max_tokens=24):
+    w.panel.maxTokensSpin.setValue(max_tokens)
+    qtbot.keyClicks(w.prompt.editor, text)
+    done = []
+    w.replyFinished.connect(done.append)
+    qtbot.keyClick(w.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
+    await until(lambda: done, 30, "the reply")
+    w.replyFinished.disconnect(done.append)
+    return done[0]
+
+
+def anchor_point(browser, href):
+    """Viewport point inside the text of the anchor ``href``."""
+    from PySide6.QtGui import QTextCursor
+    doc = browser.document()
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            frag = it.fragment()
+            if frag.charFormat().anchorHref() == href:
+                cur = QTextCursor(doc)
+                cur.setPosition(frag.position() + max(1, frag.length() // 2))
+                r = browser.cursorRect(cur)
+                return r.center() - QPoint(2, 0)
+            it += 1
+        block = block.next()
+    raise AssertionError(f"no anchor {href}")
+
+
+def reference_probs(lm, prompt_ids, generated, index, settings):
+    """Raw and filtered probabilities at step ``index`` computed straight from the model,
+    with the filters written out here (not core.sampling's)."""
+    import torch
+    ids = list(prompt_ids) + list(generated[:index])
+    with torch.inference_mode():
+        logits = lm.model(torch.tensor([ids]), 0, None)[0, -1].float()
+    raw = logits.softmax(-1)
+    lg = logits.clone()
+    rp = settings.get("repetition_penalty", 1.0)
+    if rp != 1.0:
+        for t in set(ids):
+            lg[t] = lg[t] / rp if lg[t] > 0 else lg[t] * rp
+    lg = lg / settings["temperature"]
+    k = settings.get("top_k", 0)
+    if k:
+        kth = torch.sort(lg, descending=True).values[k - 1]
+        lg[lg < kth] = float("-inf")
+    p = settings.get("top_p", 1.0)
+    if p < 1.0:
+        vals, order = torch.sort(lg, descending=True)
+        probs = vals.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs
+        lg[order[mass_before >= p]] = float("-inf")
+    mp = settings.get("min_p", 0.0)
+    if mp > 0:
+        probs = lg.softmax(-1)
+        lg[probs < probs.max() * mp] = float("-inf")
+    return raw, lg.softmax(-1)
