@@ -21,8 +21,8 @@ import html
 import re
 
 import markdown
-from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextOption
+from PySide6.QtCore import QSize, Qt, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextOption
 from PySide6.QtWidgets import (QCheckBox, QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy,
                                QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
@@ -30,8 +30,6 @@ from core.compare import settings_label
 
 from . import theme
 from .compare_model import LaneRun, lane_colors, parse_token_index, render_lane_html
-
-FRAME_MS = 16  # one UI update per frame while streaming
 
 _CODE_BLOCK = re.compile(r'(?:<div class="codehilite"[^>]*>\s*)?<pre[^>]*>(.*?)</pre>(?:\s*</div>)?', re.S)
 
@@ -54,10 +52,30 @@ def close_open_fence(text: str) -> str:
     return text + "\n```" if fences % 2 else text
 
 
-def render_markdown(text: str) -> tuple[str, list[str]]:
+def closed_blocks_end(text: str, start: int = 0) -> int:
+    """Where the complete Markdown blocks of ``text[start:]`` end (``start`` being such an
+    end): after a blank line outside a code fence, or after a fence's closing line.
+    What follows is the block still being written."""
+    end, fenced, pos = start, False, start
+    while True:
+        nl = text.find("\n", pos)
+        if nl < 0:
+            return end
+        line = text[pos:nl].strip()
+        if line.startswith("```"):
+            fenced = not fenced
+            if not fenced:
+                end = nl + 1
+        elif not fenced and not line:
+            end = nl + 1
+        pos = nl + 1
+
+
+def render_markdown(text: str, first_code: int = 0) -> tuple[str, list[str]]:
     """(HTML for a QTextBrowser, the raw text of each code block in order).
 
-    Each code block becomes a shaded table with a "Copy code" link (``copy:K``) on top.
+    Each code block becomes a shaded table with a "Copy code" link (``copy:K``, K counted
+    from ``first_code``) on top.
     """
     c = theme.colors()
     body = _markdown().convert(close_open_fence(text))
@@ -68,7 +86,7 @@ def render_markdown(text: str) -> tuple[str, list[str]]:
         inner = re.sub(r"^(<span></span>)?<code[^>]*>", "", inner)
         inner = re.sub(r"</code>$", "", inner).rstrip("\n")
         codes.append(html.unescape(re.sub(r"<[^>]+>", "", inner)))
-        k = len(codes) - 1
+        k = first_code + len(codes) - 1
         return (f'<table width="100%" border="0" cellspacing="0" cellpadding="6" bgcolor="{c["code_bg"]}" '
                 f'style="border: 1px solid {c["border"]}; margin-top: 4px; margin-bottom: 4px;">'
                 f'<tr><td align="right" style="padding-bottom: 0px;"><a href="copy:{k}" '
@@ -81,7 +99,13 @@ def render_markdown(text: str) -> tuple[str, list[str]]:
 
 
 class MessageBody(QTextBrowser):
-    """A read-only Markdown body that is exactly as tall as its text (no own scrollbar)."""
+    """A read-only Markdown body that is exactly as tall as its text (no own scrollbar).
+
+    While a reply streams, only its end changes: complete Markdown blocks are rendered once
+    each and appended, and the block still being written is plain text that grows by
+    appending (:meth:`append_stream`), so a frame costs the same at token 4,000 as at 100.
+    :meth:`set_markdown` renders the whole text once the reply is final.
+    """
 
     def __init__(self, *, parent=None):
         super().__init__(parent)
@@ -94,6 +118,8 @@ class MessageBody(QTextBrowser):
         self.document().setDocumentMargin(2)
         self.codes: list[str] = []
         self.markdown_text = ""
+        self._rendered = 0  # streaming: chars of markdown_text shown as rendered blocks
+        self._tail_at = 0  # streaming: where the plain-text tail starts in the document
         self.setMouseTracking(True)  # hover over a token's anchor (``highlighted``)
 
     def set_markdown(self, text: str) -> None:
@@ -102,6 +128,38 @@ class MessageBody(QTextBrowser):
         c = theme.colors()
         self.document().setDefaultStyleSheet(f"a {{ color: {c['accent']}; }}")
         self.setHtml(body)
+        self._fit()
+
+    def begin_stream(self, text: str = "") -> None:
+        """Start showing a reply that will grow by :meth:`append_stream`."""
+        self.markdown_text, self.codes, self._rendered, self._tail_at = "", [], 0, 0
+        c = theme.colors()
+        self.document().setDefaultStyleSheet(f"a {{ color: {c['accent']}; }}")
+        self.clear()
+        self.append_stream(text)
+
+    def append_stream(self, delta: str) -> None:
+        """Add streamed text: blocks it completes are rendered as Markdown, the rest is
+        appended as plain text."""
+        if not delta:
+            return
+        self.markdown_text += delta
+        text = self.markdown_text
+        end = closed_blocks_end(text, self._rendered)
+        cur = QTextCursor(self.document())
+        if end > self._rendered:
+            cur.setPosition(self._tail_at)
+            cur.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
+            cur.removeSelectedText()
+            body, codes = render_markdown(text[self._rendered:end], first_code=len(self.codes))
+            cur.insertHtml(body)
+            self.codes += codes
+            cur.insertBlock(QTextBlockFormat(), QTextCharFormat())
+            self._rendered, self._tail_at = end, cur.position()
+            cur.insertText(text[end:])
+        else:
+            cur.movePosition(QTextCursor.End)
+            cur.insertText(delta, QTextCharFormat())
         self._fit()
 
     def set_token_html(self, body: str) -> None:
@@ -300,8 +358,15 @@ class MessageWidget(QFrame):
         self.message["text"] = text
         if self.token_mode:
             self._render_tokens()
+        elif self.streaming:
+            self.body.begin_stream(text)
         else:
-            self.body.set_markdown(text if text or not self.streaming else "…")
+            self.body.set_markdown(text)
+
+    def append_text(self, delta: str) -> None:
+        """Streamed text for the end of the (streaming) reply; only the end is re-rendered."""
+        self.message["text"] = self.message.get("text", "") + delta
+        self.body.append_stream(delta)
 
     # ---- token view
     def _load_tokens(self, record: dict | None) -> None:
@@ -438,12 +503,7 @@ class ChatView(QScrollArea):
         self.widgets: list[MessageWidget] = []
         self._stream: MessageWidget | None = None
         self._stream_text = ""
-        self._dirty = False
-        self._timer = QTimer(self)
-        self._timer.setSingleShot(True)
-        self._timer.setInterval(FRAME_MS)
-        self._timer.timeout.connect(self._flush)
-        self.renders = 0  # stream re-renders, for tests and benchmarks
+        self.renders = 0  # stream updates, for tests and benchmarks
         self._follow = True
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._on_scroll)
@@ -478,7 +538,6 @@ class ChatView(QScrollArea):
 
     def set_messages(self, messages: list[dict]) -> None:
         """Show these messages (the current branch), replacing what is shown."""
-        self._timer.stop()
         self._stream = None
         views, pinned = set(self._token_views), self.pinned
         for w in self.widgets:
@@ -606,20 +665,13 @@ class ChatView(QScrollArea):
         return self._stream
 
     def append_stream(self, text: str) -> None:
-        """Add streamed text; the body is re-rendered at most once per frame."""
+        """Add streamed text to the streaming reply. Calls come at most once a frame (the
+        bridge coalesces tokens), and each costs what the new text costs."""
         if self._stream is None or not text:
             return
         self._stream_text += text
-        self._dirty = True
-        if not self._timer.isActive():
-            self._timer.start()
-
-    def _flush(self) -> None:
-        if self._stream is None or not self._dirty:
-            return
-        self._dirty = False
         self.renders += 1
-        self._stream.set_text(self._stream_text)
+        self._stream.append_text(text)
 
     @property
     def stream_text(self) -> str:
@@ -627,8 +679,6 @@ class ChatView(QScrollArea):
 
     def end_stream(self, message: dict) -> None:
         """The reply finished (or stopped): show its final text, id, versions and stats."""
-        self._timer.stop()
-        self._dirty = False
         if self._stream is None:
             self._add(MessageWidget(message=message, parent=self.widget()))
             return

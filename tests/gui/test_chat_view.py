@@ -4,7 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
 
-from gui.chat_view import ChatView, close_open_fence, render_markdown
+from gui.chat_view import ChatView, close_open_fence, closed_blocks_end, render_markdown
 from gui.prompt_editor import PromptEditor
 
 
@@ -40,7 +40,45 @@ def test_copy_buttons(qtbot):
     assert QGuiApplication.clipboard().text().startswith("Code:")
 
 
-def test_streaming_is_coalesced_per_frame_and_follows(qtbot):
+REPLY = ("# Title\n\nSome *intro* text.\n\n- one\n- two\n\n```python\nx = 1\n\ny = 2\n```\n\n"
+         "## Part two\n\n1. first\n2. second\n\nClosing words")
+
+
+def test_closed_blocks_end_at_blank_lines_outside_code():
+    assert closed_blocks_end("# T\n\npara") == len("# T\n\n")
+    text = "a\n\n```\ncode\n\nmore\n"  # the blank line inside the open fence closes nothing
+    assert closed_blocks_end(text) == 3
+    assert closed_blocks_end(text + "```\n") == len(text + "```\n")
+
+
+def test_streaming_renders_each_block_once_and_the_end_in_full(qtbot, monkeypatch):
+    import gui.chat_view as cv
+    rendered = []
+    real = cv.render_markdown
+    monkeypatch.setattr(cv, "render_markdown", lambda text, *a, **kw: (rendered.append(text), real(text, *a, **kw))[1])
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(600, 400)
+    view.show()
+    view.begin_stream()
+    for i in range(0, len(REPLY), 3):  # three characters a frame
+        view.append_stream(REPLY[i:i + 3])
+    body = view.widgets[-1].body
+    # Every complete block was rendered exactly once, in order; the last one is still text.
+    assert "".join(rendered) == REPLY[:REPLY.rindex("Closing")]
+    assert body.toPlainText().endswith("Closing words") and "```" not in body.toPlainText()
+    assert body.codes == ["x = 1\n\ny = 2"]
+    assert view.renders == len(range(0, len(REPLY), 3))
+    rendered.clear()
+    view.end_stream({"id": 9, "role": "assistant", "text": REPLY, "version": (1, 1)})
+    assert rendered == [REPLY]  # one full render at the end
+    full = ChatView()
+    qtbot.addWidget(full)
+    full.set_messages([{"id": 9, "role": "assistant", "text": REPLY, "version": (1, 1)}])
+    assert view.widgets[-1].body.toPlainText() == full.widgets[-1].body.toPlainText()
+
+
+def test_streaming_follows_unless_scrolled_up(qtbot):
     view = ChatView()
     qtbot.addWidget(view)
     view.resize(600, 300)
@@ -48,10 +86,9 @@ def test_streaming_is_coalesced_per_frame_and_follows(qtbot):
     view.set_messages(msgs(4, long=True))
     qtbot.waitUntil(lambda: view.verticalScrollBar().maximum() > 0)
     view.begin_stream()
-    for i in range(300):  # 300 tokens arriving in one burst
+    qtbot.waitUntil(lambda: view.widgets[-1].isVisible())
+    for i in range(300):
         view.append_stream(f"tok{i} ")
-    qtbot.wait(60)
-    assert 1 <= view.renders <= 4  # not one render per token
     assert view.widgets[-1].body.markdown_text.startswith("tok0 tok1")
     bar = view.verticalScrollBar()
     qtbot.waitUntil(lambda: bar.value() == bar.maximum())
@@ -60,7 +97,7 @@ def test_streaming_is_coalesced_per_frame_and_follows(qtbot):
     assert not view.following
     for i in range(200):
         view.append_stream("more text\n\n")
-    qtbot.wait(60)
+    qtbot.waitUntil(lambda: bar.maximum() > 0)
     assert bar.value() == 0
     view.end_stream({"id": 99, "role": "assistant", "text": view.stream_text, "stop_reason": "length",
                      "seed": 5, "stats": {"generated_tokens": 500, "ttft_s": 0.05, "decode_tok_s": 20.0},
