@@ -1,6 +1,20 @@
-"""UI responsiveness while the worker generates: event-loop stalls and token latency.
+"""UI responsiveness: the chat view streaming a long reply, and the worker generating.
 
-A 10 ms QTimer runs on the UI thread (qasync loop, offscreen) while the worker streams
+**View** (default): a 4,000-token Markdown reply (headings, lists, code blocks) streams into
+the real ChatView of the real MainWindow, through the real Bridge, ReplyController and
+frame pacing; a stand-in worker thread makes the tokens at ``--tok-s`` (no model, so only
+the UI's cost is measured). A 5 ms QTimer records event-loop gaps; every ChatView update
+is timed. Printed per mode, interleaved runs in separate processes:
+
+* ``incremental``: the app as it is (only the end of the reply is re-rendered);
+* ``full``: the peer, every update re-renders the whole reply as Markdown (the old way).
+
+Goal: gaps ≤ 16 ms at p99 and ≤ 33 ms max over the whole reply, and per-update cost that
+does not grow with the reply (shown near token 100, 1,000 and 4,000).
+
+    python bench/bench_responsiveness.py [--tokens 4000] [--tok-s 400] [--repeats 2]
+
+**Worker** (``--worker``): a 10 ms QTimer runs on the UI thread (qasync loop, offscreen) while the worker streams
 from a random ~35M-parameter Llama built in-process (so generation runs at full speed)
 through the real Bridge. Printed for each torch thread count:
 
@@ -12,7 +26,7 @@ through the real Bridge. Printed for each torch thread count:
 
 Each thread count runs in its own process (torch's thread pool is process-wide).
 
-    python bench/bench_responsiveness.py [--threads 1 2] [--seconds 6] [--repeats 2]
+    python bench/bench_responsiveness.py --worker [--threads 1 2] [--seconds 6] [--repeats 2]
 """
 from __future__ import annotations
 
@@ -56,8 +70,9 @@ def child(threads: int, seconds: float) -> dict:
     from core.model import ModelArgs, Transformer
     from core.sampling import SamplingParams
     from core.tokenizer import load_tokenizer
-    from core.worker import GenerateRequest, TokenDelta, Worker
-    from gui.bridge import Bridge, Chunk, Done
+    from core.engine import Done, Token
+    from core.worker import GenerateRequest, Reply, Worker
+    from gui.bridge import Bridge, Chunk
 
     fixtures = Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures"))
     tok_file = fixtures / "llama2-tokenizer.model"
@@ -79,8 +94,8 @@ def child(threads: int, seconds: float) -> dict:
 
     def factory(on_event):
         def stamped(ev):
-            if isinstance(ev, TokenDelta):
-                created[(ev.request_id, ev.lane, ev.index)] = time.perf_counter()
+            if isinstance(ev, Reply) and isinstance(ev.event, Token):
+                created[(ev.request_id, ev.event.lane, ev.event.index)] = time.perf_counter()
             on_event(ev)
         return Worker(stamped, torch_threads=threads)
 
@@ -112,16 +127,17 @@ def child(threads: int, seconds: float) -> dict:
         t_start = time.perf_counter()
         t_first = None
         done = None
-        async for ev in bridge.generate(req):
+        stream = bridge.generate(req)
+        async for ev in stream:
             now = time.perf_counter()
             if isinstance(ev, Chunk):
                 chunks += 1
                 t_first = t_first or now
                 for t in ev.tokens:
-                    delays.append((now - created.pop((t.request_id, t.lane, t.index))) * 1000)
+                    delays.append((now - created.pop((stream.request_id, t.lane, t.index))) * 1000)
                 tokens += len(ev.tokens)
                 if now - t_start > seconds:
-                    bridge.cancel()
+                    stream.cancel()
             elif isinstance(ev, Done):
                 done = ev
         t_end = time.perf_counter()
@@ -136,7 +152,7 @@ def child(threads: int, seconds: float) -> dict:
             "idle": summary(idle), "load": {**summary(load_gaps), "seconds": load_s}, "generate": summary(gen),
             "token_to_ui_ms": {"p50": percentile(delays, 50), "p99": percentile(delays, 99),
                                "max": max(delays, default=float("nan"))},
-            "decode_tok_s": done.stats["decode_tok_s"] if done else float("nan"),
+            "decode_tok_s": done.stats.decode_tok_s if done else float("nan"),
             "tokens": tokens, "chunks_per_s": chunks / max(t_end - (t_first or t_start), 1e-9),
         }
 
@@ -150,16 +166,205 @@ def child(threads: int, seconds: float) -> dict:
     return result
 
 
+def markdown_reply(n_tokens: int) -> list[str]:
+    """~n_tokens word-sized pieces of a Markdown reply: sections with a heading, a
+    paragraph, a list and a fenced code block, repeated."""
+    pieces: list[str] = []
+    k = 0
+    while len(pieces) < n_tokens:
+        k += 1
+        section = (f"## Step {k}: loading the data\n\n"
+                   f"First we read the file and check every row, then we keep the ones that "
+                   f"pass. This is section {k} of the walk-through, with **bold** and `code`.\n\n"
+                   f"- open the file number {k}\n- read each line\n- skip the header\n  - and blanks\n\n"
+                   f"```python\ndef step_{k}(path):\n    rows = []\n    with open(path) as f:\n"
+                   f"        for line in f:\n            rows.append(line.split(','))\n    return rows\n```\n\n")
+        pieces += [w for w in section.replace("\n", " \n").split(" ") if w != ""]
+        pieces = [p if p.endswith("\n") else p + " " for p in pieces]
+    return pieces[:n_tokens]
+
+
+def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    import asyncio
+    import threading
+
+    import qasync
+    from PySide6.QtCore import QSettings, Qt, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from core.engine import Done, Prefilled, Stats, Token
+    from core.history import History
+    from core.worker import Prompted, Reply
+    from gui import chat_view
+    from gui.bridge import Bridge
+    from gui.main_window import MainWindow
+
+    pieces = markdown_reply(n_tokens)
+
+    class StandInWorker:
+        """Makes the reply's tokens at tok_s on its own thread, like the worker would."""
+
+        def __init__(self, on_event):
+            self.on_event, self.alive, self.stop_flag = on_event, False, threading.Event()
+
+        def start(self):
+            self.alive = True
+
+        def generate(self, request):
+            def run():
+                self.on_event(Prompted(1, 0, 8192))
+                self.on_event(Reply(1, Prefilled(20, 0, 0.0)))
+                t0 = time.perf_counter()
+                for i, piece in enumerate(pieces):
+                    if self.stop_flag.is_set():
+                        break
+                    delay = t0 + (i + 1) / tok_s - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                    self.on_event(Reply(1, Token(0, i, 5, piece, piece, -0.1)))
+                text = "".join(pieces)
+                self.on_event(Reply(1, Done(0, "length", [5] * len(pieces), text, [-0.1] * len(pieces),
+                                            request.params, Stats(generated_tokens=len(pieces)))))
+            threading.Thread(target=run, daemon=True).start()
+            return 1
+
+        def cancel(self, request_id):
+            self.stop_flag.set()
+
+        cancel_all = stop = lambda self, *a: self.stop_flag.set()
+
+        def join(self, timeout=None):
+            return True
+
+        def shutdown(self, timeout=5.0):
+            self.stop_flag.set()
+
+    if mode == "full":  # the peer: the whole reply re-rendered as Markdown on every update
+        def append_text(self, delta):
+            self.message["text"] = self.message.get("text", "") + delta
+            self.body.set_markdown(self.message["text"])
+        chat_view.MessageWidget.append_text = append_text
+
+    tmp = tempfile.TemporaryDirectory()
+    app = QApplication.instance() or QApplication([])
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    bridge = Bridge(worker_factory=StandInWorker)
+    settings = QSettings(str(Path(tmp.name) / "s.ini"), QSettings.IniFormat)
+    window = MainWindow(bridge=bridge, history=History(Path(tmp.name) / "h.sqlite3"), settings=settings,
+                        autoload=False)
+    window.resize(1200, 800)
+    window.show()
+    window._set_model({"name": "stand-in", "context_length": 8192})
+    window.record_probs_action.setChecked(False)
+    window.panel.maxTokensSpin.setValue(n_tokens)
+
+    updates: list[tuple[int, float]] = []  # (tokens streamed so far, ms) per ChatView update
+    append = window.chat.append_stream
+
+    def timed_append(text):
+        t = time.perf_counter()
+        append(text)
+        st = window.reply.state
+        updates.append((st.tokens if st is not None else n_tokens, (time.perf_counter() - t) * 1000))
+    window.reply.streamed.disconnect(window.chat.append_stream)
+    window.reply.streamed.connect(timed_append)
+    ticks: list[float] = []
+    timer = QTimer()
+    timer.setTimerType(Qt.TimerType.PreciseTimer)
+    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+
+    async def scenario():
+        await asyncio.sleep(0.5)
+        finished = asyncio.Event()
+        window.replyFinished.connect(lambda view: finished.set())
+        timer.start(5)
+        await asyncio.sleep(1.0)  # the same timer with nothing streaming: the machine's own noise
+        t0 = time.perf_counter()
+        window.send("Walk me through loading the data.")
+        await finished.wait()
+        t1 = time.perf_counter()
+        timer.stop()
+        return t0, t1
+
+    try:
+        t0, t1 = loop.run_until_complete(scenario())
+    finally:
+        loop.run_until_complete(bridge.shutdown())
+        window.close()
+        loop.close()
+        asyncio.set_event_loop(None)
+    def gaps_between(a_, b_):
+        ts = [t for t in ticks if a_ <= t <= b_]
+        return [(b - a) * 1000 for a, b in zip(ts, ts[1:])]
+    gaps = gaps_between(t0, t1)
+    idle = gaps_between(0, t0)
+    first_ms = updates[0][1] if updates else float("nan")
+
+    def near(n):
+        xs = [ms for k, ms in updates if 0.8 * n <= k <= 1.2 * n]
+        return statistics.median(xs) if xs else float("nan")
+    final_text = window.chat.widgets[-1].body.toPlainText()
+    return {"mode": mode, "tokens": n_tokens, "seconds": t1 - t0, "updates": len(updates),
+            "gap_p99_ms": percentile(gaps, 99), "gap_max_ms": max(gaps, default=float("nan")),
+            "idle_p99_ms": percentile(idle, 99), "idle_max_ms": max(idle, default=float("nan")),
+            "first_update_ms": first_ms,
+            "update_ms": {str(n): near(n) for n in (100, 1000, 4000)},
+            "update_total_ms": sum(ms for _, ms in updates), "final_chars": len(final_text)}
+
+
+def view_main(a) -> None:
+    runs: dict[str, list[dict]] = {"incremental": [], "full": []}
+    for _ in range(a.repeats):
+        for mode in runs:  # interleaved: the machine is shared
+            out = subprocess.run([sys.executable, __file__, "--view-child", mode, "--tokens", str(a.tokens),
+                                  "--tok-s", str(a.tok_s)], capture_output=True, text=True, cwd=ROOT)
+            if out.returncode != 0:
+                sys.exit(f"{mode} run failed:\n{out.stderr[-3000:]}")
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    if a.json:
+        print(json.dumps(runs))
+        return
+    print(f"{a.tokens}-token Markdown reply at {a.tok_s:g} tok/s into the main window's ChatView (offscreen, "
+          f"{os.cpu_count()} cores, shared machine); {a.repeats} run(s) per mode, interleaved, median shown")
+    print(f"{'mode':>12} | {'idle p99/max':>12} | {'gap p99 ms':>10} | {'gap max ms':>10} | {'first update':>12} | "
+          f"{'update ms @100':>14} | "
+          f"{'@1000':>7} | {'@4000':>7} | {'UI ms in updates':>16} | {'updates':>7}")
+    med = statistics.median
+    for mode, rs in runs.items():
+        u = lambda n: med(r["update_ms"][str(n)] for r in rs)  # noqa: E731
+        print(f"{mode:>12} | {med(r['idle_p99_ms'] for r in rs):>5.1f}/{med(r['idle_max_ms'] for r in rs):>6.1f} | "
+              f"{med(r['gap_p99_ms'] for r in rs):>10.1f} | {med(r['gap_max_ms'] for r in rs):>10.1f} | "
+              f"{med(r['first_update_ms'] for r in rs):>12.1f} | "
+              f"{u(100):>14.2f} | {u(1000):>7.2f} | {u(4000):>7.2f} | "
+              f"{med(r['update_total_ms'] for r in rs):>16.0f} | {med(r['updates'] for r in rs):>7.0f}")
+    inc, full = runs["incremental"], runs["full"]
+    print(f"per-update cost at 4000 tokens, full / incremental: "
+          f"{med(r['update_ms']['4000'] for r in full) / med(r['update_ms']['4000'] for r in inc):.0f}x; "
+          "goal: gap p99 ≤ 16 ms, max ≤ 33 ms, update cost flat in length")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", action="store_true", help="measure the worker's stalls per torch thread count")
+    ap.add_argument("--tokens", type=int, default=4000, help="view: reply length in tokens")
+    ap.add_argument("--tok-s", type=float, default=400.0, help="view: tokens made per second")
+    ap.add_argument("--view-child", choices=["incremental", "full"], help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--seconds", type=float, default=6.0, help="generation time per run")
     ap.add_argument("--repeats", type=int, default=2, help="runs per thread count (interleaved)")
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
+    if a.view_child:
+        print(json.dumps(view_child(a.view_child, a.tokens, a.tok_s)))
+        return
     if a.child:
         print(json.dumps(child(a.child, a.seconds)))
+        return
+    if not a.worker:
+        view_main(a)
         return
     runs: dict[int, list[dict]] = {n: [] for n in a.threads}
     for _ in range(a.repeats):

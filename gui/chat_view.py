@@ -34,8 +34,16 @@ from .compare_model import LaneRun, lane_colors, parse_token_index, render_lane_
 _CODE_BLOCK = re.compile(r'(?:<div class="codehilite"[^>]*>\s*)?<pre[^>]*>(.*?)</pre>(?:\s*</div>)?', re.S)
 
 
+_MARKDOWN: dict[str, markdown.Markdown] = {}
+
+
 def _markdown() -> markdown.Markdown:
-    md = markdown.Markdown(
+    # Building a converter costs ~10 ms (extensions, pygments): one per theme, reset per use.
+    style = theme.colors()["pygments"]
+    md = _MARKDOWN.get(style)
+    if md is not None:
+        return md.reset()
+    md = _MARKDOWN[style] = markdown.Markdown(
         extensions=["fenced_code", "codehilite", "tables", "sane_lists"],
         extension_configs={"codehilite": {"noclasses": True, "guess_lang": False,
                                           "pygments_style": theme.colors()["pygments"]}})
@@ -170,7 +178,9 @@ class MessageBody(QTextBrowser):
 
     def _fit(self) -> None:
         doc = self.document()
-        doc.setTextWidth(max(self.viewport().width(), 50))
+        width = max(self.viewport().width(), 50)
+        if doc.textWidth() != width:  # setting it, even unchanged, lays out the whole text again
+            doc.setTextWidth(width)
         h = int(doc.size().height()) + 2 * self.frameWidth() + 2
         if h != self.height():
             self.setFixedHeight(h)
@@ -566,6 +576,12 @@ class ChatView(QScrollArea):
         self.can_generate = on
         for w in self.widgets:
             w.set_can_generate(on)
+
+    def append_message(self, message: dict) -> MessageWidget:
+        """Show one more message at the end (the others stay as they are)."""
+        w = self._add(MessageWidget(message=message, parent=self.widget()))
+        self.scroll_to_bottom()
+        return w
 
     def _add(self, w: MessageWidget) -> MessageWidget:
         w.set_can_generate(self.can_generate)

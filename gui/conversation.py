@@ -26,12 +26,15 @@ class ConversationModel(QObject):
     Signals:
         listChanged(): conversations were added, renamed, deleted or reordered.
         currentChanged(): another conversation (or none: a fresh chat) is open.
-        pathChanged(): the branch on screen changed (message added, deleted, version switched).
+        pathChanged(): the branch on screen changed (message deleted, version switched, a
+            message added on another branch).
+        messageAdded(dict): a message was added at the end of the branch on screen (its view).
     """
 
     listChanged = Signal()
     currentChanged = Signal()
     pathChanged = Signal()
+    messageAdded = Signal(dict)
 
     def __init__(self, *, history: History, parent=None):
         super().__init__(parent)
@@ -114,11 +117,15 @@ class ConversationModel(QObject):
     def add_user(self, text: str, *, parent_id: int | None = ..., ) -> Message:  # type: ignore[assignment]
         """Store a user message under ``parent_id`` (default: the end of the branch)."""
         conv = self._ensure(text)
+        leaf = self.leaf_id()
         if parent_id is ...:
-            parent_id = self.leaf_id()
+            parent_id = leaf
         m = self.history.add_message(conv, role="user", text=text, parent_id=parent_id)
         self.listChanged.emit()
-        self.pathChanged.emit()
+        if parent_id == leaf:  # the branch on screen grows by one: no need to show it anew
+            self.messageAdded.emit(self.view_message(m))
+        else:
+            self.pathChanged.emit()
         return m
 
     def add_reply(self, parent_id: int, text: str, **fields) -> Message:

@@ -12,10 +12,10 @@ import json
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QItemSelectionModel, QModelIndex, QSettings, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QLineEdit,
-                               QListWidget, QListWidgetItem, QMainWindow, QMenu, QMessageBox,
+                               QListView, QMainWindow, QMenu, QMessageBox,
                                QProgressBar, QSizePolicy, QSplitter, QToolButton, QVBoxLayout,
                                QWidget)
 
@@ -23,8 +23,9 @@ from core import chat_export
 from core.history import History, HistoryError
 
 from . import model_dialog, theme
-from .chat_view import ChatView, format_stats
+from .chat_view import ChatView, format_stats, render_markdown
 from .conversation import ConversationModel
+from .conversation_list import ID_ROLE, ConversationFilter, ConversationListModel
 from .model_dialog import LoadProgress, ModelInfoDialog, RecentModels, info_summary
 from .prompt_editor import PromptEditor
 from .reply import ReplyController
@@ -124,11 +125,15 @@ class MainWindow(QMainWindow):
         self.conversation.listChanged.connect(self.refresh_conversations)
         self.conversation.pathChanged.connect(self.refresh_transcript)
         self.conversation.pathChanged.connect(self._status_from_path)
+        self.conversation.messageAdded.connect(self.chat.append_message)
         self.conversation.currentChanged.connect(self._on_conversation_switched)
         self.refresh_conversations()
         self.refresh_transcript()
         self._set_model(None)
         self.resize(1200, 780)
+        # The first code block a reply shows loads pygments' lexers (~100-300 ms): do it
+        # while the window opens, not in the middle of the first streamed reply.
+        QTimer.singleShot(0, lambda: render_markdown("```python\nx = 1\n```"))
         self.prompt.focus()
         self.setFocusProxy(self.prompt.editor)
         if autoload:
@@ -154,7 +159,7 @@ class MainWindow(QMainWindow):
         self.search.setAccessibleName("Search conversations")
         self.search.setPlaceholderText("Search chats…")
         self.search.setClearButtonEnabled(True)
-        self.search.textChanged.connect(self.refresh_conversations)
+        self.search.textChanged.connect(self._search_conversations)
         self.new_button = QToolButton()
         self.new_button.setObjectName("newChatButton")
         self.new_button.setAccessibleName("New chat")
@@ -164,7 +169,13 @@ class MainWindow(QMainWindow):
         top.addWidget(self.search, 1)
         top.addWidget(self.new_button)
         ll.addLayout(top)
-        self.conv_list = QListWidget()
+        self.conv_model = ConversationListModel(self)
+        self.conv_model.renamed.connect(lambda conv_id, title: self.conversation.rename(conv_id, title))
+        self.conv_filter = ConversationFilter(self)
+        self.conv_filter.setSourceModel(self.conv_model)
+        self.conv_list = QListView()
+        self.conv_list.setModel(self.conv_filter)
+        self.conv_list.setEditTriggers(QListView.DoubleClicked | QListView.EditKeyPressed)
         self.conv_list.setObjectName("conversationList")
         self.conv_list.setAccessibleName("conversationList")
         # Long titles end in "…" (full title in the tooltip) instead of a sideways scrollbar.
@@ -172,8 +183,7 @@ class MainWindow(QMainWindow):
         self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
         self.conv_list.customContextMenuRequested.connect(self._conv_menu)
-        self.conv_list.itemClicked.connect(self._on_conv_clicked)
-        self.conv_list.itemChanged.connect(self._on_conv_renamed)
+        self.conv_list.clicked.connect(self._on_conv_clicked)
         ll.addWidget(self.conv_list, 1)
 
         # middle: transcript + prompt
@@ -549,37 +559,36 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ conversations
     def refresh_conversations(self) -> None:
-        self.conv_list.blockSignals(True)
-        self.conv_list.clear()
-        for conv in self.conversation.conversations(self.search.text().strip()):
-            item = QListWidgetItem(conv.title)
-            item.setData(Qt.UserRole, conv.id)
-            item.setToolTip(conv.title)
-            item.setFlags(item.flags() | Qt.ItemIsEditable)
-            self.conv_list.addItem(item)
-            if conv.id == self.conversation.conv_id:
-                item.setSelected(True)
-                self.conv_list.setCurrentItem(item)
-        self.conv_list.blockSignals(False)
+        """Bring the sidebar up to date with the store (rows that stay are kept)."""
+        self.conv_model.reload(self.conversation.conversations())
+        if self.search.text().strip():
+            self._search_conversations()
+        self._highlight_current()
 
     def _highlight_current(self) -> None:
-        self.conv_list.blockSignals(True)
-        self.conv_list.clearSelection()
-        self.conv_list.setCurrentRow(-1)
-        for i in range(self.conv_list.count()):
-            it = self.conv_list.item(i)
-            if it.data(Qt.UserRole) == self.conversation.conv_id:
-                self.conv_list.setCurrentItem(it)
-                it.setSelected(True)
-        self.conv_list.blockSignals(False)
+        """Select the open conversation in the sidebar (none for a new chat)."""
+        row = self.conv_model.row_of(self.conversation.conv_id)
+        index = self.conv_filter.mapFromSource(self.conv_model.index(row)) if row is not None else None
+        sel = self.conv_list.selectionModel()
+        if index is None or not index.isValid():
+            sel.clearSelection()
+            sel.setCurrentIndex(QModelIndex(), QItemSelectionModel.Clear)
+        else:
+            self.conv_list.setCurrentIndex(index)
 
-    def _on_conv_clicked(self, item: QListWidgetItem) -> None:
-        conv_id = item.data(Qt.UserRole)
+    def _search_conversations(self) -> None:
+        text = self.search.text().strip()
+        # The store searches titles and message text; the proxy shows what matched.
+        self.conv_filter.set_matches({c.id for c in self.conversation.conversations(text)} if text else None)
+
+    def conversation_index(self, row: int):
+        """The sidebar's index for visible row ``row`` (its ID_ROLE is the conversation id)."""
+        return self.conv_filter.index(row, 0)
+
+    def _on_conv_clicked(self, index) -> None:
+        conv_id = index.data(ID_ROLE)
         if conv_id != self.conversation.conv_id:
             self.open_conversation(conv_id)
-
-    def _on_conv_renamed(self, item: QListWidgetItem) -> None:
-        self.conversation.rename(item.data(Qt.UserRole), item.text())
 
     def open_conversation(self, conv_id: int) -> None:
         if self.busy:
@@ -614,9 +623,9 @@ class MainWindow(QMainWindow):
         self.prompt.set_text(self._drafts.pop(after, ""))
 
     def rename_current(self) -> None:
-        item = self.conv_list.currentItem()
-        if item is not None:
-            self.conv_list.editItem(item)
+        index = self.conv_list.currentIndex()
+        if index.isValid():
+            self.conv_list.edit(index)
 
     def confirm(self, title: str, text: str) -> bool:
         """Ask yes/no (a modal box, never called from a coroutine); tests replace it."""
@@ -633,15 +642,15 @@ class MainWindow(QMainWindow):
             self.conversation.delete_conversation(conv_id)
 
     def _conv_menu(self, pos) -> None:
-        item = self.conv_list.itemAt(pos)
-        if item is None:
+        index = self.conv_list.indexAt(pos)
+        if not index.isValid():
             return
         # The right-button press moved the highlight to this item; the transcript shows the open
         # chat, so the highlight goes back to it (the menu acts on the item clicked).
         self._highlight_current()
         menu = QMenu(self)
-        menu.addAction("Rename", lambda: self.conv_list.editItem(item))
-        menu.addAction("Delete", lambda: self.delete_current(item.data(Qt.UserRole)))
+        menu.addAction("Rename", lambda: self.conv_list.edit(index))
+        menu.addAction("Delete", lambda: self.delete_current(index.data(ID_ROLE)))
         menu.popup(self.conv_list.viewport().mapToGlobal(pos))
 
     def _on_conversation_switched(self) -> None:

@@ -80,7 +80,7 @@ def test_chat_end_to_end(qtbot, window, loop, gguf, data_dir):
         path = window.history.current_path(window.conversation.conv_id)
         assert [m.role for m in path] == ["user", "assistant"]
         assert path[1].text == view["text"] and path[1].settings["temperature"] == 0
-        assert window.conv_list.count() == 1
+        assert window.conv_list.model().rowCount() == 1
 
         # regenerate (Ctrl+R) keeps versions, switch between them
         slider.setValue(slider.maximum() // 2)  # temperature 1: another version
@@ -214,7 +214,7 @@ def test_quit_mid_generation_then_restart(qtbot, loop, bridge, settings, data_di
     # "restart": a new window over the same data finds the conversation and the partial reply
     w2 = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
     qtbot.addWidget(w2)
-    assert w2.conv_list.count() == 1
+    assert w2.conv_list.model().rowCount() == 1
     w2.open_conversation(conv_id)
     roles = [m["role"] for m in w2.conversation.view_messages()]
     assert roles == ["user", "assistant"]
@@ -258,7 +258,7 @@ def test_export_import_round_trip(qtbot, window, loop, gguf, tmp_path):
     new_id = window.import_conversation()
     assert new_id != conv_id and window.conversation.conv_id == new_id
     assert [m.text for m in window.history.current_path(new_id)] == texts
-    assert window.conv_list.count() == 2
+    assert window.conv_list.model().rowCount() == 2
     assert json.loads(json.dumps(export_json(window.history, new_id)))["messages"][0]["text"] == data["messages"][0]["text"]
 
 
@@ -272,22 +272,22 @@ def test_conversation_list_new_rename_search_delete(qtbot, window, loop, gguf):
         return True
 
     run(loop, scenario(), 60)
-    assert window.conv_list.count() == 2
-    item = window.conv_list.item(0)
-    cid = item.data(Qt.UserRole)
-    item.setText("Cats")  # what an in-place edit (F2 / double-click) does
-    assert window.history.conversation(cid).title == "Cats"
+    assert window.conv_list.model().rowCount() == 2
+    index = window.conversation_index(0)
+    cid = index.data(Qt.UserRole)
+    window.conv_list.model().setData(index, "Cats")  # what an in-place edit (F2 / double-click) does
+    assert window.history.conversation(cid).title == "Cats" and window.conversation_index(0).data() == "Cats"
     window.search.setText("upon")
-    assert window.conv_list.count() == 1
+    assert window.conv_list.model().rowCount() == 1
     window.search.setText("")
-    first = window.conv_list.item(1)
+    first = window.conversation_index(1)
     first_id = first.data(Qt.UserRole)
-    qtbot.mouseClick(window.conv_list.viewport(), Qt.LeftButton, pos=window.conv_list.visualItemRect(first).center())
+    qtbot.mouseClick(window.conv_list.viewport(), Qt.LeftButton, pos=window.conv_list.visualRect(first).center())
     assert window.conversation.conv_id == first_id
     assert window.chat.widgets[0].message["text"] == "Once upon a time"
     window.confirm = lambda title, text: True
     window.delete_current()
-    assert window.conv_list.count() == 1 and window.conversation.conv_id is None
+    assert window.conv_list.model().rowCount() == 1 and window.conversation.conv_id is None
 
 
 def test_drop_and_recent_models(qtbot, window, loop, gguf, settings):
