@@ -5,8 +5,9 @@ import json
 import pytest
 
 from core import limits
-from core.worker import Done, Error, Loaded, Unloaded
-from tests.core.test_worker import Collector, completion, loaded_ok, make_worker  # noqa: F401 (fixture)
+from core.engine import Done
+from core.worker import Error, Loaded, Unloaded
+from tests.core.test_worker import Collector, completion, is_token, loaded_ok, make_worker  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,7 +98,7 @@ def test_a_request_whose_cache_cannot_fit_is_refused_with_its_size(make_worker, 
 
 def test_listener_memory_errors_do_not_kill_the_worker(make_worker, seeds):  # noqa: F811
     def hook(ev):
-        if type(ev).__name__ == "TokenDelta":
+        if is_token(ev):
             raise MemoryError
     w, col = make_worker(hook)
     loaded_ok(col, w.load(seeds["gguf"]))
