@@ -394,7 +394,7 @@ def test_import_of_a_file_that_is_not_an_export_says_so(qtbot, window, loop, tmp
         assert "is not a LlamaDesk conversation file" in text and "Export as JSON" in text
         assert "Expecting value" not in text and "codec" not in text and text.count(str(path)) == 1, text
         box.accept()
-    assert window.conv_list.count() == 0  # nothing was imported
+    assert window.conv_list.model().rowCount() == 0  # nothing was imported
 
 
 def test_export_file_names_are_the_title_without_trailing_punctuation(window, tmp_path):
