@@ -522,7 +522,7 @@ def test_status_bar_follows_the_shown_version_the_model_and_unload(qtbot, window
 def test_continue_and_regenerate_hidden_without_a_model(qtbot, window, loop, gguf):
     _chat_with_history(window, "Cut short", [("user", "Hi", None, None, None),
                                              ("assistant", "Once upon", {"generated_tokens": 2}, "stories260K", "length")])
-    window.open_conversation(window.conv_list.item(0).data(Qt.UserRole))
+    window.open_conversation(window.conversation_index(0).data(Qt.UserRole))
     reply = window.chat.widgets[-1]
     assert window.info is None
     shown = lambda name: not reply.buttons[name].isHidden()  # noqa: E731  (buttons show on hover)
@@ -540,18 +540,18 @@ def test_right_click_in_the_chat_list_keeps_list_and_transcript_together(qtbot, 
     a = _chat_with_history(window, "Apples", [("user", "about apples", None, None, None)])
     b = _chat_with_history(window, "Bananas", [("user", "about bananas", None, None, None)])
     window.open_conversation(a)
-    item_b = next(window.conv_list.item(i) for i in range(window.conv_list.count())
-                  if window.conv_list.item(i).data(Qt.UserRole) == b)
-    pos = window.conv_list.visualItemRect(item_b).center()
+    item_b = next(window.conversation_index(i) for i in range(window.conv_list.model().rowCount())
+                  if window.conversation_index(i).data(Qt.UserRole) == b)
+    pos = window.conv_list.visualRect(item_b).center()
     vp = window.conv_list.viewport()
     qtbot.mousePress(vp, Qt.RightButton, pos=pos)
     qtbot.mouseRelease(vp, Qt.RightButton, pos=pos)
     QApplication.sendEvent(vp, QContextMenuEvent(QContextMenuEvent.Mouse, pos, vp.mapToGlobal(pos)))
 
     def agree():
-        current = window.conv_list.currentItem()
-        selected = [i.data(Qt.UserRole) for i in window.conv_list.selectedItems()]
-        return (current is not None and current.data(Qt.UserRole) == window.conversation.conv_id == a
+        current = window.conv_list.currentIndex()
+        selected = [i.data(Qt.UserRole) for i in window.conv_list.selectionModel().selectedIndexes()]
+        return (current.isValid() and current.data(Qt.UserRole) == window.conversation.conv_id == a
                 and selected == [a] and window.chat.widgets[0].message["text"] == "about apples"
                 and window.windowTitle().startswith("Apples"))
 
@@ -560,7 +560,7 @@ def test_right_click_in_the_chat_list_keeps_list_and_transcript_together(qtbot, 
     menu.close()
     window.confirm = lambda title, text: False  # Delete of the right-clicked chat, cancelled
     window.delete_current(b)
-    assert agree() and window.conv_list.count() == 2
+    assert agree() and window.conv_list.model().rowCount() == 2
 
 
 def test_prompt_draft_stays_with_its_chat(qtbot, window):
