@@ -293,7 +293,7 @@ class History:
         with self._lock:
             if self._conn is None:
                 raise HistoryError("history is closed")
-            return self._conn.execute(sql, args).fetchall()
+            return self._conn.execute(sql, [clean_text(v)[0] if isinstance(v, str) else v for v in args]).fetchall()
 
     def _migrate(self) -> None:
         version = self._conn.execute("PRAGMA user_version").fetchone()[0]
@@ -702,8 +702,9 @@ class PartialReply:
             else:
                 self.history.update_message(self.msg_id, text=self.text)
             self.error = None
-        except HistoryError as e:  # full disk, read-only folder: keep streaming, retry next time
+        except HistoryError as e:  # full disk, read-only folder: keep streaming, retry at the next piece
             self.error = str(e)
+            return
         self._saved_len, self._saved_at = len(self.text), time.monotonic()
 
     def finish(self, text: str, **fields) -> Message:
@@ -738,7 +739,8 @@ class _Transaction:
         return self
 
     def execute(self, sql: str, args: tuple | list = ()) -> sqlite3.Cursor:
-        return self.conn.execute(sql, args)
+        # Every string written (titles, meta JSON too) goes in as valid UTF-8.
+        return self.conn.execute(sql, [clean_text(v)[0] if isinstance(v, str) else v for v in args])
 
     def executescript_in_tx(self, script: str) -> None:
         # executescript() would COMMIT first; run the statements one by one instead.

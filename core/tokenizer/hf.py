@@ -72,7 +72,8 @@ class HFTokenizer(TokenizerBase):
             extra.add(i)
         self.stop_ids = self._collect_stop_ids(extra)
         if not self._byte_level:
-            probe = tok.encode("a", add_special_tokens=False).tokens
+            probe = native_call(lambda: tok.encode("a", add_special_tokens=False).tokens,
+                                f"not a valid tokenizer.json: {where}")
             self.add_dummy_prefix = bool(probe) and probe[0].startswith("\u2581")
         self._bytes_cache: dict[int, bytes] = {}
 

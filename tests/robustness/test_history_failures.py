@@ -240,7 +240,7 @@ def test_sigkill_loop_loses_no_completed_message_and_little_of_the_streaming_rep
             turn = max(int(t) for _, t, _ in streamed)
             shown = max(int(n) for _, t, n in streamed if int(t) == turn)
             lost_chars.append(shown - len(m.text))
-            assert shown - len(m.text) <= 400 + 200  # one flush window (and the pipe's lag)
+            assert shown - len(m.text) <= 400 + 400  # one flush window, and what streams while a write lands
         h.close()
     assert kills >= 30
     print(f"\nSIGKILL loop: {kills} kills, {partials} partial replies restored, "
