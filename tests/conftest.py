@@ -62,12 +62,11 @@ def tiny_meta_dir(tmp_path_factory, meta_fixtures):
     from core.checkpoints.common import LoadedModel
     from core.checkpoints.meta import save_meta
     from core.tokenizer import load_tokenizer
-    from tests.helpers import meta_from_hf, tiny_hf
+    from tests.helpers import TINY_META, meta_from_hf, tiny_hf
 
     tok_file = meta_fixtures / "llama2-tokenizer.model"
     tok = load_tokenizer(tok_file)
-    model = meta_from_hf(tiny_hf(seed=7, vocab_size=32000, hidden_size=32, intermediate_size=64,
-                                 num_attention_heads=4, num_key_value_heads=2))
+    model = meta_from_hf(tiny_hf(**TINY_META))
     out = tmp_path_factory.mktemp("tiny_meta")
     save_meta(LoadedModel(model, tok, chat_format_for(tok), model.args, tok.stop_ids, {}), out,
               tokenizer_file=tok_file)

@@ -12,6 +12,11 @@ BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_lay
             rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)
 
 
+# The tiny_meta_dir fixture's model: tiny_hf(**TINY_META) is its transformers twin.
+TINY_META = dict(seed=7, vocab_size=32000, hidden_size=32, intermediate_size=64,
+                 num_attention_heads=4, num_key_value_heads=2)
+
+
 def tiny_hf(seed: int = 0, **overrides):
     """A random transformers LlamaForCausalLM in float32, eval mode."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -177,6 +177,62 @@ def test_beam_search_runs_and_returns_a_scored_hypothesis(engine, lm):
     assert sum(done.logprobs) >= sum(greedy.logprobs) - 1e-4
 
 
+@pytest.fixture(scope="module")
+def hf_twin():
+    """transformers' LlamaForCausalLM holding the same weights as ``lm``: the reference."""
+    from tests.helpers import TINY_META, tiny_hf
+    return tiny_hf(**TINY_META)
+
+
+def hf_beam(hf, prompt, **kw):
+    """transformers' beam search: its best continuation and that sequence's score."""
+    from transformers import GenerationConfig
+    gc = GenerationConfig(do_sample=False, pad_token_id=0, bos_token_id=1, num_return_sequences=1,
+                          return_dict_in_generate=True, output_scores=True, **kw)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), generation_config=gc)
+    return out.sequences[0, len(prompt):].tolist(), float(out.sequences_scores[0])
+
+
+def hf_logprobs(hf, prompt, tokens):
+    """Each token's log-prob by one full forward pass of the reference, no cache."""
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens).view(-1, 1)).view(-1)
+
+
+@pytest.mark.parametrize("num_beams", [2, 3, 4])
+def test_beam_search_equals_transformers_generate(engine, lm, hf_twin, num_beams):
+    # No stop token: every hypothesis has the same length, so length-penalty conventions agree.
+    prompt = lm.tokenizer.encode("Hello world", bos=True)
+    evs = list(engine.generate(prompt, SamplingParams(temperature=0, num_beams=num_beams, max_new_tokens=8),
+                               stop_ids=()))
+    done = evs[-1]
+    ref, ref_score = hf_beam(hf_twin, prompt, num_beams=num_beams, max_new_tokens=8, eos_token_id=None,
+                             length_penalty=1.0, early_stopping=True)
+    assert done.tokens == ref and done.stop_reason == "length"
+    # The reported log-probs are the reference's, recomputed by a full forward pass.
+    lps = hf_logprobs(hf_twin, prompt, done.tokens)
+    torch.testing.assert_close(torch.tensor(done.logprobs), lps, atol=1e-4, rtol=0)
+    assert float(lps.sum()) / len(ref) == pytest.approx(ref_score, abs=1e-4)
+
+
+def test_beam_search_with_a_stop_token_equals_transformers_generate(engine, lm, hf_twin):
+    """A hypothesis that ends early competes with running ones; length_penalty 0 scores both by
+    their summed log-prob, the one convention transformers and we share."""
+    prompt = lm.tokenizer.encode("Hello world", bos=True)
+    free = hf_beam(hf_twin, prompt, num_beams=3, max_new_tokens=8, eos_token_id=None)[0]
+    stop = free[2]  # a token the best free-running beam meets: stopping there must compete
+    params = SamplingParams(temperature=0, num_beams=3, max_new_tokens=8, length_penalty=0.0)
+    done = list(engine.generate(prompt, params, stop_ids=(stop,)))[-1]
+    ref, ref_score = hf_beam(hf_twin, prompt, num_beams=3, max_new_tokens=8, eos_token_id=stop,
+                             length_penalty=0.0, early_stopping="never")
+    assert done.stop_reason == "eos" and done.stop_token == stop
+    ours = done.tokens + [stop]
+    assert ours == ref
+    assert float(hf_logprobs(hf_twin, prompt, ours).sum()) == pytest.approx(ref_score, abs=1e-4)
+
+
 def test_invalid_prompt_tokens_are_rejected(engine):
     with pytest.raises(SettingsError, match="vocabulary"):
         list(engine.generate([1, 10**6], SamplingParams()))
