@@ -263,7 +263,7 @@ def test_seeded_lanes_match_single_runs_and_stop_independently(engine, lm):
              SamplingParams(temperature=0.7, top_k=20, seed=3, max_new_tokens=9)]
     done, evs = lanes_done(engine, prompt, lanes)
     assert done[0].tokens == done[1].tokens
-    assert done[0].tokens != done[2].tokens[:4] or len(done[2].tokens) == 4
+    assert done[2].tokens != done[0].tokens[:4]  # another seed, another draw
     assert [len(d.tokens) for d in done] == [12, 12, 4, 9]
     for lane, d in zip(lanes, done):
         assert d.tokens == run(engine, prompt, **{k: getattr(lane, k) for k in

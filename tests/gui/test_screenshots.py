@@ -1,11 +1,13 @@
 """Screenshots of the main window, light and dark, idle and streaming (saved to artifacts/).
 
-They are for a person to look at; the asserts only check that the look was applied.
+They are for a person to look at; the asserts check what each one shows: the conversation's
+text, the reply that streamed in, and the theme's light or dark background in the pixels.
 """
 from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QApplication
 
 from gui import theme
@@ -29,6 +31,20 @@ SAMPLE = {
 }
 
 
+def lightness(path) -> int:
+    """The median lightness (0-255) of a saved screenshot, sampled on a grid."""
+    img = QImage(str(path))
+    assert not img.isNull() and img.width() > 100 and img.height() > 100
+    vals = sorted(img.pixelColor(x, y).lightness() for x in range(0, img.width(), 17)
+                  for y in range(0, img.height(), 17))
+    return vals[len(vals) // 2]
+
+
+def looks(mode, path):
+    shade = lightness(path)
+    assert (shade < 100) if mode == "dark" else (shade > 155), (mode, shade)
+
+
 @pytest.fixture(params=["light", "dark"])
 def mode(request, qapp):
     theme.apply(qapp, request.param)
@@ -42,14 +58,18 @@ def test_screenshots(qtbot, mode, loop, bridge, settings, data_dir, fixtures):
     qtbot.addWidget(w)
     w.retheme()
     assert theme.is_dark() == (mode == "dark")
-    snapshot(w, f"main_nomodel_{mode}")
+    looks(mode, snapshot(w, f"main_nomodel_{mode}"))
     w.conversation.import_json(SAMPLE)
+    shown = w.chat.toPlainText()
+    # The current branch: the question and the second answer, not the first one.
+    assert "How do I reverse a list in Python?" in shown and "to loop without copying" in shown
+    assert "Use slicing." not in shown
 
     async def scenario():
         await w.load_model(str(fixtures / "stories260K.gguf"))
         assert w.info is not None
         QApplication.processEvents()
-        snapshot(w, f"main_idle_{mode}")
+        looks(mode, snapshot(w, f"main_idle_{mode}"))
         w.new_chat()
         w.panel.maxTokensSpin.setValue(300)
         qtbot.keyClicks(w.prompt.editor, "Once upon a time")
@@ -61,7 +81,10 @@ def test_screenshots(qtbot, mode, loop, bridge, settings, data_dir, fixtures):
             snapshot(w, f"main_streaming_{mode}")
             w.stop()
         await until(lambda: done, 20, "reply end")
-        snapshot(w, f"main_replied_{mode}")
+        looks(mode, snapshot(w, f"main_replied_{mode}"))
+        shown = w.chat.toPlainText()
+        reply = done[0]["text"].strip()
+        assert reply and "Once upon a time" in shown and reply[:30] in shown
         return True
 
     assert run(loop, scenario(), 60)
