@@ -23,7 +23,7 @@ def _one_torch_thread():
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT  # noqa: E402
 
 
 SHIPPED = ROOT / "tests" / "fixtures"
@@ -71,3 +71,24 @@ def tiny_meta_dir(tmp_path_factory, meta_fixtures):
     save_meta(LoadedModel(model, tok, chat_format_for(tok), model.args, tok.stop_ids, {}), out,
               tokenizer_file=tok_file)
     return out
+
+
+@pytest.fixture
+def make_worker():
+    """make(hook=None, **kw) -> (a started Worker on one torch thread, its Collector); all are
+    shut down, and must have ended, after the test."""
+    from core.worker import Worker
+    from tests.helpers import Collector
+
+    workers = []
+
+    def make(hook=None, **kw):
+        col = Collector(hook)
+        w = Worker(col, torch_threads=1, **kw)
+        w.start()
+        workers.append(w)
+        return w, col
+    yield make
+    for w in workers:
+        w.shutdown(5)
+        assert not w.alive

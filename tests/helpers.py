@@ -1,11 +1,20 @@
-"""Tiny random reference models (transformers' LlamaForCausalLM) and their Meta twins."""
+"""Helpers shared by test modules: tiny random reference models (transformers'
+LlamaForCausalLM) and their Meta twins, stored-chat builders, the worker seen from outside."""
 from __future__ import annotations
+
+import threading
+from pathlib import Path
 
 import torch
 
 from core.checkpoints.hf import args_from_config, meta_name, to_meta_tensor
+from core.engine import Done, Token
 from core.kv_cache import KVCache
 from core.model import Transformer
+from core.sampling import SamplingParams
+from core.worker import Error, GenerateRequest, Loaded, Reply
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository
 
 BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
@@ -118,3 +127,67 @@ def gguf_vocab(path):
         array("tokenizer.ggml.token_type", lambda p: int(p[0])),
         {k: scalar(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "unknown")},
     )
+
+
+# -- the worker thread, seen from outside --------------------------------------------------
+
+PROMPT = "Once upon a time"  # the completion prompt of the worker tests
+
+
+def inner(ev):
+    """A worker event with the engine's event taken out of its Reply wrapper."""
+    return ev.event if isinstance(ev, Reply) else ev
+
+
+def is_token(ev, rid=None, index=None) -> bool:
+    """ev is a Reply carrying a Token (of request rid, with that index, when given)."""
+    return (isinstance(ev, Reply) and isinstance(ev.event, Token) and (rid is None or ev.request_id == rid)
+            and (index is None or ev.event.index == index))
+
+
+class Collector:
+    """Records worker events (from the worker thread) and waits for conditions."""
+
+    def __init__(self, hook=None):
+        self.events: list = []
+        self.hook = hook
+        self._cond = threading.Condition()
+
+    def __call__(self, ev) -> None:
+        if self.hook is not None:
+            self.hook(ev)
+        with self._cond:
+            self.events.append(ev)
+            self._cond.notify_all()
+
+    def wait(self, pred, timeout: float = 20.0):
+        """Wait until pred(events) is truthy; return its value."""
+        with self._cond:
+            ok = self._cond.wait_for(lambda: pred(self.events), timeout)
+        assert ok, f"timed out; events: {[type(e).__name__ for e in self.events][-20:]}"
+        return pred(self.events)
+
+    def finished(self, rid: int, lanes: int = 1):
+        """Wait for the terminal events of request rid (one Done per lane, or an Error);
+        returns its events with the engine's own unwrapped."""
+        def done(evs):
+            mine = [inner(e) for e in evs if e.request_id == rid]
+            if any(isinstance(e, Error) for e in mine):
+                return mine
+            return mine if sum(isinstance(e, Done) for e in mine) >= lanes else None
+        return self.wait(done)
+
+    def of(self, rid: int) -> list:
+        with self._cond:
+            return [inner(e) for e in self.events if e.request_id == rid]
+
+
+def completion(max_new=30, seed=7, temperature=0.8, prompt=PROMPT, **kw) -> GenerateRequest:
+    return GenerateRequest(mode="completion", prompt=prompt,
+                           params=SamplingParams(temperature=temperature, max_new_tokens=max_new, seed=seed), **kw)
+
+
+def loaded_ok(col, rid):
+    evs = col.wait(lambda evs: [e for e in evs if e.request_id == rid and isinstance(e, (Loaded, Error))])
+    assert isinstance(evs[-1], Loaded), evs[-1]
+    return evs[-1]

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from core.__main__ import main
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def run_cli(capsys, *argv):

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from core.__main__ import main
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 DEMO = str(ROOT / "assets" / "models" / "llamadesk-demo")
 KEY = "cli-test-key"

@@ -17,7 +17,7 @@ from core.client import RemoteError, RemoteModel
 from core.engine import Done, Token
 from core.sampling import SamplingParams
 from core.server import RunningServer, ServerState
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.timeout(180)
 

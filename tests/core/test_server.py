@@ -3,7 +3,6 @@
 Every reply is checked against the engine run directly (a separate Engine on a separate
 copy of the model), or against the model's own forward pass for log-probabilities.
 """
-import json
 import math
 import queue
 import threading
@@ -19,7 +18,7 @@ from core.engine import Done, Engine  # noqa: E402
 from core.prompting import render_chat  # noqa: E402
 from core.sampling import SamplingParams  # noqa: E402
 from core.server import RunningServer, ServerState  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from tests.helpers import ROOT  # noqa: E402
 
 KEY = "test-key-123"
 DEMO = ROOT / "assets" / "models" / "llamadesk-demo"

@@ -13,88 +13,11 @@ from core.prompting import fit_dialog, reply_reserve
 from core.sampling import SamplingParams
 from core.worker import (CompareRequest, Error, GenerateRequest, Loaded, LoadProgress, Prompted, Reply, Unloaded,
                          Worker, default_torch_threads, resolve_torch_threads)
-
-PROMPT = "Once upon a time"
-
-
-def inner(ev):
-    """A worker event with the engine's event taken out of its Reply wrapper."""
-    return ev.event if isinstance(ev, Reply) else ev
-
-
-def is_token(ev, rid=None, index=None) -> bool:
-    """ev is a Reply carrying a Token (of request rid, with that index, when given)."""
-    return (isinstance(ev, Reply) and isinstance(ev.event, Token) and (rid is None or ev.request_id == rid)
-            and (index is None or ev.event.index == index))
-
-
-class Collector:
-    """Records worker events (from the worker thread) and waits for conditions."""
-
-    def __init__(self, hook=None):
-        self.events: list = []
-        self.hook = hook
-        self._cond = threading.Condition()
-
-    def __call__(self, ev) -> None:
-        if self.hook is not None:
-            self.hook(ev)
-        with self._cond:
-            self.events.append(ev)
-            self._cond.notify_all()
-
-    def wait(self, pred, timeout: float = 20.0):
-        """Wait until pred(events) is truthy; return its value."""
-        with self._cond:
-            ok = self._cond.wait_for(lambda: pred(self.events), timeout)
-        assert ok, f"timed out; events: {[type(e).__name__ for e in self.events][-20:]}"
-        return pred(self.events)
-
-    def finished(self, rid: int, lanes: int = 1):
-        """Wait for the terminal events of request rid (one Done per lane, or an Error);
-        returns its events with the engine's own unwrapped."""
-        def done(evs):
-            mine = [inner(e) for e in evs if e.request_id == rid]
-            if any(isinstance(e, Error) for e in mine):
-                return mine
-            return mine if sum(isinstance(e, Done) for e in mine) >= lanes else None
-        return self.wait(done)
-
-    def of(self, rid: int) -> list:
-        with self._cond:
-            return [inner(e) for e in self.events if e.request_id == rid]
-
+from tests.helpers import PROMPT, Collector, completion, inner, is_token, loaded_ok
 
 @pytest.fixture
 def gguf(fixtures):
     return fixtures / "stories260K.gguf"
-
-
-@pytest.fixture
-def make_worker():
-    workers = []
-
-    def make(hook=None, **kw):
-        col = Collector(hook)
-        w = Worker(col, torch_threads=1, **kw)
-        w.start()
-        workers.append(w)
-        return w, col
-    yield make
-    for w in workers:
-        w.shutdown(5)
-        assert not w.alive
-
-
-def completion(max_new=30, seed=7, temperature=0.8, prompt=PROMPT, **kw) -> GenerateRequest:
-    return GenerateRequest(mode="completion", prompt=prompt,
-                           params=SamplingParams(temperature=temperature, max_new_tokens=max_new, seed=seed), **kw)
-
-
-def loaded_ok(col, rid):
-    evs = col.wait(lambda evs: [e for e in evs if e.request_id == rid and isinstance(e, (Loaded, Error))])
-    assert isinstance(evs[-1], Loaded), evs[-1]
-    return evs[-1]
 
 
 def direct_text(path, prompt_ids_fn, params, **gen_kw) -> tuple[str, list[int]]:

@@ -195,8 +195,7 @@ def test_messages_are_one_plain_line_cut_at_a_word():
 def test_embedding_larger_than_tokenizer_is_reported_and_never_sampled(tmp_path):
     from core.engine import Done, Engine, Token
     from core.sampling import SamplingParams
-    from tests.core.checkpoints.test_gguf import random_model
-    from tests.core.checkpoints.util import sp_vocab, write_gguf as write_model_gguf
+    from tests.core.checkpoints.util import random_model, sp_vocab, write_gguf as write_model_gguf
     m = random_model(3)  # vocab 288; the tokenizer below has 279 tokens
     with torch.no_grad():
         m.output.weight[279:] = m.output.weight[279:] * 0 + 50.0  # the padded rows would always win

@@ -7,7 +7,7 @@ import pytest
 from core import limits
 from core.engine import Done
 from core.worker import Error, Loaded, Unloaded
-from tests.core.test_worker import Collector, completion, is_token, loaded_ok, make_worker  # noqa: F401 (fixture)
+from tests.helpers import completion, is_token, loaded_ok
 
 pytestmark = pytest.mark.timeout(120)
 

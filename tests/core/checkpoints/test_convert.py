@@ -9,8 +9,8 @@ import torch
 from core.__main__ import main
 from core.checkpoints import load
 from core.convert import convert
-from tests.core.checkpoints.test_gguf import PROMPT, random_model
-from tests.core.checkpoints.util import greedy, hf_greedy, write_gguf, write_tiny_tokenizer
+from tests.core.checkpoints.util import (PROMPT, greedy, hf_greedy, random_model, write_gguf, write_llama3_gguf,
+                                         write_tiny_tokenizer)
 from tests.helpers import tiny_hf
 
 
@@ -77,9 +77,8 @@ def test_hf_roundtrip_keeps_bf16_scaling_and_tied(tmp_path):
 
 
 def test_gpt2_vocab_gguf_to_hf_tokenizer_json(tmp_path):
-    from tests.core.checkpoints.test_gguf import test_gpt2_vocab_and_llama3_chat_template as make
-    make(tmp_path)  # writes and checks tmp_path / "l3.gguf"
     src = tmp_path / "l3.gguf"
+    write_llama3_gguf(src)
     a = load(src, device="cpu", dtype="float32")
     out = convert(src, tmp_path / "hf")
     assert (out / "tokenizer.json").is_file()

@@ -12,9 +12,8 @@ from core.__main__ import main
 from core.checkpoints import load
 from core.checkpoints.gguf import gguf_name
 from core.convert import convert
+from tests.core.checkpoints.util import PROMPT
 from tests.helpers import greedy
-
-PROMPT = [1, 403, 407, 261, 378]  # BOS + "Once upon a time"
 DEMO = Path(__file__).resolve().parents[3] / "assets" / "models" / "llamadesk-demo"
 
 

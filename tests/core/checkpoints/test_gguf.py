@@ -2,9 +2,8 @@
 import torch
 
 from core.checkpoints import load
+from tests.core.checkpoints.util import PROMPT
 from tests.helpers import greedy
-
-PROMPT = [1, 403, 407, 261, 378]  # BOS + "Once upon a time"
 
 
 def test_stories260k_continues_like_llama_cpp(fixtures):
@@ -29,18 +28,12 @@ import gguf  # noqa: E402
 
 import pytest  # noqa: E402
 
-from core.model import ModelArgs, Transformer  # noqa: E402
-from tests.core.checkpoints.util import hf_greedy, reference_model, write_gguf  # noqa: E402
-from tests.helpers import meta_from_hf, tiny_hf, widen_weights  # noqa: E402
+from tests.core.checkpoints.util import (LLAMA3_TEMPLATE, hf_greedy, random_model, reference_model,  # noqa: E402
+                                         write_gguf, write_llama3_gguf)
+from core.model import ModelArgs  # noqa: E402
+from tests.helpers import meta_from_hf, tiny_hf  # noqa: E402
 
 IDS = torch.randint(0, 280, (2, 40), generator=torch.Generator().manual_seed(3))
-
-
-def random_model(seed=0, **kw):
-    base = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=288, hidden_dim=160,
-                norm_eps=1e-5, max_seq_len=256)
-    torch.manual_seed(seed)
-    return widen_weights(Transformer(ModelArgs(**{**base, **kw})).eval())
 
 
 @pytest.mark.parametrize("qtype", ["F16", "BF16", "Q8_0", "Q4_0"])
@@ -114,24 +107,14 @@ def test_rope_freqs_tensor_becomes_llama3_scaling(tmp_path):
 
 
 def test_gpt2_vocab_and_llama3_chat_template(tmp_path):
-    from core.tokenizer import bytes_to_unicode
-    byte_chars = list(bytes_to_unicode().values())
-    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-    tokens = byte_chars + ["he", "ll", "hell", "hello", "\u0120w"] + specials
-    merges = ["h e", "l l", "he ll", "hell o", "\u0120 w"]
-    types = [1] * (256 + 5) + [3] * len(specials)
-    bos, eos, eot = 261, 262, 265
-    template = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-                "{{ m['content'] }}<|eot_id|>{% endfor %}")
-    m = random_model(5, vocab_size=272)
     f = tmp_path / "l3.gguf"
-    write_gguf(f, m, tokenizer="gpt2", vocab=(tokens, merges, types, bos, eos, eot), chat_template=template)
+    bos, eos, eot = write_llama3_gguf(f)
     lm = load(f, device="cpu", dtype="float32")
     assert lm.tokenizer.encode("hello world", bos=True)[:2] == [bos, 259]
     assert lm.tokenizer.decode(lm.tokenizer.encode("hello world")) == "hello world"
     assert lm.chat_format.name == "llama3"
     assert {eos, eot} <= lm.stop_ids
-    assert lm.info["chat_template_source"] == "gguf" and lm.chat_template == template
+    assert lm.info["chat_template_source"] == "gguf" and lm.chat_template == LLAMA3_TEMPLATE
 
 
 def test_rope_freqs_with_few_blended_entries(tmp_path):

@@ -6,8 +6,7 @@ import torch
 
 from core.checkpoints import load
 from core.errors import CheckpointError
-from tests.core.checkpoints.test_gguf import random_model
-from tests.core.checkpoints.util import write_gguf
+from tests.core.checkpoints.util import random_model, write_gguf
 from tests.helpers import greedy
 
 PROMPT = [1, 403, 407, 261, 378]  # BOS + "Once upon a time"

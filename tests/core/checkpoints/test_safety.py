@@ -8,9 +8,8 @@ import torch
 
 from core.checkpoints import detect, load
 from core.errors import CheckpointError
-from tests.core.checkpoints.test_gguf import random_model
 from core.checkpoints.gguf_vocab import sentencepiece_from_vocab
-from tests.core.checkpoints.util import sp_vocab, write_gguf, write_json, write_tiny_tokenizer
+from tests.core.checkpoints.util import random_model, sp_vocab, write_gguf, write_json, write_tiny_tokenizer
 from tests.helpers import tiny_hf
 
 

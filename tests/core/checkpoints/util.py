@@ -6,7 +6,9 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers import greedy, hf_greedy  # noqa: F401  (re-exported for the checkpoint tests)
+from tests.helpers import greedy, hf_greedy, widen_weights  # noqa: F401  (re-exported for the checkpoint tests)
+
+PROMPT = [1, 403, 407, 261, 378]  # stories260K's BOS + "Once upon a time"
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz "
 
@@ -132,3 +134,31 @@ def reference_model(args, tensors):
     if args.tie_word_embeddings:
         m.output.weight = m.tok_embeddings.weight
     return m.eval()
+
+
+def random_model(seed=0, **kw):
+    """A random Transformer (vocab 288 unless told), weights widened so greedy choices are clear."""
+    from core.model import ModelArgs, Transformer
+    base = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=288, hidden_dim=160,
+                norm_eps=1e-5, max_seq_len=256)
+    torch.manual_seed(seed)
+    return widen_weights(Transformer(ModelArgs(**{**base, **kw})).eval())
+
+
+LLAMA3_TEMPLATE = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+                   "{{ m['content'] }}<|eot_id|>{% endfor %}")
+
+
+def write_llama3_gguf(f: Path) -> tuple[int, int, int]:
+    """A random model with a byte-level (gpt2) vocabulary and Llama 3's chat template, written
+    as GGUF to f; returns its bos, eos and end-of-turn ids."""
+    from core.tokenizer import bytes_to_unicode
+    byte_chars = list(bytes_to_unicode().values())
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    tokens = byte_chars + ["he", "ll", "hell", "hello", "\u0120w"] + specials
+    merges = ["h e", "l l", "he ll", "hell o", "\u0120 w"]
+    types = [1] * (256 + 5) + [3] * len(specials)
+    bos, eos, eot = 261, 262, 265
+    write_gguf(f, random_model(5, vocab_size=272), tokenizer="gpt2", vocab=(tokens, merges, types, bos, eos, eot),
+               chat_template=LLAMA3_TEMPLATE)
+    return bos, eos, eot
