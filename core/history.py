@@ -6,8 +6,9 @@ reply, an edited-and-resent user message). A conversation remembers the leaf of 
 branch on screen (``current_leaf_id``); :meth:`History.current_path` walks from the root
 to it. Nothing is ever overwritten by a branch switch, so every version stays reachable.
 
-Durability: each public write is one transaction (``with conn:``), the journal is WAL
-with ``synchronous=FULL``, so a committed message survives the process being killed.
+Durability: each public write is one ``BEGIN IMMEDIATE`` transaction (``self._tx()``), the
+journal is WAL with ``synchronous=FULL``, so a committed message survives the process
+being killed. :meth:`History.open_or_recover` moves a damaged file aside (never deletes it).
 The schema version lives in ``PRAGMA user_version``; :data:`MIGRATIONS` upgrades old
 files in place.
 

@@ -17,6 +17,8 @@ heatmap); clicking or hovering a token shows it in the view's :class:`TokenInspe
 """
 from __future__ import annotations
 
+import math
+
 import html
 import re
 
@@ -191,20 +193,34 @@ class MessageBody(QTextBrowser):
 
 
 def format_stats(m: dict) -> str:
-    """One line of a reply's facts: tokens, time to first token, tokens/s, stop reason, seed."""
+    """A reply's facts on one line: tokens, time to first token, tokens/s, stop reason, seed.
+
+    ``m`` is a stored message (or one shaped like it: "stats", "stop_reason", "seed"). A
+    compare lane's stats (core.compare.lane_stats) also carry mean log-prob, perplexity and
+    distinct-n: those go on two more lines.
+    """
     s = m.get("stats") or {}
     parts = []
-    if "generated_tokens" in s:
-        parts.append(f"{s['generated_tokens']} tokens")
+    tokens = s.get("generated_tokens", s.get("tokens"))
+    if tokens is not None:
+        parts.append(f"{tokens} tokens")
     if s.get("ttft_s"):
         parts.append(f"TTFT {s['ttft_s'] * 1000:.0f} ms")
-    if s.get("decode_tok_s"):
-        parts.append(f"{s['decode_tok_s']:.1f} tok/s")
+    rate = s.get("decode_tok_s") or s.get("tokens_per_s")
+    if rate:
+        parts.append(f"{rate:.1f} tok/s")
     if m.get("stop_reason"):
         parts.append(f"stop: {m['stop_reason']}")
     if m.get("seed") is not None:
         parts.append(f"seed {m['seed']}")
-    return " · ".join(parts)
+    lines = [" · ".join(parts)]
+    if "perplexity" in s:
+        def num(v, fmt):
+            return "–" if v is None else format(v, fmt)
+        ppl = "∞" if s["perplexity"] == math.inf else num(s["perplexity"], ".2f")
+        lines.append(f"mean log p {num(s.get('mean_logprob'), '.3f')} · perplexity {ppl}")
+        lines.append(f"distinct-1 {num(s.get('distinct_1'), '.2f')} · distinct-2 {num(s.get('distinct_2'), '.2f')}")
+    return "\n".join(lines)
 
 
 class MessageWidget(QFrame):
@@ -469,7 +485,6 @@ class ChatView(QScrollArea):
         copied(str): text placed on the clipboard (a message or a code block).
         tokenViewChanged(bool): whether any message now shows its tokens (the window
             shows the inspector while one does).
-        tokenInspected(int, int): a token went into the inspector (message id, index).
 
     Attributes:
         inspector: the :class:`TokenInspector` tokens are shown in (the window places it;
@@ -480,7 +495,6 @@ class ChatView(QScrollArea):
     actionRequested = Signal(str, int)
     copied = Signal(str)
     tokenViewChanged = Signal(bool)
-    tokenInspected = Signal(int, int)
 
     def __init__(self, *, inspector=None, parent=None):
         super().__init__(parent)
@@ -649,7 +663,6 @@ class ChatView(QScrollArea):
                     old.select_token(None)
             self.pinned = (msg_id, index)
             w.select_token(index)
-        self.tokenInspected.emit(msg_id, index)
         return True
 
     def _token_clicked(self, msg_id: int, index: int) -> None:

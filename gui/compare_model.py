@@ -235,21 +235,3 @@ def parse_token_index(href: str) -> int | None:
         return int(bits[1])
     except ValueError:
         return None
-
-
-def format_stats(stats: dict, params: dict | None) -> str:
-    """One compact line (two at most) of a lane's numbers."""
-    def num(v, fmt):
-        return "–" if v is None else format(v, fmt)
-    ppl = stats.get("perplexity")
-    ppl_s = "∞" if ppl == math.inf else num(ppl, ".2f")
-    rate = f"{stats['tokens_per_s']:.1f}" if stats.get("tokens_per_s") else "–"
-    line1 = (f"{stats['tokens']} tok · {rate} tok/s · "
-             f"stop: {stats.get('stop_reason') or '…'}")
-    seed = (params or {}).get("seed")
-    if seed is not None:
-        line1 += f" · seed {seed}"
-    line2 = f"mean log p {num(stats.get('mean_logprob'), '.3f')} · perplexity {ppl_s}"
-    line3 = (f"distinct-1 {num(stats.get('distinct_1'), '.2f')} · "
-             f"distinct-2 {num(stats.get('distinct_2'), '.2f')}")
-    return f"{line1}\n{line2}\n{line3}"

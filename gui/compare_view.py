@@ -17,7 +17,7 @@ import random
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QSize, Qt, QUrl, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFrame, QGridLayout,
                                QHBoxLayout, QLabel, QLineEdit, QMenu, QPlainTextEdit, QPushButton,
@@ -34,7 +34,8 @@ from core.worker import CompareRequest, Error, Prompted
 
 from . import theme
 from .bridge import Chunk
-from .compare_model import LaneRun, format_stats, lane_colors, parse_anchor, render_lane_html
+from .chat_view import format_stats
+from .compare_model import LaneRun, lane_colors, parse_anchor, render_lane_html
 from .token_inspector import TokenInspector
 
 DEFAULT_INSPECT = 5
@@ -240,9 +241,6 @@ class CompareView(QWidget):
         adoptRequested(str, dict): a lane's reply should join the chat (text, and a dict
             with settings, seed, stats, stop_reason, lane); emitted by :meth:`adopt`
             after it wrote the reply through ``conversation`` when one was given.
-        runFinished(list): a run ended; one LaneRun per lane.
-        saved(int): a comparison was saved (its conversation id).
-        lanesChanged(int): lanes were added, removed or reordered (the new count).
 
     Args:
         bridge: the :class:`gui.bridge.Bridge` (its ``compare`` and ``cancel``).
@@ -257,9 +255,6 @@ class CompareView(QWidget):
     """
 
     adoptRequested = Signal(str, dict)
-    runFinished = Signal(list)
-    saved = Signal(int)
-    lanesChanged = Signal(int)
 
     def __init__(self, *, bridge, history, prompt: str = "", messages: list[dict] | None = None,
                  lanes: list | None = None, mode: str = "chat", chat_format: str = "auto",
@@ -542,7 +537,6 @@ class CompareView(QWidget):
             # Result runs keep their lane numbers in anchors: re-render under the new index.
         self._refresh()
         self.render(all_lanes=True)
-        self.lanesChanged.emit(len(self.columns))
 
     def _refresh(self) -> None:
         """Names, titles, enabled states and the baseline list after any change."""
@@ -706,7 +700,6 @@ class CompareView(QWidget):
         else:
             reasons = [c.run.stop_reason or "?" for c in cols if c.run is not None]
             self.status.setText("Done · " + " · ".join(f"lane {i + 1}: {r}" for i, r in enumerate(reasons)))
-        self.runFinished.emit([c.run for c in cols])
 
     def stop(self) -> None:
         if self.running:
@@ -746,7 +739,9 @@ class CompareView(QWidget):
             sel = self.selected[1] if self.selected and self.selected[0] == i else None
             col.set_html(render_lane_html(i, run, diff=diff, heatmap=heat, selected=sel, colors=colors),
                          follow=self.running)
-            col.stats.setText(format_stats(run.stats(), run.params))
+            st = run.stats()
+            col.stats.setText(format_stats({"stats": st, "stop_reason": st.get("stop_reason") or "…",
+                                            "seed": (run.params or {}).get("seed")}))
             col.set_editable(not self.running, self.seed_lock.isChecked())
 
     # ------------------------------------------------------------------ inspector
@@ -809,7 +804,6 @@ class CompareView(QWidget):
         conv = self.history.save_comparison(title, prompt, lanes)
         self.saved_id = conv.id
         self.status.setText(f"Saved as “{title}”.")
-        self.saved.emit(conv.id)
         return conv.id
 
     def saved_comparisons(self) -> list:
@@ -931,16 +925,13 @@ def open_compare(window) -> CompareView:
         return view
     panel = window.panel
     text = window.prompt.text()
-    system = panel.system_prompt() if hasattr(panel, "system_prompt") else ""
+    system = panel.system_prompt()
     conv = window.conversation
     context = conv.request_messages(system) if conv.conv_id is not None else (
         [{"role": "system", "content": system}] if system.strip() else [])
-    bridge = window.bridge
-    lookup = getattr(bridge, "token_text", None)  # when the bridge can name token ids
-    view = CompareView(bridge=bridge, history=window.history, prompt=text, messages=context,
-                       lanes=[panel.params()], mode="chat",
-                       chat_format=panel.chat_format() if hasattr(panel, "chat_format") else "auto",
-                       conversation=conv, token_text=lookup if callable(lookup) else None, parent=window)
+    view = CompareView(bridge=window.bridge, history=window.history, prompt=text, messages=context,
+                       lanes=[panel.params()], mode="chat", chat_format=panel.chat_format(),
+                       conversation=conv, parent=window)
     view.setWindowFlag(Qt.Window, True)  # its own window, closed with the main one
     view.setAttribute(Qt.WA_DeleteOnClose, True)
 

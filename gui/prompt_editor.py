@@ -7,7 +7,6 @@ When editing an earlier user message, a banner says so and Esc cancels the edit.
 from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout,
                                QWidget)
 
@@ -38,12 +37,10 @@ class PromptEditor(QWidget):
     Signals:
         sendRequested(str): the user asked to send this text (only when sending is allowed).
         stopRequested(): the user asked to stop the running reply (Esc or Stop).
-        editCancelled(): the user left edit mode (Esc while editing, nothing running).
     """
 
     sendRequested = Signal(str)
     stopRequested = Signal()
-    editCancelled = Signal()
 
     def __init__(self, *, parent=None):
         super().__init__(parent)
@@ -175,4 +172,3 @@ class PromptEditor(QWidget):
         elif self._editing is not None:
             self.end_edit()
             self.clear()
-            self.editCancelled.emit()

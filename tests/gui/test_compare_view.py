@@ -198,7 +198,8 @@ def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_p
             ref_f = float(filt[row["id"]])
             assert row["filtered"] is not None and abs(row["filtered"] - ref_f) < 1e-4, (row, ref_f)
             assert shown[1] == fmt_prob(row["raw"]) and shown[2] == fmt_prob(row["filtered"])
-            assert shown[0] == token_text_of(tok)(row["id"]).replace(" ", "␣").replace("\n", "⏎") or shown[0]
+            text = token_text_of(tok)(row["id"])
+            assert shown[0] == (text.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥") if text else "∅")
         assert abs(sum(float(filt[r["id"]]) for r in rows) - sum(r["filtered"] for r in rows)) < 1e-4
 
     # a real click on a token's anchor pins it; hovering shows another, leaving goes back
