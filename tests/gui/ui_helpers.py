@@ -27,15 +27,21 @@ def loop(qapp):
     lp = qasync.QEventLoop(qapp)
     asyncio.set_event_loop(lp)
     yield lp
+    stuck = []
     try:
         pending = [t for t in asyncio.all_tasks(lp) if not t.done()]
         for t in pending:
             t.cancel()
         if pending:
-            lp.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            # Bounded: a task that ignores its cancel must fail this test, not hang the
+            # whole run inside Qt's event loop, where no pytest-timeout signal can land.
+            lp.run_until_complete(asyncio.wait(pending, timeout=15))
+            stuck = [t.get_name() + " " + repr(t.get_coro()) for t in pending if not t.done()]
     finally:
         lp.close()
         asyncio.set_event_loop(None)
+    if stuck:
+        pytest.fail(f"tasks still running 15 s after being cancelled: {stuck}")
 
 
 @pytest.fixture
