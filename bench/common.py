@@ -3,29 +3,19 @@ from __future__ import annotations
 
 import os
 import platform
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from core.engine import Done, Engine
 from core.sampling import SamplingParams
+from core.tuning import median_seconds as median_of  # noqa: F401  (the bench scripts' name)
 
 ROOT = Path(__file__).resolve().parent.parent
 GB = 1e9
 LLAMA3_VOCAB = 128256
 
 
-def median_of(fn, repeats: int) -> float:
-    """Median seconds of fn() over repeats (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 # --------------------------------------------------------------------------- machine

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from core.engine import Done, Engine  # noqa: E402
 from core.model import ModelArgs, Transformer  # noqa: E402
 from core.sampling import SamplingParams  # noqa: E402
+from core.tuning import median_seconds  # noqa: E402
 
 GB = 1e9
 ARGS_8B = dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, hidden_dim=14336,
@@ -72,13 +73,7 @@ def tokenizer():
 def cuda_time(fn, repeats: int) -> float:
     """Median seconds of fn() on the GPU (CUDA events, after a warm-up)."""
     if not torch.cuda.is_available():  # --cpu-dry-run
-        fn()
-        out = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-        return statistics.median(out)
+        return median_seconds(fn, repeats)
     fn()
     torch.cuda.synchronize()
     out = []

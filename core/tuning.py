@@ -67,7 +67,8 @@ def fingerprint() -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def _time(fn, repeats: int) -> float:
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall-clock seconds of fn() over repeats, after one warm-up call."""
     fn()
     out = []
     for _ in range(repeats):
@@ -93,8 +94,9 @@ def probe(*, k: int = 2048, n: int = 8192, rows: int = 128, repeats: int = 5) ->
                 w, x = w32.to(dt), x32.to(dt)
                 for t in sorted({1, cores}):
                     torch.set_num_threads(t)
-                    times[(name, "decode", t)] = _time(lambda: torch.nn.functional.linear(x[:1], w), repeats)
-                    times[(name, "prefill", t)] = _time(lambda: torch.nn.functional.linear(x, w), max(2, repeats // 2))
+                    linear = torch.nn.functional.linear
+                    times[(name, "decode", t)] = median_seconds(lambda: linear(x[:1], w), repeats)
+                    times[(name, "prefill", t)] = median_seconds(lambda: linear(x, w), max(2, repeats // 2))
     finally:
         torch.set_num_threads(saved)
     best = {phase: {name: min(times[(name, phase, t)] for t in {1, cores}) for name in ("float32", "bfloat16")}
