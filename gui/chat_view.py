@@ -324,6 +324,9 @@ class MessageWidget(QFrame):
         self.footer = QLabel()
         self.footer.setObjectName("messageFooter")
         self.footer.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        # A long stats line wraps: unwrapped, its width became the message's minimum and
+        # pushed the message past a narrow transcript (text and buttons cut at the edge).
+        self.footer.setWordWrap(True)
         lay.addWidget(self.footer)
         self.update_message(message, streaming=streaming)
 
@@ -534,6 +537,17 @@ class ChatView(QScrollArea):
         bar.rangeChanged.connect(self._on_range)
         self.set_empty_hint("Start a conversation: type below and press Ctrl+Enter.")
 
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt API)
+        # Never narrower than the widest message's header row (role, versions, buttons):
+        # a narrower column pushed the messages past its right edge, cutting text and
+        # buttons, since the transcript has no sideways scrollbar.
+        s = super().minimumSizeHint()
+        need = max((w.minimumSizeHint().width() for w in self.widgets), default=0)
+        if need:
+            m = self._layout.contentsMargins()
+            need += m.left() + m.right() + self.verticalScrollBar().sizeHint().width() + 2 * self.frameWidth()
+        return QSize(max(s.width(), need), s.height())
+
     # ---- scrolling
     def _on_scroll(self, value: int) -> None:
         self._follow = value >= self.verticalScrollBar().maximum() - 8
@@ -590,6 +604,7 @@ class ChatView(QScrollArea):
         self.can_generate = on
         for w in self.widgets:
             w.set_can_generate(on)
+        self.updateGeometry()
 
     def append_message(self, message: dict) -> MessageWidget:
         """Show one more message at the end (the others stay as they are)."""
@@ -608,6 +623,7 @@ class ChatView(QScrollArea):
         self._layout.insertWidget(self._layout.count() - 1, w)
         self.widgets.append(w)
         self.empty_hint.hide()
+        self.updateGeometry()  # the column's minimum width follows the messages' buttons
         return w
 
     def _on_action(self, name: str, msg_id: int) -> None:
@@ -635,6 +651,7 @@ class ChatView(QScrollArea):
                 self.pinned = None
                 if self.inspector is not None:
                     self.inspector.clear()
+        self.updateGeometry()
         self.tokenViewChanged.emit(bool(self._token_views))
 
     def show_tokens(self, msg_id: int, on: bool = True) -> bool:
@@ -713,6 +730,7 @@ class ChatView(QScrollArea):
             return
         self._stream.update_message(message, streaming=False)
         self._stream = None
+        self.updateGeometry()  # its buttons are back
 
     @property
     def streaming(self) -> bool:

@@ -596,3 +596,53 @@ def test_status_bar_texts_never_overlap(window, size):
             assert not a.geometry().intersects(b.geometry()), (a.objectName(), b.objectName())
     assert clipped_texts(window.statusBar()) == []
     assert window.stats_label.text().endswith("seed 123456")  # the whole text, even when shown shortened
+
+
+def _messages_fit(window) -> list[str]:
+    """Each message within the transcript's width: its text wrapped to a width that fits
+    the viewport, and every shown message button wholly visible once scrolled to."""
+    QApplication.processEvents()
+    chat, problems = window.chat, []
+    vp = chat.viewport()
+    for m in chat.widgets:
+        left = m.body.mapTo(vp, m.body.rect().topLeft()).x()
+        if m.body.document().textWidth() + left > vp.width() or m.body.width() + left > vp.width():
+            problems.append(f"message {m.msg_id}: text {m.body.document().textWidth()}px from x={left}, "
+                            f"viewport {vp.width()}px")
+        buttons = [*m.buttons.values(), m.inspect_button, m.prev_button, m.next_button]
+        for b in buttons:
+            if not b.isVisibleTo(m):
+                continue
+            chat.ensureWidgetVisible(b, 0, 0)
+            QApplication.processEvents()
+            r = b.rect().translated(b.mapTo(vp, b.rect().topLeft()))
+            if not vp.rect().contains(r):
+                problems.append(f"message {m.msg_id} {b.objectName()} at {r.getRect()} outside {vp.rect().getRect()}")
+    return problems
+
+
+@pytest.mark.parametrize("size", ["inspector", "800x560", "minimum"])
+def test_messages_rewrap_and_keep_their_buttons_when_the_column_narrows(window, size):
+    from tests.gui.ui_helpers import clipped_texts
+    text = "Once upon a time there was a little cat named Whiskers who loved the garden. " * 4
+    cid = _chat_with_history(window, "Cat", [("user", "Tell me a story about a cat", None, None, None),
+                                             ("assistant", text, None, None, None)])
+    window.open_conversation(cid)
+    msgs = window.conversation.view_messages()
+    words = text.split(" ")
+    msgs[1].update(stats={"generated_tokens": 240, "ttft_s": 0.012, "decode_tok_s": 310.2}, stop_reason="length",
+                   seed=123456, version=(2, 3),
+                   tokens={"tokens": list(range(len(words))), "token_texts": [t + " " for t in words],
+                           "logprobs": [-0.5] * len(words)})
+    window.chat.set_messages(msgs)
+    window.resize(1200, 780)
+    if size == "inspector":  # the token view opens the inspector beside the transcript
+        assert window.chat.show_tokens(msgs[1]["id"])
+    else:
+        QApplication.processEvents()  # the layout takes in the new messages' minimum widths
+        window.resize(window.minimumSizeHint() if size == "minimum" else QSize(800, 560))
+    QApplication.processEvents()
+    assert window.inspector.isVisible() == (size == "inspector")
+    assert _messages_fit(window) == []
+    assert window.chat.widget().width() <= window.chat.viewport().width()
+    assert clipped_texts(window.chat) == []
