@@ -7,6 +7,8 @@ text) and the proxy shows the matching ids.
 """
 from __future__ import annotations
 
+import time
+
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QSortFilterProxyModel, Qt, Signal
 
 from core.history import Conversation
@@ -34,11 +36,28 @@ class ConversationListModel(QAbstractListModel):
         if not index.isValid():
             return None
         conv = self.rows[index.row()]
-        if role in (Qt.DisplayRole, Qt.EditRole, Qt.ToolTipRole):
+        if role == Qt.EditRole:
             return conv.title
+        if role == Qt.DisplayRole:
+            return self.display_text(index.row())
+        if role == Qt.ToolTipRole:
+            return f"{conv.title}\nStarted {_when(conv.created_at)} · last changed {_when(conv.updated_at)}"
         if role == ID_ROLE:
             return conv.id
         return None
+
+    def display_text(self, row: int) -> str:
+        """The title, and for chats that share it, when each was started (and, if that is
+        the same minute too, a count), so they can be told apart in the list."""
+        conv = self.rows[row]
+        same = [c for c in self.rows if c.title == conv.title]
+        if len(same) < 2:
+            return conv.title
+        when = _when(conv.created_at)
+        twins = [c for c in same if _when(c.created_at) == when]
+        if len(twins) > 1:
+            when += f" #{sorted(c.id for c in twins).index(conv.id) + 1}"
+        return f"{conv.title} ({when})"
 
     def flags(self, index: QModelIndex):
         return super().flags(index) | Qt.ItemIsEditable if index.isValid() else super().flags(index)
@@ -56,10 +75,10 @@ class ConversationListModel(QAbstractListModel):
         """Show ``conversations``: rows that stay keep their place in the view."""
         new_ids = [c.id for c in conversations]
         if [c.id for c in self.rows] == new_ids:
-            for i, (old, new) in enumerate(zip(self.rows, conversations)):
-                self.rows[i] = new
-                if old.title != new.title:
-                    self.dataChanged.emit(self.index(i), self.index(i))
+            changed = any(old.title != new.title for old, new in zip(self.rows, conversations))
+            self.rows[:] = conversations
+            if changed:  # a title can add or drop another row's "(date)" too
+                self.dataChanged.emit(self.index(0), self.index(len(self.rows) - 1))
             return
         keep = set(new_ids)
         for i in reversed(range(len(self.rows))):  # gone: remove those rows only
@@ -67,6 +86,8 @@ class ConversationListModel(QAbstractListModel):
                 self.beginRemoveRows(QModelIndex(), i, i)
                 del self.rows[i]
                 self.endRemoveRows()
+        if self.rows:  # the twin of a removed chat may lose its "(date)"
+            self.dataChanged.emit(self.index(0), self.index(len(self.rows) - 1))
         if [c.id for c in self.rows] == [i for i in new_ids if i in {c.id for c in self.rows}]:
             # Same relative order: insert the new ones where they belong (a new chat goes on top).
             for i, conv in enumerate(conversations):
@@ -74,6 +95,8 @@ class ConversationListModel(QAbstractListModel):
                     self.beginInsertRows(QModelIndex(), i, i)
                     self.rows.insert(i, conv)
                     self.endInsertRows()
+                    if self.rows:  # a new twin title gives the older one its "(date)" too
+                        self.dataChanged.emit(self.index(0), self.index(len(self.rows) - 1))
                 else:
                     changed = self.rows[i].title != conv.title
                     self.rows[i] = conv
@@ -83,6 +106,10 @@ class ConversationListModel(QAbstractListModel):
         self.beginResetModel()  # reordered: one reset
         self.rows = list(conversations)
         self.endResetModel()
+
+
+def _when(t: float) -> str:
+    return time.strftime("%d %b %H:%M", time.localtime(t))
 
 
 class ConversationFilter(QSortFilterProxyModel):

@@ -178,8 +178,9 @@ class MainWindow(QMainWindow):
         self.conv_list.setEditTriggers(QListView.DoubleClicked | QListView.EditKeyPressed)
         self.conv_list.setObjectName("conversationList")
         self.conv_list.setAccessibleName("conversationList")
-        # Long titles end in "…" (full title in the tooltip) instead of a sideways scrollbar.
-        self.conv_list.setTextElideMode(Qt.ElideRight)
+        # Long titles are shortened in the middle (full title in the tooltip) instead of a
+        # sideways scrollbar, so the "(date)" that tells same-titled chats apart stays visible.
+        self.conv_list.setTextElideMode(Qt.ElideMiddle)
         self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
         self.conv_list.customContextMenuRequested.connect(self._conv_menu)

@@ -646,3 +646,30 @@ def test_messages_rewrap_and_keep_their_buttons_when_the_column_narrows(window, 
     assert _messages_fit(window) == []
     assert window.chat.widget().width() <= window.chat.viewport().width()
     assert clipped_texts(window.chat) == []
+
+
+def test_chats_with_the_same_long_title_can_be_told_apart_in_the_list(window):
+    title = "Once upon a time there was a little cat who loved the garden behind the house"
+    a = _chat_with_history(window, title, [("user", "first", None, None, None)])
+    b = _chat_with_history(window, title, [("user", "second", None, None, None)])
+    _chat_with_history(window, "Apples", [("user", "about apples", None, None, None)])
+    QApplication.processEvents()
+    view = window.conv_list
+    rows = {window.conversation_index(i).data(Qt.UserRole): window.conversation_index(i)
+            for i in range(view.model().rowCount())}
+    # What the list draws: each row's text shortened to the row's width as the view does.
+    shown = {cid: view.fontMetrics().elidedText(idx.data(Qt.DisplayRole), view.textElideMode(),
+                                                view.visualRect(idx).width() - 8)
+             for cid, idx in rows.items()}
+    assert shown[a] != shown[b], shown
+    assert rows[a].data(Qt.DisplayRole) != rows[b].data(Qt.DisplayRole)
+    for cid in (a, b):
+        tip = rows[cid].data(Qt.ToolTipRole)
+        assert title in tip and "Started" in tip
+        assert rows[cid].data(Qt.EditRole) == title  # renaming starts from the plain title
+    assert [idx.data(Qt.DisplayRole) for cid, idx in rows.items() if cid not in (a, b)] == ["Apples"]
+    window.conversation.rename(b, "Bananas")  # no longer twins: the plain title again
+    window.refresh_conversations()
+    assert window.conversation_index(next(i for i in range(view.model().rowCount())
+                                           if window.conversation_index(i).data(Qt.UserRole) == a)
+                                     ).data(Qt.DisplayRole) == title
