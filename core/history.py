@@ -734,8 +734,10 @@ class _Transaction:
         self.conn = self.h._conn
         try:
             self.conn.execute("BEGIN IMMEDIATE")
-        except BaseException:
+        except BaseException as e:
             self.h._lock.release()
+            if isinstance(e, sqlite3.Error):  # a store made read-only, or locked, since it was opened
+                raise HistoryError(f"history database error: {e}") from e
             raise
         return self
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from PySide6.QtCore import QItemSelectionModel, QModelIndex, QSettings, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QLineEdit,
-                               QListView, QMainWindow, QMenu, QMessageBox,
+                               QListView, QMainWindow, QMenu, QMessageBox, QPushButton,
                                QProgressBar, QSizePolicy, QSplitter, QToolButton, QVBoxLayout,
                                QWidget)
 
@@ -211,6 +211,28 @@ class MainWindow(QMainWindow):
         self.chat_splitter.setCollapsible(0, False)
         self.chat_splitter.setSizes([440, 260])
         ml.addWidget(self.chat_splitter, 1)
+        # A message the store could not save stays in the editor; this says why and sends it
+        # again once the cause (a full disk, a read-only folder) is fixed.
+        self.send_notice = QWidget()
+        self.send_notice.setObjectName("sendNotice")
+        nl = QHBoxLayout(self.send_notice)
+        nl.setContentsMargins(8, 4, 8, 0)
+        self.send_notice_label = QLabel()
+        self.send_notice_label.setObjectName("contextNotice")
+        self.send_notice_label.setWordWrap(True)
+        self.retry_button = QPushButton("Retry")
+        self.retry_button.setObjectName("retrySendButton")
+        self.retry_button.setToolTip("Save and send the message in the editor again")
+        self.retry_button.clicked.connect(self.retry_send)
+        self.dismiss_notice_button = QToolButton()
+        self.dismiss_notice_button.setText("✕")
+        self.dismiss_notice_button.setAccessibleName("Dismiss")
+        self.dismiss_notice_button.clicked.connect(self.send_notice.hide)
+        nl.addWidget(self.send_notice_label, 1)
+        nl.addWidget(self.retry_button)
+        nl.addWidget(self.dismiss_notice_button)
+        self.send_notice.hide()
+        ml.addWidget(self.send_notice)
         self.prompt = PromptEditor()
         self.prompt.sendRequested.connect(self.send)
         self.prompt.stopRequested.connect(self.stop)
@@ -702,6 +724,8 @@ class MainWindow(QMainWindow):
         r.notice.connect(self.chat.set_notice)
         r.finished.connect(self._on_reply_finished)
         r.failed.connect(self.show_error)
+        r.saveFailed.connect(self._on_save_failed)
+        r.textRepaired.connect(lambda text: self.statusBar().showMessage(text, 10000))
         r.busyChanged.connect(self._set_busy)
 
     @property
@@ -714,8 +738,18 @@ class MainWindow(QMainWindow):
             return
         self.reply.inspect = INSPECT_TOP if self.record_probs_action.isChecked() else 0
         if self.reply.send(text, editing=self.prompt.editing):
+            self.send_notice.hide()
             self.prompt.end_edit()
             self.prompt.clear()
+
+    def retry_send(self) -> None:
+        """Send again what the editor holds (after a message could not be saved)."""
+        self.send(self.prompt.text())
+
+    def _on_save_failed(self, message: str) -> None:
+        self.send_notice_label.setText(message)
+        self.send_notice.show()
+        self.retry_button.setFocus()
 
     def regenerate(self, msg_id: int | None = None) -> None:
         """A new version of a reply (default: the last one) — the old versions stay."""

@@ -61,6 +61,11 @@ class ReplyController(QObject):
         notice(str): something to tell about this reply (turns left out to fit).
         finished(dict): the reply is saved; the dict is the stored message's view.
         failed(str, str): a title and message for an error dialog.
+        saveFailed(str): the user's message could not be saved (full disk, read-only
+            folder): nothing was sent, the text stays in the editor, and sending it again
+            retries.
+        textRepaired(str): the message was saved with invalid characters (lone
+            surrogates, undecodable bytes) replaced by U+FFFD; the str says so.
     """
 
     busyChanged = Signal(bool)
@@ -71,6 +76,8 @@ class ReplyController(QObject):
     notice = Signal(str)
     finished = Signal(dict)
     failed = Signal(str, str)
+    saveFailed = Signal(str)
+    textRepaired = Signal(str)
 
     def __init__(self, *, bridge, conversation: ConversationModel, settings, parent=None):
         super().__init__(parent)
@@ -101,8 +108,11 @@ class ReplyController(QObject):
             else:
                 user = self.conversation.add_user(text)
         except HistoryError as e:
-            self.failed.emit("Could not save the message", str(e))
+            self.saveFailed.emit(f"Could not save the message, so it was not sent: {e}")
             return False
+        if (user.meta or {}).get("text_repaired"):
+            self.textRepaired.emit("Part of the message was not valid text (broken clipboard data or "
+                                   "bytes from a file); it was replaced with \ufffd before sending.")
         return self._start(parent_id=user.id)
 
     def regenerate(self, msg_id: int | None = None) -> bool:

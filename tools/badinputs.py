@@ -406,6 +406,42 @@ def _tokenizer_cases(seeds, out: Path, rng: random.Random) -> list[Case]:
     return cases
 
 
+def _tokjson_byte_cases(seeds, out: Path, seed: int, n: int = 50) -> list[Case]:
+    """Byte flips, truncations and insertions in tokenizer.json, alone (``tokenize``) and in
+    an HF folder (``info``): the one parser the per-file byte cases above do not reach.
+
+    Its own random stream, so adding these left every earlier case as it was.
+    """
+    rng = random.Random(f"tokjson-bytes-{seed}")
+    data = seeds["tokenizer.json"].read_bytes()
+    cases = []
+    for i in range(n):
+        b = bytearray(data)
+        op = i % 4
+        if op == 0:  # truncate (mostly: JSON cut mid-token)
+            b = b[: rng.randrange(len(b))]
+        elif op == 1:  # flip bytes: broken JSON, invalid UTF-8, or valid JSON with odd strings
+            for _ in range(rng.choice((1, 4, 32))):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+        elif op == 2:  # a digit changed: ids, merges ranks and flags that still parse
+            digits = [j for j, c in enumerate(b) if 0x30 <= c <= 0x39]
+            for _ in range(rng.choice((1, 3, 10))):
+                b[rng.choice(digits)] = rng.choice(b"0123456789-")
+        else:  # junk inserted
+            at = rng.randrange(len(b))
+            b[at:at] = bytes(rng.randrange(256) for _ in range(rng.choice((1, 7, 100))))
+        if i % 5 == 4:
+            d = out / f"hf-tokjson-bytes{i}"
+            _clone(seeds["hf"], d)
+            _put(d / "tokenizer.json", bytes(b))
+            cases.append(Case(d.name, "bytes of tokenizer.json in folder", ["info", str(d), "--device", "cpu"]))
+        else:
+            f = out / f"tokjson-bytes{i}.json"
+            f.write_bytes(bytes(b))
+            cases.append(Case(f.name, "bytes of tokenizer.json", ["tokenize", str(f), "--text", "hello world"]))
+    return cases
+
+
 def _special_file_cases(seeds, out: Path) -> list[Case]:
     cases = []
 
@@ -529,6 +565,7 @@ def generate(out: Path, *, seed: int = 0, per_file: int = 110) -> list[Case]:
     cases += _special_file_cases(seeds, work)
     cases += _cli_cases(seeds, work)
     cases += _byte_cases(seeds, work, rng, per_file)
+    cases += _tokjson_byte_cases(seeds, work, seed)
     return cases
 
 

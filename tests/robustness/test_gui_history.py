@@ -67,3 +67,74 @@ def test_a_damaged_store_at_start_up_is_kept_and_said(qtbot, loop, bridge, setti
     finally:
         close(loop, w)
 
+
+
+def test_a_message_that_cannot_be_saved_stays_in_the_editor_with_a_retry(qtbot, loop, bridge, settings, data_dir,  # noqa: F811
+                                                                         fixtures):
+    from core.history import History
+    from gui.main_window import MainWindow
+    h = History(data_dir / "history.sqlite3")
+    w = MainWindow(bridge=bridge, history=h, settings=settings, autoload=False)
+    qtbot.addWidget(w)
+    w.show()
+    text = "Once upon a time"
+    errors = []
+    w.reply.failed.connect(lambda title, msg: errors.append(title))
+
+    async def scenario():
+        await w.load_model(str(fixtures / "stories260K.gguf"))
+        w.panel.maxTokensSpin.setValue(4)
+        done = []
+        w.replyFinished.connect(done.append)
+        h._conn.execute("PRAGMA query_only = ON")  # every write now fails as on a read-only store
+        w.prompt.set_text(text)
+        qtbot.keyClick(w.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
+        assert w.send_notice.isVisible() and "readonly" in w.send_notice_label.text()
+        assert w.prompt.text() == text and not w.busy  # kept, nothing sent
+        assert w.conversation.conv_id is None or not h.messages(w.conversation.conv_id)
+        qtbot.mouseClick(w.retry_button, Qt.LeftButton)  # still full: still there, still said
+        assert w.send_notice.isVisible() and w.prompt.text() == text and not w.busy
+        h._conn.execute("PRAGMA query_only = OFF")  # writable again
+        qtbot.mouseClick(w.retry_button, Qt.LeftButton)
+        assert not w.send_notice.isVisible() and w.prompt.text() == ""
+        await until(lambda: done, 30, "the reply")
+        msgs = h.messages(w.conversation.conv_id)
+        assert [m.role for m in msgs] == ["user", "assistant"] and msgs[0].text == text
+        assert msgs[1].id == done[0]["id"] and msgs[1].stop_reason in ("length", "eos")
+        return True
+
+    try:
+        assert run(loop, scenario(), 90)
+        assert errors == []  # said inline, not by a dialog
+    finally:
+        close(loop, w)
+
+
+def test_text_repaired_before_sending_is_said(qtbot, loop, bridge, settings, data_dir, fixtures):  # noqa: F811
+    import os
+    from core.history import History
+    from gui.main_window import MainWindow
+    h = History(data_dir / "history.sqlite3")
+    w = MainWindow(bridge=bridge, history=h, settings=settings, autoload=False)
+    qtbot.addWidget(w)
+    w.show()
+
+    async def scenario():
+        await w.load_model(str(fixtures / "stories260K.gguf"))
+        w.panel.maxTokensSpin.setValue(2)
+        done = []
+        w.replyFinished.connect(done.append)
+        w.send("fine text")
+        await until(lambda: done, 30, "the first reply")
+        assert "\ufffd" not in w.statusBar().currentMessage()
+        w.send("a\ud800b " + os.fsdecode(b"\xff"))  # a lone surrogate and an undecodable byte
+        assert "replaced with \ufffd" in w.statusBar().currentMessage()
+        await until(lambda: len(done) == 2, 30, "the second reply")
+        user = h.messages(w.conversation.conv_id)[2]
+        assert user.text == "a\ufffdb \ufffd" and user.meta["text_repaired"] is True
+        return True
+
+    try:
+        assert run(loop, scenario(), 90)
+    finally:
+        close(loop, w)

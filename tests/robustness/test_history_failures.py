@@ -112,6 +112,16 @@ def test_a_full_disk_raises_history_error_and_partial_replies_carry_on(tmp_path)
     assert h.message(p.msg_id).text == "x" * 100_000 + "!"
 
 
+def test_a_store_made_read_only_after_opening_raises_history_error(tmp_path):
+    h = History(tmp_path / "history.sqlite3")
+    c = h.create_conversation("chat")
+    h._conn.execute("PRAGMA query_only = ON")  # fails at BEGIN, before any statement
+    with pytest.raises(HistoryError, match="readonly"):
+        h.add_message(c.id, role="user", text="hi")
+    h._conn.execute("PRAGMA query_only = OFF")
+    assert h.add_message(c.id, role="user", text="hi").text == "hi"  # the lock was released
+
+
 def test_tmpfs_full_disk(tmp_path):
     d = tmp_path / "small"
     d.mkdir()
