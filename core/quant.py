@@ -350,6 +350,9 @@ def pack_gguf(raw: torch.Tensor, kind: str, n: int, k: int, device: torch.device
         for i in range(0, n, CHUNK_ROWS):
             chunk = rows[i:i + CHUNK_ROWS]
             g = decode_blocks(chunk, kind, chunk.shape[0], k)
+            # The values are integers: only a block scale or offset can be NaN or infinite.
+            if not (torch.isfinite(g.scale).all() and torch.isfinite(g.zero).all()):
+                raise ValueError("holds NaN or infinite block scales: corrupt weights")
             if kind != "Q8_0":
                 # (q - 8) * scale + zero' == q * scale + zero  with zero' = zero + 8 * scale
                 yield _pack_rows(g.q, g.scale, g.zero + 8 * g.scale, device)

@@ -107,3 +107,19 @@ def test_corrupt_quantized_tensors_name_file_and_tensor(tmp_path):
     with pytest.raises(CheckpointError) as e:
         load(g, device="cpu")
     assert e.value.tensor and "truncated" in str(e.value) and e.value.file == str(g)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+def test_non_finite_block_scale_is_refused(tmp_path, qtype):
+    import gguf
+    m = random_model(3, dim=128, n_heads=4, n_kv_heads=2, hidden_dim=192)
+    f = tmp_path / "nan.gguf"
+    write_gguf(f, m, qtype=qtype)
+    t = next(t for t in gguf.GGUFReader(f).tensors if t.name == "blk.1.ffn_up.weight")
+    with open(f, "r+b") as fh:  # both types start a block with its fp16 scale
+        fh.seek(t.data_offset + 5 * t.data.reshape(-1).view("uint8").shape[0] // t.shape[1])
+        fh.write(struct.pack("<e", float("nan")))
+    with pytest.raises(CheckpointError) as e:
+        load(f, device="cpu")
+    assert e.value.tensor == "blk.1.ffn_up.weight" and e.value.file == str(f)
+    assert "NaN or infinite" in str(e.value)
