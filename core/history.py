@@ -500,6 +500,32 @@ class History:
             c.execute("UPDATE conversations SET current_leaf_id = ?, updated_at = ? WHERE id = ?",
                       (new_leaf, time.time(), conv_id))
 
+    def subtree_snapshot(self, msg_id: int) -> dict:
+        """A message, everything below it and its conversation's current leaf, as stored:
+        what :meth:`restore_subtree` puts back (Undo of :meth:`delete_message`)."""
+        row = self._message_row(msg_id)
+        cols = ", ".join(_MESSAGE_COLUMNS)
+        ids = [r[0] for r in self._q(_SUBTREE_SQL, (msg_id,))]
+        rows = [tuple(r) for r in self._q(f"SELECT {cols} FROM messages WHERE id IN "
+                                          f"({', '.join('?' * len(ids))}) ORDER BY id", ids)]
+        leaf = self._check_conv(row["conversation_id"])["current_leaf_id"]
+        return {"conversation_id": row["conversation_id"], "current_leaf_id": leaf, "rows": rows}
+
+    def restore_subtree(self, snapshot: dict) -> None:
+        """Put back messages deleted after :meth:`subtree_snapshot`, with their ids, and
+        the current leaf of then; HistoryError when that is no longer possible (the
+        conversation or the parent is gone, or an id was taken meanwhile)."""
+        cols = ", ".join(_MESSAGE_COLUMNS)
+        try:
+            with self._tx() as c:
+                # Parents have smaller ids than their replies: id order inserts parents first.
+                for row in snapshot["rows"]:
+                    c.execute(f"INSERT INTO messages ({cols}) VALUES ({', '.join('?' * len(row))})", row)
+                c.execute("UPDATE conversations SET current_leaf_id = ?, updated_at = ? WHERE id = ?",
+                          (snapshot["current_leaf_id"], time.time(), snapshot["conversation_id"]))
+        except sqlite3.IntegrityError as e:
+            raise HistoryError(f"the deleted messages cannot be put back: {e}") from None
+
     def messages(self, conv_id: int) -> list[Message]:
         """Every message of a conversation (all branches), in insertion order."""
         self._check_conv(conv_id)

@@ -154,9 +154,11 @@ class ConversationModel(QObject):
         self.pathChanged.emit()
         return sibs[i]
 
-    def delete_message(self, msg_id: int) -> None:
-        """Delete a message and its replies; if it had other versions, show the nearest one."""
+    def delete_message(self, msg_id: int) -> dict:
+        """Delete a message and its replies; if it had other versions, show the nearest one.
+        Returns what :meth:`restore` needs to undo it."""
         sibs = [s.id for s in self.history.siblings(msg_id)]
+        snapshot = self.history.subtree_snapshot(msg_id)
         self.history.delete_message(msg_id)
         rest = [s for s in sibs if s != msg_id]
         if rest:
@@ -164,6 +166,14 @@ class ConversationModel(QObject):
             self.history.select(before[-1] if before else rest[0])
         self.listChanged.emit()
         self.pathChanged.emit()
+        return snapshot
+
+    def restore(self, snapshot: dict) -> None:
+        """Undo :meth:`delete_message`: the messages, their branch and the branch shown."""
+        self.history.restore_subtree(snapshot)
+        self.listChanged.emit()
+        if snapshot["conversation_id"] == self.conv_id:
+            self.pathChanged.emit()
 
     # ---- files
     def export_markdown(self) -> str:

@@ -268,6 +268,23 @@ class MainWindow(QMainWindow):
         self.context_bar.setRange(0, 1)
         self.context_bar.setValue(0)
         sb.addPermanentWidget(self.context_bar)
+        # "Message deleted · Undo", shown for a few seconds after a message is deleted.
+        self.undo_notice = QWidget()
+        self.undo_notice.setObjectName("undoNotice")
+        ul = QHBoxLayout(self.undo_notice)
+        ul.setContentsMargins(0, 0, 0, 0)
+        self.undo_label = QLabel()
+        self.undo_button = QPushButton("Undo")
+        self.undo_button.setObjectName("undoDeleteButton")
+        self.undo_button.clicked.connect(self.undo_delete)
+        ul.addWidget(self.undo_label)
+        ul.addWidget(self.undo_button)
+        self.undo_notice.hide()
+        self._undo_snapshot: dict | None = None
+        self._undo_timer = QTimer(self)
+        self._undo_timer.setSingleShot(True)
+        self._undo_timer.timeout.connect(self._drop_undo)
+        sb.addPermanentWidget(self.undo_notice)
         self.stats_label = ElidedLabel()
         self.stats_label.setObjectName("statsLabel")
         self.stats_label.setAccessibleName("statsLabel")
@@ -824,7 +841,35 @@ class MainWindow(QMainWindow):
             self.continue_reply(msg_id)
         elif name == "delete":
             if not self.busy:
-                self.conversation.delete_message(msg_id)
+                self._offer_undo(self.conversation.delete_message(msg_id))
+
+    undo_ms = 8000  # how long a deleted message can be brought back
+
+    def _offer_undo(self, snapshot: dict) -> None:
+        """Deleting asks nothing; instead the status bar offers Undo for a few seconds."""
+        self._undo_snapshot = snapshot
+        n = len(snapshot["rows"])
+        self.undo_label.setText("Message deleted" if n == 1 else f"Message and {n - 1} below it deleted")
+        self.undo_notice.show()
+        self._undo_timer.start(self.undo_ms)
+
+    def _drop_undo(self) -> None:
+        self._undo_snapshot = None
+        self._undo_timer.stop()
+        self.undo_notice.hide()
+
+    def undo_delete(self) -> None:
+        """Put back the message deleted last (while its Undo is offered)."""
+        snapshot, self._undo_snapshot = self._undo_snapshot, None
+        self._drop_undo()
+        if snapshot is None:
+            return
+        try:
+            self.conversation.restore(snapshot)
+        except HistoryError as e:
+            self.statusBar().showMessage(f"Could not undo: {e}", 6000)
+            return
+        self.statusBar().showMessage("Message restored", 3000)
 
     def copy_last_reply(self) -> None:
         last = next((m for m in reversed(self.conversation.path()) if m.role == "assistant"), None)

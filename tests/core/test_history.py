@@ -236,3 +236,26 @@ def test_committed_messages_survive_sigkill(tmp_path):
         assert [m.text for m in path_] == [f"message {i}" for i in range(len(path_))]
         assert len(path_) == len(ids)  # current leaf and tree agree (no torn write)
         assert h._q("PRAGMA integrity_check")[0][0] == "ok"
+
+
+def test_a_deleted_subtree_is_restored_with_its_ids_or_refused_cleanly(tmp_path):
+    h = History(tmp_path / "h.sqlite3")
+    c = h.create_conversation("t")
+    u = h.add_message(c.id, role="user", text="q")
+    a1 = h.add_message(c.id, role="assistant", text="a1", parent_id=u.id, stats={"n": 1}, meta={"k": "é"})
+    a2 = h.add_message(c.id, role="assistant", text="a2", parent_id=u.id)
+    h.select(a1.id)
+    follow = h.add_message(c.id, role="user", text="more", parent_id=a1.id)
+    before = h.messages(c.id)
+    snap = h.subtree_snapshot(a1.id)
+    h.delete_message(a1.id)
+    assert [m.id for m in h.messages(c.id)] == [u.id, a2.id]
+    h.restore_subtree(snap)
+    assert h.messages(c.id) == before
+    assert h.conversation(c.id).current_leaf_id == follow.id
+    h.delete_message(a1.id)
+    h.add_message(c.id, role="user", text="took an id", parent_id=a2.id)  # may reuse a freed id
+    h.delete_conversation(c.id)
+    with pytest.raises(HistoryError):
+        h.restore_subtree(snap)
+    h.close()

@@ -673,3 +673,33 @@ def test_chats_with_the_same_long_title_can_be_told_apart_in_the_list(window):
     assert window.conversation_index(next(i for i in range(view.model().rowCount())
                                            if window.conversation_index(i).data(Qt.UserRole) == a)
                                      ).data(Qt.DisplayRole) == title
+
+
+def test_deleting_a_message_offers_undo_that_restores_it_and_its_branch(qtbot, window):
+    cid = _chat_with_history(window, "Cats", [("user", "tell me about cats", None, None, None),
+                                              ("assistant", "cats purr", None, None, None),
+                                              ("user", "and dogs?", None, None, None),
+                                              ("assistant", "dogs bark", None, None, None)])
+    window.open_conversation(cid)
+    before = [(m.id, m.parent_id, m.role, m.text) for m in window.history.messages(cid)]
+    leaf = window.history.conversation(cid).current_leaf_id
+    assert not window.undo_notice.isVisible()
+    target = window.chat.widgets[1]  # the first reply: it and the two messages below it go
+    window.confirm = lambda *a: pytest.fail("deleting a message asks no question")
+    qtbot.mouseClick(target.buttons["delete"], Qt.LeftButton)
+    assert [w.message["text"] for w in window.chat.widgets] == ["tell me about cats"]
+    assert len(window.history.messages(cid)) == 1
+    assert window.undo_notice.isVisible() and "deleted" in window.undo_label.text()
+    qtbot.mouseClick(window.undo_button, Qt.LeftButton)
+    assert [(m.id, m.parent_id, m.role, m.text) for m in window.history.messages(cid)] == before
+    assert window.history.conversation(cid).current_leaf_id == leaf
+    assert [w.message["text"] for w in window.chat.widgets] == ["tell me about cats", "cats purr", "and dogs?",
+                                                                "dogs bark"]
+    assert not window.undo_notice.isVisible()
+    # Unused, the offer goes away by itself and the deletion stays.
+    window.undo_ms = 50
+    qtbot.mouseClick(window.chat.widgets[3].buttons["delete"], Qt.LeftButton)
+    assert window.undo_notice.isVisible()
+    qtbot.waitUntil(lambda: not window.undo_notice.isVisible(), timeout=5000)
+    window.undo_delete()  # nothing offered: nothing happens
+    assert [m.text for m in window.history.current_path(cid)] == ["tell me about cats", "cats purr", "and dogs?"]
