@@ -384,16 +384,18 @@ class Engine:
             feed = []
             step_logits = torch.stack([logits_by_lane[i] for i in rows])  # [B, V]
             # NaN/inf logits (overflowing activations, broken weights) would sample garbage
-            # with NaN log-probs: such a lane stops with the "error" reason instead.
-            broken = (~torch.isfinite(step_logits).all(-1)).tolist()
-            if any(broken):
-                step_logits = torch.nan_to_num(step_logits, nan=0.0, posinf=0.0, neginf=0.0)
+            # with NaN log-probs: such a lane stops with the "error" reason instead. The flag
+            # stays on the device and comes back with the ids (one sync per step); zeroing
+            # non-finite entries is the identity on healthy rows, so it is done always.
+            finite = torch.isfinite(step_logits).all(-1)
+            torch.nan_to_num_(step_logits, nan=0.0, posinf=0.0, neginf=0.0)
             if self.sample_limit is not None:
                 step_logits[:, self.sample_limit:] = float("-inf")
             previous = [torch.tensor(lanes[i].prompt + lanes[i].tokens, device=dev)
                         if lanes[i].params.repetition_penalty != 1.0 else None for i in rows]
             choice = choose_tokens(step_logits, [lanes[i].params for i in rows], previous,
-                                   [lanes[i].generator for i in rows])
+                                   [lanes[i].generator for i in rows], flags=finite)
+            broken = [not f for f in choice.flags]
             now = time.perf_counter()
             for r, lane_idx in enumerate(rows):
                 lane, st = lanes[lane_idx], stats[lane_idx]

@@ -222,11 +222,12 @@ class Choice:
     tokens: torch.Tensor  # [B] on the logits' device
     ids: list[int]
     logprobs: list[float]  # under the raw (unfiltered) distribution
+    flags: list[bool] | None = None  # the caller's ``flags`` [B], read with the ids
 
 
 def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
                   previous: Sequence[torch.Tensor | None], generators: Sequence[torch.Generator | None],
-                  candidates: int = CANDIDATES) -> Choice:
+                  candidates: int = CANDIDATES, flags: torch.Tensor | None = None) -> Choice:
     """Each row's next token, as ``sample`` would choose it, without sorting the vocabulary.
 
     The same tokens as filter_rows + argmax/draw with the same generators: sampled rows
@@ -238,6 +239,8 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
 
     Args:
         logits: float32 [B, V]; previous: token ids per row for the repetition penalty.
+        flags: optional bool [B] on the device (the engine's "row was finite"), read back
+            in the same transfer as the ids so a step costs one host synchronisation.
     """
     B, V = logits.shape
     dev = logits.device
@@ -275,8 +278,12 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
     lse = logits.logsumexp(-1)
     logprob = logits.gather(-1, tokens.view(B, 1)).view(B) - lse
     S = ok.numel()
-    read = torch.cat([tokens.double(), logprob.double(), ok.double(), widen.double()]).tolist()
+    F = 0 if flags is None else B
+    parts = [tokens.double(), logprob.double()] + ([] if flags is None else [flags.double()])
+    read = torch.cat(parts + [ok.double(), widen.double()]).tolist()
     ids, lps = [int(t) for t in read[:B]], read[B:2 * B]
+    flag_list = None if flags is None else [bool(f) for f in read[2 * B:2 * B + F]]
+    read = read[:2 * B] + read[2 * B + F:]
     bad = [k for k, good in enumerate(read[2 * B:2 * B + S]) if not good]
     if bad:  # a wider candidate pass where it can succeed, else the reference; same uniforms
         rb = torch.tensor(bad, device=dev)
@@ -294,7 +301,7 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
         logprob = logits.gather(-1, tokens.view(B, 1)).view(B) - lse
         read = torch.cat([tokens.double(), logprob.double()]).tolist()
         ids, lps = [int(t) for t in read[:B]], read[B:]
-    return Choice(tokens, ids, lps)
+    return Choice(tokens, ids, lps, flag_list)
 
 
 def _candidate_draw(x: torch.Tensor, qs: Sequence[SamplingParams], u: torch.Tensor, K: int, wide: int):

@@ -416,3 +416,28 @@ def test_compile_failure_falls_back_to_eager(lm, monkeypatch):
     done = run(eng, prompt, temperature=0, max_new_tokens=6)[1]
     assert done.tokens == reference_greedy(lm.model, prompt, 6)
     assert eng.compile_status.startswith("eager: compiling failed") and "C++" in eng.compile_status
+
+
+def test_a_decode_step_reads_the_device_once(engine, lm, monkeypatch):
+    """Deliverable 5: no per-token host synchronisation beyond reading the token. Every
+    way a tensor's value reaches Python (tolist, item, bool, int, float) is counted
+    between consecutive Token events; a sampled lane and a greedy lane share each step."""
+    reads = [0]
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "__index__"):
+        orig = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _orig=orig, **k):
+            reads[0] += 1
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    prompt = lm.tokenizer.encode("Once upon a time", bos=True)
+    lanes = [SamplingParams(temperature=0, max_new_tokens=8),
+             SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=4, max_new_tokens=8)]
+    per_step, seen = [], 0
+    for ev in engine.generate_lanes(prompt, lanes):
+        if isinstance(ev, Token) and ev.lane == 0:
+            if seen:
+                per_step.append(reads[0])
+            seen += 1
+            reads[0] = 0
+    assert seen == 8 and per_step == [1] * 7

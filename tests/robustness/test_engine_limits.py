@@ -68,6 +68,27 @@ def test_non_finite_logits_stop_the_reply_with_error(lm, monkeypatch):
     assert len(done.tokens) == 3 and all(lp == lp for lp in done.logprobs)
 
 
+def test_non_finite_logits_in_one_lane_stop_only_that_lane(lm, monkeypatch):
+    """The finite flag is read per row with the sampled ids: the healthy lane goes on."""
+    prompt = lm.tokenizer.encode("Once upon a time", bos=True)
+    calls = [0]
+    forward = lm.model.forward
+
+    def broken(x, *a, **k):
+        out = forward(x, *a, **k)
+        calls[0] += 1
+        if calls[0] == 3 and out.shape[0] == 2:  # the second decode step, lane 1 only
+            out = out.clone()
+            out[1, ..., 7] = float("inf")
+        return out
+    monkeypatch.setattr(lm.model, "forward", broken)
+    eng = Engine(lm.model, lm.tokenizer, stop_ids=set())
+    lanes = [SamplingParams(temperature=0, max_new_tokens=6), SamplingParams(temperature=0.8, seed=2, max_new_tokens=6)]
+    done = {e.lane: e for e in eng.generate_lanes(prompt, lanes) if isinstance(e, Done)}
+    assert done[1].stop_reason == "error" and len(done[1].tokens) == 2
+    assert done[0].stop_reason == "length" and len(done[0].tokens) == 6
+
+
 RAW = b"caf\xe9 ok \xed\xa0\x80"
 
 
