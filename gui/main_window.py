@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, Q
 from core import chat_export
 from core.history import History, HistoryError
 
-from . import model_dialog, theme
+from . import library_window, model_dialog, theme
 from .chat_view import ChatView, format_stats, render_markdown
 from .conversation import ConversationModel
 from .conversation_list import ID_ROLE, ConversationFilter, ConversationListModel
@@ -37,6 +37,8 @@ DEMO_MODEL = Path(__file__).resolve().parent.parent / "assets" / "models" / "lla
 RECORD_PROBS_KEY = "chat/record_probs"
 INSPECT_TOP = 5  # alternatives recorded per token of a chat reply (the worker's ``inspect``)
 NO_MODEL_HINT = "No model loaded — open a .gguf file or a model folder with File → Open Model… (Ctrl+O), or drop it here."
+# The empty transcript also links to Model → Library… (find, download and open models).
+NO_MODEL_LINK = NO_MODEL_HINT + "<br><br><a href='library'>Get a model from the library…</a>"
 
 
 class ElidedLabel(QLabel):
@@ -122,6 +124,7 @@ class MainWindow(QMainWindow):
         self.reply = ReplyController(bridge=bridge, conversation=self.conversation, settings=self.panel, parent=self)
         self._wire_reply()
         self._connect_bridge()
+        library_window.attach(self)  # self.library; downloads a previous run left go on
         self.conversation.listChanged.connect(self.refresh_conversations)
         self.conversation.pathChanged.connect(self.refresh_transcript)
         self.conversation.pathChanged.connect(self._status_from_path)
@@ -200,6 +203,7 @@ class MainWindow(QMainWindow):
         if self._history_notice:
             self.chat.set_notice(self._history_notice)
         self.chat.actionRequested.connect(self._on_message_action)
+        self.chat.empty_hint.linkActivated.connect(lambda _link: self.open_library())
         self.chat.copied.connect(lambda t: self.statusBar().showMessage("Copied to the clipboard", 2000))
         self.chat.tokenViewChanged.connect(self.inspector.setVisible)
         self.chat_splitter = QSplitter(Qt.Horizontal)
@@ -345,6 +349,10 @@ class MainWindow(QMainWindow):
         c.addActions([self.rename_action, self.delete_chat_action])
 
         m = mb.addMenu("&Model")
+        self.library_action = self._action("&Library…", self.open_library, None, None, "libraryAction")
+        self.library_action.setToolTip("Models on this machine, the Hugging Face Hub, downloads")
+        m.addAction(self.library_action)
+        m.addSeparator()
         self.device_menu = m.addMenu("&Device")
         self.device_group = QActionGroup(self)
         for d in model_dialog.available_devices():
@@ -547,7 +555,7 @@ class MainWindow(QMainWindow):
         elif self._loading_path is None:
             self.model_status.setText("No model loaded")
             self.model_status.setToolTip("")
-            self.chat.set_empty_hint(NO_MODEL_HINT)
+            self.chat.set_empty_hint(NO_MODEL_LINK)
         self.prompt.set_model_ready(ready, None if ready else NO_MODEL_HINT)
         self.chat.set_can_generate(ready)
         for a in (self.reload_action, self.unload_action, self.info_action, self.regen_action,
@@ -952,6 +960,10 @@ class MainWindow(QMainWindow):
         if not self.busy:
             self.refresh_transcript()
 
+    def open_library(self, tab: str = "library"):
+        """Open (or raise) Model → Library… on ``tab`` (library, hub, downloads)."""
+        return library_window.open_library(self, tab)
+
     def _open_compare(self) -> None:
         """Open (or raise) the comparison window, seeded from the prompt, conversation and panel."""
         from .compare_view import open_compare
@@ -964,4 +976,5 @@ class MainWindow(QMainWindow):
             self._load_task.cancel()
         for d in list(self._dialogs):
             d.close()
+        library_window.detach(self)  # downloads stop; their state is kept for the next start
         super().closeEvent(event)

@@ -1,0 +1,557 @@
+"""The Library window's Hub tab: search the Hugging Face Hub, a repository's files, what fits here.
+
+A search page (text, GGUF / safetensors, sort by downloads, likes or recently updated; each
+repository with its license and whether it is gated) and a repository page (its loadable
+files grouped by quantization, with sizes and the memory each needs against this machine's
+free RAM and VRAM, the ones that fit marked and one recommended). Every hub call runs on
+the library's threads (:meth:`LibraryService.call`); a 401/403 opens an inline token field
+that explains, in plain words, what the Hub wants.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont, QStandardItem, QStandardItemModel
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFrame, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
+                               QPushButton, QSpinBox, QStackedWidget, QTableView, QTreeView, QVBoxLayout, QWidget)
+
+from . import theme
+
+FILE_ROLE = Qt.UserRole + 1   # a file row's HubFile
+REPO_ROLE = Qt.UserRole + 1   # a search row's RepoSummary
+SORT_ROLE = Qt.UserRole + 2
+
+FORMATS = (("GGUF", "gguf"), ("safetensors", "safetensors"), ("Any format", None))
+SORTS = (("Most downloaded", "downloads"), ("Most liked", "likes"), ("Recently updated", "last_modified"))
+DEFAULT_CONTEXT = 4096
+
+
+def _size(n) -> str:
+    from core.library import human_size
+    return human_size(n)
+
+
+def _date(v) -> str:
+    if v in (None, ""):
+        return "—"
+    if isinstance(v, _dt.datetime):
+        return v.strftime("%Y-%m-%d")
+    return str(v)[:10]
+
+
+def access_text(gated) -> str:
+    """A repository's access in words: public, or gated (and how access is granted)."""
+    if not gated:
+        return "Public"
+    if gated == "manual":
+        return "Gated (owner approves)"
+    return "Gated (accept license)"
+
+
+def explain(err: Exception, endpoint: str | None = None) -> tuple[str, str]:
+    """(kind, plain words) for a hub error: kind is 'auth' (401: a token is needed or was
+    refused), 'forbidden' (403: the token has no access), 'notfound', 'offline' or 'other'."""
+    from core import hub
+    where = endpoint or "huggingface.co"
+    status = getattr(err, "status", None)
+    if isinstance(err, getattr(hub, "HubAuthError", ())) or status == 401:
+        return "auth", ("This repository is gated or private, so the Hub wants an access token. Create one "
+                        "(huggingface.co → Settings → Access Tokens, “Read” is enough), accept the model's "
+                        "license on its Hub page, then paste the token here.")
+    if isinstance(err, getattr(hub, "HubForbiddenError", ())) or status == 403:
+        return "forbidden", ("The Hub knows your token but it has no access to this repository yet: open the "
+                             "repository on huggingface.co and accept its license (or wait for the owner to "
+                             "approve you), or use a token of an account that has access.")
+    if isinstance(err, getattr(hub, "HubNotFoundError", ())) or status == 404:
+        return "notfound", f"Not found on the Hub: {err}. The repository may have been renamed, deleted or made private."
+    if isinstance(err, getattr(hub, "HubOfflineError", ())) or isinstance(err, (ConnectionError, TimeoutError)):
+        return "offline", f"Could not reach the Hub at {where}: check the network connection. ({err})"
+    return "other", str(err) or type(err).__name__
+
+
+def machine_memory() -> tuple[int, int | None]:
+    """(free RAM, free VRAM or None without a CUDA GPU) in bytes, right now."""
+    import psutil
+    ram = int(psutil.virtual_memory().available)
+    vram = None
+    try:
+        import torch
+        if torch.cuda.is_available():
+            vram = int(torch.cuda.mem_get_info()[0])
+    except Exception:  # a broken driver only means no VRAM figure
+        vram = None
+    return ram, vram
+
+
+# ---------------------------------------------------------------------------- search results
+SEARCH_COLUMNS = ("Repository", "Downloads", "Likes", "Updated", "License", "Access", "Formats")
+
+
+class HubSearchModel(QAbstractTableModel):
+    """Search results, one repository a row (REPO_ROLE: its RepoSummary)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.repos: list = []
+
+    def set_repos(self, repos: list) -> None:
+        self.beginResetModel()
+        self.repos = list(repos)
+        self.endResetModel()
+
+    def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802 (Qt API)
+        return 0 if parent.isValid() else len(self.repos)
+
+    def columnCount(self, parent=QModelIndex()) -> int:  # noqa: N802
+        return 0 if parent.isValid() else len(SEARCH_COLUMNS)
+
+    def headerData(self, section, orientation, role=Qt.DisplayRole):  # noqa: N802
+        if orientation == Qt.Horizontal and role == Qt.DisplayRole:
+            return SEARCH_COLUMNS[section]
+        return None
+
+    def data(self, index, role=Qt.DisplayRole):
+        if not index.isValid():
+            return None
+        r = self.repos[index.row()]
+        c = index.column()
+        if role == REPO_ROLE:
+            return r
+        if role == Qt.DisplayRole:
+            return (r.repo_id, f"{r.downloads or 0:,}", f"{r.likes or 0:,}", _date(r.last_modified),
+                    r.license or "—", access_text(r.gated), ", ".join(r.formats or ()) or "—")[c]
+        if role == Qt.TextAlignmentRole and c in (1, 2):
+            return int(Qt.AlignRight | Qt.AlignVCenter)
+        if role == Qt.ToolTipRole and c == 5 and r.gated:
+            return "Downloading needs a Hugging Face token of an account that accepted the license."
+        return None
+
+
+# ---------------------------------------------------------------------------- repository files
+FILE_COLUMNS = ("File", "Size", "Memory needed", "Fits this machine")
+
+
+class RepoFilesModel(QStandardItemModel):
+    """A repository's loadable files grouped by quantization (FILE_ROLE on file rows).
+
+    ``fits`` maps file path -> FitEstimate; ``recommended`` is the recommended file's path.
+    """
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setHorizontalHeaderLabels(list(FILE_COLUMNS))
+        self.files: list = []
+        self.fits: dict = {}
+        self.recommended: str | None = None
+
+    def set_files(self, files: list, fits: dict | None = None, recommended: str | None = None) -> None:
+        self.files, self.fits, self.recommended = list(files), dict(fits or {}), recommended
+        self.removeRows(0, self.rowCount())
+        groups: dict[str, list] = {}
+        for f in self.files:
+            groups.setdefault(f.quant or "Other files", []).append(f)
+        accent = QColor(theme.colors()["accent"])
+        accent.setAlpha(60)
+        for quant, members in groups.items():
+            total = sum(f.size or 0 for f in members)
+            head = [QStandardItem(quant), QStandardItem(_size(total)), QStandardItem(""), QStandardItem("")]
+            bold = QFont()
+            bold.setBold(True)
+            for it in head:
+                it.setEditable(False)
+                it.setFont(bold)
+            for f in members:
+                est = self.fits.get(f.path)
+                row = [QStandardItem(f.path), QStandardItem(_size(f.size)),
+                       QStandardItem(_size(est.total_bytes) if est else "…"),
+                       QStandardItem(self.fit_text(est))]
+                row[0].setData(f, FILE_ROLE)
+                if est is not None:
+                    row[2].setToolTip(f"weights {_size(est.weights_bytes)} + KV cache {_size(est.kv_bytes)}")
+                for it in row:
+                    it.setEditable(False)
+                if f.path == recommended:
+                    row[3].setText("★ Recommended · " + row[3].text())
+                    for it in row:
+                        it.setBackground(QBrush(accent))
+                        it.setFont(bold)
+                head[0].appendRow(row)
+            self.appendRow(head)
+
+    @staticmethod
+    def fit_text(est) -> str:
+        if est is None:
+            return ""
+        return "✓ fits" if est.fits else "✗ too large"
+
+    def file_rows(self) -> list[tuple[QModelIndex, object]]:
+        """(index of column 0, HubFile) for every file row, in order."""
+        out = []
+        for g in range(self.rowCount()):
+            head = self.index(g, 0)
+            for r in range(self.rowCount(head)):
+                i = self.index(r, 0, head)
+                out.append((i, i.data(FILE_ROLE)))
+        return out
+
+
+# ---------------------------------------------------------------------------- the tab
+class HubBrowser(QWidget):
+    """The Hub tab (objectName ``hubBrowser``): search page and repository page.
+
+    Signals:
+        downloadStarted(str): a download was queued (its job id).
+        busyChanged(bool): a hub request started or ended.
+    """
+
+    downloadStarted = Signal(str)
+    busyChanged = Signal(bool)
+
+    def __init__(self, service, parent=None):
+        super().__init__(parent)
+        self.service = service
+        self.setObjectName("hubBrowser")
+        self.repo = None  # the RepoSummary (or repo id) on the repository page
+        self.free_ram: int | None = None
+        self.free_vram: int | None = None
+        self._task: asyncio.Task | None = None
+        self._retry = None  # what to run again once a token is given
+        lay = QVBoxLayout(self)
+
+        # search bar
+        bar = QHBoxLayout()
+        self.query = QLineEdit()
+        self.query.setObjectName("hubQuery")
+        self.query.setAccessibleName("Search the Hub")
+        self.query.setPlaceholderText("Search the Hugging Face Hub (e.g. llama 3.2 1b instruct)")
+        self.query.setClearButtonEnabled(True)
+        self.query.returnPressed.connect(self.search)
+        self.format_box = QComboBox()
+        self.format_box.setObjectName("hubFormat")
+        self.format_box.setAccessibleName("Format")
+        for label, value in FORMATS:
+            self.format_box.addItem(label, value)
+        self.sort_box = QComboBox()
+        self.sort_box.setObjectName("hubSort")
+        self.sort_box.setAccessibleName("Sort by")
+        for label, value in SORTS:
+            self.sort_box.addItem(label, value)
+        self.search_button = QPushButton("Search")
+        self.search_button.setObjectName("hubSearch")
+        self.search_button.clicked.connect(self.search)
+        bar.addWidget(self.query, 1)
+        bar.addWidget(self.format_box)
+        bar.addWidget(self.sort_box)
+        bar.addWidget(self.search_button)
+        lay.addLayout(bar)
+
+        # the token panel (401/403) and a one-line notice for other errors
+        self.auth = QFrame()
+        self.auth.setObjectName("hubAuth")
+        self.auth.setFrameShape(QFrame.StyledPanel)
+        al = QVBoxLayout(self.auth)
+        self.auth_label = QLabel()
+        self.auth_label.setObjectName("hubAuthText")
+        self.auth_label.setWordWrap(True)
+        al.addWidget(self.auth_label)
+        tl = QHBoxLayout()
+        self.token_edit = QLineEdit()
+        self.token_edit.setObjectName("hubToken")
+        self.token_edit.setAccessibleName("Hugging Face token")
+        self.token_edit.setEchoMode(QLineEdit.Password)
+        self.token_edit.setPlaceholderText("hf_… (kept for this session; or set HF_TOKEN / huggingface-cli login)")
+        self.token_edit.returnPressed.connect(self.use_token)
+        self.token_button = QPushButton("Use Token")
+        self.token_button.setObjectName("hubUseToken")
+        self.token_button.clicked.connect(self.use_token)
+        tl.addWidget(self.token_edit, 1)
+        tl.addWidget(self.token_button)
+        al.addLayout(tl)
+        self.auth.hide()
+        lay.addWidget(self.auth)
+        self.notice = QLabel()
+        self.notice.setObjectName("hubNotice")
+        self.notice.setWordWrap(True)
+        self.notice.hide()
+        lay.addWidget(self.notice)
+
+        self.pages = QStackedWidget()
+        lay.addWidget(self.pages, 1)
+
+        # page 0: results
+        self.results_model = HubSearchModel(self)
+        self.results = QTableView()
+        self.results.setObjectName("hubResults")
+        self.results.setAccessibleName("Hub repositories")
+        self.results.setModel(self.results_model)
+        self.results.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.results.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.results.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.results.verticalHeader().hide()
+        self.results.setAlternatingRowColors(True)
+        self.results.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.results.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
+        self.results.doubleClicked.connect(lambda i: self.open_repo(i.siblingAtColumn(0).data(REPO_ROLE)))
+        self.pages.addWidget(self.results)
+
+        # page 1: a repository
+        page = QWidget()
+        pl = QVBoxLayout(page)
+        pl.setContentsMargins(0, 0, 0, 0)
+        head = QHBoxLayout()
+        self.back_button = QPushButton("‹ Results")
+        self.back_button.setObjectName("hubBack")
+        self.back_button.clicked.connect(lambda: self.pages.setCurrentIndex(0))
+        self.repo_title = QLabel()
+        self.repo_title.setObjectName("hubRepoTitle")
+        self.repo_title.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        f = self.repo_title.font()
+        f.setPointSizeF(f.pointSizeF() * 1.2)
+        f.setBold(True)
+        self.repo_title.setFont(f)
+        head.addWidget(self.back_button)
+        head.addWidget(self.repo_title, 1)
+        pl.addLayout(head)
+        self.repo_meta = QLabel()
+        self.repo_meta.setObjectName("hubRepoMeta")
+        self.repo_meta.setWordWrap(True)
+        pl.addWidget(self.repo_meta)
+        fit_row = QHBoxLayout()
+        self.machine_label = QLabel()
+        self.machine_label.setObjectName("hubMachine")
+        self.machine_label.setWordWrap(True)
+        self.context_spin = QSpinBox()
+        self.context_spin.setObjectName("hubContext")
+        self.context_spin.setAccessibleName("Context length for the estimate")
+        self.context_spin.setRange(256, 1 << 20)
+        self.context_spin.setSingleStep(1024)
+        self.context_spin.setValue(DEFAULT_CONTEXT)
+        self.context_spin.setSuffix(" tokens")
+        self.context_spin.editingFinished.connect(self.refit)
+        fit_row.addWidget(self.machine_label, 1)
+        fit_row.addWidget(QLabel("Context:"))
+        fit_row.addWidget(self.context_spin)
+        pl.addLayout(fit_row)
+        self.files_model = RepoFilesModel(self)
+        self.files = QTreeView()
+        self.files.setObjectName("hubFiles")
+        self.files.setAccessibleName("Repository files")
+        self.files.setModel(self.files_model)
+        self.files.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.files.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.files.setSelectionMode(QAbstractItemView.ExtendedSelection)
+        self.files.header().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.files.header().setSectionResizeMode(0, QHeaderView.Stretch)
+        self.files.doubleClicked.connect(lambda _i: self.download_selected())
+        self.files.selectionModel().selectionChanged.connect(lambda *_: self._update_download())
+        pl.addWidget(self.files, 1)
+        dl = QHBoxLayout()
+        self.files_status = QLabel()
+        self.files_status.setObjectName("hubFilesStatus")
+        self.files_status.setWordWrap(True)
+        self.download_button = QPushButton("Download")
+        self.download_button.setObjectName("hubDownload")
+        self.download_button.setEnabled(False)
+        self.download_button.clicked.connect(self.download_selected)
+        dl.addWidget(self.files_status, 1)
+        dl.addWidget(self.download_button)
+        pl.addLayout(dl)
+        self.pages.addWidget(page)
+
+    # -- helpers -------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def _run(self, coro) -> asyncio.Task:
+        """Run one hub request at a time: a new one replaces the one still running."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = asyncio.ensure_future(self._guarded(coro))
+        return self._task
+
+    async def _guarded(self, coro) -> None:
+        self.busyChanged.emit(True)
+        self.search_button.setEnabled(False)
+        try:
+            await coro
+        finally:
+            self.search_button.setEnabled(True)
+            self.busyChanged.emit(False)
+
+    def show_error(self, err: Exception, retry=None) -> str:
+        """Show what went wrong: the token panel for 401/403, the notice line otherwise."""
+        kind, text = explain(err, self.service.endpoint())
+        if kind in ("auth", "forbidden"):
+            self._retry = retry
+            self.auth_label.setText(text)
+            self.auth.show()
+            self.notice.hide()
+            self.token_edit.setFocus()
+        else:
+            self.notice.setText(text)
+            self.notice.show()
+        return kind
+
+    def _clear_errors(self) -> None:
+        self.notice.hide()
+        self.auth.hide()
+
+    def use_token(self) -> asyncio.Task | None:
+        """Use the typed token from now on and retry what the Hub refused."""
+        token = self.token_edit.text().strip()
+        if not token:
+            self.token_edit.setFocus()
+            return None
+        self.service.set_token(token)
+        self.token_edit.clear()
+        retry, self._retry = self._retry, None
+        self.auth.hide()
+        return retry() if retry is not None else None
+
+    # -- search ----------------------------------------------------------------------------
+    def search(self) -> asyncio.Task:
+        """Search with the query and filters (results replace the table)."""
+        query = self.query.text().strip()
+        fmt = self.format_box.currentData()
+        sort = self.sort_box.currentData()
+        return self._run(self._search(query, fmt, sort))
+
+    async def _search(self, query: str, fmt, sort) -> None:
+        self._clear_errors()
+        self.pages.setCurrentIndex(0)
+        hub = self.service.hub()
+        try:
+            repos = await self.service.call(hub.search, query, formats=[fmt] if fmt else None, sort=sort, limit=50)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # every hub failure is shown, never raised into Qt
+            self.show_error(e, retry=self.search)
+            return
+        self.results_model.set_repos(repos)
+        if not repos:
+            self.notice.setText(f"Nothing on the Hub matches “{query}”" + (f" in {fmt} format." if fmt else "."))
+            self.notice.show()
+        elif self.results_model.rowCount():
+            self.results.selectRow(0)
+
+    # -- a repository ------------------------------------------------------------------------
+    def open_repo(self, repo) -> asyncio.Task | None:
+        """Show a repository's page (a RepoSummary or a repo id) and load its files."""
+        if repo is None:
+            return None
+        self.repo = repo
+        repo_id = getattr(repo, "repo_id", repo)
+        self.repo_title.setText(repo_id)
+        if hasattr(repo, "license"):
+            self.repo_meta.setText(f"License: {repo.license or 'not stated'} · {access_text(repo.gated)} · "
+                                   f"{repo.downloads or 0:,} downloads · {repo.likes or 0:,} likes · "
+                                   f"updated {_date(repo.last_modified)}")
+        else:
+            self.repo_meta.setText("")
+        self.files_model.set_files([])
+        self.files_status.setText("Loading the file list…")
+        self.pages.setCurrentIndex(1)
+        return self._run(self._load_repo(repo_id))
+
+    async def _load_repo(self, repo_id: str) -> None:
+        self._clear_errors()
+        hub = self.service.hub()
+        try:
+            files = await self.service.call(hub.repo_files, repo_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.files_status.setText("")
+            self.show_error(e, retry=lambda: self.open_repo(self.repo))
+            return
+        self.files_model.set_files(files)
+        self.files.expandAll()
+        if not files:
+            self.files_status.setText("No file here that LlamaDesk can load (GGUF, or a safetensors Llama model).")
+            return
+        await self._fit(files)
+
+    def refit(self) -> asyncio.Task | None:
+        """Estimate again for the context length now set."""
+        if self.files_model.files:
+            return self._run(self._fit(self.files_model.files))
+        return None
+
+    async def _fit(self, files: list) -> None:
+        hub = self.service.hub()
+        ctx = self.context_spin.value()
+
+        def estimate():
+            ram, vram = machine_memory()
+            fits = {f.path: hub.fit(f, context_length=ctx, free_ram=ram, free_vram=vram) for f in files}
+            pick = hub.recommend(files, context_length=ctx, free_ram=ram, free_vram=vram)
+            return ram, vram, fits, pick
+
+        try:
+            ram, vram, fits, pick = await self.service.call(estimate)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.show_error(e, retry=self.refit)
+            return
+        self.free_ram, self.free_vram = ram, vram
+        self.machine_label.setText(f"This machine: {_size(ram)} RAM free"
+                                   + (f", {_size(vram)} GPU memory free" if vram is not None else ", no GPU")
+                                   + " · estimate = weights as loaded + KV cache at the context below")
+        pick_path = getattr(pick, "path", pick)
+        self.files_model.set_files(files, fits, pick_path)
+        self.files.expandAll()
+        n_fit = sum(1 for e in fits.values() if e.fits)
+        self.files_status.setText(f"{n_fit} of {len(files)} files fit"
+                                  + (f"; recommended: {pick_path}" if pick_path else "; none fits this machine"))
+        if pick_path:
+            self.select_file(pick_path)
+
+    def select_file(self, path: str) -> bool:
+        for i, f in self.files_model.file_rows():
+            if f.path == path:
+                self.files.selectionModel().clearSelection()
+                self.files.setCurrentIndex(i)
+                from PySide6.QtCore import QItemSelectionModel
+                self.files.selectionModel().select(i, QItemSelectionModel.Select | QItemSelectionModel.Rows)
+                return True
+        return False
+
+    def selected_files(self) -> list:
+        """The HubFiles selected (a selected quantization group means all its files)."""
+        out = []
+        for i in self.files.selectionModel().selectedRows(0):
+            f = i.data(FILE_ROLE)
+            if f is not None:
+                out.append(f)
+            else:
+                out.extend(self.files_model.index(r, 0, i).data(FILE_ROLE) for r in range(self.files_model.rowCount(i)))
+        seen, unique = set(), []
+        for f in out:
+            if f.path not in seen:
+                seen.add(f.path)
+                unique.append(f)
+        return unique
+
+    def _update_download(self) -> None:
+        n = len(self.selected_files())
+        self.download_button.setEnabled(n > 0)
+        self.download_button.setText("Download" if n <= 1 else f"Download {n} Files")
+
+    def download_selected(self) -> str | None:
+        """Queue the selected files for download; returns the job id."""
+        files = self.selected_files()
+        if not files or self.repo is None:
+            return None
+        repo_id = getattr(self.repo, "repo_id", self.repo)
+        try:
+            job = self.service.enqueue(repo_id, files)
+        except Exception as e:  # e.g. not enough disk space: said here, nothing queued
+            self.show_error(e)
+            return None
+        self.files_status.setText(f"Queued {len(files)} file(s) from {repo_id}: see Downloads")
+        self.downloadStarted.emit(str(job))
+        return job
