@@ -77,6 +77,7 @@ class Job:
     lanes: list[SamplingParams]
     strip_leading_space: bool = False
     inspect: int = 0
+    stop_ids: frozenset[int] = frozenset()  # this request's: a chat adds its format's end of turn
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -176,7 +177,8 @@ class Scheduler:
                     self._lanes[next_lane + c] = (job, c)
                 next_lane += len(job.lanes)
                 free -= len(job.lanes)
-                out.append(Joining(job.prompt, job.lanes, job.cancel, job.strip_leading_space, job.inspect))
+                out.append(Joining(job.prompt, job.lanes, job.cancel, job.strip_leading_space, job.inspect,
+                                   job.stop_ids))
         return out
 
     def _dispatch(self, ev) -> None:
@@ -271,6 +273,20 @@ def _messages(body: dict) -> list[dict]:
         role = "system" if m["role"] == "developer" else m["role"]
         out.append({"role": role, "content": content})
     return out
+
+
+def check_context(prompt_tokens: int, max_tokens: int | None, context: int, *, what: str) -> None:
+    """APIError 400 (OpenAI's ``context_length_exceeded``) naming the limit when ``what``
+    (the messages, the prompt) plus ``max_tokens`` cannot fit: nothing is dropped to make
+    room, the client decides what to cut."""
+    if prompt_tokens >= context:
+        raise APIError(400, f"this model's maximum context length is {context} tokens, but {what} "
+                       f"{'are' if what.endswith('s') else 'is'} {prompt_tokens} tokens: shorten {what}",
+                       param="messages" if what == "the messages" else "prompt", code="context_length_exceeded")
+    if max_tokens is not None and prompt_tokens + max_tokens > context:
+        raise APIError(400, f"this model's maximum context length is {context} tokens, but {prompt_tokens} in "
+                       f"{what} plus max_tokens {max_tokens} come to {prompt_tokens + max_tokens}: "
+                       f"shorten {what} or lower max_tokens", param="max_tokens", code="context_length_exceeded")
 
 
 # -- responses ------------------------------------------------------------------------------
@@ -487,8 +503,11 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
         lp = body.get("logprobs")
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS):
             raise APIError(400, f"logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}", param="logprobs")
+        if len(ids) >= state.engine.max_context:
+            check_context(len(ids), None, state.engine.max_context, what="the prompt")
         lanes = sampling_from_request(body, default_max_tokens=16)
-        return Job(ids, lanes, False, lp or 0), lp
+        # A completion stops only on the model's own stop tokens: no chat turn to end.
+        return Job(ids, lanes, False, lp or 0, frozenset(state.loaded.stop_ids)), lp
 
     def chat_job(body: dict) -> tuple[Job, int | None]:
         msgs = _messages(body)
@@ -504,10 +523,17 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
             raise APIError(400, f"top_logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}", param="top_logprobs")
         if top and not lp:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        room = max(1, state.engine.max_context - len(ids))
-        lanes = sampling_from_request(body, default_max_tokens=room)
+        context = state.engine.max_context
+        asked = body.get("max_completion_tokens")
+        asked = body.get("max_tokens") if asked is None else asked
+        check_context(len(ids), asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None,
+                      context, what="the messages")
+        lanes = sampling_from_request(body, default_max_tokens=context - len(ids))
         strip = bool(getattr(state.tokenizer, "add_dummy_prefix", False))
-        return Job(ids, lanes, strip, top or 0), (top or 0) if lp else None
+        # The end of a chat turn stops this request only: a completion batched beside it
+        # must run on past the same token.
+        stops = frozenset(state.loaded.stop_ids) | frozenset(state.loaded.chat_format.stop_ids())
+        return Job(ids, lanes, strip, top or 0, stops), (top or 0) if lp else None
 
     async def generate(request: Request, chat: bool):
         try:

@@ -117,10 +117,13 @@ class Error:
     """A command failed; ``message`` is one line a user can read (never a traceback).
 
     ``cancelled`` is True when it failed because it was cancelled (nothing to show).
+    ``kind`` is set by remote requests (core/remote.py): the :class:`core.client.RemoteError`
+    kind (connection, timeout, auth, rate_limit, busy, cut, ...); empty for local ones.
     """
     request_id: int
     message: str
     cancelled: bool = False
+    kind: str = ""
 
 
 WorkerEvent = LoadProgress | Loaded | Unloaded | Prompted | Reply | Error

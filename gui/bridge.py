@@ -6,6 +6,16 @@ The UI awaits the worker instead of polling it::
     async for ev in bridge.generate(request):      # Prompted, Prefilled, Chunk…, Done (or … Error)
         match ev: ...
 
+A reply from a server (``python -m core serve``, vLLM, llama.cpp's server, Ollama) goes
+through the same call, naming the server's model as its backend; it streams the same
+events (no Prefilled; an Error's ``kind`` names a network failure) on a thread of its own
+(core/remote.py), so it never waits for local torch work::
+
+    remote = core.client.RemoteModel(url, api_key=key, model=name)
+    remote.connect(); remote.probe()               # blocking: run them off the UI thread
+    stream = bridge.generate(request, backend=remote)   # or bridge.compare(request, backend=remote)
+    stream.cancel()                                # closes that request's HTTP stream
+
 Worker events arrive on the worker thread; they are queued under a lock and one queued
 Qt signal wakes the UI thread, which drains the queue at most once a frame (~16 ms): this
 is the app's only frame timer. The engine's Token events of a lane drained together
@@ -29,6 +39,7 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from core.engine import Done, Prefilled, Token
+from core.remote import RemoteRunner
 from core.worker import (CompareRequest, Error, GenerateRequest, Loaded, LoadProgress, Prompted, Reply, Unloaded,
                          Worker)
 
@@ -97,7 +108,7 @@ class _Stream:
     def cancel(self) -> None:
         """Cancel this request (running or queued); other requests go on."""
         if not self.finished:
-            self._bridge.worker.cancel(self.request_id)
+            self._bridge._cancel(self.request_id)
 
     # -- called by the bridge on the UI thread -----------------------------------------
 
@@ -185,6 +196,7 @@ class Bridge(QObject):
 
         self._worker = factory(forward)
         self._worker.start()
+        self._remote = RemoteRunner(forward)  # remote requests (negative ids) share the event path
 
     # -- properties --------------------------------------------------------------------
 
@@ -221,18 +233,30 @@ class Bridge(QObject):
         self._unloads.add(rid)
         await self._await(rid, fut)
 
-    def generate(self, request: GenerateRequest) -> _Stream:
-        """Queue one reply; returns an async iterator of Prompted, Prefilled, Chunk…, Done (or Error)."""
+    def generate(self, request: GenerateRequest, *, backend=None) -> _Stream:
+        """Queue one reply; returns an async iterator of Prompted, Prefilled, Chunk…, Done (or Error).
+
+        ``backend``: None for the local model, or a connected :class:`core.client.RemoteModel`
+        (the reply then streams from that server, beside any local work)."""
+        if backend is not None:
+            return self._stream(self._remote.generate(request, backend), 1)
         return self._stream(self._worker.generate(request), 1)
 
-    def compare(self, request: CompareRequest) -> _Stream:
-        """Queue a comparison; like :meth:`generate` with one Done per lane (Chunk.lane tells them apart)."""
+    def compare(self, request: CompareRequest, *, backend=None) -> _Stream:
+        """Queue a comparison; like :meth:`generate` with one Done per lane (Chunk.lane tells them
+        apart). On a ``backend`` server each lane is its own parallel request."""
+        if backend is not None:
+            return self._stream(self._remote.compare(request, backend), max(1, len(request.lanes)))
         return self._stream(self._worker.compare(request), max(1, len(request.lanes)))
 
     def cancel_all(self) -> None:
         """Cancel every load and generation, running or queued (closing a window, quitting).
         A single reply or comparison is stopped through its own stream's ``cancel()``."""
         self._worker.cancel_all()
+        self._remote.cancel_all()
+
+    def _cancel(self, rid: int) -> None:
+        (self._remote if rid < 0 else self._worker).cancel(rid)
 
     async def shutdown(self, timeout: float = 5.0) -> None:
         """Cancel everything and stop the worker without blocking the event loop.
@@ -242,6 +266,7 @@ class Bridge(QObject):
         if self._closed:
             return
         self._closed = True
+        self._remote.cancel_all()
         self._worker.stop()
         deadline = time.monotonic() + timeout
         while self._worker.alive and time.monotonic() < deadline:
@@ -253,6 +278,7 @@ class Bridge(QObject):
         if self._closed:
             return
         self._closed = True
+        self._remote.cancel_all()
         self._worker.shutdown(timeout)
         self._finish_shutdown()
 

@@ -92,3 +92,29 @@ def make_worker():
     for w in workers:
         w.shutdown(5)
         assert not w.alive
+
+
+@pytest.fixture(scope="session")
+def hub_tree(tmp_path_factory):
+    """The fake Hub's repositories (see tests/hubserver.py), built once per session."""
+    from tests.hubserver import build_tree
+    return build_tree(tmp_path_factory.mktemp("hub"), SHIPPED)
+
+
+@pytest.fixture
+def hub_server(hub_tree, monkeypatch, tmp_path_factory):
+    """A local Hugging Face Hub serving the fixture repositories (tests/hubserver.py): point
+    ``HubClient(endpoint=hub_server.url)`` at it. No token from the environment or the user's
+    huggingface_hub login leaks in; the gated repository wants ``hub_server.token``."""
+    import copy
+
+    from tests.hubserver import FakeHub
+
+    import huggingface_hub.constants
+
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path_factory.mktemp("hf") / "no-token"))
+    hub = FakeHub(copy.deepcopy(hub_tree)).start()
+    yield hub
+    hub.stop()

@@ -191,3 +191,71 @@ def loaded_ok(col, rid):
     evs = col.wait(lambda evs: [e for e in evs if e.request_id == rid and isinstance(e, (Loaded, Error))])
     assert isinstance(evs[-1], Loaded), evs[-1]
     return evs[-1]
+
+
+# -- ``python -m core serve`` in a child process -------------------------------------------------
+
+def _die_with_parent():  # a server never outlives a killed test run (Linux)
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
+    except OSError:
+        pass
+
+
+class ServeProcess:
+    """``python -m core serve MODEL`` on loopback in a child process; ``url`` once it listens.
+
+    ``port`` 0 takes a free one; a server started again with ``port=old.port`` (after
+    :meth:`kill`) serves at the same URL. Use as a context manager, or call :meth:`stop`.
+    """
+
+    def __init__(self, model, *, key: str | None = None, port: int = 0, extra: tuple = ()):
+        import os
+        import subprocess
+        import sys
+        env = {**os.environ}
+        env.pop("LLAMADESK_API_KEY", None)
+        if key:
+            env["LLAMADESK_API_KEY"] = key
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "core", "serve", str(model), "--port", str(port), *extra],
+            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        line = self.proc.stderr.readline()  # "serving NAME at URL (...)" once it listens
+        if " at http://" not in line:
+            self.stop()
+            raise RuntimeError(f"the server did not start: {line!r}")
+        self.url = line.split(" at ")[1].split()[0]
+        self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies mid-whatever, as a crash or a pulled plug would."""
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        import subprocess
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (connection refused)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

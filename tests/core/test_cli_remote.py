@@ -4,47 +4,23 @@ The served model is the same file the local runs load, so a greedy or seeded rem
 reply must equal the local one token for token.
 """
 import json
-import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
 from core.__main__ import main
-from tests.helpers import ROOT
+from tests.helpers import ROOT, ServeProcess, free_port
 
 DEMO = str(ROOT / "assets" / "models" / "llamadesk-demo")
 KEY = "cli-test-key"
 pytestmark = pytest.mark.timeout(180)
 
 
-def _die_with_parent():  # a server never outlives a killed test run (Linux)
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 @pytest.fixture(scope="module")
 def server(fixtures):
     """``python -m core serve`` on an ephemeral loopback port; yields its URL, then stops it."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "core", "serve", str(fixtures / "stories260K.gguf"), "--port", "0", "--max-batch", "8"],
-        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-        env={**os.environ, "LLAMADESK_API_KEY": KEY}, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-    try:
-        line = proc.stderr.readline()  # "serving NAME at URL (...)" once it listens
-        assert "serving stories260K at http://127.0.0.1:" in line, line
-        yield line.split(" at ")[1].split()[0]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with ServeProcess(fixtures / "stories260K.gguf", key=KEY, extra=("--max-batch", "8")) as s:
+        assert s.url.startswith("http://127.0.0.1:"), s.url
+        yield s.url
 
 
 def run_json(capsys, argv):
@@ -118,12 +94,7 @@ def test_remote_errors_exit_2_with_one_line(capsys, server):
 
 
 def test_unreachable_server_exits_2(capsys):
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    assert main(["generate", "--server", f"http://127.0.0.1:{port}", "--prompt", "Hi"]) == 2
+    assert main(["generate", "--server", f"http://127.0.0.1:{free_port()}", "--prompt", "Hi"]) == 2
     assert "cannot connect" in capsys.readouterr().err
 
 

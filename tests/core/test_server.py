@@ -337,3 +337,112 @@ def test_a_failure_inside_the_engine_fails_its_request_and_the_server_goes_on(st
     assert e.value.status_code == 500 and "simulated out of memory" in e.value.body["message"]
     r = stories.client.completions.create(model=stories.model, prompt="Once upon a time", max_tokens=8, temperature=0)
     assert r.choices[0].text.startswith(", there was a little girl")
+
+
+def test_a_chat_that_outgrows_the_context_is_400_naming_the_limit(demo):
+    context = demo.state.engine.max_context  # 512
+    # Nothing is dropped to make it fit: the client is told, with OpenAI's error code.
+    long = [{"role": "user", "content": "Tell me a story about a dog. " * 5}] * 20
+    assert len(chat_ids(demo, long)) > context
+    with pytest.raises(openai.BadRequestError) as e:
+        demo.client.chat.completions.create(model=demo.model, messages=long, max_tokens=8)
+    body = e.value.body
+    assert body["code"] == "context_length_exceeded" and body["param"] == "messages"
+    assert f"{context} tokens" in body["message"] and str(len(chat_ids(demo, long))) in body["message"]
+    # The messages fit, but not with the reply asked for.
+    short = [{"role": "user", "content": "Tell me a story about a cat."}]
+    n = len(chat_ids(demo, short))
+    with pytest.raises(openai.BadRequestError) as e:
+        demo.client.chat.completions.create(model=demo.model, messages=short, max_tokens=context - n + 1)
+    body = e.value.body
+    assert body["code"] == "context_length_exceeded" and body["param"] == "max_tokens"
+    assert f"{context} tokens" in body["message"] and str(context + 1) in body["message"]
+    # Exactly full is allowed, and so is no max_tokens at all (the rest of the context).
+    r = demo.client.chat.completions.create(model=demo.model, messages=short, max_tokens=context - n, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert demo.client.chat.completions.create(model=demo.model, messages=short, temperature=0).choices[0].message.content
+
+
+def test_a_chats_end_of_turn_stops_that_request_only(fixtures):
+    """Stop ids are per request: a chat stops on its format's end of turn, a completion
+    batched beside it runs on past the same token (never an engine-wide setting)."""
+    from dataclasses import replace
+    lm = load(DEMO, device="cpu", dtype="float32")
+    eot = lm.chat_format.stop_ids() - {2}
+    assert eot  # the demo's chat format ends a turn with its own token
+    lm = replace(lm, stop_ids={2})  # the model's stop tokens no longer include the end of turn
+    direct = Engine(lm.model, lm.tokenizer, stop_ids={2})
+    msgs = [{"role": "user", "content": "Tell me a story about a cat."}]  # ends its turn after 94 tokens
+    ids = render_chat(lm.chat_format, msgs)
+    as_chat = [e for e in direct.generate(ids, SamplingParams(temperature=0, max_new_tokens=120), strip_leading_space=True,
+                                          stop_ids={2} | eot) if isinstance(e, Done)][0]
+    as_completion = [e for e in direct.generate(ids, SamplingParams(temperature=0, max_new_tokens=120), stop_ids={2})
+                     if isinstance(e, Done)][0]
+    assert as_chat.stop_token in eot and set(as_completion.tokens) & eot  # the reference runs past it
+    with RunningServer(ServerState(lm)) as srv:
+        client = openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0, timeout=60)
+        barrier = threading.Barrier(2)
+        out = {}
+
+        def chat():
+            barrier.wait()
+            out["chat"] = client.chat.completions.create(model=srv.state.model_id, messages=msgs, temperature=0,
+                                                         max_tokens=120, extra_body={"return_token_ids": True})
+
+        def completion():
+            barrier.wait()
+            out["completion"] = client.completions.create(model=srv.state.model_id, prompt=ids, temperature=0,
+                                                          max_tokens=120, extra_body={"return_token_ids": True})
+
+        threads = [threading.Thread(target=f) for f in (chat, completion)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(100)
+    c = out["chat"].choices[0]
+    assert c.message.content == as_chat.text and c.finish_reason == "stop" and c.model_extra["stop_reason"] in eot
+    k = out["completion"].choices[0]
+    assert k.model_extra["token_ids"] == as_completion.tokens and k.text == as_completion.text
+
+
+def test_n_with_stop_strings_equals_lanes_that_stop_on_them(stories):
+    kw = dict(model=stories.model, prompt="Once upon a time", max_tokens=40, temperature=1.0, seed=5, n=3,
+              stop=[".", "!"])
+    r = stories.client.completions.create(**kw)
+    ids = stories.direct.tokenizer.encode("Once upon a time", bos=True)
+    lanes = [SamplingParams(temperature=1.0, top_p=1.0, seed=5 + i, max_new_tokens=40, stop=(".", "!")) for i in range(3)]
+    done = sorted((e for e in stories.engine.generate_lanes(ids, lanes) if isinstance(e, Done)), key=lambda d: d.lane)
+    assert [c.text for c in r.choices] == [d.text for d in done]
+    assert [c.finish_reason for c in r.choices] == [{"stop": "stop", "eos": "stop", "length": "length"}[d.stop_reason]
+                                                    for d in done]
+    assert sum(d.stop_reason == "stop" for d in done) >= 2 and not any("." in c.text or "!" in c.text for c in r.choices)
+    streamed = {0: [], 1: [], 2: []}
+    for chunk in stories.client.completions.create(stream=True, **kw):
+        streamed[chunk.choices[0].index].append(chunk.choices[0].text)
+    assert ["".join(streamed[i]) for i in range(3)] == [c.text for c in r.choices]
+
+
+def test_a_seeded_reply_is_the_same_alone_and_batched_beside_others(fixtures):
+    from dataclasses import replace
+    lm = replace(load(fixtures / "stories260K.gguf", device="cpu", dtype="float32"), stop_ids=set())
+    direct = Engine(lm.model, lm.tokenizer, stop_ids=set())
+    kw = dict(prompt="Once upon a time", max_tokens=30, temperature=1.0, top_p=0.9, seed=4321)
+    ids = lm.tokenizer.encode("Once upon a time", bos=True)
+    ref = [e for e in direct.generate(ids, SamplingParams(temperature=1.0, top_p=0.9, seed=4321, max_new_tokens=30))
+           if isinstance(e, Done)][0]
+    with RunningServer(ServerState(lm)) as srv:
+        client = openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0, timeout=60)
+        model = srv.state.model_id
+        alone = client.completions.create(model=model, **kw).choices[0].text
+        # Three other streams (no stop token: they run to max_tokens) decode while it runs.
+        others = [client.completions.create(model=model, prompt=p, max_tokens=1500, temperature=1.0, seed=i,
+                                            stream=True) for i, p in enumerate(("Lily", "Tom went", "The sun"))]
+        its = [iter(o) for o in others]
+        for it in its:
+            next(it)  # each has started decoding
+        batched = client.completions.create(model=model, **kw).choices[0].text
+        for it in its:
+            assert next(it).choices[0].finish_reason is None  # still running after it: they overlapped
+        for o in others:
+            o.close()
+    assert alone == batched == ref.text
