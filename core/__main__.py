@@ -270,7 +270,7 @@ def cmd_compare(args) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from .engine import Done, Engine, Prefilled
-    from .server import tokenizer_fingerprint
+    from .compare import tokenizer_fingerprint
     if args.server and args.model is not None:
         raise SettingsError("give MODEL or --server, not both")
     specs = [_split_lane(s) for s in args.lane]

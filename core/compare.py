@@ -7,6 +7,7 @@ repetitive a text is" and "what a sweep over a parameter means".
 from __future__ import annotations
 
 import difflib
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -85,6 +86,63 @@ def token_diff(baseline: Sequence[int], other: Sequence[int]) -> TokenDiff:
         if div < len(other):
             changed[div] = True
     return TokenDiff(div, tuple(changed), removed)
+
+
+def text_diff(baseline: str, pieces: Sequence[str]) -> TokenDiff:
+    """The diff of a lane whose tokenizer differs from the baseline's: token ids mean
+    different things there, so the two are aligned by characters instead.
+
+    ``pieces`` are the lane's tokens as text (each token's share of the reply, "" for one
+    that added nothing yet). A token is changed when any of its characters is; the
+    divergence is the token holding the first character that departs (the token count
+    when the lane is a strict prefix of the baseline); ``removed`` counts baseline
+    characters the lane lacks.
+    """
+    text = "".join(pieces)
+    at = divergence_index(baseline, text)  # works on any sequences: here, characters
+    changed = [False] * len(pieces)
+    removed = 0
+    if at is None:
+        return TokenDiff(None, tuple(changed), 0)
+    owner = [k for k, p in enumerate(pieces) for _ in p]  # character -> its token
+    hit = [False] * len(text)
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=baseline, b=text, autojunk=False).get_opcodes():
+        if tag in ("replace", "insert"):
+            for j in range(j1, j2):
+                hit[j] = True
+        if tag in ("replace", "delete"):
+            removed += i2 - i1
+    if at < len(text):
+        hit[at] = True
+    for j, h in enumerate(hit):
+        if h:
+            changed[owner[j]] = True
+    div = owner[at] if at < len(text) else len(pieces)
+    return TokenDiff(div, tuple(changed), removed)
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+def tokenizer_fingerprint(tokenizer, vocab_size: int) -> str:
+    """A short hash of every token's bytes: two models whose fingerprints match tokenize
+    alike, so their token ids can be compared."""
+    cached = getattr(tokenizer, "_llamadesk_fingerprint", None)
+    if cached:
+        return cached
+    h = hashlib.sha256()
+    for i in range(vocab_size):
+        try:
+            b = tokenizer.token_bytes(i)
+        except Exception:
+            b = b"\xff<none>"
+        h.update(len(b).to_bytes(4, "little") + b)
+    fp = h.hexdigest()[:16]
+    try:
+        tokenizer._llamadesk_fingerprint = fp
+    except AttributeError:
+        pass
+    return fp
 
 
 # --------------------------------------------------------------------------- statistics

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .engine import Done, Engine, Joining, Prefilled, Token
+from .compare import tokenizer_fingerprint
 from .errors import LlamaDeskError, SettingsError
 from .prompting import render_chat
 from .sampling import SamplingParams
@@ -411,28 +412,6 @@ class ServerState:
                 "max_model_len": self.engine.max_context,
                 "llamadesk": {"chat_format": self.loaded.chat_format.name, "vocab_size": self.loaded.model.args.vocab_size,
                               "tokenizer": tokenizer_fingerprint(self.tokenizer, self.loaded.model.args.vocab_size)}}
-
-
-def tokenizer_fingerprint(tokenizer, vocab_size: int) -> str:
-    """A short hash of every token's bytes: two models whose fingerprints match tokenize
-    alike, so their token ids can be compared."""
-    import hashlib
-    cached = getattr(tokenizer, "_llamadesk_fingerprint", None)
-    if cached:
-        return cached
-    h = hashlib.sha256()
-    for i in range(vocab_size):
-        try:
-            b = tokenizer.token_bytes(i)
-        except Exception:
-            b = b"\xff<none>"
-        h.update(len(b).to_bytes(4, "little") + b)
-    fp = h.hexdigest()[:16]
-    try:
-        tokenizer._llamadesk_fingerprint = fp
-    except AttributeError:
-        pass
-    return fp
 
 
 def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = None):

@@ -69,9 +69,11 @@ class CompareRequest(_PromptRequest):
     """One :class:`SamplingParams` per lane (1 to 8) over the same prompt.
 
     The prompt is prefilled once and every lane decodes in the same batch; events carry
-    the lane index.
+    the lane index. ``model`` picks the checkpoint: "" the loaded model, else the key of
+    one held beside it (:meth:`Worker.hold`).
     """
     lanes: list[SamplingParams] = field(default_factory=list)
+    model: str = ""
 
 
 # --------------------------------------------------------------------------- events
@@ -86,6 +88,15 @@ class LoadProgress:
 @dataclass
 class Loaded:
     """A model is ready; ``info`` is the checkpoint's facts incl. "name" and "context_length"."""
+    request_id: int
+    info: dict
+
+
+@dataclass
+class Held:
+    """A second checkpoint is loaded beside the main model (:meth:`Worker.hold`); ``info``
+    as :class:`Loaded`'s, plus "key" (what ``CompareRequest.model`` names) and "tokenizer"
+    (its fingerprint: lanes whose fingerprints match can compare token ids)."""
     request_id: int
     info: dict
 
@@ -126,7 +137,7 @@ class Error:
     kind: str = ""
 
 
-WorkerEvent = LoadProgress | Loaded | Unloaded | Prompted | Reply | Error
+WorkerEvent = LoadProgress | Loaded | Held | Unloaded | Prompted | Reply | Error
 
 
 # --------------------------------------------------------------------------- threads
@@ -187,7 +198,8 @@ def load_failure(exc: BaseException) -> str:
             f"(an unexpected {type(exc).__name__}; details are in the log)")
 
 
-_DOING = {"load": "loading the model", "adopt": "installing the model", "generate": "generating",
+_DOING = {"load": "loading the model", "adopt": "installing the model", "hold": "loading the second model",
+          "generate": "generating",
           "compare": "running the comparison"}
 
 
@@ -240,6 +252,7 @@ class Worker:
         self._loaded = None
         self._engine: _engine.Engine | None = None
         self._formats: dict[str, Any] = {}
+        self._held: dict[str, tuple[Any, _engine.Engine, dict]] = {}  # key -> (loaded, engine, formats)
 
     # -- public API (any thread) -------------------------------------------------------
 
@@ -270,6 +283,19 @@ class Worker:
     def unload(self) -> int:
         """Cancel what runs, drop the model and free its memory; then an Unloaded event."""
         return self._submit("unload", cancel_all=True)
+
+    def hold(self, path, *, device: str = "auto", dtype: str = "auto") -> int:
+        """Load another checkpoint beside the main model (comparison lanes across models).
+
+        Unlike :meth:`load` it cancels nothing and never releases the main model: it is
+        refused (an Error naming what it needs) when it does not fit beside it. Events:
+        Held (again at once when that checkpoint is already held) or Error.
+        """
+        return self._submit("hold", path=path, device=device, dtype=dtype)
+
+    def release(self, key: str) -> int:
+        """Drop a checkpoint held with :meth:`hold` (no event; unknown keys are ignored)."""
+        return self._submit("release", key=key)
 
     def generate(self, request: GenerateRequest) -> int:
         """Queue one reply: Prompted, then Reply(Prefilled), Reply(Token)…, Reply(Done) (or Error)."""
@@ -352,6 +378,7 @@ class Worker:
         # Process-wide setting, but applied here so it is in force before any torch work.
         torch.set_num_threads(self.torch_threads)
         handlers = {"load": self._do_load, "adopt": self._do_adopt, "unload": self._do_unload,
+                    "hold": self._do_hold, "release": self._do_release,
                     "generate": self._do_generate, "compare": self._do_generate}
         try:
             while True:
@@ -384,6 +411,7 @@ class Worker:
                         if cmd in self._live:
                             self._live.remove(cmd)
         finally:
+            self._held.clear()
             self._drop_model()
 
     # -- models --------------------------------------------------------------------------
@@ -415,9 +443,7 @@ class Worker:
                                       prefill_chunk=self._prefill_chunk, stop_ids=loaded.stop_ids)
         self._loaded = loaded
         self._formats = {}
-        info = dict(loaded.info)
-        info.setdefault("context_length", args.max_seq_len)
-        info.setdefault("name", loaded.name)
+        info = _model_info(loaded)
         with self._lock:
             self._info = info
         self._emit(Loaded(rid, dict(info)))
@@ -509,14 +535,56 @@ class Worker:
         self._drop_model()
         self._emit(Unloaded(cmd.request_id))
 
+    def _do_hold(self, cmd: _Command) -> None:
+        from pathlib import Path
+
+        from . import checkpoints
+
+        rid, a = cmd.request_id, cmd.args
+        key = str(Path(a["path"]).expanduser().resolve())
+        if key in self._held:
+            self._emit(Held(rid, _model_info(self._held[key][0], key)))
+            return
+        checkpoints.detect(a["path"])
+        checkpoints.resolve_dtype(a["dtype"], checkpoints.resolve_device(a["device"]))
+        name = Path(key).name
+
+        def beside(needed: int, device) -> None:  # never release the main model for it
+            limits.check_fits(needed, device, what=f"{name} beside the loaded model")
+
+        def progress(fraction: float, stage: str) -> None:
+            if cmd.cancel.is_set():
+                raise _Cancelled
+
+        try:
+            with limits.before_build(beside):
+                loaded = checkpoints.load(a["path"], device=a["device"], dtype=a["dtype"], progress=progress)
+        except (_Cancelled, LlamaDeskError):
+            raise
+        except (MemoryError, RuntimeError) as e:
+            self._collect_garbage()
+            raise SettingsError(load_failure(MemoryError() if _is_oom(e) else e)) from None
+        except Exception as e:
+            log.exception("holding %s failed", a["path"])
+            raise SettingsError(load_failure(e)) from None
+        engine = _engine.Engine(loaded.model, loaded.tokenizer, max_context=loaded.args.max_seq_len,
+                                prefill_chunk=self._prefill_chunk, stop_ids=loaded.stop_ids)
+        self._held[key] = (loaded, engine, {})
+        self._emit(Held(rid, _model_info(loaded, key)))
+
+    def _do_release(self, cmd: _Command) -> None:
+        if self._held.pop(cmd.args["key"], None) is not None:
+            self._collect_garbage()
+
     # -- generation ------------------------------------------------------------------------
 
-    def _chat_format(self, name: str):
+    @staticmethod
+    def _chat_format(loaded, formats: dict, name: str):
         if name in (None, "", "auto"):
-            return self._loaded.chat_format
-        if name not in self._formats:
-            self._formats[name] = chat_format_for(self._loaded.tokenizer, override=name)
-        return self._formats[name]
+            return loaded.chat_format
+        if name not in formats:
+            formats[name] = chat_format_for(loaded.tokenizer, override=name)
+        return formats[name]
 
     def _do_generate(self, cmd: _Command) -> None:
         rid, req = cmd.request_id, cmd.args["request"]
@@ -525,8 +593,15 @@ class Worker:
             for i, p in enumerate(lanes):
                 self._emit(Reply(rid, _engine.Done(i, "cancelled", [], "", [], p, _engine.Stats())))
             return
-        if self._engine is None:
+        key = getattr(req, "model", "")
+        if key:
+            if key not in self._held:
+                raise SettingsError(f"the checkpoint {key} is not loaded any more: choose it for the lane again")
+            loaded, eng, formats = self._held[key]
+        elif self._engine is None:
             raise SettingsError("no model is loaded: open a model first")
+        else:
+            loaded, eng, formats = self._loaded, self._engine, self._formats
         if req.mode not in MODES:
             raise SettingsError(f"unknown mode {req.mode!r}: use chat or completion")
         if not 0 <= int(req.inspect) <= MAX_INSPECT:
@@ -535,11 +610,10 @@ class Worker:
             raise SettingsError("a comparison needs at least one lane")
         # Resolve seeds here so Done.params records the seed that was really used.
         lanes = [p.validate().resolved() for p in lanes]
-        eng = self._engine
-        prompt = build_prompt(req, self._chat_format(req.chat_format), self._loaded.stop_ids, eng.max_context,
-                              max(p.max_new_tokens for p in lanes))
+        prompt = build_prompt(req, self._chat_format(loaded, formats, req.chat_format), loaded.stop_ids,
+                              eng.max_context, max(p.max_new_tokens for p in lanes))
         # Refuse, saying how much it needs, a request whose KV cache cannot fit.
-        args = self._loaded.args
+        args = loaded.args
         rows = len(lanes) * max(p.num_beams for p in lanes)
         tokens = min(len(prompt.ids) + max(p.max_new_tokens for p in lanes), eng.max_context)
         need = limits.kv_bytes(args, tokens, batch=rows, itemsize=eng.cache.dtype.itemsize)
@@ -564,7 +638,20 @@ class Worker:
             events.close()
 
 
+def _model_info(loaded, key: str | None = None) -> dict:
+    """A model's info for Loaded/Held: the checkpoint's facts, its name, context length and
+    tokenizer fingerprint (plus the hold key)."""
+    from .compare import tokenizer_fingerprint
+    info = dict(loaded.info)
+    info.setdefault("context_length", loaded.args.max_seq_len)
+    info.setdefault("name", loaded.name)
+    info["tokenizer"] = tokenizer_fingerprint(loaded.tokenizer, loaded.args.vocab_size)
+    if key is not None:
+        info["key"] = key
+    return info
+
+
 __all__ = [
-    "GenerateRequest", "CompareRequest", "LoadProgress", "Loaded", "Unloaded", "Prompted", "Reply",
+    "GenerateRequest", "CompareRequest", "LoadProgress", "Loaded", "Held", "Unloaded", "Prompted", "Reply",
     "Error", "WorkerEvent", "Worker", "default_torch_threads", "resolve_torch_threads",
 ]

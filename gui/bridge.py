@@ -40,8 +40,8 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from core.engine import Done, Prefilled, Token
 from core.remote import RemoteRunner
-from core.worker import (CompareRequest, Error, GenerateRequest, Loaded, LoadProgress, Prompted, Reply, Unloaded,
-                         Worker)
+from core.worker import (CompareRequest, Error, GenerateRequest, Held, Loaded, LoadProgress, Prompted, Reply,
+                         Unloaded, Worker)
 
 FRAME_S = 1 / 60
 
@@ -233,6 +233,17 @@ class Bridge(QObject):
         self._unloads.add(rid)
         await self._await(rid, fut)
 
+    async def hold(self, path, *, device: str = "auto", dtype: str = "auto") -> dict:
+        """Load another checkpoint beside the model (comparison lanes across models);
+        returns its info, whose "key" a CompareRequest's ``model`` names. Raises
+        BridgeError when it does not fit beside the loaded model or is not a model."""
+        fut = asyncio.get_running_loop().create_future()
+        return await self._await(self._worker.hold(path, device=device, dtype=dtype), fut)
+
+    def release(self, key: str) -> None:
+        """Drop a checkpoint held with :meth:`hold`."""
+        self._worker.release(key)
+
     def generate(self, request: GenerateRequest, *, backend=None) -> _Stream:
         """Queue one reply; returns an async iterator of Prompted, Prefilled, Chunk…, Done (or Error).
 
@@ -373,6 +384,9 @@ class Bridge(QObject):
             self.modelUnloaded.emit()
             if rid in self._unloads:
                 self._resolve(rid, None)
+            return
+        if isinstance(ev, Held):
+            self._resolve(rid, dict(ev.info))
             return
         if isinstance(ev, Loaded):
             self._info = dict(ev.info)

@@ -120,3 +120,37 @@ def test_settings_label():
     assert settings_label(a) == "T 0.7 · top-p 0.9 · top-k 0 · seed 7"
     assert settings_label({**a, "top_p": 0.5}, differs_from=a) == "top-p 0.5"
     assert settings_label(a, differs_from=a) == "T 0.7"
+
+
+def test_text_diff_aligns_lanes_of_different_tokenizers_by_characters():
+    from core.compare import text_diff
+    # Same text, cut into tokens differently: identical by text.
+    d = text_diff("Once upon a time", ["Once", " upon", " a", " time"])
+    assert d.divergence is None and not any(d.changed) and d.removed == 0
+    d = text_diff("Once upon a time", ["On", "ce up", "on a t", "ime"])
+    assert d.divergence is None and not any(d.changed)
+    # Departs inside the third token ("a" -> "the"): that token is the divergence.
+    d = text_diff("Once upon a time there", ["Once", " upon", " the", " time", " there"])
+    assert d.divergence == 2 and d.changed == (False, False, True, False, False)
+    assert d.removed == 1  # the baseline's "a"
+    # A token that added no text yet (held back) is never marked.
+    d = text_diff("ab", ["a", "", "c"])
+    assert d.divergence == 2 and d.changed == (False, False, True)
+    # A strict prefix departs where it ends.
+    d = text_diff("Once upon", ["Once"])
+    assert d.divergence == 1 and d.changed == (False,) and d.removed == len(" upon")
+    d = text_diff("", [])
+    assert d.divergence is None
+
+
+def test_tokenizer_fingerprint_tells_vocabularies_apart(fixtures):
+    from core.compare import tokenizer_fingerprint
+    from core.tokenizer import load_tokenizer
+    from core.checkpoints import load
+    story = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32").tokenizer
+    again = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32").tokenizer
+    assert tokenizer_fingerprint(story, 512) == tokenizer_fingerprint(again, 512)  # same vocab, separate objects
+    llama2 = fixtures / "llama2-tokenizer.model"
+    if llama2.exists():
+        t = load_tokenizer(llama2)
+        assert tokenizer_fingerprint(t, t.vocab_size) != tokenizer_fingerprint(story, 512)

@@ -401,3 +401,59 @@ def test_dropping_a_model_calls_the_given_garbage_collector(make_worker, gguf):
     assert not calls.is_set()
     w.unload()
     assert calls.wait(20)
+
+
+# --------------------------------------------------------------------------- a second checkpoint
+
+DEMO = __import__("tests.helpers", fromlist=["ROOT"]).ROOT / "assets" / "models" / "llamadesk-demo"
+
+
+def held_or_error(col, rid):
+    from core.worker import Held
+    return col.wait(lambda evs: [e for e in evs if e.request_id == rid and isinstance(e, (Held, Error))])[-1]
+
+
+def test_a_second_checkpoint_is_held_beside_the_model_and_runs_its_lanes(make_worker, gguf):
+    from core.compare import tokenizer_fingerprint
+    from core.worker import Held
+    w, col = make_worker()
+    main = loaded_ok(col, w.load(gguf)).info
+    held = held_or_error(col, w.hold(DEMO))
+    assert isinstance(held, Held), held
+    info = held.info
+    assert info["name"] == "llamadesk-demo" and info["key"] == str(DEMO.resolve())
+    demo = checkpoints.load(DEMO)
+    assert info["tokenizer"] == tokenizer_fingerprint(demo.tokenizer, demo.args.vocab_size) != main["tokenizer"]
+    lanes = [SamplingParams(temperature=0, max_new_tokens=16), SamplingParams(temperature=0.9, seed=3, max_new_tokens=16)]
+    on_demo = col.finished(w.compare(CompareRequest(mode="completion", prompt=PROMPT, lanes=lanes, model=info["key"])), 2)
+    on_main = col.finished(w.compare(CompareRequest(mode="completion", prompt=PROMPT, lanes=lanes)), 2)
+    for evs, path in ((on_demo, DEMO), (on_main, gguf)):
+        dones = sorted((e for e in evs if isinstance(e, Done)), key=lambda d: d.lane)
+        for d, p in zip(dones, lanes):
+            assert (d.text, d.tokens) == direct_text(path, lambda lm: lm.tokenizer.encode(PROMPT, bos=True), p)
+    assert [d.text for d in on_main if isinstance(d, Done) and d.lane == 0][0].startswith(", there was a little girl")
+    # Held again: the same model at once, not a second copy.
+    first = w._held[info["key"]][0]
+    assert isinstance(held_or_error(col, w.hold(DEMO)), Held) and w._held[info["key"]][0] is first
+    # Released: a lane that still names it gets a clear error, the main model goes on.
+    w.release(info["key"])
+    evs = col.finished(w.compare(CompareRequest(mode="completion", prompt=PROMPT, lanes=lanes[:1], model=info["key"])))
+    assert isinstance(evs[-1], Error) and "not loaded any more" in evs[-1].message
+    assert any(isinstance(e, Done) for e in col.finished(w.generate(completion(max_new=3))))
+
+
+def test_a_checkpoint_that_does_not_fit_beside_the_model_is_refused_and_the_model_stays(make_worker, gguf,
+                                                                                         monkeypatch):
+    from core import limits
+    w, col = make_worker()
+    loaded_ok(col, w.load(gguf))
+    monkeypatch.setattr(limits, "available_bytes", lambda device=None: 1000)
+    err = held_or_error(col, w.hold(DEMO))
+    assert isinstance(err, Error) and "llamadesk-demo beside the loaded model needs" in err.message
+    assert "available" in err.message and not err.cancelled
+    assert not any(isinstance(e, Unloaded) for e in col.events) and w._held == {}
+    monkeypatch.undo()
+    assert any(isinstance(e, Done) for e in col.finished(w.generate(completion(max_new=3))))
+    # Not a model at all: a readable error too.
+    err = held_or_error(col, w.hold(gguf.parent / "README.md"))
+    assert isinstance(err, Error) and "\n" not in err.message
