@@ -68,6 +68,7 @@ class Stats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     ttft_s: float = 0.0
+    speculative: dict | None = None  # drafted/accepted counts and speed-up (lanes that draft)
 
     @property
     def prefill_tok_s(self) -> float:
@@ -86,6 +87,7 @@ class Stats:
             "generated_tokens": self.generated_tokens, "prefill_s": self.prefill_s,
             "decode_s": self.decode_s, "ttft_s": self.ttft_s,
             "prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
+            **({"speculative": dict(self.speculative)} if self.speculative is not None else {}),
         }
 
 
@@ -194,6 +196,11 @@ class Engine:
         tv = int(getattr(tokenizer, "vocab_size", 0) or 0)
         self.sample_limit = tv if 0 < tv < model.args.vocab_size else None
         self._prefill_tok_s: float | None = None  # measured, sizes the next chunks
+        # Speculative decoding: draft models by name (draft_loader loads one on first use)
+        # and the measured time of an undrafted step per batch size (for the speed-up).
+        self.drafts: dict = {}
+        self.draft_loader: Callable[[str], object] | None = None
+        self.spec_step_s: dict[int, float] = {}
 
     @property
     def device(self) -> torch.device:
@@ -236,6 +243,26 @@ class Engine:
         if self._prefill_tok_s is None:
             return min(self.prefill_chunk, 4 * MIN_PREFILL_CHUNK)
         return min(self.prefill_chunk, max(MIN_PREFILL_CHUNK, round(self._prefill_tok_s * PREFILL_TARGET_S)))
+
+    def add_draft(self, name: str, model, tokenizer):
+        """Register ``model`` as the draft model lanes call ``name`` (their ``draft``).
+
+        Raises:
+            DraftModelError: its vocabulary differs from this engine's tokenizer.
+        """
+        from .speculative import DraftModel
+        d = DraftModel(model, tokenizer, target_tokenizer=self.tokenizer, target_device=self.device, name=name)
+        self.drafts[name] = d
+        return d
+
+    def draft_model(self, name: str):
+        """The draft model called ``name``, loaded through ``draft_loader`` if need be."""
+        if name not in self.drafts:
+            if self.draft_loader is None:
+                raise SettingsError(f"no draft model {name!r} is loaded")
+            d = self.draft_loader(name)
+            self.drafts[name] = d if d is not None else self.drafts[name]
+        return self.drafts[name]
 
     def _check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
@@ -305,13 +332,20 @@ class Engine:
         """Raise SettingsError for a prompt or setting the engine cannot run; returns the
         lanes' settings validated, each with a concrete seed."""
         self._check_prompt(prompt)
-        return [q.validate().resolved() for q in lanes]
+        lanes = [q.validate().resolved() for q in lanes]
+        for q in lanes:
+            if q.draft:
+                self.draft_model(q.draft)  # load and check it now: a bad one fails the request
+        return lanes
 
     # -- the decode loop -------------------------------------------------------------
 
     def _run(self, joining: list[Joining]) -> Iterator[Event]:
         for j in joining:
             j.lanes = self.check_request(j.prompt, j.lanes)
+        if any(q.speculative for j in joining for q in j.lanes):
+            from .speculative import speculative_loop
+            return speculative_loop(self, joining)
         return self._loop(joining, None, 0)
 
     def _join(self, j: Joining, lanes: list[_Lane], stats: list[Stats], rows: list[int],

@@ -40,6 +40,10 @@ class TokenizerError(LlamaDeskError):
     """A tokenizer file that cannot be read or does not fit the model."""
 
 
+class DraftModelError(SettingsError):
+    """A draft model that cannot draft for the model it serves (another vocabulary)."""
+
+
 class CheckpointError(LlamaDeskError):
     """A checkpoint that cannot be loaded.
 

@@ -100,6 +100,24 @@ class KVCache:
         idx = index.tolist()
         self.tokens[:n] = [list(old[i][:length]) for i in idx]
 
+    def rollback(self, row: int, length: int) -> None:
+        """Forget row's positions from ``length`` on (drafted tokens the model rejected).
+
+        Only what the row holds can be rolled back: ``length`` must lie within
+        ``0..len(tokens[row])``. The dropped slots are zeroed, so no rejected key or value
+        can be read again before it is overwritten.
+        """
+        if not 0 <= row < self.batch:
+            raise IndexError(f"row {row} is outside the cache's {self.batch} rows")
+        held = len(self.tokens[row])
+        if not 0 <= length <= held:
+            raise ValueError(f"cannot roll row {row} back to {length} positions: it holds {held}")
+        if length < held:
+            for store in (self.k, self.v):
+                for t in store:
+                    t[row, :, length:held] = 0
+            del self.tokens[row][length:]
+
     def reusable_prefix(self, row: int, tokens: list[int]) -> int:
         """How many leading ``tokens`` row already holds (always leaves one to run)."""
         held = self.tokens[row]

@@ -19,7 +19,8 @@ from .errors import SettingsError
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this behave as 0 (greedy)
 # Outside these a penalty overflows float32 logits (1e-45 makes every seen token +inf).
 MIN_PENALTY, MAX_PENALTY = 0.01, 1e6
-MAX_LENGTH_PENALTY = 10.0  # beam scores divide by length ** penalty: 1e308 overflows
+MAX_LENGTH_PENALTY = 10.0
+MAX_LOOKUP = 8  # longest n-gram prompt lookup matches  # beam scores divide by length ** penalty: 1e308 overflows
 
 
 @dataclass
@@ -41,9 +42,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     num_beams: int = 1
     length_penalty: float = 1.0
+    # Speculative decoding changes the speed, never the distribution: lookup N drafts by
+    # matching the last N (down to 1) tokens earlier in the context; draft names a smaller
+    # model with the same vocabulary (a path). 0 / "" is off.
+    lookup: int = 0
+    draft: str = ""
 
     KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed",
-            "max_new_tokens", "num_beams", "length_penalty")
+            "max_new_tokens", "num_beams", "length_penalty", "lookup", "draft")
 
     def __post_init__(self) -> None:
         self.stop = tuple(self.stop)
@@ -75,7 +81,22 @@ class SamplingParams:
             bad(f"seed must be a whole number ≥ 0, got {self.seed}")
         if any(not s for s in self.stop):
             bad("stop strings must not be empty")
+        if (isinstance(self.lookup, bool) or not isinstance(self.lookup, (int, float))
+                or not math.isfinite(self.lookup) or int(self.lookup) != self.lookup
+                or not 0 <= self.lookup <= MAX_LOOKUP):
+            bad(f"lookup must be a whole number from 0 (off) to {MAX_LOOKUP}, got {self.lookup!r}")
+        if not isinstance(self.draft, str):
+            bad(f"draft must be a model's path, got {self.draft!r}")
+        if self.lookup and self.draft:
+            bad("choose prompt lookup or a draft model, not both")
+        if self.speculative and self.num_beams > 1:
+            bad("speculative decoding (lookup or draft) does not combine with beam search")
         return self
+
+    @property
+    def speculative(self) -> bool:
+        """Whether this lane drafts tokens (prompt lookup or a draft model)."""
+        return bool(self.lookup or self.draft)
 
     @property
     def greedy(self) -> bool:

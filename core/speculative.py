@@ -1,0 +1,450 @@
+"""Speculative decoding: draft a few tokens cheaply, verify them in one forward pass.
+
+Two drafters. Prompt lookup proposes the tokens that followed the latest earlier
+occurrence of the context's last n-gram (cheap, and right whenever the reply repeats
+the prompt: editing a given text, quoting code). A draft model is a smaller model with
+the same vocabulary that samples k tokens ahead.
+
+The target model runs each lane's last token and its drafts in one batched forward.
+The standard rule (Leviathan et al. 2023; Chen et al. 2023) then keeps draft d with
+probability min(1, p(d) / q(d)) and, at the first rejection, draws from the residual
+max(0, p - q) normalised (prompt lookup's q is a point mass: p without d). Whatever q
+is, every token is distributed exactly as plain sampling's; greedy lanes keep a draft
+only if it is the target's own choice. p and q are both taken after the lane's filters
+(repetition penalty over the context so far, temperature, top-k, top-p, min-p).
+
+Drafting costs a wider forward (and draft-model steps); a lane whose drafts keep being
+rejected drafts less and then pauses, so nothing accepted costs close to nothing.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .errors import DraftModelError
+from .kv_cache import KVCache
+from .sampling import SamplingParams, draw, filter_rows, top_alternatives
+
+LOOKUP_MAX_DRAFT = 8  # tokens prompt lookup proposes at most per step
+MODEL_MAX_DRAFT = 6  # tokens a draft model samples ahead at most per step
+MAX_PAUSE = 32  # steps a lane with nothing accepted waits at most before drafting again
+DRAFT_PREFILL_CHUNK = 256  # draft-model catch-up tokens per forward (cancel lands between)
+
+
+class NgramIndex:
+    """Prompt lookup over one lane's context (prompt and reply so far).
+
+    Maps every m-gram (m = 1..n) to where its latest occurrence ended, so a proposal is
+    a dictionary lookup; the context only ever grows by accepted tokens.
+    """
+
+    def __init__(self, n: int, context: list[int] = ()):
+        self.n = int(n)
+        self.maps: list[dict[tuple, int]] = [{} for _ in range(self.n)]
+        self.ctx: list[int] = list(context)
+        self._indexed = 0  # n-grams ending before this position are in the maps
+
+    def extend(self, tokens: list[int]) -> None:
+        self.ctx.extend(tokens)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to k tokens that followed the longest (then latest) earlier match of the
+        context's last n..1 tokens; [] when there is none."""
+        ctx, L = self.ctx, len(self.ctx)
+        # The trailing n-gram is not indexed yet, so it cannot match itself.
+        for end in range(max(self._indexed, 1), L):
+            for m in range(1, min(self.n, end) + 1):
+                self.maps[m - 1][tuple(ctx[end - m:end])] = end
+        self._indexed = max(self._indexed, L)
+        if k <= 0:
+            return []
+        for m in range(min(self.n, L), 0, -1):
+            end = self.maps[m - 1].get(tuple(ctx[L - m:]))
+            if end is not None:
+                return ctx[end:end + k]
+        return []
+
+
+def same_vocabulary(a, b) -> bool:
+    """Whether tokenizers a and b map every id to the same bytes (and count alike)."""
+    from .server import tokenizer_fingerprint  # here: server imports the engine
+    n = int(getattr(a, "vocab_size", 0) or 0)
+    if n <= 0 or n != int(getattr(b, "vocab_size", 0) or 0):
+        return False
+    return tokenizer_fingerprint(a, n) == tokenizer_fingerprint(b, n)
+
+
+class DraftModel:
+    """A smaller model drafting for a target: same vocabulary, same device.
+
+    Keeps its own KV cache (one row per target row), so a chat's next turn reuses the
+    prefix it drafted over, as the target's cache does.
+
+    Raises:
+        DraftModelError: the vocabularies differ, or the models sit on different devices.
+    """
+
+    def __init__(self, model, tokenizer, *, target_tokenizer, target_device: torch.device, name: str = ""):
+        self.name = name or "draft model"
+        if not same_vocabulary(tokenizer, target_tokenizer):
+            raise DraftModelError(
+                f"the draft model {self.name} has another vocabulary than the model it would draft for "
+                f"({getattr(tokenizer, 'vocab_size', '?')} vs {getattr(target_tokenizer, 'vocab_size', '?')} "
+                "tokens, or different token texts): use a model with the same tokenizer")
+        dev = model.tok_embeddings.weight.device
+        if dev != torch.device(target_device):
+            raise DraftModelError(f"the draft model {self.name} is on {dev}, the model on {target_device}")
+        self.model = model
+        self.cache = KVCache.for_model(model)
+
+    @torch.inference_mode()
+    def propose(self, row: int, ctx: list[int], k: int, params: SamplingParams, generator: torch.Generator,
+                vocab: int, limit: int | None, cancel: threading.Event | None = None
+                ) -> tuple[list[int], torch.Tensor | None]:
+        """Sample up to k tokens after ``ctx`` from the filtered draft distribution q.
+
+        Returns:
+            (drafts, q [len(drafts), vocab] or None for greedy lanes, whose q is the
+            point mass on each draft).
+        """
+        cache, dev = self.cache, self.model.tok_embeddings.weight.device
+        cache.ensure(row + 1, len(ctx) + k)
+        done = cache.reusable_prefix(row, ctx)
+        cache.rollback(row, done)
+        view = cache.row(row)
+        logits = None
+        while done < len(ctx):  # catch up on what the target accepted since last time
+            if cancel is not None and cancel.is_set():
+                return [], None
+            chunk = ctx[done:done + DRAFT_PREFILL_CHUNK]
+            logits = self.model(torch.tensor([chunk], device=dev), done, view, last_only=True)[0, -1]
+            done += len(chunk)
+            cache.tokens[row] = list(ctx[:done])
+        drafts: list[int] = []
+        qs: list[torch.Tensor] = []
+        penalty = params.repetition_penalty != 1.0
+        for i in range(k):
+            row_logits = _fit(logits, vocab, limit)
+            if not bool(torch.isfinite(row_logits).all()):
+                break  # a draft model that overflows drafts nothing (the target decides alone)
+            prev = torch.tensor(ctx + drafts, device=dev) if penalty else None
+            filt = filter_rows(row_logits.unsqueeze(0), [params], [prev])[0]
+            if params.greedy:
+                d = int(filt.argmax())
+            else:
+                q = filt.softmax(-1)
+                d = draw(q, generator)
+                qs.append(q)
+            drafts.append(d)
+            if i < k - 1:
+                logits = self.model(torch.tensor([[d]], device=dev), done, view, last_only=True)[0, -1]
+                done += 1
+                cache.tokens[row].append(d)
+        if params.greedy or not drafts:
+            return drafts, None
+        return drafts, torch.stack(qs)
+
+
+def _fit(logits: torch.Tensor, vocab: int, limit: int | None) -> torch.Tensor:
+    """Draft logits over the target's ``vocab`` rows, ids from ``limit`` on never drawn."""
+    out = logits.float()
+    if out.shape[-1] > vocab:
+        out = out[..., :vocab]
+    elif out.shape[-1] < vocab:
+        out = torch.cat([out, out.new_full((*out.shape[:-1], vocab - out.shape[-1]), float("-inf"))], -1)
+    if limit is not None:
+        out = out.clone()
+        out[..., limit:] = float("-inf")
+    return out
+
+
+def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, params: SamplingParams,
+           context: list[int], generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+    """The tokens a lane emits after one verification forward.
+
+    Args:
+        logits: the target's raw logits [k + 1, V] after the last token and each draft.
+        drafts: the k drafted ids.
+        q: the draft distributions [k, V] they were sampled from; None means point
+            masses on the drafts (prompt lookup, greedy drafting).
+        context: prompt and reply so far (the repetition penalty's history).
+
+    Returns:
+        (the accepted drafts and one token more, the filtered logits [k + 1, V]).
+    """
+    k = len(drafts)
+    rows = logits[: k + 1]
+    if params.repetition_penalty != 1.0:
+        prev = [torch.tensor(context + drafts[:i], device=rows.device) for i in range(k + 1)]
+    else:
+        prev = [None] * (k + 1)
+    filt = filter_rows(rows, [params] * (k + 1), prev)
+    if params.greedy:
+        best = filt.argmax(-1).tolist()
+        n = 0
+        while n < k and best[n] == drafts[n]:
+            n += 1
+        return drafts[:n] + [best[n]], filt
+    p = filt.softmax(-1)
+    if k:
+        d = torch.tensor(drafts, device=p.device).view(k, 1)
+        pd = p[:k].gather(-1, d).view(k)
+        qd = q[:k].gather(-1, d).view(k) if q is not None else torch.ones_like(pd)
+        u = torch.rand(k, generator=generator, dtype=p.dtype, device=p.device)
+        # Accept d_i when u_i < p(d_i) / q(d_i); q(d_i) > 0 since d_i was drawn from q.
+        rejected = (u * qd >= pd).tolist()
+        n = rejected.index(True) if True in rejected else k
+    else:
+        n = 0
+    if n == k:
+        return drafts + [draw(p[k], generator)], filt
+    if q is None:
+        resid = p[n].clone()
+        resid[drafts[n]] = 0.0
+    else:
+        resid = (p[n] - q[n]).clamp_min(0.0)
+    if not float(resid.sum()) > 0.0:  # p == q up to rounding: nothing to correct
+        resid = p[n]
+    return drafts[:n] + [draw(resid, generator)], filt
+
+
+class Pace:
+    """How many tokens a lane drafts next: more while they are accepted, fewer when
+    not, and none for a while (doubling, up to MAX_PAUSE steps) after a step that
+    accepted nothing, so a useless drafter costs a wider forward only now and then."""
+
+    def __init__(self, most: int):
+        self.most = most
+        self.k = max(1, most // 2)
+        self.misses = 0
+        self.wait = 0
+
+    def next(self) -> int:
+        if self.wait > 0:
+            self.wait -= 1
+            return 0
+        return self.k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        if accepted == drafted:
+            self.k = min(self.most, self.k + 2)
+        else:
+            self.k = max(1, accepted + 1)
+        if accepted == 0:
+            self.misses += 1
+            self.wait = min(2 ** self.misses, MAX_PAUSE) - 1
+        else:
+            self.misses = 0
+
+
+@dataclass
+class _Spec:
+    """One lane's drafter and its counts."""
+    pace: Pace
+    lookup: NgramIndex | None = None
+    draft: DraftModel | None = None
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0  # verification forwards the lane took part in
+    drafting_rounds: int = 0
+    round_s: float = 0.0
+    plain_s: float = 0.0  # what its tokens would have cost one step each (estimated)
+    extra: dict = field(default_factory=dict)
+
+    def stats(self, params: SamplingParams) -> dict:
+        kind = "lookup" if self.lookup is not None else ("draft" if self.draft is not None else "off")
+        return {
+            "kind": kind, "lookup": params.lookup, "draft": params.draft,
+            "drafted": self.drafted, "accepted": self.accepted,
+            "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
+            "mean_draft": self.drafted / self.drafting_rounds if self.drafting_rounds else 0.0,
+            "forwards": self.rounds,
+            "speedup": self.plain_s / self.round_s if self.round_s > 0 and self.plain_s > 0 else None,
+        }
+
+
+def _plain_step(engine, batch: int) -> float | None:
+    """The measured time of an undrafted step at ``batch`` rows (the nearest batch measured)."""
+    steps = engine.spec_step_s
+    if not steps:
+        return None
+    return steps[min(steps, key=lambda b: (abs(b - batch), b))]
+
+
+@torch.inference_mode()
+def speculative_loop(engine, joining) -> Iterator:
+    """Engine._loop's job for lanes that may draft: prefill, then verify-and-emit steps.
+
+    Lanes without a drafter take part with nothing drafted (a plain step), so a
+    comparison can mix them. Yields the engine's own events.
+    """
+    from .engine import _check_cancel  # the engine imports this module lazily
+
+    dev = engine.device
+    cache = engine.cache
+    lanes, stats, positions, rows = [], [], [], []
+    logits_by_lane: dict[int, torch.Tensor] = {}
+    for j in joining:
+        yield from engine._join(j, lanes, stats, rows, positions, logits_by_lane)
+    specs: dict[int, _Spec] = {}
+    drafters = {}
+    for li in rows:
+        q = lanes[li].params
+        if q.draft:
+            d = drafters[q.draft] = drafters.get(q.draft) or engine.draft_model(q.draft)
+            specs[li] = _Spec(Pace(MODEL_MAX_DRAFT), draft=d)
+        elif q.lookup:
+            specs[li] = _Spec(Pace(LOOKUP_MAX_DRAFT), lookup=NgramIndex(q.lookup, lanes[li].prompt))
+        else:
+            specs[li] = _Spec(Pace(0))
+    V = engine.model.args.vocab_size
+    limit = engine.sample_limit
+
+    def emit(li: int, toks: list[int], raw: torch.Tensor, filt: torch.Tensor, start: int, drafts: list[int]):
+        """Accept toks (rows of raw/filt in order) into lane li; events out; returns how
+        many were appended to its reply."""
+        lane, st = lanes[li], stats[li]
+        lps = torch.log_softmax(raw[: len(toks)], -1).gather(
+            -1, torch.tensor(toks, device=raw.device).view(-1, 1)).view(-1).tolist()
+        appended = 0
+        for i, (tok, lp) in enumerate(zip(toks, lps)):
+            top = None
+            if lane.inspect:
+                prev = (torch.tensor(lane.prompt + lane.tokens, device=dev)
+                        if lane.params.repetition_penalty != 1.0 else None)
+                top = top_alternatives(raw[i], lane.params, prev, k=lane.inspect, filtered=filt[i])
+                top["pieces"] = {t: engine._piece(t) for t, _ in top["raw"] + top["filtered"]}
+            before = len(lane.tokens)
+            ev = engine._accept(lane, tok, lp, top)
+            appended += len(lane.tokens) - before
+            if st.ttft_s == 0.0:
+                st.ttft_s = time.perf_counter() - lane.t_join
+            if ev is not None:
+                yield ev
+            if lane.done is None and start + i >= engine.max_context:
+                lane.done = engine._finish(lane, "context", None)
+            if lane.done is not None:
+                break
+        return appended
+
+    def finish_if_done(li: int):
+        lane, st = lanes[li], stats[li]
+        if lane.done is None and _check_cancel(lane.cancel):
+            lane.done = engine._finish(lane, "cancelled", None)
+        if lane.done is not None:
+            st.generated_tokens = len(lane.tokens)
+            st.decode_s = time.perf_counter() - lane.t_decode
+            sp = specs[li]
+            if sp.lookup is not None or sp.draft is not None:
+                st.speculative = sp.stats(lane.params)
+            lane.done.stats = st
+            yield lane.done
+
+    def compact():
+        keep = [k for k, li in enumerate(rows) if lanes[li].done is None]
+        if not keep:
+            engine._remember(lanes, rows, positions)
+        elif len(keep) < len(rows):
+            for new_row, old_row in enumerate(keep):
+                if new_row != old_row:
+                    cache.copy_row(old_row, new_row, positions[rows[old_row]])
+                    for d in drafters.values():
+                        d.cache.ensure(new_row + 1, 0)
+                        if old_row < d.cache.batch:
+                            d.cache.copy_row(old_row, new_row, len(d.cache.tokens[old_row]))
+        rows[:] = [rows[k] for k in keep]
+
+    # The first token of every lane comes from its prefill's logits.
+    for li in list(rows):
+        raw = logits_by_lane.pop(li).unsqueeze(0)
+        lane = lanes[li]
+        if not bool(torch.isfinite(raw).all()):
+            lane.done = engine._finish(lane, "error", None)
+        else:
+            if limit is not None:
+                raw = raw.clone()
+                raw[:, limit:] = float("-inf")
+            toks, filt = verify(raw, [], None, lane.params, lane.prompt, lane.generator)
+            yield from emit(li, toks, raw, filt, positions[li], [])
+        yield from finish_if_done(li)
+    compact()
+    for li in rows:
+        if specs[li].lookup is not None:
+            specs[li].lookup.extend(lanes[li].tokens)
+
+    measure = not engine.spec_step_s  # an undrafted step first, to estimate the speed-up
+    while rows:
+        plan: list[tuple[list[int], torch.Tensor | None]] = []
+        for li in rows:
+            lane, sp = lanes[li], specs[li]
+            k = 0 if measure else sp.pace.next()
+            k = min(k, engine.max_context - positions[li] - 1, lane.params.max_new_tokens - len(lane.tokens) - 1)
+            drafts, q = [], None
+            if k > 0 and sp.lookup is not None:
+                drafts = sp.lookup.propose(k)
+            elif k > 0 and sp.draft is not None:
+                r = rows.index(li)
+                drafts, q = sp.draft.propose(r, lane.prompt + lane.tokens, k, lane.params, lane.generator,
+                                             V, limit, lane.cancel)
+            plan.append((drafts, q))
+        measure = False
+        T = 1 + max(len(d) for d, _ in plan)
+        B = len(rows)
+        x = torch.tensor([[lanes[li].tokens[-1]] + d + [0] * (T - 1 - len(d)) for li, (d, _) in zip(rows, plan)],
+                         device=dev)
+        pos_list = [positions[li] for li in rows]
+        cache.ensure(B, max(pos_list) + T)
+        pos = pos_list[0] if all(p == pos_list[0] for p in pos_list) else torch.tensor(pos_list, device=dev)
+        t0 = time.perf_counter()
+        out = engine.model(x, pos, cache)  # [B, T, V]
+        for r, li in enumerate(rows):
+            cache.tokens[r] = (lanes[li].prompt + lanes[li].tokens)[: positions[li]] + x[r].tolist()
+        finite = torch.isfinite(out).all(-1).tolist()  # [B][T]
+        if limit is not None:
+            out[..., limit:] = float("-inf")
+        results = []
+        for r, li in enumerate(rows):
+            drafts, q = plan[r]
+            lane = lanes[li]
+            if not all(finite[r][: len(drafts) + 1]):
+                results.append(None)
+                continue
+            toks, filt = verify(out[r], drafts, q, lane.params, lane.prompt + lane.tokens, lane.generator)
+            results.append((toks, filt))
+        took = time.perf_counter() - t0
+        plain = _plain_step(engine, B)
+        if T == 1:  # nobody drafted: this is what a plain step costs
+            engine.spec_step_s[B] = took if B not in engine.spec_step_s else 0.5 * (engine.spec_step_s[B] + took)
+        for r, li in enumerate(rows):
+            lane, sp, res = lanes[li], specs[li], results[r]
+            drafts = plan[r][0]
+            if res is None:
+                lane.done = engine._finish(lane, "error", None)
+                cache.rollback(r, positions[li])
+            else:
+                toks, filt = res
+                n = len(toks) - 1
+                start = positions[li] + 1
+                appended = yield from emit(li, toks, out[r], filt, start, drafts)
+                valid = min(appended, n)
+                cache.rollback(r, positions[li] + 1 + valid)
+                positions[li] += 1 + valid
+                sp.rounds += 1
+                sp.round_s += took
+                if plain is not None:
+                    sp.plain_s += appended * plain
+                if drafts:
+                    sp.drafting_rounds += 1
+                    sp.drafted += len(drafts)
+                    sp.accepted += n
+                    sp.pace.update(len(drafts), n)
+                if sp.lookup is not None:
+                    sp.lookup.extend(toks[:appended])
+            yield from finish_if_done(li)
+        compact()

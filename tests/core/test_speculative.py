@@ -1,0 +1,317 @@
+"""Speculative decoding: same tokens as plain greedy decoding, the same distribution as
+plain sampling (chi-square at a fixed prefix), KV cache rollback, cancel, bad settings."""
+import threading
+
+import pytest
+import torch
+
+from core.checkpoints import load
+from core.engine import Done, Engine, Token
+from core.errors import DraftModelError, SettingsError
+from core.kv_cache import KVCache
+from core.model import ModelArgs, Transformer
+from core.sampling import SamplingParams, filter_logits
+from core.speculative import LOOKUP_MAX_DRAFT, NgramIndex, verify
+from tests.core.checkpoints.util import write_tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def stories(fixtures):
+    return load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_meta_dir):
+    return load(tiny_meta_dir, device="cpu", dtype="float32")
+
+
+def random_model(vocab: int, dim: int = 32, layers: int = 2, heads: int = 4, kv: int = 2, seed: int = 0,
+                 std: float = 0.15, ctx: int = 512) -> Transformer:
+    """A random Transformer; std wide enough that its choices are clear (not near-ties)."""
+    torch.manual_seed(seed)
+    m = Transformer(ModelArgs(dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv, vocab_size=vocab,
+                              multiple_of=16, max_seq_len=ctx))
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, std)
+    return m.eval()
+
+
+def done_of(events) -> Done:
+    evs = list(events)
+    assert isinstance(evs[-1], Done)
+    return evs[-1]
+
+
+def tokens_of(engine, prompt, **kw):
+    return done_of(engine.generate(prompt, SamplingParams(**kw)))
+
+
+# -- the KV cache rolls back -----------------------------------------------------------
+
+def test_rollback_forgets_rejected_positions_and_guards_its_invariants():
+    model = random_model(64, seed=1)
+    cache = KVCache.for_model(model, batch=2, capacity=16)
+    ids = [1, 5, 9, 2, 7, 3]
+    with torch.no_grad():
+        model(torch.tensor([ids, ids]), 0, cache)
+    cache.tokens[0], cache.tokens[1] = list(ids), list(ids)
+    kept = [t[1].clone() for t in cache.k]
+    cache.rollback(0, 4)
+    assert cache.tokens[0] == ids[:4] and cache.tokens[1] == ids  # only row 0 changed
+    for t, before in zip(cache.k + cache.v, kept + kept):
+        assert not t[0, :, 4:6].any()  # the rejected slots hold nothing any more
+    for t, before in zip(cache.k, kept):
+        assert torch.equal(t[1], before)
+    with pytest.raises(ValueError):
+        cache.rollback(0, 5)  # cannot roll forward past what the row holds
+    with pytest.raises(ValueError):
+        cache.rollback(0, -1)
+    with pytest.raises(IndexError):
+        cache.rollback(2, 0)
+    cache.rollback(0, 4)  # to where it is: nothing happens
+    assert cache.tokens[0] == ids[:4]
+    # After rolling back, running other tokens gives what a cache that never saw the
+    # rejected ones gives.
+    fresh = KVCache.for_model(model, capacity=16)
+    with torch.no_grad():
+        model(torch.tensor([ids[:4]]), 0, fresh)
+        a = model(torch.tensor([[11, 12]]), 4, cache.row(0))[0]
+        b = model(torch.tensor([[11, 12]]), 4, fresh)[0]
+    torch.testing.assert_close(a, b)
+
+
+# -- prompt lookup ---------------------------------------------------------------------
+
+def test_ngram_index_proposes_what_followed_the_longest_latest_match():
+    idx = NgramIndex(3, [1, 2, 3, 4, 5, 9, 2, 3, 6, 7])
+    idx.extend([8, 2, 3])
+    # "2 3" last occurred followed by 6 7; the 3-gram "8 2 3" never occurred before.
+    assert idx.propose(3) == [6, 7, 8]
+    idx.extend([4])  # "2 3 4" occurred at the start
+    assert idx.propose(2) == [5, 9]
+    assert NgramIndex(2, [1, 2, 3]).propose(4) == []  # the tail never matches itself
+    assert NgramIndex(2, [5, 5]).propose(4) == [5]
+
+
+# -- greedy: the same tokens as plain decoding ----------------------------------------
+
+REPEAT = "The cat sat on the mat. The dog sat on the log. The cat sat on the"
+
+
+@pytest.mark.parametrize("lookup", [1, 2, 3])
+def test_greedy_lookup_equals_plain_on_the_fixture(stories, lookup):
+    eng = Engine(stories.model, stories.tokenizer, stop_ids=stories.stop_ids)
+    for text in ("Once upon a time", REPEAT):
+        prompt = stories.tokenizer.encode(text, bos=True)
+        plain = tokens_of(eng, prompt, temperature=0, max_new_tokens=80)
+        spec = tokens_of(eng, prompt, temperature=0, max_new_tokens=80, lookup=lookup)
+        assert spec.tokens == plain.tokens and spec.text == plain.text
+        assert spec.stop_reason == plain.stop_reason
+        torch.testing.assert_close(torch.tensor(spec.logprobs), torch.tensor(plain.logprobs), atol=1e-4, rtol=0)
+        s = spec.stats.speculative
+        assert s["kind"] == "lookup" and 0 <= s["accepted"] <= s["drafted"]
+        # Every token came from a verification forward or the prefill.
+        assert s["forwards"] + 1 + s["accepted"] >= len(spec.tokens)
+    assert s["accepted"] > 0  # the story repeats itself: some drafts were right
+
+
+def test_greedy_draft_models_equal_plain_on_the_fixture(stories):
+    eng = Engine(stories.model, stories.tokenizer, stop_ids=stories.stop_ids)
+    eng.add_draft("itself", stories.model, stories.tokenizer)
+    eng.add_draft("random", random_model(stories.model.args.vocab_size, seed=3), stories.tokenizer)
+    prompt = stories.tokenizer.encode("Once upon a time", bos=True)
+    plain = tokens_of(eng, prompt, temperature=0, max_new_tokens=60)
+    same = tokens_of(eng, prompt, temperature=0, max_new_tokens=60, draft="itself")
+    rand = tokens_of(eng, prompt, temperature=0, max_new_tokens=60, draft="random")
+    assert same.tokens == plain.tokens == rand.tokens
+    assert same.stats.speculative["acceptance"] == 1.0  # its own drafts are always right
+    assert rand.stats.speculative["acceptance"] < 0.5  # a random draft rarely is
+    assert same.stats.speculative["forwards"] < len(plain.tokens) // 2
+
+
+def test_greedy_equals_plain_on_random_checkpoints_with_penalty_and_lanes(tiny):
+    tok = tiny.tokenizer
+    eng = Engine(tiny.model, tok, stop_ids=tiny.stop_ids)
+    eng.add_draft("small", random_model(tiny.model.args.vocab_size, dim=16, layers=1, heads=2, kv=1, seed=5), tok)
+    eng.add_draft("itself", tiny.model, tok)
+    prompt = tok.encode(REPEAT, bos=True)
+    settings = [dict(temperature=0), dict(temperature=0, repetition_penalty=1.3)]
+    for kw in settings:
+        plain = tokens_of(eng, prompt, max_new_tokens=40, **kw).tokens
+        for spec in (dict(lookup=2), dict(draft="small"), dict(draft="itself")):
+            assert tokens_of(eng, prompt, max_new_tokens=40, **kw, **spec).tokens == plain, (kw, spec)
+    # Comparison lanes mixing drafters (and none) drift to different positions in one batch.
+    lanes = [SamplingParams(temperature=0, max_new_tokens=40, **spec)
+             for spec in (dict(), dict(lookup=3), dict(draft="itself"), dict(draft="small"))]
+    plain = tokens_of(eng, prompt, temperature=0, max_new_tokens=40).tokens
+    dones = [e for e in eng.generate_lanes(prompt, lanes) if isinstance(e, Done)]
+    assert [d.tokens for d in sorted(dones, key=lambda d: d.lane)] == [plain] * 4
+    # Different prompts side by side sit at different positions from the start.
+    prompts = [prompt, tok.encode("Once upon a time there was", bos=True)]
+    base = [tokens_of(eng, p, temperature=0, max_new_tokens=30).tokens for p in prompts]
+    batch = [e for e in eng.generate_batch(prompts, SamplingParams(temperature=0, max_new_tokens=30, lookup=2))
+             if isinstance(e, Done)]
+    assert [d.tokens for d in sorted(batch, key=lambda d: d.lane)] == base
+
+
+def test_context_limit_and_stop_token_inside_accepted_drafts(stories):
+    tok = stories.tokenizer
+    prompt = tok.encode(REPEAT, bos=True)
+    eng = Engine(stories.model, tok, stop_ids=stories.stop_ids, max_context=len(prompt) + 23)
+    eng.add_draft("itself", stories.model, tok)
+    plain = tokens_of(eng, prompt, temperature=0, max_new_tokens=200)
+    assert plain.stop_reason == "context"
+    for spec in (dict(lookup=2), dict(draft="itself")):
+        d = tokens_of(eng, prompt, temperature=0, max_new_tokens=200, **spec)
+        assert (d.tokens, d.stop_reason) == (plain.tokens, "context")
+    # A stop token the drafts run over ends the reply right before it, as in plain decoding.
+    eng = Engine(stories.model, tok, stop_ids={plain.tokens[9]})
+    eng.add_draft("itself", stories.model, tok)
+    plain = tokens_of(eng, prompt, temperature=0, max_new_tokens=200)
+    spec = tokens_of(eng, prompt, temperature=0, max_new_tokens=200, draft="itself")
+    assert (spec.tokens, spec.stop_reason, spec.stop_token) == (plain.tokens, "eos", plain.stop_token)
+    assert len(spec.tokens) < 10
+
+
+# -- sampling: the same distribution as plain sampling --------------------------------
+
+def chi_square_p(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Pearson's goodness-of-fit p-value; cells expected below min_expected are pooled."""
+    n = counts.sum()
+    exp = probs.double() * n
+    small = exp < min_expected
+    obs = torch.cat([counts[~small].double(), counts[small].double().sum().view(1)])
+    exp = torch.cat([exp[~small], exp[small].sum().view(1)])
+    if exp[-1] < min_expected:  # the pooled cell is too small too: fold it into the largest
+        obs, exp = obs[:-1].clone(), exp[:-1].clone()
+        obs[exp.argmax()] += counts[small].sum()
+        exp[exp.argmax()] += probs.double()[small].sum() * n
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    df = len(exp) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
+                                         torch.tensor(stat / 2.0, dtype=torch.float64)))
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory):
+    """A 30-token character tokenizer and two random models over it (target, draft)."""
+    from core.tokenizer import load_tokenizer
+    folder = tmp_path_factory.mktemp("tok30")
+    n = write_tiny_tokenizer(folder)
+    tok = load_tokenizer(folder / "tokenizer.json")
+    return tok, random_model(n, seed=11, std=0.3), random_model(n, dim=16, layers=1, heads=2, kv=1, seed=12, std=0.3)
+
+
+FILTERS = [dict(temperature=1.0, top_p=1.0), dict(temperature=1.4, top_p=0.9, repetition_penalty=1.3),
+           dict(temperature=0.9, top_k=12, min_p=0.02, top_p=1.0)]
+
+
+@pytest.mark.parametrize("kw", FILTERS)
+def test_verified_first_token_is_distributed_as_plain_sampling(small_vocab, kw):
+    """At a fixed prefix and fixed drafts, the first token verification emits follows the
+    target's filtered distribution exactly, for a point-mass draft (prompt lookup) and a
+    draft model's q; the plain reference draws pass the same test."""
+    tok, target, draft = small_vocab
+    params = SamplingParams(**kw)
+    prefix = [1, 5, 9, 12, 5, 9]
+    with torch.no_grad():
+        p_logits = target(torch.tensor([prefix]))[0, -1]
+        q_logits = draft(torch.tensor([prefix]))[0, -1]
+    prev = torch.tensor(prefix)
+    p = filter_logits(p_logits, params, prev).softmax(-1)
+    q = filter_logits(q_logits, params, prev).softmax(-1)
+    likely = int(p.argsort(descending=True)[1])  # a draft accepted about as often as not
+    n = 4000
+    counts = {"lookup": torch.zeros(len(p)), "model": torch.zeros(len(p)), "plain": torch.zeros(len(p))}
+    for seed in range(n):
+        g = torch.Generator().manual_seed(seed)
+        # The second row (after the draft) is never reached when the draft is rejected,
+        # and is irrelevant to the first token when it is accepted.
+        rows = torch.stack([p_logits, p_logits])
+        counts["lookup"][verify(rows, [likely], None, params, prefix, g)[0][0]] += 1
+        d = int(torch.multinomial(q, 1, generator=g))
+        counts["model"][verify(rows, [d], q.view(1, -1), params, prefix, g)[0][0]] += 1
+        counts["plain"][int(torch.multinomial(p, 1, generator=g))] += 1
+    for name, c in counts.items():
+        assert chi_square_p(c, p) > 1e-3, name
+    # The test has power: keeping the draft w.p. p(d) but drawing from p itself on a
+    # rejection (no residual) over-weights the draft, and is caught at this n.
+    wrong = p * (1 - p[likely])
+    wrong[likely] += p[likely]
+    biased = torch.bincount(torch.multinomial(wrong, n, replacement=True, generator=torch.Generator().manual_seed(0)),
+                            minlength=len(p)).float()
+    assert chi_square_p(biased, p) < 1e-3
+
+
+def test_engine_samples_pairs_as_plain_decoding(small_vocab):
+    """End to end: the first two tokens of sampled replies (the second one verified after
+    drafts) follow P(t1) P(t2 | t1) of the target, computed by full forward passes."""
+    tok, target, draft = small_vocab
+    eng = Engine(target, tok, stop_ids=())
+    eng.add_draft("small", draft, tok)
+    # Every token occurs in the prompt, so prompt lookup always has a draft for the second.
+    prompt = [1] + torch.randperm(30, generator=torch.Generator().manual_seed(0)).tolist() + [5, 9]
+    # Three tokens, so the second can be verified against a draft (a step never drafts
+    # past max_new_tokens); the first two are counted.
+    kw = dict(temperature=1.2, top_p=0.95, repetition_penalty=1.2, max_new_tokens=3)
+    V = target.args.vocab_size
+    with torch.no_grad():
+        first = filter_logits(target(torch.tensor([prompt]))[0, -1], SamplingParams(**kw), torch.tensor(prompt)).softmax(-1)
+        seqs = torch.tensor([prompt + [t] for t in range(V)])
+        nxt = target(seqs)[:, -1]
+    joint = torch.stack([filter_logits(nxt[t], SamplingParams(**kw), seqs[t]).softmax(-1) * first[t]
+                         for t in range(V)])
+    for spec in (dict(lookup=1), dict(draft="small")):
+        counts = torch.zeros(V * V)
+        drafted = 0
+        for call in range(200):  # 8 lanes a call: 1600 replies
+            lanes = [SamplingParams(**kw, **spec, seed=call * 8 + i) for i in range(8)]
+            for e in eng.generate_lanes(prompt, lanes):
+                if isinstance(e, Done):
+                    assert len(e.tokens) == 3
+                    counts[e.tokens[0] * V + e.tokens[1]] += 1
+                    drafted += e.stats.speculative["drafted"]
+        assert drafted > 1500, spec  # the second tokens really went through verification
+        assert chi_square_p(counts, joint.view(-1)) > 1e-3, spec
+
+
+# -- cancel, errors, stats -------------------------------------------------------------
+
+def test_cancel_is_honoured_at_the_next_step(stories):
+    eng = Engine(stories.model, stories.tokenizer, stop_ids=())
+    prompt = stories.tokenizer.encode(REPEAT, bos=True)
+    for spec in (dict(lookup=2), dict(draft="itself")):
+        eng.add_draft("itself", stories.model, stories.tokenizer)
+        cancel = threading.Event()
+        events = eng.generate(prompt, SamplingParams(temperature=0, max_new_tokens=400, **spec), cancel=cancel)
+        seen = 0
+        done = None
+        for ev in events:
+            if isinstance(ev, Token):
+                seen += 1
+                cancel.set()
+            elif isinstance(ev, Done):
+                done = ev
+        assert done.stop_reason == "cancelled"
+        assert len(done.tokens) <= 2 + LOOKUP_MAX_DRAFT  # the first token, then one step at most
+
+
+def test_bad_settings_and_foreign_vocabularies_are_refused(stories, tiny):
+    eng = Engine(stories.model, stories.tokenizer)
+    prompt = [1, 403, 407]
+    for bad in (dict(lookup=-1), dict(lookup=99), dict(lookup=2.5), dict(lookup=2, draft="x"),
+                dict(lookup=2, num_beams=2), dict(draft=3)):
+        with pytest.raises(SettingsError):
+            eng.generate(prompt, SamplingParams(**bad))
+    with pytest.raises(SettingsError, match="no draft model"):
+        eng.generate(prompt, SamplingParams(draft="nowhere"))
+    with pytest.raises(DraftModelError, match="vocabulary"):
+        eng.add_draft("llama2", tiny.model, tiny.tokenizer)
+    assert isinstance(DraftModelError("x"), SettingsError)  # the CLI and GUI show it as a setting
+    # A loader that brings a foreign model fails the request before anything runs.
+    eng.draft_loader = lambda name: eng.add_draft(name, tiny.model, tiny.tokenizer)
+    with pytest.raises(DraftModelError):
+        eng.generate(prompt, SamplingParams(draft="other"))
+    assert "other" not in eng.drafts
