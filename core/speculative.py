@@ -25,6 +25,7 @@ from typing import Iterator
 
 import torch
 
+from .compare import tokenizer_fingerprint
 from .errors import DraftModelError
 from .kv_cache import KVCache
 from .sampling import SamplingParams, draw, filter_rows, top_alternatives
@@ -71,7 +72,6 @@ class NgramIndex:
 
 def same_vocabulary(a, b) -> bool:
     """Whether tokenizers a and b map every id to the same bytes (and count alike)."""
-    from .server import tokenizer_fingerprint  # here: server imports the engine
     n = int(getattr(a, "vocab_size", 0) or 0)
     if n <= 0 or n != int(getattr(b, "vocab_size", 0) or 0):
         return False
