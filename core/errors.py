@@ -82,3 +82,33 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     exceptions and Rust panics too."""
     text = str(exc).strip().splitlines()
     return plain_text(text[0] if text else type(exc).__name__, limit)
+
+
+class HubError(LlamaDeskError):
+    """The Hugging Face Hub could not answer as asked. ``kind`` names the cause for a UI:
+    'auth' (gated or private: a token is needed), 'not_found' (the repository or file is
+    gone), 'network' (no connection), 'checksum', 'disk', or 'hub' (anything else)."""
+    kind = "hub"
+
+
+class HubAuthError(HubError):
+    """401/403: a gated or private repository, and no token (or one without access)."""
+    kind = "auth"
+
+
+class HubNotFoundError(HubError):
+    """404: the repository (or the file) does not exist, or no longer does."""
+    kind = "not_found"
+
+
+class HubNetworkError(HubError):
+    """The Hub cannot be reached (no network, DNS, a dropped connection, a timeout)."""
+    kind = "network"
+
+
+class DownloadError(HubError):
+    """A download that cannot finish: ``kind`` is 'checksum' or 'disk' (or a HubError's kind)."""
+
+    def __init__(self, message: str, *, kind: str = "hub"):
+        self.kind = kind
+        super().__init__(message)

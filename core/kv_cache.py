@@ -6,6 +6,11 @@ import torch
 _GROW = 256  # grow capacity in steps so a chat does not reallocate every turn
 
 
+def rounded_capacity(positions: int) -> int:
+    """The capacity the cache allocates to hold ``positions`` (a multiple of its growth step)."""
+    return -(-positions // _GROW) * _GROW
+
+
 class KVCache:
     """Keys and values of every layer for ``batch`` rows of up to ``capacity`` positions.
 
@@ -42,7 +47,7 @@ class KVCache:
         new_b = max(batch, self.batch)
         # Grow by at least a quarter so a long reply copies the cache O(log n) times.
         want = max(capacity, self.capacity + self.capacity // 4) if capacity > self.capacity else capacity
-        new_c = max(self.capacity, -(-want // _GROW) * _GROW)
+        new_c = max(self.capacity, rounded_capacity(want))
         shape = (new_b, self.n_kv_heads, new_c, self.head_dim)
         for store in (self.k, self.v):
             for i in range(self.n_layers):

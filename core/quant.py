@@ -53,6 +53,17 @@ def path_of(kind: str) -> str:
     return "float" if kind in ("F32", "F16", "BF16") else "dequantized"
 
 
+def packed_nbytes(kind: str, shape: tuple[int, int], device: torch.device | str) -> int:
+    """Bytes an [N, K] weight of GGUF ``kind`` (one of PACKED_TYPES) holds once packed as an
+    Int4Linear: 4-bit values plus a bfloat16 scale and zero per group of 32, rows padded
+    to the CPU kernel's 64-row blocks; Q8_0 takes two planes. (Not the file's bytes: Q4_K's
+    4.5 bits a weight become 5, Q8_0's 8.5 become 10.)"""
+    n, k = shape
+    planes = 2 if kind == "Q8_0" else 1
+    rows = n + (-n % 64 if torch.device(device).type == "cpu" else 0)
+    return rows * planes * (k // 2 + k // GROUP * 4)
+
+
 # --------------------------------------------------------------------------- layers
 
 

@@ -157,7 +157,9 @@ class FakeHub:
                 "lastModified": repo.last_modified, "createdAt": repo.last_modified,
                 "gated": "manual" if repo.gated else False, "private": repo.private, "tags": list(repo.tags),
                 "pipeline_tag": "text-generation", "library_name": "gguf" if "gguf" in repo.tags else "transformers",
-                "sha": COMMIT}
+                "sha": COMMIT,
+                **({"gguf": {"architecture": "llama"}} if "gguf" in repo.tags else
+                   {"config": {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}})}
 
     def sha256_of(self, repo: HubRepo, spec: HubFileSpec) -> str:
         if (repo.repo_id, spec.path) in self.bad_checksum:

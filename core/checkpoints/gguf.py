@@ -506,6 +506,25 @@ def tokenizer_from_gguf(md: Metadata, source: str):
     return tok, md.get("tokenizer.chat_template")
 
 
+def holding(meta: str, kind: str, shape: tuple[int, ...], file_bytes: int, device: torch.device,
+            dtype: torch.dtype, *, keep_packed: bool = True, tied: bool = False) -> tuple[str, int]:
+    """How :func:`load_gguf` holds one tensor, and the bytes it then takes in memory.
+
+    The path is 'embedding-blocks' (a quantized, untied token embedding stays as the file's
+    blocks), 'int4-packed' / 'int4x2-packed' (see :mod:`core.quant`), 'float', or
+    'dequantized' (with the reason it could not stay packed). The hub's memory estimate
+    uses the same rule, so what it promises is what a load takes.
+    """
+    why = quant.packable(kind, shape, device) if len(shape) == 2 else "not a matrix"
+    if keep_packed and meta == "tok_embeddings.weight" and kind in quant.PACKED_TYPES and not tied:
+        # untied: only looked-up rows are read; tied, the output layer needs the float copy
+        return "embedding-blocks", file_bytes
+    if keep_packed and meta != "tok_embeddings.weight" and why is None:
+        return quant.path_of(kind), quant.packed_nbytes(kind, shape, device)
+    how = "float" if kind in FLOAT_TYPES else "dequantized" + (f" ({why})" if keep_packed and why else "")
+    return how, math.prod(shape) * dtype.itemsize
+
+
 def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | None = None,
               progress: ProgressFn | None = None) -> LoadedModel:
     """Load a GGUF file of architecture llama (F32/F16/BF16 and quantized types: packed or dequantized).
@@ -547,18 +566,16 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
             raise CheckpointError("unexpected tensor (not part of a llama model)", file=source, tensor=name)
         kind = t.tensor_type.name
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        why = quant.packable(kind, shape, dev) if len(shape) == 2 else "not a matrix"
-        if keep_packed and meta == "tok_embeddings.weight" and kind in quant.PACKED_TYPES \
-                and not args.tie_word_embeddings:
-            # untied: only looked-up rows are read; tied, the output layer needs the float copy
-            load, how = embedding_loader(t, dev, dt), "embedding-blocks"
-        elif keep_packed and meta != "tok_embeddings.weight" and why is None:
-            load, how = packed_loader(t, dev), quant.path_of(kind)
-            held += int(t.n_bytes)
+        how, nbytes = holding(meta, kind, shape, int(t.n_bytes), dev, dt, keep_packed=keep_packed,
+                              tied=args.tie_word_embeddings)
+        if how == "embedding-blocks":
+            load = embedding_loader(t, dev, dt)
+        elif how.endswith("-packed"):
+            load = packed_loader(t, dev)
+            held += nbytes
         else:
-            held += math.prod(shape) * dt.itemsize
+            held += nbytes
             load = tensor_loader(t, dt)
-            how = "float" if kind in FLOAT_TYPES else "dequantized" + (f" ({why})" if keep_packed and why else "")
         paths.setdefault(kind, set()).add(how)
         items.append((meta, _named_errors(load, name, source)))
     unsupported = _unsupported_types(reader)
