@@ -7,8 +7,9 @@ interleaved, at the same thread count, and each decode figure is also given as a
 the machine's read bandwidth measured here. ``--quick`` uses tiny models so the suite
 can run it in seconds (its numbers mean nothing; it checks the plumbing).
 
-Each section is ``run(quick, threads) -> {"title", "markdown", "data"}``; sections from
-other modules (``bench.bench_quant``) are included when present.
+Each section is ``run(quick, threads) -> {"title", "markdown", "data"}``; the GGUF files
+against llama.cpp come from ``bench.bench_quant``; other modules' sections
+(``bench.bench_serve``) are included when present.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ import argparse
 import importlib
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,8 +25,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import bench_quant  # noqa: E402
 from bench.bench_engine import engine_section  # noqa: E402
-from bench.common import GB, LLAMA3_VOCAB, Engine, engine_run, llama_args, machine, median_of, random_model, weight_bytes  # noqa: E402,E501
+from bench.common import LLAMA3_VOCAB, machine, median_of  # noqa: E402
 from core.sampling import SamplingParams, choose_tokens, draw, filter_rows  # noqa: E402
 
 # --------------------------------------------------------------------------- sampler
@@ -64,82 +65,6 @@ def sampler(quick: bool, threads: int) -> dict:
             "markdown": "\n".join(md), "data": data}
 
 
-# --------------------------------------------------------------------------- llama.cpp and load
-
-def gguf_section(quick: bool, threads: int, bandwidth: float, work: Path) -> dict:
-    """Load each GGUF file with LlamaDesk (time, then time to first token) and, when
-    llama_cpp is importable, run llama.cpp on the same file at the same thread count."""
-    from core.checkpoints import load
-    from tests.core.checkpoints.util import sp_vocab, write_gguf
-    vocab = sp_vocab(52)
-    a = llama_args(quick, len(vocab[0]))
-    if not quick:  # the issue's model B shape, with a small vocabulary (the GGUF writer's)
-        from core.model import ModelArgs
-        a = ModelArgs(dim=2048, n_layers=4, n_heads=32, n_kv_heads=8, vocab_size=len(vocab[0]),
-                      hidden_dim=5632, max_seq_len=2048)
-    model = random_model(a)
-    kinds = ("F32",) if quick else ("F16", "Q8_0", "Q4_0")
-    try:
-        import llama_cpp  # noqa: F401  (the peer; imported to see that it is there)
-        peer, why = True, ""
-    except ImportError as e:
-        peer, why = False, f"llama_cpp is not importable here ({e}); install the `bench` extra"
-    n_new = 8 if quick else 64
-    prompt = [1] + [259 + (i * 7) % 52 for i in range(15 if quick else 127)]
-    data = {}
-    for kind in kinds:
-        path = work / f"bench-{kind.lower()}.gguf"
-        write_gguf(path, model, qtype=kind, vocab=vocab)
-        size = path.stat().st_size
-        t0 = time.perf_counter()
-        lm = load(path, device="cpu")
-        load_s = time.perf_counter() - t0
-        eng = Engine(lm.model, lm.tokenizer, stop_ids=set())
-        first = engine_run(eng, prompt, [SamplingParams(temperature=0, max_new_tokens=n_new)])[0]
-        eng.cache.reset()
-        again = engine_run(eng, prompt, [SamplingParams(temperature=0, max_new_tokens=n_new)])[0]
-        wb = weight_bytes(lm.model) if kind == "F32" else size
-        entry = {"file_mb": size / 1e6, "load_s": load_s, "first_ttft_s": first.stats.ttft_s,
-                 "ttft_s": again.stats.ttft_s, "decode_tok_s": again.stats.decode_tok_s,
-                 "dtype": str(next(lm.model.parameters()).dtype)}
-        if peer:
-            try:
-                entry["llama_cpp_tok_s"] = llama_cpp_decode(path, prompt, n_new, threads)
-            except Exception as e:  # a peer failing is reported, not fatal
-                entry["llama_cpp_error"] = f"{type(e).__name__}: {e}"
-        entry["floor_share"] = entry["decode_tok_s"] * wb / (bandwidth * GB)
-        data[kind] = entry
-        del lm, eng
-    md = [f"Random Llama (dim {a.dim}, {a.n_layers} layers, heads {a.n_heads}/{a.n_kv_heads}, FFN {a.hidden_dim}) "
-          f"written with `gguf`; {len(prompt)}-token prompt, {n_new} greedy tokens; {threads} thread(s) for both.",
-          "", "| file | size | load | TTFT right after load | TTFT warm | LlamaDesk decode | share of floor | "
-          "llama.cpp decode | ratio |", "|---|---|---|---|---|---|---|---|---|"]
-    for kind, e in data.items():
-        lc = e.get("llama_cpp_tok_s")
-        lc_s = f"{lc:.1f}" if lc else ("error: " + e["llama_cpp_error"][:60] if "llama_cpp_error" in e else "not measured")
-        ratio = f"{e['decode_tok_s'] / lc:.2f}x" if lc else "-"
-        md.append(f"| {kind} | {e['file_mb']:.0f} MB | {e['load_s']:.2f} s | {e['first_ttft_s'] * 1e3:.0f} ms | "
-                  f"{e['ttft_s'] * 1e3:.0f} ms | {e['decode_tok_s']:.1f} tok/s | {e['floor_share']:.0%} | {lc_s} | {ratio} |")
-    if not peer:
-        md += ["", f"llama.cpp was **not measured** in this run: {why}."]
-    return {"title": "GGUF files: load, time to first token, and llama.cpp on the same files",
-            "markdown": "\n".join(md), "data": {"llama_cpp": peer, "why_not": why, **data}}
-
-
-def llama_cpp_decode(path: Path, prompt: list[int], n: int, threads: int) -> float:
-    """llama.cpp's decode tok/s on the same prompt ids, greedy, from one timed generation."""
-    from llama_cpp import Llama
-    llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=len(prompt) + n + 8,
-                verbose=False)
-    stamps = []
-    for _ in llm.generate(prompt, top_k=1, temp=0.0, reset=True):
-        stamps.append(time.perf_counter())
-        if len(stamps) == n:
-            break
-    llm.close() if hasattr(llm, "close") else None
-    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
-
-
 # --------------------------------------------------------------------------- GPU note and assembly
 
 def gpu_section(quick: bool, threads: int) -> dict:
@@ -153,7 +78,7 @@ def gpu_section(quick: bool, threads: int) -> dict:
     return {"title": "GPU", "markdown": md, "data": {"measured": False}}
 
 
-EXTRA = ("bench.bench_quant", "bench.bench_serve")
+EXTRA = ("bench.bench_serve",)
 
 
 def extra_sections(quick: bool, skip: list[str]) -> list[dict]:
@@ -207,8 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     bw = mach["data"]["read_bandwidth_gb_s"]
     sections.append(sampler(a.quick, a.threads))
     sections.append(engine_section(a.quick, a.threads, bw))  # bench/bench_engine.py
-    with tempfile.TemporaryDirectory() as work:
-        sections.append(gguf_section(a.quick, a.threads, bw, Path(work)))
+    if "bench_quant" in a.skip:
+        sections.append({"title": "GGUF files (skipped)", "markdown": "Skipped in this run (`--skip bench_quant`).",
+                         "data": {"skipped": True, "llama_cpp": False, "why_not": "skipped"}})
+    else:  # bench/bench_quant.py: LlamaDesk (packed, dequantized) and llama.cpp, a process per case
+        sections.append(bench_quant.run(a.quick, bandwidth=bw, threads=a.threads))
     sections += extra_sections(a.quick, a.skip)
     sections.append(gpu_section(a.quick, a.threads))
     a.out.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,20 @@
-"""Quantized GGUF files through the real Engine: packed layers against today's dequantized path.
+"""GGUF files through LlamaDesk's real Engine and through llama.cpp, side by side.
 
-For each file type (Q8_0, Q4_0, Q4_K, F16) of one random Llama, runs the same prompt and
-greedy decode through :class:`core.engine.Engine`, loaded two ways in the same run:
-``dtype=auto`` (quantized linears stay packed, :mod:`core.quant`) and ``dtype=float32``
-(every tensor dequantized to float32 at load, the path before packing). Each case runs
-in its own process, so load time and peak resident memory (VmHWM) are its own; cases are
-interleaved across repeats and medians reported. F16 has no packed path: both rows are
-float32 and show the noise between two identical runs.
+For each file type (F16, Q8_0, Q4_0, Q4_K) of one random Llama, every engine runs the same
+prompt ids and greedy decode on the same file at the same thread count:
+
+- ``llamadesk``: LlamaDesk with ``dtype=auto`` (quantized linears stay packed,
+  :mod:`core.quant`; a float file gets the probed compute dtype);
+- ``llamadesk-f32``: LlamaDesk with ``dtype=float32`` (every tensor dequantized at load,
+  the path before packing; ``--engines`` to include it, python -m bench leaves it out);
+- ``llama.cpp``: llama-cpp-python (the ``bench`` extra) when it imports.
+
+Each case runs in its own process, so load time and peak resident memory (VmHWM) are its
+own; cases are interleaved across repeats and medians reported. Per case: load time,
+time to first token of the first request right after load (prompt of ``--prompt``
+tokens: this absorbs any lazy page-in), then on a fresh cache the prefill rate of the same
+prompt and the decode rate of ``--decode`` greedy tokens. The read bandwidth is measured
+in the parent between rounds (the best round is the floor's denominator).
 
     python bench/bench_quant.py [--layers 8] [--dim 2048] [--prompt 512] [--decode 64]
                                 [--repeats 3] [--threads 1] [--work DIR]
@@ -27,8 +35,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-TYPES = ("Q8_0", "Q4_0", "Q4_K", "F16")
-PATHS = {"packed": "auto", "dequantized": "float32"}
+TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K")
+#: engine name -> the child's --dtype (``llama.cpp`` runs llama-cpp-python instead)
+PATHS = {"llamadesk": "auto", "llamadesk-f32": "float32", "llama.cpp": "llama.cpp"}
+#: what ``python -m bench`` runs (the float32 path is the slow pre-packing baseline)
+MAIN_ENGINES = ("llamadesk", "llama.cpp")
+PEER = "llama.cpp"
+LLAMA_CPP_NOTE = ("llama.cpp runs with `use_extra_bufts=False` (weights in its plain CPU buffers): with its "
+                  "default extra buffer types, llama-cpp-python 0.3.36 built here segfaults on the first "
+                  "multi-token batch of every quantized file (in the AMX buffer type this CPU advertises; "
+                  "llama.cpp issue #20824), and forcing the CPU_REPACK type instead crashes on Q8_0.")
+
+
+def peer_available() -> tuple[bool, str]:
+    """Whether llama-cpp-python imports here, and why not."""
+    try:
+        import llama_cpp  # noqa: F401  (imported to see that it is there)
+        return True, ""
+    except Exception as e:  # ImportError, or a broken shared library
+        return False, f"llama_cpp is not importable here ({type(e).__name__}: {e}); install the `bench` extra"
 
 
 def model_args(dim: int, layers: int, vocab: int):
@@ -101,10 +126,17 @@ def _status_kb(key: str) -> int | None:
     return None
 
 
-def measure(file: Path, dtype: str, prompt: int, decode: int) -> dict:
-    """Load ``file`` and run one greedy request through the Engine; timings and memory."""
+def prompt_ids(vocab: int, n: int) -> list[int]:
+    """The same prompt for every engine: BOS then n-1 random ids past the specials."""
     import torch
 
+    return [1] + torch.randint(3, vocab, (n - 1,), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def measure(file: Path, dtype: str, prompt: int, decode: int, threads: int = 1) -> dict:
+    """Load ``file`` and time it through the Engine (or llama.cpp); timings and memory."""
+    if dtype == PEER:
+        return measure_llama_cpp(file, prompt, decode, threads)
     from core.checkpoints import load
     from core.checkpoints.gguf_write import gguf_tensor_bytes
     from core.engine import Done, Engine
@@ -115,14 +147,70 @@ def measure(file: Path, dtype: str, prompt: int, decode: int) -> dict:
     load_s = time.perf_counter() - t0
     rss_load = _status_kb("VmRSS")
     engine = Engine(lm.model, lm.tokenizer, stop_ids=())
-    ids = torch.randint(3, lm.tokenizer.vocab_size, (prompt,), generator=torch.Generator().manual_seed(1)).tolist()
+    ids = prompt_ids(lm.tokenizer.vocab_size, prompt)
+    first = next(ev for ev in engine.generate(ids, SamplingParams(temperature=0.0, max_new_tokens=1))
+                 if isinstance(ev, Done))
+    engine.cache.reset()  # the timed request prefills the whole prompt again
     params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=decode, seed=0)
-    done = next(ev for ev in engine.generate([1] + ids, params) if isinstance(ev, Done))
-    return {"load_s": load_s, "prefill_tok_s": done.stats.prefill_tok_s, "decode_tok_s": done.stats.decode_tok_s,
-            "ttft_s": done.stats.ttft_s, "tokens": done.tokens,
+    done = next(ev for ev in engine.generate(ids, params) if isinstance(ev, Done))
+    assert done.stats.cached_tokens == 0
+    return {"load_s": load_s, "ttft_after_load_s": first.stats.ttft_s, "prefill_tok_s": done.stats.prefill_tok_s,
+            "decode_tok_s": done.stats.decode_tok_s, "tokens": done.tokens,
             "rss_after_load_mb": rss_load / 1024 if rss_load else None,
             "peak_rss_mb": (_status_kb("VmHWM") or 0) / 1024 or None,
-            "tensor_mb": gguf_tensor_bytes(file) / 2 ** 20, "paths": lm.info.get("linear_paths")}
+            "tensor_mb": gguf_tensor_bytes(file) / 2 ** 20, "paths": lm.info.get("linear_paths"),
+            "dtype": lm.info.get("dtype")}
+
+
+def measure_llama_cpp(file: Path, prompt: int, decode: int, threads: int) -> dict:
+    """The same measurements through llama-cpp-python's low-level eval/sample loop (greedy),
+    with llama.cpp's own defaults for everything else (mmap, batch 512) except
+    ``use_extra_bufts``: see :data:`LLAMA_CPP_NOTE`."""
+    import llama_cpp.llama as lc
+    from llama_cpp import Llama
+
+    from core.checkpoints.gguf_write import gguf_tensor_bytes
+
+    default = lc.llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+    lc.llama_cpp.llama_model_default_params = params  # Llama() reads its model params from here
+    t0 = time.perf_counter()
+    llm = Llama(model_path=str(file), n_threads=threads, n_threads_batch=threads, n_ctx=prompt + decode + 16,
+                n_batch=512, verbose=False)
+    load_s = time.perf_counter() - t0
+    rss_load = _status_kb("VmRSS")
+    ids = prompt_ids(llm.n_vocab(), prompt)
+
+    def greedy() -> int:
+        return int(llm.sample(top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0))
+
+    t = time.perf_counter()
+    llm.eval(ids)
+    greedy()
+    ttft = time.perf_counter() - t
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(ids)
+    tok = greedy()
+    prefill_s = time.perf_counter() - t
+    tokens = [tok]
+    t = time.perf_counter()
+    for _ in range(decode - 1):  # as the Engine's stats: the first token is the prefill's
+        llm.eval([tok])
+        tok = greedy()
+        tokens.append(tok)
+    decode_s = time.perf_counter() - t
+    out = {"load_s": load_s, "ttft_after_load_s": ttft, "prefill_tok_s": prompt / prefill_s,
+           "decode_tok_s": (decode - 1) / decode_s, "tokens": tokens,
+           "rss_after_load_mb": rss_load / 1024 if rss_load else None,
+           "peak_rss_mb": (_status_kb("VmHWM") or 0) / 1024 or None,
+           "tensor_mb": gguf_tensor_bytes(file) / 2 ** 20, "paths": None, "dtype": "llama.cpp"}
+    llm.close() if hasattr(llm, "close") else None
+    return out
 
 
 def _child(file: Path, dtype: str, prompt: int, decode: int, threads: int) -> dict:
@@ -134,77 +222,141 @@ def _child(file: Path, dtype: str, prompt: int, decode: int, threads: int) -> di
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def bench(files: dict[str, Path], prompt: int, decode: int, repeats: int, threads: int,
-          in_process: bool = False) -> list[dict]:
+KEYS = ("load_s", "ttft_after_load_s", "prefill_tok_s", "decode_tok_s", "rss_after_load_mb", "peak_rss_mb",
+        "tensor_mb")
+
+
+def bench(files: dict[str, Path], prompt: int, decode: int, repeats: int, threads: int, paths: dict[str, str],
+          in_process: bool = False, bandwidth=None) -> tuple[list[dict], list[float]]:
+    """Every (file, engine) case once per round, rounds repeated; medians per case.
+    ``bandwidth``: called once per round, its GB/s kept (the floor's denominator)."""
     runs: dict[tuple[str, str], list[dict]] = {}
+    errors: dict[tuple[str, str], str] = {}
+    bws = []
     for _ in range(repeats):  # interleaved: every case once per round
+        if bandwidth is not None:
+            bws.append(bandwidth())
         for t, f in files.items():
-            for path, dtype in PATHS.items():
-                if in_process:  # one process holds every case: its RSS says nothing per case
-                    r = {**measure(f, dtype, prompt, decode), "rss_after_load_mb": None, "peak_rss_mb": None}
-                else:
-                    r = _child(f, dtype, prompt, decode, threads)
+            for path, dtype in paths.items():
+                if (t, path) in errors:
+                    continue
+                try:
+                    if in_process:  # one process holds every case: its RSS says nothing per case
+                        r = {**measure(f, dtype, prompt, decode, threads), "rss_after_load_mb": None,
+                             "peak_rss_mb": None}
+                    else:
+                        r = _child(f, dtype, prompt, decode, threads)
+                except Exception as e:  # a failing case (the peer on a type) is reported, not fatal
+                    errors[(t, path)] = f"{type(e).__name__}: {e}"[-300:]
+                    continue
                 runs.setdefault((t, path), []).append(r)
     rows = []
-    for (t, path), rs in runs.items():
-        med = {k: statistics.median(r[k] for r in rs) if rs[0][k] is not None else None
-               for k in ("load_s", "prefill_tok_s", "decode_tok_s", "ttft_s", "rss_after_load_mb", "peak_rss_mb",
-                         "tensor_mb")}
-        rows.append({"type": t, "path": path, **med, "paths": rs[0]["paths"], "runs": len(rs),
-                     "same_tokens_as_dequantized": None})
-    by = {(r["type"], r["path"]): r for r in rows}
     for t in files:
-        a, b = runs[(t, "packed")][0]["tokens"], runs[(t, "dequantized")][0]["tokens"]
-        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-        by[(t, "packed")]["greedy_prefix_vs_dequantized"] = n
-    return rows
+        for path in paths:
+            rs = runs.get((t, path))
+            if not rs:
+                rows.append({"type": t, "path": path, "error": errors.get((t, path), "no run")})
+                continue
+            med = {k: statistics.median(r[k] for r in rs) if rs[0][k] is not None else None for k in KEYS}
+            rows.append({"type": t, "path": path, **med, "paths": rs[0]["paths"], "dtype": rs[0]["dtype"],
+                         "runs": len(rs), "tokens": rs[0]["tokens"]})
+    by = {(r["type"], r["path"]): r for r in rows}
+    for r in rows:  # how long each engine's greedy reply agrees with the others' on the same file
+        for other in ("llamadesk-f32", PEER):
+            o = by.get((r["type"], other))
+            if o is not None and o is not r and "tokens" in o and "tokens" in r:
+                a, b = r["tokens"], o["tokens"]
+                r[f"greedy_prefix_vs_{other}"] = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+    return rows, bws
 
 
-def markdown(rows: list[dict], meta: dict) -> str:
+def markdown(rows: list[dict], meta: dict, bw: float | None) -> str:
     def f(v, fmt="{:.1f}"):
         return "—" if v is None else fmt.format(v)
 
-    out = [f"Random Llama dim {meta['dim']}, {meta['layers']} layers, vocab {meta['vocab']}; prompt "
-           f"{meta['prompt']} tokens, {meta['decode']} greedy tokens through Engine; {meta['threads']} thread(s); "
-           f"medians of {meta['repeats']} interleaved run(s) on a shared machine.", "",
-           "| file | path | decode tok/s | × dequantized | prefill tok/s | × dequantized | load s | "
-           "RSS after load MB | peak RSS MB | tensor MB | RSS / tensor bytes |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [f"Random Llama dim {meta['dim']}, {meta['layers']} layers, vocab {meta['vocab']}, written with `gguf`; "
+           f"prompt {meta['prompt']} tokens, {meta['decode']} greedy tokens; {meta['threads']} thread(s) for every "
+           f"engine; {'one process (quick)' if meta['quick'] else 'each case in its own process'}, medians of {meta['repeats']} interleaved round(s) on a shared "
+           "machine. LlamaDesk runs through `Engine.generate` (filters, log-probs, stream decoding); llama.cpp "
+           "through llama-cpp-python's eval/sample loop.", "",
+           "| file | engine | compute | decode tok/s | × llama.cpp | share of floor | prefill tok/s | × llama.cpp | "
+           "TTFT after load | load s | peak RSS MB | peak RSS / tensor bytes | greedy prefix = llama.cpp |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["type"], r["path"]): r for r in rows}
     for r in rows:
-        base = by[(r["type"], "dequantized")]
-        ratio = lambda k: (r[k] / base[k]) if r[k] and base[k] else None  # noqa: E731
-        rss = r["rss_after_load_mb"]
-        out.append(f"| {r['type']} | {r['path']} | {f(r['decode_tok_s'])} | {f(ratio('decode_tok_s'), '{:.2f}×')} | "
-                   f"{f(r['prefill_tok_s'])} | {f(ratio('prefill_tok_s'), '{:.2f}×')} | {f(r['load_s'], '{:.2f}')} | "
-                   f"{f(rss, '{:.0f}')} | {f(r['peak_rss_mb'], '{:.0f}')} | {f(r['tensor_mb'], '{:.0f}')} | "
-                   f"{f(rss / r['tensor_mb'] if rss else None, '{:.2f}')} |")
+        if "error" in r:
+            out.append(f"| {r['type']} | {r['path']} | failed: {r['error'][:120]} |" + " |" * 10)
+            continue
+        peer = by.get((r["type"], PEER))
+        peer = peer if peer is not None and "error" not in peer else None
+        ratio = lambda k: (r[k] / peer[k]) if peer and r[k] and peer[k] else None  # noqa: E731
+        floor = bw * 1e9 / (r["floor_bytes"]) if bw and r.get("floor_bytes") else None
+        share = r["decode_tok_s"] / floor if floor else None
+        agree = r.get(f"greedy_prefix_vs_{PEER}")
+        out.append(f"| {r['type']} | {r['path']} | {r['dtype']} | {f(r['decode_tok_s'])} | "
+                   f"{f(ratio('decode_tok_s'), '{:.2f}×')} | {f(share, '{:.0%}')} | {f(r['prefill_tok_s'])} | "
+                   f"{f(ratio('prefill_tok_s'), '{:.2f}×')} | {f(r['ttft_after_load_s'], '{:.2f} s')} | "
+                   f"{f(r['load_s'], '{:.2f}')} | {f(r['peak_rss_mb'], '{:.0f}')} | "
+                   f"{f(r['peak_rss_mb'] / r['tensor_mb'] if r['peak_rss_mb'] else None, '{:.2f}')} | "
+                   f"{'—' if agree is None else f'{agree}/' + str(len(r['tokens']))} |")
+    if any(r["path"] == PEER for r in rows):
+        out += ["", LLAMA_CPP_NOTE]
+    if bw:
+        out += ["", f"Share of floor: decode tok/s × the file's tensor bytes read per token (all but the token "
+                f"embedding) ÷ the best read bandwidth measured between rounds ({bw:.1f} GB/s). Greedy prefix: "
+                "how many of the greedy tokens equal llama.cpp's on the same file (random weights make near-ties "
+                "common, so a short prefix is rounding, not a bug)."]
     return "\n".join(out)
 
 
-def run(quick: bool = False, **kw) -> dict:
+def floor_bytes(file: Path) -> int:
+    """Bytes of ``file``'s tensors a decode step reads: all but the token embedding (gathered)."""
+    from gguf import GGUFReader
+
+    return int(sum(t.n_bytes for t in GGUFReader(str(file)).tensors if t.name != "token_embd.weight"))
+
+
+def run(quick: bool = False, bandwidth: float | None = None, **kw) -> dict:
     """Measure and return {"title", "markdown", "data"} (for ``python -m bench``).
 
     quick: a tiny model, in this process (no RSS figures), a few seconds.
+    bandwidth: GB/s measured by the caller (kept as one more sample of the floor).
     """
     if quick:
-        meta = dict(dim=256, layers=2, vocab=512, prompt=32, decode=8, repeats=1, threads=1)
+        meta = dict(dim=256, layers=2, vocab=512, prompt=32, decode=8, repeats=1, threads=1, quick=True)
     else:
-        meta = dict(dim=2048, layers=8, vocab=32000, prompt=512, decode=64, repeats=3, threads=1)
+        meta = dict(dim=2048, layers=8, vocab=32000, prompt=512, decode=64, repeats=3, threads=1, quick=False)
     meta.update({k: v for k, v in kw.items() if k in meta and v is not None})
     work = kw.get("work") or (Path(tempfile.mkdtemp(prefix="bench-quant-")) if quick else ROOT / "bench" / "work")
     work = Path(work)
     types = ("Q8_0", "Q4_0") if quick else TYPES
     files = write_files(work, meta["dim"], meta["layers"], meta["vocab"], types)
+    peer, why = peer_available()
+    paths = {k: v for k, v in PATHS.items() if peer or k != PEER}
+    engines = kw.get("engines") or (tuple(PATHS) if quick else MAIN_ENGINES)
+    paths = {k: v for k, v in paths.items() if k in engines}
+    from bench.common import read_bandwidth
     import torch
     before = torch.get_num_threads()
-    torch.set_num_threads(meta["threads"])  # in-process (quick) cases; children set their own
+    torch.set_num_threads(meta["threads"])  # in-process (quick) cases and the bandwidth; children set their own
     try:
-        rows = bench(files, meta["prompt"], meta["decode"], meta["repeats"], meta["threads"], in_process=quick)
+        rows, bws = bench(files, meta["prompt"], meta["decode"], meta["repeats"], meta["threads"], paths,
+                          in_process=quick, bandwidth=lambda: read_bandwidth(quick))
     finally:
         torch.set_num_threads(before)
-    return {"title": "Quantized GGUF: packed layers vs dequantized float32", "markdown": markdown(rows, meta),
-            "data": {"meta": meta, "rows": rows}}
+    bw = max(bws + ([bandwidth] if bandwidth else []))
+    for r in rows:
+        r["floor_bytes"] = floor_bytes(files[r["type"]])
+        if "decode_tok_s" in r:
+            r["floor_share"] = r["decode_tok_s"] * r["floor_bytes"] / (bw * 1e9)
+    md = markdown(rows, meta, bw)
+    if not peer:
+        md += f"\n\nllama.cpp was **not measured** in this run: {why}."
+    for r in rows:
+        r.pop("tokens", None)
+    return {"title": "GGUF files: LlamaDesk against llama.cpp on the same files",
+            "markdown": md, "data": {"meta": meta, "llama_cpp": peer, "why_not": why, "bandwidth_gb_s": bws,
+                                     "floor_bandwidth_gb_s": bw, "rows": rows}}
 
 
 def main() -> None:
@@ -217,7 +369,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=None, help="default 512 (quick: smaller)")
     ap.add_argument("--decode", type=int, default=None, help="default 64 (quick: smaller)")
     ap.add_argument("--repeats", type=int, default=None, help="default 3 (quick: smaller)")
-    ap.add_argument("--threads", type=int, default=None, help="default 1 (quick: smaller)")
+    ap.add_argument("--threads", type=int, default=None, help="default 1")
+    ap.add_argument("--engines", nargs="+", choices=list(PATHS), default=None,
+                    help=f"default: {' '.join(MAIN_ENGINES)} (quick: all); llama.cpp only where it imports")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="also write the data here")
@@ -225,10 +379,10 @@ def main() -> None:
     if a.child:
         import torch
         torch.set_num_threads(a.threads or 1)
-        print(json.dumps(measure(a.child, a.dtype, a.prompt or 512, a.decode or 64)))
+        print(json.dumps(measure(a.child, a.dtype, a.prompt or 512, a.decode or 64, a.threads or 1)))
         return
     res = run(a.quick, dim=a.dim, layers=a.layers, vocab=a.vocab, prompt=a.prompt, decode=a.decode,
-              repeats=a.repeats, threads=a.threads, work=a.work)
+              repeats=a.repeats, threads=a.threads, work=a.work, engines=a.engines)
     print(f"## {res['title']}\n\n{res['markdown']}")
     if a.json:
         a.json.write_text(json.dumps(res["data"], indent=1))
