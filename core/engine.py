@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 
 from .beam import beam_search
+from .constrain import ConstraintState, Vocabulary, allowed_tokens, fill_masks, new_bitmask
 from .errors import SettingsError
 from .kv_cache import KVCache
 from .sampling import SamplingParams, choose_tokens, top_alternatives
@@ -138,6 +139,7 @@ class _Lane:
     stop_ids: frozenset[int] = frozenset()
     t_join: float = 0.0  # when its request joined (TTFT counts from here)
     t_decode: float = 0.0  # when its prefill ended
+    constraint: ConstraintState | None = None  # where the lane is in its JSON schema/regex/grammar
 
     def stop_holdback(self) -> int:
         """Chars at the end of text that could start a stop string: hold them back."""
@@ -201,6 +203,14 @@ class Engine:
         self.drafts: dict = {}
         self.draft_loader: Callable[[str], object] | None = None
         self.spec_step_s: dict[int, float] = {}
+        self._vocabulary: Vocabulary | None = None
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """The grammar engine's view of the vocabulary, built on the first constrained request."""
+        if self._vocabulary is None:
+            self._vocabulary = Vocabulary(self.tokenizer, self.model.args.vocab_size)
+        return self._vocabulary
 
     @property
     def device(self) -> torch.device:
@@ -336,6 +346,8 @@ class Engine:
         for q in lanes:
             if q.draft:
                 self.draft_model(q.draft)  # load and check it now: a bad one fails the request
+            if q.constraint is not None:
+                self.vocabulary.check(q.constraint)  # ConstraintError before anything streams
         return lanes
 
     # -- the decode loop -------------------------------------------------------------
@@ -362,7 +374,8 @@ class Engine:
         for q in j.lanes:
             lanes.append(_Lane(len(lanes), q, q.generator(self.device),
                                StreamDecoder(self.tokenizer, strip_leading_space=j.strip_leading_space),
-                               j.prompt, cancel=j.cancel, inspect=j.inspect, stop_ids=stops))
+                               j.prompt, cancel=j.cancel, inspect=j.inspect, stop_ids=stops,
+                               constraint=None if q.constraint is None else self.vocabulary.start(q.constraint, stops)))
             stats.append(Stats(prompt_tokens=len(j.prompt)))
             positions.append(len(j.prompt))
         logits, reuse = self._prefill_row(r0, j.prompt, j.cancel)
@@ -427,8 +440,10 @@ class Engine:
                 step_logits[:, self.sample_limit:] = float("-inf")
             previous = [torch.tensor(lanes[i].prompt + lanes[i].tokens, device=dev)
                         if lanes[i].params.repetition_penalty != 1.0 else None for i in rows]
+            bitmask, stuck = self._masks(lanes, rows, step_logits.shape[-1])
             choice = choose_tokens(step_logits, [lanes[i].params for i in rows], previous,
-                                   [lanes[i].generator for i in rows], flags=finite)
+                                   [lanes[i].generator for i in rows], flags=finite,
+                                   bitmask=None if bitmask is None else bitmask.to(dev, non_blocking=True))
             broken = [not f for f in choice.flags]
             now = time.perf_counter()
             for r, lane_idx in enumerate(rows):
@@ -436,9 +451,13 @@ class Engine:
                 top = None
                 if broken[r]:
                     lane.done, ev = self._finish(lane, "error", None), None
+                elif r in stuck:  # the constraint allows nothing more (and no stop token)
+                    lane.done, ev = self._finish(lane, stuck[r], None), None
                 else:
                     if lane.inspect:
-                        top = top_alternatives(step_logits[r], lane.params, previous[r], k=lane.inspect)
+                        allowed = None if lane.constraint is None else allowed_tokens(bitmask[r], step_logits.shape[-1])
+                        top = top_alternatives(step_logits[r], lane.params, previous[r], k=lane.inspect,
+                                               allowed=None if allowed is None else allowed.to(dev))
                         # The UI has no tokenizer: name every alternative here.
                         top["pieces"] = {i: self._piece(i) for i, _ in top["raw"] + top["filtered"]}
                     ev = self._accept(lane, choice.ids[r], choice.logprobs[r], top)
@@ -469,6 +488,19 @@ class Engine:
                 feed = [feed[k] for k in keep]
                 rows[:] = [rows[k] for k in keep]
 
+    @staticmethod
+    def _masks(lanes: list[_Lane], rows: list[int], vocab: int) -> tuple[torch.Tensor | None, dict[int, str]]:
+        """The step's constraint bitmask [B, ceil(V/32)] (CPU; None when no lane is
+        constrained) and the rows whose constraint allows no token at all, with the reason
+        they stop: "eos" when the output is complete, else "error"."""
+        held = [(r, lanes[li].constraint) for r, li in enumerate(rows) if lanes[li].constraint is not None]
+        if not held:
+            return None, {}
+        bitmask = new_bitmask(len(rows), vocab)
+        fill_masks(held, bitmask)
+        empty = (bitmask[[r for r, _ in held]] == 0).all(-1).tolist()
+        return bitmask, {r: ("eos" if st.accepting else "error") for (r, st), e in zip(held, empty) if e}
+
     def _decode(self, x: torch.Tensor, pos) -> torch.Tensor:
         """One decode step: compiled when asked and it works, else eager."""
         if self._decode_fn is not None:
@@ -497,6 +529,9 @@ class Engine:
         q = lane.params
         if tok in lane.stop_ids:
             lane.done = self._finish(lane, "eos", None, stop_token=tok)
+            return None
+        if lane.constraint is not None and not lane.constraint.advance(tok):
+            lane.done = self._finish(lane, "error", None)  # cannot happen with the mask applied
             return None
         lane.tokens.append(tok)
         lane.logprobs.append(logprob)

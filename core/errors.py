@@ -112,3 +112,6 @@ class DownloadError(HubError):
     def __init__(self, message: str, *, kind: str = "hub"):
         self.kind = kind
         super().__init__(message)
+
+class ConstraintError(SettingsError):
+    """A JSON schema, regular expression or grammar that cannot be compiled (or used)."""

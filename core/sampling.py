@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from .constrain import Constraint
 from .errors import SettingsError
 
 
@@ -47,12 +48,15 @@ class SamplingParams:
     # model with the same vocabulary (a path). 0 / "" is off.
     lookup: int = 0
     draft: str = ""
+    constraint: Constraint | None = None  # JSON schema / regex / grammar the output must match
 
     KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed",
             "max_new_tokens", "num_beams", "length_penalty", "lookup", "draft")
 
     def __post_init__(self) -> None:
         self.stop = tuple(self.stop)
+        if isinstance(self.constraint, dict):
+            self.constraint = Constraint.from_value(self.constraint)
 
     def validate(self) -> "SamplingParams":
         """Raise SettingsError naming the first invalid setting; return self."""
@@ -91,6 +95,12 @@ class SamplingParams:
             bad("choose prompt lookup or a draft model, not both")
         if self.speculative and self.num_beams > 1:
             bad("speculative decoding (lookup or draft) does not combine with beam search")
+        if self.constraint is not None:
+            Constraint.from_value(self.constraint).validate()
+            if self.num_beams > 1:
+                bad("a constraint (JSON schema, regex or grammar) cannot be combined with beam search")
+            if self.speculative:
+                bad("a constraint (JSON schema, regex or grammar) does not combine with lookup or a draft model yet")
         return self
 
     @property
@@ -127,6 +137,8 @@ class SamplingParams:
         kw = {k: v for k, v in d.items() if k in known}
         if "stop" in kw:
             kw["stop"] = tuple(kw["stop"])
+        if kw.get("constraint") is not None:
+            kw["constraint"] = Constraint.from_value(kw["constraint"])
         return cls(**kw)
 
 
@@ -217,6 +229,21 @@ def filter_rows(logits: torch.Tensor, params: list[SamplingParams],
     return rows
 
 
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor | None) -> torch.Tensor:
+    """Logits [B, V] with the tokens a constraint forbids set to -inf.
+
+    bitmask: int32 [B, ceil(V/32)] (bit i of word w allows token 32*w + i; see
+    core.constrain), or None for no constraint. Applied before every other filter.
+    """
+    if bitmask is None:
+        return logits
+    B, V = logits.shape
+    bits = bitmask.to(logits.device, non_blocking=True).unsqueeze(-1)
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((bits >> shifts) & 1).view(B, -1)[:, :V].bool()
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token from probabilities [V] by inverse CDF: one uniform from ``generator``.
 
@@ -248,7 +275,8 @@ class Choice:
 
 def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
                   previous: Sequence[torch.Tensor | None], generators: Sequence[torch.Generator | None],
-                  candidates: int = CANDIDATES, flags: torch.Tensor | None = None) -> Choice:
+                  candidates: int = CANDIDATES, flags: torch.Tensor | None = None,
+                  bitmask: torch.Tensor | None = None) -> Choice:
     """Each row's next token, as ``sample`` would choose it, without sorting the vocabulary.
 
     The same tokens as filter_rows + argmax/draw with the same generators: sampled rows
@@ -262,15 +290,18 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
         logits: float32 [B, V]; previous: token ids per row for the repetition penalty.
         flags: optional bool [B] on the device (the engine's "row was finite"), read back
             in the same transfer as the ids so a step costs one host synchronisation.
+        bitmask: the step's constraint masks (:func:`apply_bitmask`), applied first; the
+            log-probs stay those of the raw distribution.
     """
     B, V = logits.shape
     dev = logits.device
-    x_all = logits
+    masked = apply_bitmask(logits, bitmask)
+    x_all = masked
     for i, (q, prev) in enumerate(zip(params, previous)):
         if prev is not None and q.repetition_penalty != 1.0 and prev.numel():
             if x_all is logits:
                 x_all = logits.clone()
-            x_all[i] = apply_repetition_penalty(logits[i], prev, q.repetition_penalty)
+            x_all[i] = apply_repetition_penalty(masked[i], prev, q.repetition_penalty)
     # One division for all rows; dividing by 1.0 (greedy or untempered rows) is exact.
     temps = [q.temperature if not q.greedy and q.temperature != 1.0 else 1.0 for q in params]
     if any(t != 1.0 for t in temps):
@@ -344,7 +375,8 @@ def _candidate_draw(x: torch.Tensor, qs: Sequence[SamplingParams], u: torch.Tens
     col = lambda vs, dt=x.dtype: torch.tensor(vs, dtype=dt, device=dev).view(S, 1)  # noqa: E731
     k = col([q.top_k if 0 < q.top_k < V else 0 for q in qs], torch.long)
     kth = torch.where(k > 0, top_vals.gather(-1, (k - 1).clamp_min(0)), ninf)
-    keep = vals_s >= kth  # top-k keeps ties at the k-th value, even past the candidates
+    # top-k keeps ties at the k-th value, even past the candidates; forbidden (-inf) never
+    keep = (vals_s >= kth) & (vals_s > ninf)
     # Top-p needs the softmax mass of the whole top-k filtered row; computed as softmax
     # does (exp of the gap to the max, over the sum) so exact cases round the same way.
     top = top_vals[:, :1]
@@ -382,17 +414,23 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 
 
 def top_alternatives(logits: torch.Tensor, params: SamplingParams, previous: torch.Tensor | None = None,
-                     k: int = 5, filtered: torch.Tensor | None = None) -> dict:
+                     k: int = 5, filtered: torch.Tensor | None = None, allowed: torch.Tensor | None = None) -> dict:
     """Probabilities of the top-k tokens before and after this request's filters.
 
     Args:
         filtered: filter_logits(logits, params, previous) when the caller has it already.
+        allowed: bool [V], the tokens the lane's constraint allows (None: no constraint).
 
     Returns:
-        {"raw": [(id, prob)...], "filtered": [(id, prob)...]} for a token inspector.
+        {"raw": [(id, prob)...], "filtered": [(id, prob)...]} for a token inspector, and
+        with a constraint "constrained": the raw top-k ids the constraint removed.
     """
     raw = logits.float().softmax(-1)
-    filt_logits = filtered if filtered is not None else filter_logits(logits.float(), params, previous)
+    if filtered is not None:
+        filt_logits = filtered
+    else:
+        src = logits.float() if allowed is None else logits.float().masked_fill(~allowed, float("-inf"))
+        filt_logits = filter_logits(src, params, previous)
     if params.greedy:
         filt = torch.zeros_like(raw)
         filt[filt_logits.argmax()] = 1.0
@@ -401,4 +439,7 @@ def top_alternatives(logits: torch.Tensor, params: SamplingParams, previous: tor
     def top(p):
         v, i = torch.topk(p, min(k, p.numel()))
         return [(int(a), float(b)) for a, b in zip(i, v) if b > 0]
-    return {"raw": top(raw), "filtered": top(filt)}
+    out = {"raw": top(raw), "filtered": top(filt)}
+    if allowed is not None:
+        out["constrained"] = [i for i, _ in out["raw"] if not bool(allowed[i])]
+    return out
