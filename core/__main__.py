@@ -16,8 +16,9 @@ from .errors import LlamaDeskError, SettingsError
 
 LANE_KEYS = {
     "temperature": float, "top_p": float, "top_k": int, "min_p": float,
-    "repetition_penalty": float, "seed": int, "max_new_tokens": int,
+    "repetition_penalty": float, "seed": int, "max_new_tokens": int, "lookup": int, "draft": str,
 }
+SPEC_KEYS = ("lookup", "draft")  # speculative decoding: a lane that sets one ignores --lookup/--draft
 BACKEND_KEYS = ("model", "server")  # a lane's own model: a local path, or a model on a server
 
 
@@ -37,6 +38,23 @@ def _add_model_opts(p: argparse.ArgumentParser) -> None:
                    help="int8/int4: quantize linear weights at load (weight-only)")
     p.add_argument("--compile", action="store_true",
                    help="decode through torch.compile (minutes to compile; eager if it fails)")
+
+
+def _add_spec_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lookup", type=int, default=0, metavar="N",
+                   help="speculative decoding by prompt lookup: draft what followed the last N tokens "
+                        "earlier in the context (1-8; same output, faster when the reply repeats the prompt)")
+    p.add_argument("--draft", default=None, metavar="MODEL",
+                   help="speculative decoding with a smaller draft MODEL of the same vocabulary (same output)")
+
+
+def _draft_loader(args, engine):
+    """Loads a draft model the first time a lane names it, on the main model's device and dtype."""
+    def load_draft(path: str):
+        from .checkpoints import load
+        d = load(path, device=args.device, dtype=args.dtype)
+        return engine.add_draft(path, d.model, d.tokenizer)
+    return load_draft
 
 
 def _add_server_opts(p: argparse.ArgumentParser) -> None:
@@ -74,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-beams", type=int, default=1)
     g.add_argument("--length-penalty", type=float, default=1.0)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    _add_spec_opts(g)
     _add_model_opts(g)
 
     c = sub.add_parser("compare", help="run one prompt under several sampler settings together")
@@ -83,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lane", action="append", required=True, metavar="SPEC",
                    help="comma-separated key=value over " + ", ".join((*LANE_KEYS, *BACKEND_KEYS))
                    + " (model=PATH: another local checkpoint; server=URL[,model=NAME]: a model on a server)")
+    _add_spec_opts(c)
     _add_model_opts(c)
 
     s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
@@ -147,7 +167,7 @@ def _prompt_ids(loaded, args) -> tuple[list[int], bool]:
     return tok.encode(args.prompt, bos=True), False
 
 
-def _lane_spec(spec: str, default_max: int | None):
+def _lane_spec(spec: str, default_max: int | None, spec_defaults: dict | None = None):
     from .sampling import SamplingParams
     kw: dict = {}
     for part in filter(None, (s.strip() for s in spec.split(","))):
@@ -161,6 +181,8 @@ def _lane_spec(spec: str, default_max: int | None):
             raise SettingsError(f"bad value for {key} in lane '{spec}': {val.strip()!r}") from None
     if "max_new_tokens" not in kw and default_max:
         kw["max_new_tokens"] = default_max
+    if spec_defaults and not any(k in kw for k in SPEC_KEYS):
+        kw.update(spec_defaults)
     return SamplingParams(**kw).validate()
 
 
@@ -197,11 +219,14 @@ def cmd_generate(args) -> int:
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty, seed=args.seed,
         max_new_tokens=args.max_new_tokens or 256, stop=tuple(args.stop),
-        num_beams=args.num_beams, length_penalty=args.length_penalty).validate().resolved()
+        num_beams=args.num_beams, length_penalty=args.length_penalty,
+        lookup=args.lookup, draft=args.draft or "").validate().resolved()
     meta: dict = {}
     extra: dict = {}
     if args.server:
         _check_remote_opts(args)
+        if params.speculative:
+            raise SettingsError("--lookup and --draft need a local model: the server decodes on its own")
         if params.num_beams > 1:
             raise SettingsError("--num-beams needs a local model: OpenAI-compatible servers do not run beam search")
         remote, load_s = _remote(args.server, args, args.remote_model)
@@ -214,6 +239,7 @@ def cmd_generate(args) -> int:
         ids, strip = _prompt_ids(loaded, args)
         engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids,
                         compile=getattr(args, "compile", False))
+        engine.draft_loader = _draft_loader(args, engine)
         events = engine.generate(ids, params, strip_leading_space=strip)
         meta["prompt_token_ids"] = ids
     done = None
@@ -230,6 +256,7 @@ def cmd_generate(args) -> int:
             "logprobs": done.logprobs, "stop_reason": done.stop_reason, "seed": params.seed,
             "timings": {"load_s": load_s, "prefill_s": st.prefill_s, "decode_s": st.decode_s,
                         "prefill_tok_s": st.prefill_tok_s, "decode_tok_s": st.decode_tok_s},
+            **({"speculative": st.speculative} if st.speculative else {}),
             **extra,
         }, ensure_ascii=False))
     else:
@@ -274,10 +301,14 @@ def cmd_compare(args) -> int:
     if args.server and args.model is not None:
         raise SettingsError("give MODEL or --server, not both")
     specs = [_split_lane(s) for s in args.lane]
-    lanes = [_lane_spec(sp, args.max_new_tokens).resolved() for sp, _ in specs]
+    spec_defaults = {"lookup": args.lookup, "draft": args.draft or ""}
+    lanes = [_lane_spec(sp, args.max_new_tokens, spec_defaults).resolved() for sp, _ in specs]
     if len(lanes) > 8:
         raise SettingsError(f"at most 8 lanes, got {len(lanes)}")
     where = [_lane_backend(b, args) for _, b in specs]
+    for i, (q, w) in enumerate(zip(lanes, where)):
+        if q.speculative and w[0] is not None:
+            raise SettingsError(f"lane {i + 1}: lookup and draft need a local model: the server decodes on its own")
     if args.system and not args.chat:
         raise SettingsError("--system needs --chat")
     load_s = local_load = 0.0
@@ -314,6 +345,7 @@ def cmd_compare(args) -> int:
             ids, strip = _prompt_ids(loaded, args)
             engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids,
                             compile=getattr(args, "compile", False))
+            engine.draft_loader = _draft_loader(args, engine)
             fp = tokenizer_fingerprint(loaded.tokenizer, loaded.model.args.vocab_size)
             for ev in engine.generate_lanes(ids, [lanes[i] for i in idx], strip_leading_space=strip):
                 if isinstance(ev, Done):
@@ -345,13 +377,21 @@ def cmd_compare(args) -> int:
         on = names[i][0] + (f" on {names[i][1]}" if names[i][1] else "")
         print(f"── lane {i + 1}: {on} · temperature={p.temperature} top_p={p.top_p} top_k={p.top_k} "
               f"min_p={p.min_p} repetition_penalty={p.repetition_penalty} seed={p.seed} "
-              f"· {len(d.tokens)} tokens · {d.stop_reason}")
+              f"· {len(d.tokens)} tokens · {d.stop_reason}{_spec_note(d.stats)}")
         print(d.text)
         print()
     if match is not True:
         print("note: " + ("the lanes' tokenizers differ" if match is False else "a server does not say its tokenizer")
               + ": compare their texts, not their token ids", file=sys.stderr)
     return 0
+
+
+def _spec_note(stats) -> str:
+    sp = getattr(stats, "speculative", None) if stats is not None else None
+    if not sp:
+        return ""
+    how = f"lookup {sp['lookup']}" if sp["kind"] == "lookup" else f"draft {Path(sp['draft']).name}"
+    return f" · {how}: {sp['accepted']}/{sp['drafted']} drafted tokens accepted"
 
 
 def cmd_tokenize(args) -> int:

@@ -622,6 +622,8 @@ class Worker:
                               what=f"a request of {tokens} tokens" + (f" in {rows} rows" if rows > 1 else ""))
         how = dict(cancel=cmd.cancel, strip_leading_space=prompt.strip_leading_space, inspect=int(req.inspect),
                    stop_ids=prompt.stop_ids)
+        if eng.draft_loader is None:
+            eng.draft_loader = _draft_loader(eng)
         if cmd.kind == "compare":
             events = eng.generate_lanes(prompt.ids, lanes, **how)
         else:
@@ -636,6 +638,16 @@ class Worker:
             raise
         finally:
             events.close()
+
+
+def _draft_loader(eng):
+    """Loads a lane's draft model (on the worker thread) the first time a lane names it:
+    on the engine's device, its own dtype; the engine keeps it and checks its vocabulary."""
+    def load_draft(path: str):
+        from . import checkpoints
+        d = checkpoints.load(path, device=eng.device.type, dtype="auto")
+        return eng.add_draft(path, d.model, d.tokenizer)
+    return load_draft
 
 
 def _model_info(loaded, key: str | None = None) -> dict:

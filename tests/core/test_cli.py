@@ -117,3 +117,47 @@ def test_broken_weights_exit_2_in_a_real_process(tmp_path, tiny_meta_dir):
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "consolidated.00.pth" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_lookup_and_draft_give_plain_greedy_output(capsys, fixtures):
+    model = fixtures / "stories260K.gguf"
+    base = ["generate", model, "--prompt", "Once upon a time", "--max-new-tokens", "40", "--temperature", "0", "--json"]
+    outs = []
+    for extra in ([], ["--lookup", "2"], ["--draft", model]):
+        rc, out, err = run_cli(capsys, *base, *extra)
+        assert rc == 0, err
+        outs.append(json.loads(out))
+    assert outs[0]["tokens"] == outs[1]["tokens"] == outs[2]["tokens"]
+    assert "speculative" not in outs[0]
+    assert outs[1]["speculative"]["kind"] == "lookup" and outs[2]["speculative"]["kind"] == "draft"
+    assert outs[2]["speculative"]["acceptance"] == 1.0  # the model drafting for itself
+    # Compare: --lookup is every lane's default; a lane's own lookup= or draft= replaces it.
+    rc, out, err = run_cli(capsys, "compare", model, "--prompt", "Once upon a time", "--max-new-tokens", "20",
+                           "--lookup", "3", "--lane", "temperature=0", "--lane", "temperature=0,lookup=1",
+                           "--lane", f"temperature=0,draft={model}", "--json")
+    assert rc == 0, err
+    lanes = json.loads(out)["lanes"]
+    assert [ln["settings"]["lookup"] for ln in lanes] == [3, 1, 0]
+    assert lanes[2]["settings"]["draft"] == str(model)
+    assert [ln["tokens"] for ln in lanes] == [outs[0]["tokens"][:20]] * 3
+    assert [ln["stats"]["speculative"]["kind"] for ln in lanes] == ["lookup", "lookup", "draft"]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--lookup", "9"], "lookup must be"),
+    (["--lookup", "-1"], "lookup must be"),
+    (["--lookup", "x"], "invalid int value"),
+    (["--lookup", "2", "--draft", "{model}"], "not both"),
+    (["--lookup", "2", "--num-beams", "2"], "beam search"),
+    (["--draft", "/nonexistent/draft"], "no such file"),
+    (["--draft", "{demo}"], "another vocabulary"),
+])
+def test_bad_speculative_settings_exit_2_with_one_line(capsys, fixtures, argv, needle):
+    model = fixtures / "stories260K.gguf"
+    demo = ROOT / "assets" / "models" / "llamadesk-demo"
+    argv = [a.format(model=model, demo=demo) for a in argv]
+    rc, out, err = run_cli(capsys, "generate", model, "--prompt", "Hi", "--max-new-tokens", "4", *argv)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and needle in err, err
+    rc, out, err = run_cli(capsys, "generate", "--server", "http://127.0.0.1:9", "--prompt", "Hi", "--lookup", "2")
+    assert rc == 2 and "need a local model" in err and err.count("\n") == 1

@@ -13,7 +13,7 @@ from core.prompting import fit_dialog, reply_reserve
 from core.sampling import SamplingParams
 from core.worker import (CompareRequest, Error, GenerateRequest, Loaded, LoadProgress, Prompted, Reply, Unloaded,
                          Worker, default_torch_threads, resolve_torch_threads)
-from tests.helpers import PROMPT, Collector, completion, inner, is_token, loaded_ok
+from tests.helpers import PROMPT, ROOT, Collector, completion, inner, is_token, loaded_ok
 
 @pytest.fixture
 def gguf(fixtures):
@@ -457,3 +457,22 @@ def test_a_checkpoint_that_does_not_fit_beside_the_model_is_refused_and_the_mode
     # Not a model at all: a readable error too.
     err = held_or_error(col, w.hold(gguf.parent / "README.md"))
     assert isinstance(err, Error) and "\n" not in err.message
+
+
+def test_lanes_draft_with_lookup_or_a_draft_model_the_worker_loads(make_worker, gguf):
+    """Speculative lanes give plain greedy output; the worker loads a lane's draft model on
+    first use, and a draft model of another vocabulary is a readable error."""
+    w, col = make_worker()
+    w.load(gguf)
+    lanes = [SamplingParams(temperature=0, max_new_tokens=24, **spec)
+             for spec in (dict(), dict(lookup=2), dict(draft=str(gguf)))]
+    evs = col.finished(w.compare(CompareRequest(mode="completion", prompt=PROMPT, lanes=lanes)), lanes=3)
+    dones = sorted((e for e in evs if isinstance(e, Done)), key=lambda d: d.lane)
+    assert dones[0].tokens == dones[1].tokens == dones[2].tokens and len(dones[0].tokens) == 24
+    assert dones[0].stats.speculative is None
+    assert dones[1].stats.speculative["kind"] == "lookup"
+    assert dones[2].stats.speculative["kind"] == "draft" and dones[2].stats.speculative["acceptance"] == 1.0
+    demo = ROOT / "assets" / "models" / "llamadesk-demo"
+    bad = GenerateRequest(mode="completion", prompt="x", params=SamplingParams(draft=str(demo)))
+    assert "another vocabulary" in _error(col, w.generate(bad))
+    assert col.finished(w.generate(completion(max_new=3)))[-1].stop_reason in ("length", "eos")
