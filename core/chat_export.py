@@ -33,7 +33,11 @@ def export_markdown(history: History, conv_id: int) -> str:
         data = history.comparison(conv_id)
         out += ["## Prompt", "", prompt_markdown(data.get("prompt") or {}), ""]
         for i, lane in enumerate(data.get("lanes") or [], 1):
-            out += [f"## Lane {i}", "", str(lane.get("text", "")), ""]
+            model = lane.get("model") if isinstance(lane.get("model"), dict) else {}
+            where = f" · {model.get('name')}" if model.get("name") else ""
+            if model.get("server"):
+                where += f" on {model['server']}"
+            out += [f"## Lane {i}{where}", "", str(lane.get("text", "")), ""]
             line = _settings_line(lane.get("settings"), lane.get("seed"), lane.get("model_id"),
                                   lane.get("stats"), lane.get("stop_reason"))
             if line:

@@ -17,6 +17,71 @@ from core.compare import LANE_KEYS, TokenDiff, lane_stats
 ANCHOR_SCHEME = "tok"
 
 
+def public_server(url: str) -> str:
+    """A server's address fit to show and store: no user:password part, no query."""
+    from urllib.parse import urlsplit
+    u = urlsplit(url)
+    host = u.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{u.scheme}://{host}{f':{u.port}' if u.port else ''}{u.path}"
+
+
+@dataclass(eq=False)
+class LaneModel:
+    """Where a comparison lane runs: the model loaded in the app ("loaded"), another local
+    checkpoint the worker holds beside it ("checkpoint", ``key`` names it), or a model on a
+    connected server ("server", ``remote`` is its :class:`core.client.RemoteModel`).
+
+    ``tokenizer`` is the tokenizer's fingerprint (None: unknown, e.g. a server that does
+    not say): lanes compare token ids only when theirs match.
+    """
+    kind: str
+    name: str
+    key: str = ""
+    remote: object = None
+    tokenizer: str | None = None
+    path: str = ""
+
+    @property
+    def server(self) -> str:
+        # A saved lane's server that is not connected now keeps its address in ``path``.
+        return public_server(self.remote.url) if self.remote is not None else self.path
+
+    @property
+    def group(self) -> tuple:
+        """Lanes with the same group run as one request (one prefill, one batch)."""
+        if self.kind == "server":
+            return ("server", id(self.remote), self.path)
+        return (self.kind, self.key or self.path)
+
+    def label(self) -> str:
+        """How the lane header names it."""
+        if self.kind == "server":
+            from urllib.parse import urlsplit
+            return f"{self.name} @ {urlsplit(self.server).netloc}"
+        return self.name
+
+    def record(self) -> dict:
+        """What a saved or exported lane says about its model (never an API key)."""
+        d: dict = {"kind": self.kind, "name": self.name, "tokenizer": self.tokenizer}
+        if self.kind == "server":
+            d["server"] = self.server
+        elif self.path:
+            d["path"] = self.path
+        return d
+
+
+def tokenizers_match(a: LaneModel, b: LaneModel) -> bool | None:
+    """True when two lanes' token ids mean the same text, False when they do not, None
+    when a side does not say."""
+    if a is b or (a.group == b.group and a.kind != "server"):
+        return True
+    if a.tokenizer is None or b.tokenizer is None:
+        return None
+    return a.tokenizer == b.tokenizer
+
+
 @dataclass
 class TokenRec:
     """One generated token: ``text`` is what it added to the visible reply (may be "")."""
@@ -41,6 +106,7 @@ class LaneRun:
     engine_stats: dict = field(default_factory=dict)
     first_at: float | None = None  # monotonic time of the first and last token (live rate)
     last_at: float | None = None
+    error: str | None = None  # why the lane's request failed (what streamed before stays)
 
     @property
     def finished(self) -> bool:
@@ -71,6 +137,12 @@ class LaneRun:
         self.params = done.params.to_dict()
         self.engine_stats = done.stats.to_dict()
 
+    def fail(self, message: str) -> None:
+        """The lane's request failed: keep what streamed, stop with reason "error"."""
+        self.error = message
+        if self.stop_reason is None:
+            self.stop_reason = "error"
+
     def tail(self) -> str:
         """Final text that no token's delta carried (a flushed partial character)."""
         streamed = "".join(t.text for t in self.tokens)
@@ -83,14 +155,17 @@ class LaneRun:
             st = {**st, "decode_tok_s": (len(self.tokens) - 1) / (self.last_at - self.first_at)}
         return lane_stats(self.ids, self.logprobs, st, self.stop_reason)
 
-    def to_dict(self, settings: dict) -> dict:
-        """The lane as History.save_comparison stores it (settings carry the seed used)."""
+    def to_dict(self, settings: dict, model: LaneModel | None = None) -> dict:
+        """The lane as History.save_comparison stores it (settings carry the seed used;
+        ``model``: where it ran, as :meth:`LaneModel.record`)."""
         used = {k: v for k, v in (self.params or settings).items() if k in LANE_KEYS or k == "stop"}
-        return {
+        where = {"model": model.record(), "model_id": model.name} if model is not None else {}
+        return {**where,
             "settings": used, "seed": used.get("seed"), "text": self.text,
             "tokens": self.ids, "logprobs": self.logprobs,
             "token_texts": [t.text for t in self.tokens], "pieces": [t.piece for t in self.tokens],
             "top": [t.top for t in self.tokens], "stop_reason": self.stop_reason,
+            **({"error": self.error} if self.error else {}),
             "stats": {**self.engine_stats, **self.stats()},
         }
 
@@ -132,6 +207,7 @@ class LaneRun:
                                        pieces[i] if i < len(pieces) else "", float(lps[i]), top))
         run.text = str(d.get("text", ""))
         run.stop_reason = d.get("stop_reason") or "length"
+        run.error = d.get("error") or None
         run.params = dict(d.get("settings") or {}) or None
         stats = dict(d.get("stats") or {})
         run.engine_stats = {k: stats[k] for k in ("decode_tok_s", "prompt_tokens", "generated_tokens",

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog
 
 from core import chat_export
 from core.compare import (LANE_KEYS, MAX_LANES, SWEEP_PARAMS, parse_sweep, settings_label, sweep_lanes,
-                          token_diff)
+                          text_diff, token_diff)
 from core.errors import LlamaDeskError
 from core.engine import Done, Prefilled
 from core.sampling import SamplingParams
@@ -35,11 +35,19 @@ from core.worker import CompareRequest, Error, Prompted
 from . import theme
 from .bridge import Chunk
 from .chat_view import format_stats
-from .compare_model import LaneRun, lane_colors, parse_anchor, render_lane_html
+from .compare_model import LaneModel, LaneRun, lane_colors, parse_anchor, render_lane_html, tokenizers_match
 from .token_inspector import TokenInspector
 
 DEFAULT_INSPECT = 5
 SEED_RANDOM = -1  # the seed spin's "random" value
+OPEN_CHECKPOINT, CONNECT_SERVER = -1, -2  # the lane model combo's two actions
+
+
+def _model_tip(m: LaneModel) -> str:
+    where = {"loaded": "the model loaded in the app", "checkpoint": m.path or m.key,
+             "server": m.server}.get(m.kind, "")
+    tok = f"tokenizer {m.tokenizer}" if m.tokenizer else "tokenizer not known"
+    return f"{m.name} — {where} · {tok}"
 
 # key: (label, tooltip, minimum, maximum, step, decimals or None for ints)
 FIELDS = {
@@ -62,9 +70,12 @@ class LaneColumn(QFrame):
         settingsChanged(): a setting was edited.
         tokenHovered(int, int): lane, token index (-1, -1 when the pointer leaves a token).
         tokenClicked(int, int): lane, token index.
+        modelChosen(int): an index into the models offered by :meth:`set_models`, or
+            OPEN_CHECKPOINT / CONNECT_SERVER for the combo's last two entries.
     """
 
     moveRequested = Signal(int)
+    modelChosen = Signal(int)
     duplicateRequested = Signal()
     removeRequested = Signal()
     adoptRequested = Signal()
@@ -79,6 +90,8 @@ class LaneColumn(QFrame):
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Expanding)
         self.run: LaneRun | None = None
         self.lane = 0
+        self.model: LaneModel | None = None
+        self._offered: list[LaneModel] = []
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.setSpacing(4)
@@ -102,6 +115,23 @@ class LaneColumn(QFrame):
         for b in (self.left_button, self.right_button, self.dup_button, self.remove_button, self.adopt_button):
             head.addWidget(b)
         lay.addLayout(head)
+
+        self.model_combo = QComboBox()
+        self.model_combo.setObjectName("laneModelCombo")
+        self.model_combo.setAccessibleName("Lane model")
+        self.model_combo.setToolTip("The model this lane runs on: the loaded one, another checkpoint, "
+                                    "or a model on a server")
+        self.model_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.model_combo.setMinimumContentsLength(12)
+        self.model_combo.activated.connect(self._model_activated)
+        lay.addWidget(self.model_combo)
+        self.notice = QLabel()
+        self.notice.setObjectName("laneNotice")
+        self.notice.setWordWrap(True)
+        self.notice.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.notice.setStyleSheet(f"color: {theme.colors()['error']};")
+        self.notice.hide()
+        lay.addWidget(self.notice)
 
         grid = QGridLayout()
         grid.setHorizontalSpacing(4)
@@ -172,6 +202,40 @@ class LaneColumn(QFrame):
         b.clicked.connect(slot)
         return b
 
+    # -- model ---------------------------------------------------------------------------
+
+    def set_models(self, models: list[LaneModel], current: LaneModel | None) -> None:
+        """Offer ``models`` (plus "Other checkpoint…" and "Model on a server…"); show ``current``."""
+        self._offered = list(models)
+        self.model = current
+        self.model_combo.blockSignals(True)
+        self.model_combo.clear()
+        for m in models:
+            self.model_combo.addItem(m.label(), m.kind)
+            self.model_combo.setItemData(self.model_combo.count() - 1, _model_tip(m), Qt.ToolTipRole)
+        if current is not None and current not in models:  # a saved lane's model that is not open
+            self.model_combo.addItem(current.label() + " (not open)", current.kind)
+        self.model_combo.insertSeparator(self.model_combo.count())
+        self.model_combo.addItem("Other checkpoint…", OPEN_CHECKPOINT)
+        self.model_combo.addItem("Model on a server…", CONNECT_SERVER)
+        if current is not None:
+            at = models.index(current) if current in models else len(models)
+            self.model_combo.setCurrentIndex(at)
+            self.model_combo.setToolTip(_model_tip(current))
+        self.model_combo.blockSignals(False)
+
+    def _model_activated(self, index: int) -> None:
+        data = self.model_combo.itemData(index)
+        if data in (OPEN_CHECKPOINT, CONNECT_SERVER):
+            self.modelChosen.emit(data)
+        elif index < len(self._offered) and self._offered[index] is not self.model:
+            self.modelChosen.emit(index)
+
+    def show_notice(self, text: str) -> None:
+        """An inline message under the lane's model (a failed run or model; "" hides it)."""
+        self.notice.setText(text)
+        self.notice.setVisible(bool(text))
+
     # -- settings ------------------------------------------------------------------------
 
     def settings(self) -> dict:
@@ -209,6 +273,7 @@ class LaneColumn(QFrame):
         self.dup_button.setEnabled(count < MAX_LANES)
 
     def set_editable(self, on: bool, seed_locked: bool) -> None:
+        self.model_combo.setEnabled(on)
         for key, w in self.fields.items():
             w.setEnabled(on and not (key == "seed" and seed_locked and self.lane > 0))
         for b in (self.left_button, self.right_button, self.dup_button, self.remove_button):
@@ -234,6 +299,13 @@ class LaneColumn(QFrame):
         bar.setValue(bar.maximum() if (follow and at_end) else keep)
 
 
+def _same_path(a: str, b: str) -> bool:
+    try:
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    except OSError:
+        return False
+
+
 class CompareView(QWidget):
     """The comparison window (objectName ``compareView``).
 
@@ -250,8 +322,13 @@ class CompareView(QWidget):
         lanes: settings of the starting lanes (SamplingParams or dicts); default one lane.
         mode: "chat" or "completion"; chat_format: the override sent with the request.
         conversation: a :class:`gui.conversation.ConversationModel` that "Adopt" writes to.
-        token_text: id -> text, to name the inspector's alternatives.
+        token_text: id -> text, to name the inspector's alternatives (the loaded model's
+            tokenizer; lanes on other tokenizers use the names their tokens carry).
         inspect: alternatives recorded per token (the worker's ``inspect``).
+        models: the models lanes can run on (:class:`LaneModel`); default the loaded one.
+        lane_models: each starting lane's model (default the first of ``models``).
+        server_dialog: ``factory() -> dialog`` whose ``connected(RemoteModel)`` signal gives
+            a connected server's model ("Model on a server…"); None: that entry says how.
     """
 
     adoptRequested = Signal(str, dict)
@@ -259,11 +336,13 @@ class CompareView(QWidget):
     def __init__(self, *, bridge, history, prompt: str = "", messages: list[dict] | None = None,
                  lanes: list | None = None, mode: str = "chat", chat_format: str = "auto",
                  conversation=None, token_text: Callable[[int], str | None] | None = None,
-                 inspect: int = DEFAULT_INSPECT, parent=None):
+                 inspect: int = DEFAULT_INSPECT, models: list[LaneModel] | None = None,
+                 lane_models: list[LaneModel] | None = None, server_dialog: Callable[[], object] | None = None,
+                 parent=None):
         super().__init__(parent)
         self.setObjectName("compareView")
         self.setAccessibleName("Compare sampling settings")
-        self.setWindowTitle("Compare settings — LlamaDesk")
+        self.setWindowTitle("Compare settings and models — LlamaDesk")
         self.bridge = bridge
         self.history = history
         self.conversation = conversation
@@ -279,12 +358,22 @@ class CompareView(QWidget):
         self.saved_id: int | None = None
         self.last_prompt: dict | None = None  # the prompt of the shown results
         self._task: asyncio.Task | None = None
-        self._stream = None
+        self._streams: list = []
         self._running_columns: list[LaneColumn] = []
         self.renders = 0  # how many times lanes were re-rendered (tests check throttling)
+        self._token_text = token_text
+        self._hold_tasks: set[asyncio.Task] = set()
+        self._names: dict[str, dict[int, str]] = {}  # tokenizer -> id -> piece seen in its lanes
+        self.server_dialog = server_dialog
+        self.models: list[LaneModel] = list(models) if models else [self._loaded_model_from(
+            getattr(bridge, "model_info", None))]
+        loaded_signal = getattr(bridge, "modelLoaded", None)
+        if loaded_signal is not None:
+            loaded_signal.connect(self._main_model_changed)
         self._build(prompt, mode, token_text)
-        for s in (lanes or [SamplingParams()]):
-            self.add_lane(s.to_dict() if isinstance(s, SamplingParams) else dict(s))
+        for i, s in enumerate(lanes or [SamplingParams()]):
+            model = lane_models[i] if lane_models and i < len(lane_models) else None
+            self.add_lane(s.to_dict() if isinstance(s, SamplingParams) else dict(s), model=model)
         self._refresh()
         self.resize(1280, 760)
 
@@ -460,10 +549,13 @@ class CompareView(QWidget):
     def lane_count(self) -> int:
         return len(self.columns)
 
-    def add_lane(self, settings: dict | None = None, at: int | None = None) -> LaneColumn | None:
-        """Add a lane (default: a copy of the last lane's settings); None when full or running."""
+    def add_lane(self, settings: dict | None = None, at: int | None = None,
+                 model: LaneModel | None = None) -> LaneColumn | None:
+        """Add a lane (default: a copy of the last lane's settings and model); None when full or running."""
         if len(self.columns) >= MAX_LANES or self.running:
             return None
+        if model is None:
+            model = self.columns[-1].model if self.columns and settings is None else self.models[0]
         if settings is None:
             settings = self.columns[-1].settings() if self.columns else SamplingParams().to_dict()
         full = {**SamplingParams().to_dict(), **settings}  # unset keys: the sampler's defaults
@@ -475,13 +567,15 @@ class CompareView(QWidget):
         col.settingsChanged.connect(lambda c=col: self._settings_edited(c))
         col.tokenHovered.connect(self._token_hovered)
         col.tokenClicked.connect(self._token_clicked)
+        col.modelChosen.connect(lambda index, c=col: self._model_chosen(c, index))
+        col.set_models(self.models, model)
         at = len(self.columns) if at is None else at
         self.columns.insert(at, col)
         self._relayout()
         return col
 
     def duplicate_lane(self, i: int) -> None:
-        self.add_lane(self.columns[i].settings(), at=i + 1)
+        self.add_lane(self.columns[i].settings(), at=i + 1, model=self.columns[i].model)
 
     def remove_lane(self, i: int) -> None:
         if len(self.columns) <= 1 or self.running:
@@ -507,19 +601,21 @@ class CompareView(QWidget):
         self.selected = None
         self._relayout()
 
-    def set_lanes(self, settings: list[dict]) -> None:
-        """Replace all lanes (settings only; results are cleared)."""
+    def set_lanes(self, settings: list[dict], models: list[LaneModel] | None = None) -> None:
+        """Replace all lanes (settings and models; results are cleared). Without ``models``
+        every lane keeps the first lane's model."""
         if self.running:
             return
         for col in self.columns:
             col.setParent(None)
             col.deleteLater()
+        keep = self.columns[0].model if self.columns else self.models[0]
         self.columns = []
         self.baseline = 0
         self.selected = None
         self.inspector.clear()
-        for s in settings[:MAX_LANES]:
-            self.add_lane(s)
+        for i, s in enumerate(settings[:MAX_LANES]):
+            self.add_lane(s, model=models[i] if models and i < len(models) else keep)
         self._relayout()
 
     def lane_settings(self) -> list[dict]:
@@ -528,6 +624,141 @@ class CompareView(QWidget):
         if self.seed_lock.isChecked() and out:
             out = [{**s, "seed": out[0]["seed"]} for s in out]
         return out
+
+    # ------------------------------------------------------------------ models
+    @staticmethod
+    def _loaded_model_from(info: dict | None) -> LaneModel:
+        info = info or {}
+        return LaneModel("loaded", str(info.get("name") or "Loaded model"), tokenizer=info.get("tokenizer"),
+                         path=str(info.get("path") or ""))
+
+    def _main_model_changed(self, info: dict) -> None:
+        """The app loaded another model: lanes on "the loaded model" now run on it."""
+        fresh = self._loaded_model_from(info)
+        for m in self.models:
+            if m.kind == "loaded":
+                m.name, m.tokenizer, m.path = fresh.name, fresh.tokenizer, fresh.path
+        self._offer_models()
+
+    def _offer_models(self) -> None:
+        for col in self.columns:
+            col.set_models(self.models, col.model)
+
+    def model_of(self, lane: int) -> LaneModel:
+        return self.columns[lane].model or self.models[0]
+
+    def set_lane_model(self, lane: int, model: LaneModel) -> None:
+        """Run ``lane`` on ``model`` (added to the models offered); its old results go."""
+        if self.running:
+            return
+        if model not in self.models:
+            self.models.append(model)
+        col = self.columns[lane]
+        if col.model is not model:
+            col.run = None
+            self.selected = None
+        col.model = model
+        col.show_notice("")
+        self._offer_models()
+        self._refresh()
+        self.render(all_lanes=True)
+
+    def add_server(self, remote) -> LaneModel:
+        """A connected :class:`core.client.RemoteModel` as a lane model (once per server and model)."""
+        for m in self.models:
+            if m.kind == "server" and m.remote is not None and m.remote.url == remote.url and m.name == remote.model:
+                m.remote = remote
+                m.tokenizer = remote.tokenizer_fingerprint
+                return m
+        m = LaneModel("server", str(remote.model), remote=remote, tokenizer=remote.tokenizer_fingerprint)
+        self.models.append(m)
+        self._offer_models()
+        return m
+
+    def _model_chosen(self, col: LaneColumn, index: int) -> None:
+        lane = self.columns.index(col)
+        if index == OPEN_CHECKPOINT:
+            col.set_models(self.models, col.model)  # the combo shows the lane's model until one opens
+            path = self.ask_checkpoint_path()
+            if path:
+                self.open_checkpoint(lane, path)
+        elif index == CONNECT_SERVER:
+            col.set_models(self.models, col.model)
+            self.connect_server(lane)
+        elif 0 <= index < len(self.models):
+            self.set_lane_model(lane, self.models[index])
+
+    def ask_checkpoint_path(self) -> str | None:
+        """Which checkpoint a lane should run on (a file dialog; tests replace this)."""
+        path, _ = QFileDialog.getOpenFileName(self, "Open a checkpoint for this lane", "",
+                                              "Models (*.gguf *.safetensors *.json *.pth *.model);;All files (*)")
+        if path and not path.endswith(".gguf"):
+            path = str(Path(path).parent)  # any file of a model folder names the folder
+        return path or None
+
+    def open_checkpoint(self, lane: int, path: str) -> asyncio.Task | None:
+        """Load ``path`` beside the app's model (memory checked as for a load) and run
+        ``lane`` on it; a failure is shown in the lane. Returns the task."""
+        if self.running or not 0 <= lane < len(self.columns):
+            return None
+        col = self.columns[lane]
+        loaded = next((m for m in self.models if m.kind == "loaded"), None)
+        if loaded is not None and loaded.path and _same_path(loaded.path, path):
+            self.set_lane_model(lane, loaded)  # that is the loaded model: no second copy
+            return None
+        known = next((m for m in self.models if m.kind == "checkpoint" and m.key and _same_path(m.key, path)), None)
+        if known is not None:
+            self.set_lane_model(lane, known)
+            return None
+
+        async def hold() -> None:
+            from .bridge import BridgeError
+            name = Path(path).name
+            col.show_notice("")
+            self.status.setText(f"Opening {name} for lane {self.columns.index(col) + 1}…")
+            try:
+                info = await self.bridge.hold(path)
+            except BridgeError as e:
+                if col in self.columns:
+                    col.show_notice(f"Could not open {name}: {e}")
+                self.status.setText(f"Could not open {name}.")
+                return
+            model = self._held_model(info)
+            if col in self.columns:
+                self.set_lane_model(self.columns.index(col), model)
+            self.status.setText(f"Lane {self.columns.index(col) + 1 if col in self.columns else '?'} "
+                                f"runs on {model.name}" + ("" if loaded is None or tokenizers_match(model, loaded)
+                                                          else " (another tokenizer: compared by text)") + ".")
+        task = asyncio.ensure_future(hold())
+        self._hold_tasks.add(task)
+        task.add_done_callback(self._hold_tasks.discard)
+        return task
+
+    def _held_model(self, info: dict) -> LaneModel:
+        for m in self.models:
+            if m.kind == "checkpoint" and (m.key == info["key"] or (not m.key and _same_path(m.path, info["key"]))):
+                m.key, m.tokenizer, m.name = info["key"], info.get("tokenizer"), str(info.get("name") or m.name)
+                return m
+        m = LaneModel("checkpoint", str(info.get("name") or Path(info["key"]).name), key=info["key"],
+                      tokenizer=info.get("tokenizer"), path=str(info.get("path") or info["key"]))
+        self.models.append(m)
+        return m
+
+    def connect_server(self, lane: int):
+        """"Model on a server…": the app's Connect to Server dialog; the model it connects
+        becomes this lane's. Without one, the lane says where to connect."""
+        col = self.columns[lane]
+        if self.server_dialog is None:
+            col.show_notice("Connect to a server first (Model → Connect to Server…), then choose it here.")
+            return None
+        dlg = self.server_dialog()
+
+        def connected(remote) -> None:
+            if col in self.columns:
+                self.set_lane_model(self.columns.index(col), self.add_server(remote))
+        dlg.connected.connect(connected)
+        dlg.show()
+        return dlg
 
     def _relayout(self) -> None:
         while self.lanes_layout.count():
@@ -650,60 +881,108 @@ class CompareView(QWidget):
         except LlamaDeskError as e:
             self.status.setText(f"Settings: {e}")
             return None
-        request = CompareRequest(messages=prompt.get("messages", []), lanes=params, mode=prompt["mode"],
-                                    prompt=prompt["text"], chat_format=self.chat_format, inspect=self.inspect)
+        # Lanes on one model run as one request (one prefill, one batch); each model's
+        # request runs beside the others' (servers in parallel with the local worker).
+        groups: dict[tuple, list[int]] = {}
+        for i in range(len(self.columns)):
+            groups.setdefault(self.model_of(i).group, []).append(i)
+        plan = [(self.model_of(idx[0]), idx) for idx in groups.values()]
+        base = CompareRequest(messages=prompt.get("messages", []), mode=prompt["mode"], prompt=prompt["text"],
+                              chat_format=self.chat_format, inspect=self.inspect)
         for col in self.columns:
             col.run = LaneRun()
+            col.show_notice("")
         self.last_prompt = prompt
         self.saved_id = None
         self.selected = None
         self.inspector.clear()
         self._running_columns = list(self.columns)
-        self._task = asyncio.ensure_future(self._run(request))
+        self._task = asyncio.ensure_future(self._run(base, plan, params))
         self._refresh()
         self.render(all_lanes=True)
-        self.status.setText(f"Running {len(params)} lanes…")
+        models = len(plan)
+        self.status.setText(f"Running {len(params)} lanes" + (f" on {models} models" if models > 1 else "") + "…")
         return self._task
 
-    async def _run(self, request) -> None:
+    async def _run(self, base: CompareRequest, plan: list[tuple[LaneModel, list[int]]],
+                   params: list[SamplingParams]) -> None:
+        from dataclasses import replace
         cols = self._running_columns
-        error = None
-        dropped = 0
+        failed: list[str] = []
         try:
-            self._stream = stream = self.bridge.compare(request)
-            async for ev in stream:
-                match ev:
-                    case Chunk() if 0 <= ev.lane < len(cols):
-                        cols[ev.lane].run.add(ev.tokens)
-                        for t in ev.tokens:
-                            self.inspector.learn(t.token_id, t.piece)
-                    case Done() if 0 <= ev.lane < len(cols):
-                        cols[ev.lane].run.finish(ev)
-                    case Prompted():
-                        dropped = ev.dropped_messages
-                    case Prefilled():
-                        self.status.setText(f"Prompt: {ev.prompt_tokens} tokens"
-                                            + (f" ({dropped} oldest messages left out to fit)" if dropped else "")
-                                            + " · generating…")
-                    case Error():
-                        error = ev
-                # The bridge delivers a frame's events together: render once they are in.
-                if not stream.pending:
-                    self.render()
+            jobs = []
+            for model, idx in plan:
+                request = replace(base, lanes=[params[i] for i in idx], model="")
+                jobs.append(self._run_group(model, idx, request, cols, failed))
+            await asyncio.gather(*jobs)
         finally:
-            self._stream = None
+            self._streams = []
             self._task = None
             self.render(all_lanes=True)
             self._refresh()
-        if error is not None and not error.cancelled:
-            self.status.setText(f"Error: {error.message}")
+        if failed:
+            self.status.setText("Error: " + " · ".join(failed))
         else:
             reasons = [c.run.stop_reason or "?" for c in cols if c.run is not None]
             self.status.setText("Done · " + " · ".join(f"lane {i + 1}: {r}" for i, r in enumerate(reasons)))
 
+    async def _run_group(self, model: LaneModel, idx: list[int], request: CompareRequest,
+                         cols: list[LaneColumn], failed: list[str]) -> None:
+        """One model's lanes (``idx``): its request's events go to those columns."""
+        from .bridge import BridgeError
+
+        def fail(message: str) -> None:
+            where = ", ".join(str(i + 1) for i in idx)
+            failed.append(f"lane{'s' if len(idx) > 1 else ''} {where} ({model.name}): {message}")
+            for i in idx:
+                cols[i].run.fail(message)
+                cols[i].show_notice(message + " — press Run to try again.")
+
+        if model.kind == "server" and model.remote is None:
+            fail(f"not connected to {model.record().get('server') or 'its server'}: choose the lane's model again")
+            return
+        if model.kind == "checkpoint" and not model.key:  # a saved comparison's checkpoint: open it again
+            try:
+                self._held_model(await self.bridge.hold(model.path))
+            except BridgeError as e:
+                fail(f"could not open {model.path}: {e}")
+                return
+        if model.kind == "checkpoint":
+            request.model = model.key
+        names = self._names_for(model)
+        dropped = 0
+        stream = self.bridge.compare(request, backend=model.remote) if model.kind == "server" \
+            else self.bridge.compare(request)
+        self._streams.append(stream)
+        async for ev in stream:
+            match ev:
+                case Chunk() if 0 <= ev.lane < len(idx):
+                    cols[idx[ev.lane]].run.add(ev.tokens)
+                    for t in ev.tokens:
+                        names.setdefault(int(t.token_id), t.piece)
+                case Done() if 0 <= ev.lane < len(idx):
+                    cols[idx[ev.lane]].run.finish(ev)
+                case Prompted():
+                    dropped = ev.dropped_messages
+                case Prefilled():
+                    self.status.setText(f"Prompt: {ev.prompt_tokens} tokens"
+                                        + (f" on {model.name}" if len(self._streams) > 1 else "")
+                                        + (f" ({dropped} oldest messages left out to fit)" if dropped else "")
+                                        + " · generating…")
+                case Error() if not ev.cancelled:
+                    message = ev.message
+                    if ev.kind:
+                        from core.remote import describe_error
+                        message = describe_error(ev.kind, ev.message)
+                    fail(message)
+            # The bridge delivers a frame's events together: render once they are in.
+            if not stream.pending:
+                self.render()
+
     def stop(self) -> None:
         if self.running:
-            self._stream.cancel()
+            for stream in list(self._streams):
+                stream.cancel()
             self.status.setText("Stopping…")
 
     # ------------------------------------------------------------------ rendering
@@ -713,7 +992,7 @@ class CompareView(QWidget):
         self.renders += 1
         colors = lane_colors(theme.colors(), theme.is_dark())
         base = self.columns[self.baseline].run if self.columns and self.baseline < len(self.columns) else None
-        base_ids = base.ids if base is not None else None
+        base_model = self.model_of(self.baseline) if self.columns else None
         base_settings = self.columns[self.baseline].settings() if self.columns else None
         heat = self.heatmap_check.isChecked()
         for i, col in enumerate(self.columns):
@@ -727,14 +1006,21 @@ class CompareView(QWidget):
             label = ""
             if i == self.baseline:
                 label = "Baseline: the other lanes are compared with this one."
-            elif base_ids is not None:
-                diff = token_diff(base_ids, run.ids)
+            elif base is not None:
+                match = tokenizers_match(base_model, self.model_of(i))
+                # Token ids mean the same only under one tokenizer; otherwise align the texts.
+                diff = token_diff(base.ids, run.ids) if match else text_diff(base.text, [t.text for t in run.tokens])
                 both_done = run.finished and base.finished
                 if diff.divergence is None:
-                    label = "Identical to the baseline" if both_done else "Same as the baseline so far"
+                    label = ("Identical to the baseline" if match else "Same text as the baseline") if both_done \
+                        else ("Same as the baseline so far" if match else "Same text as the baseline so far")
                 else:
                     label = (f"<span style='color: {colors['mark']}; font-weight: 600;'>Diverges at token "
-                             f"{diff.divergence + 1}</span> · {diff.changed_count} of {len(run.ids)} tokens differ")
+                             f"{diff.divergence + 1}</span> · {diff.changed_count} of {len(run.tokens)} tokens differ")
+                if not match:
+                    why = "different tokenizers" if match is False else "tokenizer not known"
+                    label += (f"<br><span style='color: {colors['muted']};'>{why}: divergence and diff by text "
+                              "only</span>")
             col.divergence.setText(label)
             sel = self.selected[1] if self.selected and self.selected[0] == i else None
             col.set_html(render_lane_html(i, run, diff=diff, heatmap=heat, selected=sel, colors=colors),
@@ -745,6 +1031,10 @@ class CompareView(QWidget):
             col.set_editable(not self.running, self.seed_lock.isChecked())
 
     # ------------------------------------------------------------------ inspector
+    def _names_for(self, model: LaneModel) -> dict[int, str]:
+        """id -> piece learned from the tokens of lanes on ``model``'s tokenizer."""
+        return self._names.setdefault(model.tokenizer or repr(model.group), {})
+
     def token(self, lane: int, index: int):
         if 0 <= lane < len(self.columns):
             run = self.columns[lane].run
@@ -759,7 +1049,18 @@ class CompareView(QWidget):
             return False
         run = self.columns[lane].run
         settings = run.params or self.columns[lane].settings()
-        self.inspector.show_token(lane, index, rec, settings_label(settings))
+        model = self.model_of(lane)
+        # Name alternatives in this lane's own vocabulary: the loaded model's tokenizer only
+        # for lanes that share it, else the pieces this lane's tokens carried.
+        names = self._names_for(model)
+        names.update({int(k): v for k, v in ((rec.top or {}).get("pieces") or {}).items()})
+        self.inspector.known = names
+        loaded = next((m for m in self.models if m.kind == "loaded"), None)
+        self.inspector.token_text = self._token_text if loaded is not None and tokenizers_match(model, loaded) else None
+        label = settings_label(settings)
+        if len({self.model_of(i).group for i in range(len(self.columns))}) > 1:
+            label = f"{model.label()} · {label}"
+        self.inspector.show_token(lane, index, rec, label)
         if pin:
             self.selected = (lane, index)
             self.render(all_lanes=True)
@@ -782,12 +1083,14 @@ class CompareView(QWidget):
     def comparison_data(self) -> tuple[dict, list[dict]]:
         prompt = dict(self.last_prompt or self._prompt_dict())
         lanes = []
-        for col in self.columns:
+        for i, col in enumerate(self.columns):
+            model = self.model_of(i)
             if col.run is not None:
-                lanes.append(col.run.to_dict({**col.settings(), "stop": list(self.stop_strings)}))
+                lanes.append(col.run.to_dict({**col.settings(), "stop": list(self.stop_strings)}, model))
             else:
                 s = {**col.settings(), "stop": list(self.stop_strings)}
-                lanes.append({"settings": s, "seed": s.get("seed"), "text": "", "tokens": [], "logprobs": []})
+                lanes.append({"settings": s, "seed": s.get("seed"), "text": "", "tokens": [], "logprobs": [],
+                              "model": model.record(), "model_id": model.name})
         prompt["inspect"] = self.inspect
         return prompt, lanes
 
@@ -841,7 +1144,7 @@ class CompareView(QWidget):
         self.seed_lock.blockSignals(False)
         settings = [dict(l.get("settings") or {}) for l in lanes]
         self.stop_strings = tuple((settings[0] if settings else {}).get("stop") or ())
-        self.set_lanes(settings)
+        self.set_lanes(settings, [self._model_from_record(l.get("model")) for l in lanes])
         for col, lane in zip(self.columns, lanes):
             col.run = LaneRun.from_dict(lane) if lane.get("tokens") or lane.get("text") else None
             if col.run is not None:
@@ -852,6 +1155,27 @@ class CompareView(QWidget):
         self._refresh()
         self.render(all_lanes=True)
         self.status.setText(f"Opened “{self.history.conversation(conv_id).title}” — Run repeats it exactly.")
+
+    def _model_from_record(self, rec) -> LaneModel:
+        """The open model a saved lane ran on, or a stand-in that says what to open (a
+        checkpoint is opened again at Run; a server must be connected again)."""
+        loaded = next((m for m in self.models if m.kind == "loaded"), self.models[0])
+        if not isinstance(rec, dict) or not rec.get("kind"):
+            return loaded  # saved before lanes had models: the loaded one
+        name, kind, path = str(rec.get("name") or "?"), rec.get("kind"), str(rec.get("path") or "")
+        if kind == "server":
+            for m in self.models:
+                if m.kind == "server" and m.server == rec.get("server") and m.name == name:
+                    return m
+            return LaneModel("server", name, tokenizer=rec.get("tokenizer"), path=str(rec.get("server") or ""))
+        for m in self.models:
+            if m.name == name and (not path or not m.path or _same_path(m.path, path)) and m.kind != "server":
+                return m
+        if path:
+            m = LaneModel("checkpoint", name, tokenizer=rec.get("tokenizer"), path=path)
+            self.models.append(m)
+            return m
+        return loaded
 
     def ask_export_path(self, kind: str) -> str | None:
         """Where to export (a file dialog; tests replace this)."""
@@ -907,7 +1231,24 @@ class CompareView(QWidget):
 
     def closeEvent(self, event) -> None:
         self.stop()
+        release = getattr(self.bridge, "release", None)
+        for m in self.models:  # checkpoints held for this window's lanes
+            if m.kind == "checkpoint" and m.key and release is not None:
+                release(m.key)
+                m.key = ""
         super().closeEvent(event)
+
+
+def _server_dialog_factory(window):
+    """The app's Connect to Server dialog for "Model on a server…" (None without one)."""
+    try:
+        from .server_dialog import ServerDialog
+    except ImportError:
+        return None
+    saved = getattr(window, "servers", None)
+    if saved is None:
+        return None
+    return lambda: ServerDialog(saved=saved, parent=window)
 
 
 def open_compare(window) -> CompareView:
@@ -931,7 +1272,10 @@ def open_compare(window) -> CompareView:
         [{"role": "system", "content": system}] if system.strip() else [])
     view = CompareView(bridge=window.bridge, history=window.history, prompt=text, messages=context,
                        lanes=[panel.params()], mode="chat", chat_format=panel.chat_format(),
-                       conversation=conv, parent=window)
+                       conversation=conv, server_dialog=_server_dialog_factory(window), parent=window)
+    backend = getattr(window, "backend", None)
+    if backend is not None:  # replies come from a server: so does the first lane
+        view.set_lane_model(0, view.add_server(backend))
     view.setWindowFlag(Qt.Window, True)  # its own window, closed with the main one
     view.setAttribute(Qt.WA_DeleteOnClose, True)
 

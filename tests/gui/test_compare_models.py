@@ -1,0 +1,204 @@
+"""Comparison lanes across models, end to end with the real bridge and worker: lanes on
+the loaded model, on a second local checkpoint held beside it, on a tiny random checkpoint
+with another vocabulary, and on a model served by a real ``python -m core serve`` on
+loopback. Every lane's text is checked against its model's engine run directly."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from PySide6.QtCore import QUrl
+
+from core.checkpoints import load
+from core.client import RemoteModel
+from core.compare import text_diff, token_diff, tokenizer_fingerprint
+from core.engine import Done, Engine
+from core.sampling import SamplingParams
+from tests.gui.ui_helpers import bridge, loop, run, until  # noqa: F401  (shared fixtures)
+from tests.helpers import ROOT, ServeProcess, free_port, tiny_hf
+
+pytestmark = pytest.mark.timeout(240)
+PROMPT = "Once upon a time"
+GREEDY = {"temperature": 0.0, "max_new_tokens": 24}
+SAMPLED = {"temperature": 0.9, "top_p": 0.95, "seed": 5, "max_new_tokens": 24}
+ARTIFACTS = ROOT / "artifacts"
+
+
+@pytest.fixture
+def history(tmp_path):
+    from core.history import History
+    h = History(tmp_path / "history.sqlite3")
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_other_vocab(tmp_path_factory):
+    """A tiny random HF checkpoint whose tokenizer is 30 characters: another vocabulary."""
+    from tests.core.checkpoints.util import write_tiny_tokenizer
+    folder = tmp_path_factory.mktemp("tiny_chars")
+    tiny_hf(seed=3).save_pretrained(folder)
+    write_tiny_tokenizer(folder)
+    return folder
+
+
+def direct(path, settings: dict) -> Done:
+    """The lane's reference: its model's engine run on the completion prompt, no worker."""
+    lm = load(path, device="cpu", dtype="float32")
+    eng = Engine(lm.model, lm.tokenizer, max_context=lm.args.max_seq_len, stop_ids=lm.stop_ids)
+    p = SamplingParams(**{"top_p": 1.0, **settings})
+    return [e for e in eng.generate(lm.tokenizer.encode(PROMPT, bos=True), p) if isinstance(e, Done)][0]
+
+
+def view_for(bridge, history, lanes, **kw):
+    from gui.compare_view import CompareView
+    v = CompareView(bridge=bridge, history=history, prompt=PROMPT, mode="completion",
+                    lanes=[{"top_p": 1.0, **s} for s in lanes], **kw)
+    v.resize(1400, 800)
+    return v
+
+
+def test_lanes_on_a_second_checkpoint_and_on_another_vocabulary(qtbot, loop, bridge, history, fixtures,
+                                                                tiny_other_vocab, tmp_path, monkeypatch):
+    story = fixtures / "stories260K.gguf"
+    twin = tmp_path / "twin" / "stories-copy.gguf"  # a second checkpoint on the same tokenizer
+    twin.parent.mkdir()
+    shutil.copy(story, twin)
+    v = view_for(bridge, history, [GREEDY, SAMPLED, GREEDY])
+    qtbot.addWidget(v)
+    v.show()
+
+    async def scenario():
+        await bridge.load(str(story), device="cpu", dtype="float32")
+        assert v.model_of(0).name == "stories260K" and v.model_of(0).tokenizer  # followed the load
+        await v.open_checkpoint(1, str(twin))
+        await v.open_checkpoint(2, str(tiny_other_vocab))
+        assert not v.columns[1].notice.isVisibleTo(v), v.columns[1].notice.text()
+        v.run()
+        await until(lambda: not v.running, 90, "the comparison to finish")
+
+    run(loop, scenario(), 150)
+    ARTIFACTS.mkdir(exist_ok=True)
+    v.grab().save(str(ARTIFACTS / "compare_other_vocab.png"))
+    models = [v.model_of(i) for i in range(3)]
+    assert [m.kind for m in models] == ["loaded", "checkpoint", "checkpoint"]
+    assert models[1].name == "stories-copy" and models[2].name == tiny_other_vocab.name
+    # The lane header names each lane's model.
+    assert [v.columns[i].model_combo.currentText() for i in range(3)] == [m.name for m in models]
+    runs = [c.run for c in v.columns]
+    for r, path, s in zip(runs, (story, twin, tiny_other_vocab), (GREEDY, SAMPLED, GREEDY)):
+        ref = direct(path, s)
+        assert (r.text, r.ids) == (ref.text, ref.tokens) and r.finished
+    assert runs[0].text.startswith(", there was a little girl")
+    # Same tokenizer (fingerprints match): token ids are compared.
+    assert models[0].tokenizer == models[1].tokenizer
+    d = token_diff(runs[0].ids, runs[1].ids)
+    assert d.divergence is not None and f"Diverges at token {d.divergence + 1}" in v.columns[1].divergence.text()
+    assert "by text" not in v.columns[1].divergence.text()
+    # Another vocabulary: said plainly, and the diff is by text.
+    lm = load(tiny_other_vocab)
+    assert models[2].tokenizer == tokenizer_fingerprint(lm.tokenizer, lm.args.vocab_size) != models[0].tokenizer
+    label = v.columns[2].divergence.text()
+    assert "different tokenizers: divergence and diff by text only" in label
+    td = text_diff(runs[0].text, [t.text for t in runs[2].tokens])
+    assert f"Diverges at token {td.divergence + 1}" in label
+    shown = v.columns[2].browser.toPlainText().replace("\u2503", "")
+    assert shown == runs[2].text  # the lane shows its own text, marker aside
+    # The inspector names lane 3's alternatives in lane 3's vocabulary (single characters).
+    v.columns[2].browser.anchorClicked.emit(QUrl("tok:2:1"))
+    assert v.inspector.current == (2, 1)
+    names = [row[0] for row in v.inspector.shown_values()]
+    assert names and all(len(n.replace("\u2423", " ").replace("·", " ")) <= 5 for n in names), names
+    chars = {lm.tokenizer.token_bytes(i).decode("utf-8", "replace") for i in range(lm.tokenizer.vocab_size)}
+    rec = runs[2].tokens[1]
+    assert {rec.top["pieces"][r["id"]] for r in v.inspector.rows} <= chars
+    assert models[2].label() in v.inspector.summary.text()
+
+    # Export records every lane's model (name, kind, path, tokenizer); Markdown names them.
+    out = v.export("json", str(tmp_path / "c.json"))
+    lanes = json.loads((tmp_path / "c.json").read_text())["conversation"]["meta"]["comparison"]["lanes"]
+    assert [l["model"]["kind"] for l in lanes] == ["loaded", "checkpoint", "checkpoint"]
+    assert [l["model"]["name"] for l in lanes] == ["stories260K", "stories-copy", tiny_other_vocab.name]
+    assert lanes[1]["model"]["path"] == str(twin.resolve()) and lanes[2]["model"]["tokenizer"] == models[2].tokenizer
+    md = v.export("md", str(tmp_path / "c.md"))
+    text = (tmp_path / "c.md").read_text()
+    assert out and md and "## Lane 2 · stories-copy" in text and f"## Lane 3 · {tiny_other_vocab.name}" in text
+
+    # Reopened, each lane is on its model again.
+    conv_id = v.saved_id
+    v.set_lane_model(1, v.models[0])
+    v.open_comparison(conv_id)
+    assert [v.model_of(i).name for i in range(3)] == [m.name for m in models]
+    assert v.model_of(1) is models[1]
+
+    # A checkpoint that does not fit beside the loaded model: said in the lane, nothing changes.
+    from core import limits
+    monkeypatch.setattr(limits, "available_bytes", lambda device=None: 1000)
+    demo = ROOT / "assets" / "models" / "llamadesk-demo"
+    run(loop, v.open_checkpoint(0, str(demo)), 60)
+    assert "llamadesk-demo beside the loaded model needs" in v.columns[0].notice.text()
+    assert v.columns[0].notice.isVisibleTo(v) and v.model_of(0) is models[0]
+
+
+def test_a_local_lane_and_a_lane_on_a_server(qtbot, loop, bridge, history, fixtures, tmp_path):
+    story = fixtures / "stories260K.gguf"
+    with ServeProcess(story, key="cmp-key") as server:
+        remote = RemoteModel(server.url, api_key="cmp-key")
+        remote.connect()
+        remote.probe()
+        v = view_for(bridge, history, [SAMPLED, SAMPLED, GREEDY])
+        qtbot.addWidget(v)
+        v.show()
+        lane_model = v.add_server(remote)
+        v.set_lane_model(1, lane_model)
+        v.set_lane_model(2, lane_model)
+
+        async def scenario():
+            await bridge.load(str(story), device="cpu", dtype="float32")
+            v.run()
+            await until(lambda: not v.running, 90, "the comparison to finish")
+
+        run(loop, scenario(), 150)
+        ARTIFACTS.mkdir(exist_ok=True)
+        v.grab().save(str(ARTIFACTS / "compare_two_models.png"))
+    runs = [c.run for c in v.columns]
+    assert all(r.finished and not r.error for r in runs), [r.error for r in runs]
+    assert v.columns[1].model_combo.currentText() == f"stories260K @ 127.0.0.1:{server.port}"
+    # The same model and seed, locally and on the server: the same tokens.
+    ref = direct(story, SAMPLED)
+    assert (runs[0].text, runs[0].ids) == (runs[1].text, runs[1].ids) == (ref.text, ref.tokens)
+    assert runs[2].text == direct(story, GREEDY).text
+    assert lane_model.tokenizer == v.model_of(0).tokenizer  # the server says its tokenizer
+    assert "Identical to the baseline" in v.columns[1].divergence.text()
+    assert "Diverges at token" in v.columns[2].divergence.text() and "by text" not in v.columns[2].divergence.text()
+    # Export records the server's address and never the key.
+    v.export("json", str(tmp_path / "c.json"))
+    raw = (tmp_path / "c.json").read_text()
+    lanes = json.loads(raw)["conversation"]["meta"]["comparison"]["lanes"]
+    assert lanes[1]["model"] == {"kind": "server", "name": "stories260K", "tokenizer": lane_model.tokenizer,
+                                 "server": f"http://127.0.0.1:{server.port}/v1"}
+    assert "cmp-key" not in raw
+
+
+def test_a_lane_on_a_server_that_is_gone_says_so_and_the_others_finish(qtbot, loop, bridge, history, fixtures):
+    story = fixtures / "stories260K.gguf"
+    gone = RemoteModel(f"http://127.0.0.1:{free_port()}", model="stories260K", timeout=5)
+    v = view_for(bridge, history, [GREEDY, GREEDY])
+    qtbot.addWidget(v)
+    v.set_lane_model(1, v.add_server(gone))
+    assert v.model_of(1).tokenizer is None
+
+    async def scenario():
+        await bridge.load(str(story), device="cpu", dtype="float32")
+        v.run()
+        await until(lambda: not v.running, 60, "the comparison to finish")
+
+    run(loop, scenario(), 90)
+    assert v.columns[0].run.stop_reason == "length" and v.columns[0].run.text.startswith(", there was")
+    notice = v.columns[1].notice.text()
+    assert "Could not reach the server" in notice and "press Run to try again" in notice
+    assert v.columns[1].run.stop_reason == "error" and "lane 2" in v.status.text()
+    assert v.run_button.isEnabled()  # usable: the lane can be pointed elsewhere and run again
+    v.set_lane_model(1, v.models[0])
+    assert not v.columns[1].notice.text()
