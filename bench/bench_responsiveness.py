@@ -169,6 +169,7 @@ def child(threads: int, seconds: float) -> dict:
 def markdown_reply(n_tokens: int) -> list[str]:
     """~n_tokens word-sized pieces of a Markdown reply: sections with a heading, a
     paragraph, a list and a fenced code block, repeated."""
+    import re
     pieces: list[str] = []
     k = 0
     while len(pieces) < n_tokens:
@@ -179,8 +180,9 @@ def markdown_reply(n_tokens: int) -> list[str]:
                    f"- open the file number {k}\n- read each line\n- skip the header\n  - and blanks\n\n"
                    f"```python\ndef step_{k}(path):\n    rows = []\n    with open(path) as f:\n"
                    f"        for line in f:\n            rows.append(line.split(','))\n    return rows\n```\n\n")
-        pieces += [w for w in section.replace("\n", " \n").split(" ") if w != ""]
-        pieces = [p if p.endswith("\n") else p + " " for p in pieces]
+        # A word with the spaces and newlines after it (code keeps its indentation); the
+        # pieces join to exactly the sections.
+        pieces += re.findall(r"\S+\s*|\s+", section)
     return pieces[:n_tokens]
 
 
@@ -270,6 +272,14 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
         updates.append((st.tokens if st is not None else n_tokens, (time.perf_counter() - t) * 1000))
     window.reply.streamed.disconnect(window.chat.append_stream)
     window.reply.streamed.connect(timed_append)
+    final_ms: list[float] = []  # the reply's final render (ChatView.end_stream)
+    end_stream = window.chat.end_stream
+
+    def timed_end(message):
+        t = time.perf_counter()
+        end_stream(message)
+        final_ms.append((time.perf_counter() - t) * 1000)
+    window.chat.end_stream = timed_end
     ticks: list[float] = []
     timer = QTimer()
     timer.setTimerType(Qt.TimerType.PreciseTimer)
@@ -299,6 +309,10 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
         ts = [t for t in ticks if a_ <= t <= b_]
         return [(b - a) * 1000 for a, b in zip(ts, ts[1:])]
     gaps = gaps_between(t0, t1)
+    ts = [t for t in ticks if t0 <= t <= t1]
+    # The longest gaps and when they ended (ms before the reply finished): a stall at the
+    # end is the final render's, one mid-reply a frame's (or the shared machine's).
+    worst = sorted(((b - a) * 1000, (t1 - b) * 1000) for a, b in zip(ts, ts[1:]))[-3:][::-1]
     idle = gaps_between(0, t0)
     first_ms = updates[0][1] if updates else float("nan")
 
@@ -308,10 +322,12 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
     final_text = window.chat.widgets[-1].body.toPlainText()
     return {"mode": mode, "tokens": n_tokens, "seconds": t1 - t0, "updates": len(updates),
             "gap_p99_ms": percentile(gaps, 99), "gap_max_ms": max(gaps, default=float("nan")),
+            "worst_gaps_ms_and_ms_before_end": worst,
             "idle_p99_ms": percentile(idle, 99), "idle_max_ms": max(idle, default=float("nan")),
-            "first_update_ms": first_ms,
+            "first_update_ms": first_ms, "final_render_ms": final_ms[-1] if final_ms else float("nan"),
             "update_ms": {str(n): near(n) for n in (100, 1000, 4000)},
-            "update_total_ms": sum(ms for _, ms in updates), "final_chars": len(final_text)}
+            "update_total_ms": sum(ms for _, ms in updates),
+            "update_max_ms": max((ms for _, ms in updates), default=float("nan")), "final_chars": len(final_text)}
 
 
 def view_main(a) -> None:
@@ -330,7 +346,7 @@ def view_main(a) -> None:
           f"{os.cpu_count()} cores, shared machine); {a.repeats} run(s) per mode, interleaved, median shown")
     print(f"{'mode':>12} | {'idle p99/max':>12} | {'gap p99 ms':>10} | {'gap max ms':>10} | {'first update':>12} | "
           f"{'update ms @100':>14} | "
-          f"{'@1000':>7} | {'@4000':>7} | {'UI ms in updates':>16} | {'updates':>7}")
+          f"{'@1000':>7} | {'@4000':>7} | {'final render':>12} | {'UI ms in updates':>16} | {'updates':>7}")
     med = statistics.median
     for mode, rs in runs.items():
         u = lambda n: med(r["update_ms"][str(n)] for r in rs)  # noqa: E731
@@ -338,6 +354,7 @@ def view_main(a) -> None:
               f"{med(r['gap_p99_ms'] for r in rs):>10.1f} | {med(r['gap_max_ms'] for r in rs):>10.1f} | "
               f"{med(r['first_update_ms'] for r in rs):>12.1f} | "
               f"{u(100):>14.2f} | {u(1000):>7.2f} | {u(4000):>7.2f} | "
+              f"{med(r['final_render_ms'] for r in rs):>12.1f} | "
               f"{med(r['update_total_ms'] for r in rs):>16.0f} | {med(r['updates'] for r in rs):>7.0f}")
     inc, full = runs["incremental"], runs["full"]
     print(f"per-update cost at 4000 tokens, full / incremental: "

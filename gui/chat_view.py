@@ -24,7 +24,8 @@ import re
 
 import markdown
 from PySide6.QtCore import QSize, Qt, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextOption
+from PySide6.QtGui import (QDesktopServices, QGuiApplication, QTextBlockFormat, QTextCharFormat, QTextCursor,
+                           QTextDocument, QTextOption)
 from PySide6.QtWidgets import (QCheckBox, QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy,
                                QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
@@ -56,29 +57,70 @@ def _markdown() -> markdown.Markdown:
     return md
 
 
+# An opening code fence as python-markdown's fenced_code reads one (column 0; an optional
+# language or {attributes}); the same fence alone on a line closes it.
+_FENCE = re.compile(r"""(`{3,}|~{3,})[ ]*(\{[^\n]*\}|(\.?[\w#.+-]*[ ]*)?(hl_lines=("|').*?\5[ ]*)?)""")
+# A reference-style link definition ("[id]: url") changes links anywhere in the text, so a
+# text that has one is never rendered in pieces.
+_REF_DEF = re.compile(r"^ {0,3}\[[^\]\n]*\]:", re.M)
+# A block starting with one of these after a blank line may continue the block before it
+# (indented code or list content, a loose list, a blockquote): never a place to cut.
+_CONTINUES = " \t-*+>0123456789"
+# Qt ends a document that ends in a thematic break with an empty block that a following
+# setHtml fills: no cut right after one.
+_RULE = re.compile(r" {0,3}([-*_])( *\1){2,} *")
+
+
+def _open_fence(text: str, start: int = 0, fence: str | None = None) -> str | None:
+    """The fence still open at the end of ``text[start:]`` (``fence``: open at ``start``)."""
+    for line in text[start:].splitlines():
+        if fence is None:
+            m = _FENCE.fullmatch(line)
+            fence = m.group(1) if m else None
+        elif line.rstrip(" ") == fence:
+            fence = None
+    return fence
+
+
 def close_open_fence(text: str) -> str:
     """Close a code fence left open mid-stream so the partial reply renders as code."""
-    fences = sum(1 for line in text.splitlines() if line.lstrip().startswith("```"))
-    return text + "\n```" if fences % 2 else text
+    fence = _open_fence(text)
+    return text + "\n" + fence if fence else text
+
+
+def block_bounds(text: str, start: int = 0):
+    """Yield each place in ``text[start:]`` (``start`` being one) where Markdown can be cut
+    into pieces that render exactly as the whole does: after a blank line outside a code
+    fence, once the next block has begun with a character that cannot continue the block
+    before it. Each place depends only on the text before it and one character after, so
+    a place found while the text streams stays one when the text is complete."""
+    fence, pos, blank, ruled = None, start, False, False
+    while pos < len(text):
+        nl = text.find("\n", pos)
+        line = text[pos:] if nl < 0 else text[pos:nl]
+        if fence is None and blank and not ruled and line and line[0] not in _CONTINUES:
+            yield pos
+        if nl < 0:
+            return
+        if fence is None:
+            m = _FENCE.fullmatch(line)
+            if m:
+                fence = m.group(1)
+            blank = not line.strip(" \t")
+            if not blank:
+                ruled = bool(_RULE.fullmatch(line))
+        elif line.rstrip(" ") == fence:
+            fence = None
+        pos = nl + 1
 
 
 def closed_blocks_end(text: str, start: int = 0) -> int:
     """Where the complete Markdown blocks of ``text[start:]`` end (``start`` being such an
-    end): after a blank line outside a code fence, or after a fence's closing line.
-    What follows is the block still being written."""
-    end, fenced, pos = start, False, start
-    while True:
-        nl = text.find("\n", pos)
-        if nl < 0:
-            return end
-        line = text[pos:nl].strip()
-        if line.startswith("```"):
-            fenced = not fenced
-            if not fenced:
-                end = nl + 1
-        elif not fenced and not line:
-            end = nl + 1
-        pos = nl + 1
+    end, see :func:`block_bounds`); what follows is the block still being written."""
+    end = start
+    for end in block_bounds(text, start):
+        pass
+    return end
 
 
 def render_markdown(text: str, first_code: int = 0) -> tuple[str, list[str]]:
@@ -111,10 +153,11 @@ def render_markdown(text: str, first_code: int = 0) -> tuple[str, list[str]]:
 class MessageBody(QTextBrowser):
     """A read-only Markdown body that is exactly as tall as its text (no own scrollbar).
 
-    While a reply streams, only its end changes: complete Markdown blocks are rendered once
-    each and appended, and the block still being written is plain text that grows by
-    appending (:meth:`append_stream`), so a frame costs the same at token 4,000 as at 100.
-    :meth:`set_markdown` renders the whole text once the reply is final.
+    While a reply streams, only its end changes: each complete Markdown block is rendered
+    once and appended in its final form, and the block still being written is plain text
+    that grows by appending (:meth:`append_stream`), so a frame costs the same at token
+    4,000 as at 100. :meth:`finish_stream` renders only what is left, so the final
+    document equals :meth:`set_markdown` of the whole text at a fraction of its cost.
     """
 
     def __init__(self, *, parent=None):
@@ -128,23 +171,29 @@ class MessageBody(QTextBrowser):
         self.document().setDocumentMargin(2)
         self.codes: list[str] = []
         self.markdown_text = ""
+        self.streaming = False
         self._rendered = 0  # streaming: chars of markdown_text shown as rendered blocks
         self._tail_at = 0  # streaming: where the plain-text tail starts in the document
+        self._pieces = True  # streaming: the text can still be rendered block by block
         self.setMouseTracking(True)  # hover over a token's anchor (``highlighted``)
 
-    def set_markdown(self, text: str) -> None:
-        self.markdown_text = text
-        body, self.codes = render_markdown(text)
+    def _style(self) -> None:
         c = theme.colors()
         self.document().setDefaultStyleSheet(f"a {{ color: {c['accent']}; }}")
+
+    def set_markdown(self, text: str) -> None:
+        """Render the whole text at once."""
+        self.markdown_text, self.streaming = text, False
+        body, self.codes = render_markdown(text)
+        self._style()
         self.setHtml(body)
         self._fit()
 
     def begin_stream(self, text: str = "") -> None:
         """Start showing a reply that will grow by :meth:`append_stream`."""
         self.markdown_text, self.codes, self._rendered, self._tail_at = "", [], 0, 0
-        c = theme.colors()
-        self.document().setDefaultStyleSheet(f"a {{ color: {c['accent']}; }}")
+        self.streaming, self._pieces = True, True
+        self._style()
         self.clear()
         self.append_stream(text)
 
@@ -153,28 +202,80 @@ class MessageBody(QTextBrowser):
         appended as plain text."""
         if not delta:
             return
+        line_start = self.markdown_text.rfind("\n") + 1
         self.markdown_text += delta
         text = self.markdown_text
-        end = closed_blocks_end(text, self._rendered)
-        cur = QTextCursor(self.document())
-        if end > self._rendered:
-            cur.setPosition(self._tail_at)
-            cur.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
-            cur.removeSelectedText()
-            body, codes = render_markdown(text[self._rendered:end], first_code=len(self.codes))
-            cur.insertHtml(body)
-            self.codes += codes
-            cur.insertBlock(QTextBlockFormat(), QTextCharFormat())
-            self._rendered, self._tail_at = end, cur.position()
-            cur.insertText(text[end:])
+        if self._pieces and _REF_DEF.search(text, line_start):
+            self._pieces = False  # rendered once, in full, by finish_stream
+        bounds = list(block_bounds(text, self._rendered)) if self._pieces else []
+        if bounds:
+            self._drop_tail()
+            for end in bounds:
+                self._append_block(text[self._rendered:end])
+                self._rendered = end
+            self._show_tail(text[self._rendered:])
         else:
+            cur = QTextCursor(self.document())
             cur.movePosition(QTextCursor.End)
             cur.insertText(delta, QTextCharFormat())
         self._fit()
 
+    def finish_stream(self, text: str) -> None:
+        """Show the final text of a streamed reply, rendered as :meth:`set_markdown` would
+        render it; only the blocks not yet rendered in their final form are rendered."""
+        done = self._rendered
+        if (not self.streaming or not self._pieces or _REF_DEF.search(text)
+                or not text.startswith(self.markdown_text[:done])
+                or (len(text) > done and done and text[done] in _CONTINUES)):
+            self.set_markdown(text)
+            return
+        self._drop_tail()
+        for end in [*block_bounds(text, done), len(text)]:
+            if end > self._rendered:
+                self._append_block(text[self._rendered:end])
+                self._rendered = end
+        self.markdown_text, self.streaming = text, False
+        self._fit()
+
+    def _append_block(self, text: str) -> None:
+        """Append rendered Markdown at the end of the document, as if it had been part of
+        one setHtml: a fragment inserted at a block's end merges its first block into that
+        block and loses its format, so the fragment is cut from a document where a dummy
+        paragraph comes first, starting at its first real block's separator."""
+        body, codes = render_markdown(text, first_code=len(self.codes))
+        self.codes += codes
+        doc = self.document()
+        if doc.isEmpty():
+            doc.setHtml(body)
+            return
+        part = QTextDocument()
+        part.setDefaultStyleSheet(doc.defaultStyleSheet())
+        part.setHtml("<p>x</p>" + body)
+        sel = QTextCursor(part)
+        sel.setPosition(1)
+        sel.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
+        cur = QTextCursor(doc)
+        cur.movePosition(QTextCursor.End)
+        cur.insertFragment(sel.selection())
+
+    def _show_tail(self, text: str) -> None:
+        doc = self.document()
+        cur = QTextCursor(doc)
+        cur.movePosition(QTextCursor.End)
+        self._tail_at = cur.position()
+        if not doc.isEmpty():
+            cur.insertBlock(QTextBlockFormat(), QTextCharFormat())
+        cur.insertText(text, QTextCharFormat())
+
+    def _drop_tail(self) -> None:
+        cur = QTextCursor(self.document())
+        cur.setPosition(self._tail_at)
+        cur.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
+        cur.removeSelectedText()
+
     def set_token_html(self, body: str) -> None:
         """Show pre-rendered token HTML (no Markdown, no code blocks)."""
-        self.codes = []
+        self.codes, self.streaming = [], False
         self.setHtml(body)
         self._fit()
 
@@ -389,6 +490,8 @@ class MessageWidget(QFrame):
             self._render_tokens()
         elif self.streaming:
             self.body.begin_stream(text)
+        elif self.body.streaming:
+            self.body.finish_stream(text)
         else:
             self.body.set_markdown(text)
 

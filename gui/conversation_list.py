@@ -120,8 +120,11 @@ class ConversationFilter(QSortFilterProxyModel):
         self._ids: set[int] | None = None
 
     def set_matches(self, ids: set[int] | None) -> None:
+        # begin/endFilterChange replace the deprecated invalidateFilter (Qt 6.10): the
+        # rows are re-filtered once, and only rows (columns never change here).
+        self.beginFilterChange()
         self._ids = ids
-        self.invalidateFilter()
+        self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
 
     def filterAcceptsRow(self, row: int, parent: QModelIndex) -> bool:  # noqa: N802 (Qt API)
         if self._ids is None:

@@ -46,12 +46,72 @@ REPLY = ("# Title\n\nSome *intro* text.\n\n- one\n- two\n\n```python\nx = 1\n\ny
 
 def test_closed_blocks_end_at_blank_lines_outside_code():
     assert closed_blocks_end("# T\n\npara") == len("# T\n\n")
+    assert closed_blocks_end("# T\n\n") == 0  # the next block has not begun yet
     text = "a\n\n```\ncode\n\nmore\n"  # the blank line inside the open fence closes nothing
     assert closed_blocks_end(text) == 3
-    assert closed_blocks_end(text + "```\n") == len(text + "```\n")
+    assert closed_blocks_end(text + "```\n") == 3
+    assert closed_blocks_end(text + "```\n\nb") == len(text + "```\n\n")
+    # A block that may continue the one before it (loose list, list or code indent, quote) is no cut.
+    for cont in ("- b", "  b", "\tb", "2. b", "> b", "* b", "+ b"):
+        assert closed_blocks_end("- a\n\n" + cont) == 0, cont
+    assert closed_blocks_end("````\n```\n\nx\n````\n\nend") == len("````\n```\n\nx\n````\n\n")
+    assert close_open_fence("~~~\nx\n```") == "~~~\nx\n```\n~~~"
 
 
-def test_streaming_renders_each_block_once_and_the_end_in_full(qtbot, monkeypatch):
+# Blocks a reply is made of, including the ones that depend on their neighbours in Markdown
+# (loose lists, lazy blockquotes, indented code after a list, a fence inside a fence, a
+# reference definition that changes a link above it, a would-be fence python-markdown
+# does not open).
+BLOCKS = ["# Title", "Some *intro* text with `code` and a [link](http://x.org).", "- one\n- two",
+          "- loose\n\n- list\n\n    indented in the list", "1. first\n2. second\n    - nested",
+          "> quote\n\n> more quote", "    indented code\n\n    still code", "Title two\n=========",
+          "```python\nx = 1\n\ny = 2\n```", "````\n```\ninner\n```\n````", "~~~\ntilde\n~~~",
+          "``` python not a fence\ntext\n```", "| a | b |\n|---|---|\n| 1 | **2** |", "***", "___",
+          "A [ref][r] link.", "[r]: http://example.com", "Paragraph\nwith a second line", "2024 was a year.",
+          "```\nunclosed fence\n\nstill code"]
+
+
+def random_reply(rng) -> str:
+    blocks = [rng.choice(BLOCKS[:-1]) for _ in range(rng.randint(1, 9))]
+    if rng.random() < 0.2:
+        blocks.append(BLOCKS[-1])
+    return "".join(b + rng.choice(["\n\n", "\n\n\n", "\n\n"]) for b in blocks)[:rng.choice([None, -1, -2])]
+
+
+def stream_into(body, text, rng) -> None:
+    body.begin_stream()
+    i = 0
+    while i < len(text):
+        n = rng.randint(1, 12)
+        body.append_stream(text[i:i + n])
+        i += n
+
+
+def test_a_streamed_reply_ends_as_the_same_document_as_a_one_shot_render(qtbot):
+    """The final document of a streamed reply (blocks rendered as they closed, then only
+    the rest) is the document a one-shot render of the whole Markdown gives: same HTML
+    document, same code blocks, same height."""
+    import random
+
+    from gui.chat_view import MessageBody
+    rng = random.Random(11)
+    streamed, whole = MessageBody(), MessageBody()
+    for b in (streamed, whole):
+        qtbot.addWidget(b)
+        b.resize(500, 300)
+    pieces = 0
+    for case in range(60):
+        text = random_reply(rng)
+        stream_into(streamed, text, rng)
+        pieces += streamed._rendered > 0
+        streamed.finish_stream(text)
+        whole.set_markdown(text)
+        assert streamed.document().toHtml() == whole.document().toHtml(), (case, text)
+        assert streamed.codes == whole.codes and streamed.height() == whole.height(), (case, text)
+    assert pieces > 40  # most replies were really rendered block by block while streaming
+
+
+def test_streaming_renders_each_block_once_and_only_the_rest_at_the_end(qtbot, monkeypatch):
     import gui.chat_view as cv
     rendered = []
     real = cv.render_markdown
@@ -64,18 +124,38 @@ def test_streaming_renders_each_block_once_and_the_end_in_full(qtbot, monkeypatc
     for i in range(0, len(REPLY), 3):  # three characters a frame
         view.append_stream(REPLY[i:i + 3])
     body = view.widgets[-1].body
-    # Every complete block was rendered exactly once, in order; the last one is still text.
-    assert "".join(rendered) == REPLY[:REPLY.rindex("Closing")]
+    # Every complete block was rendered exactly once, in order (the lists with what they
+    # could still continue); the last one is still text.
+    assert rendered == ["# Title\n\n", "Some *intro* text.\n\n- one\n- two\n\n",
+                        "```python\nx = 1\n\ny = 2\n```\n\n", "## Part two\n\n1. first\n2. second\n\n"]
     assert body.toPlainText().endswith("Closing words") and "```" not in body.toPlainText()
     assert body.codes == ["x = 1\n\ny = 2"]
     assert view.renders == len(range(0, len(REPLY), 3))
     rendered.clear()
     view.end_stream({"id": 9, "role": "assistant", "text": REPLY, "version": (1, 1)})
-    assert rendered == [REPLY]  # one full render at the end
+    assert rendered == ["Closing words"]  # only what was not final yet
     full = ChatView()
     qtbot.addWidget(full)
+    full.resize(600, 400)
+    full.show()
     full.set_messages([{"id": 9, "role": "assistant", "text": REPLY, "version": (1, 1)}])
-    assert view.widgets[-1].body.toPlainText() == full.widgets[-1].body.toPlainText()
+    assert view.widgets[-1].body.document().toHtml() == full.widgets[-1].body.document().toHtml()
+
+
+def test_a_final_text_that_changes_rendered_blocks_is_rendered_whole(qtbot):
+    from gui.chat_view import MessageBody
+    body, whole = MessageBody(), MessageBody()
+    qtbot.addWidget(body)
+    qtbot.addWidget(whole)
+    body.begin_stream("A [ref][r] link.\n\nmore\n\nx")
+    assert body._rendered > 0
+    for final in ("A [ref][r] link.\n\nmore\n\n[r]: http://example.com",  # a definition arrives
+                  "A [ref] link.\n\nmore"):  # the final text differs from what streamed
+        body.begin_stream("A [ref][r] link.\n\nmore\n\nx")
+        body.finish_stream(final)
+        whole.set_markdown(final)
+        assert body.document().toHtml() == whole.document().toHtml()
+        assert ("example.com" in body.document().toHtml()) == ("example.com" in final)  # the link resolved
 
 
 def test_streaming_follows_unless_scrolled_up(qtbot):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import qasync
-from PySide6.QtCore import QPoint, QSettings, Qt
+from PySide6.QtCore import QEvent, QPoint, QSettings, Qt
 from PySide6.QtWidgets import QApplication, QWidget
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,7 +108,10 @@ def snapshot(widget, name: str) -> Path:
     """Save a PNG of a widget under artifacts/ (git-ignored) for a person to look at."""
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
-    QApplication.processEvents()
+    # Only pending layouts: processEvents() here, inside a coroutine, ran other tasks'
+    # wake-ups re-entrantly ("Cannot enter into task ... while another task is being
+    # executed"), and the task it refused never woke again (test_stop_mid_reply_and_continue hung).
+    QApplication.sendPostedEvents(None, QEvent.LayoutRequest)
     widget.grab().save(str(path))
     return path
 
