@@ -118,10 +118,10 @@ def hub_errors(repo_id: str, *, token_given: bool, what: str = "") -> Iterator[N
 def transport_errors() -> tuple[type[Exception], ...]:
     """Connection-level exceptions of httpx and of httpx2 (the fork huggingface_hub 2.x uses)."""
     import httpx
-    out: list[type[Exception]] = [httpx.TransportError]
+    out: list[type[Exception]] = [httpx.TransportError, httpx.StreamError]
     try:
         import httpx2
-        out.append(httpx2.TransportError)
+        out += [httpx2.TransportError, httpx2.StreamError]
     except ImportError:
         pass
     return tuple(out)

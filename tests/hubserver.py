@@ -14,7 +14,9 @@ Switches a test flips on the server object: ``cut_after[(repo, path)] = n`` clos
 connection after n body bytes (once), ``bad_checksum.add((repo, path))`` announces a wrong
 sha256, ``remove(repo)`` makes a repository vanish (404), ``offline = True`` answers
 nothing (connections are closed at once). A gated repository answers 401 to downloads
-without ``Authorization: Bearer {token}``. ``bytes_sent[(repo, path)]`` counts body bytes.
+without ``Authorization: Bearer {token}``. ``bytes_sent[(repo, path)]`` counts body bytes
+written to the socket, ``transfers`` lists each file GET with its Range and bytes (a
+connection the client closed may have taken bytes it never read).
 """
 from __future__ import annotations
 
@@ -97,9 +99,11 @@ class FakeHub:
         self.lock = threading.Lock()
         self.bytes_sent: dict[tuple[str, str], int] = {}
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        self.transfers: list[dict] = []  # one per file GET: repo, path, range, sent (body bytes)
         self.cut_after: dict[tuple[str, str], int] = {}
         self.bad_checksum: set[tuple[str, str]] = set()
         self.offline = False
+        self.offline_after_cut = False  # a cut also takes the network down (until offline = False)
         self.throttle_bps: float | None = None  # slow downloads down (pause tests), bytes/s
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -337,8 +341,10 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command == "HEAD":
             return
         key = (repo_id, file)
+        record = {"repo": repo_id, "path": file, "range": rng, "sent": 0}
         with hub.lock:
             cut = hub.cut_after.pop(key, None)
+            hub.transfers.append(record)
         left, sent, t0 = end - start + 1, 0, time.monotonic()
         with spec.open() as f:
             f.seek(start)
@@ -347,6 +353,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if cut is not None:
                     n = min(n, cut - sent)
                     if n <= 0:  # the connection drops mid-file
+                        hub.offline = hub.offline or hub.offline_after_cut
                         self.close_connection = True
                         self.wfile.flush()
                         self.connection.shutdown(socket.SHUT_RDWR)
@@ -362,6 +369,7 @@ class _Handler(BaseHTTPRequestHandler):
                 finally:
                     with hub.lock:
                         hub.bytes_sent[key] = hub.bytes_sent.get(key, 0) + len(chunk)
+                        record["sent"] += len(chunk)
                 sent += len(chunk)
                 left -= len(chunk)
                 if hub.throttle_bps:
