@@ -518,6 +518,14 @@ def _cli_cases(seeds, out: Path) -> list[Case]:
         ["tokenize", str(seeds["hf"]), "--text", bad_utf8, "--chat"],
     ]):
         cases.append(Case(f"cli-utf8-{i}", "invalid UTF-8 argument", argv, "either"))
+    # Comparison lanes that name their own model: a missing path, a file that is no model,
+    # a damaged checkpoint, a server that refuses, a URL that is not HTTP.
+    lane = ["compare", g, "--prompt", "Once", "--max-new-tokens", "4", "--device", "cpu", "--lane", "temperature=0"]
+    for i, backend in enumerate([f"model={out / 'no-such-model.gguf'}", f"model={seeds['tokenizer.json']}",
+                                 f"model={seeds['meta'] / 'params.json'}", "server=http://127.0.0.1:1",
+                                 "server=ftp://127.0.0.1/x", "server=http://127.0.0.1:1,model=x"]):
+        cases.append(Case(f"cli-lane-model-{i}", "comparison lane model", lane + ["--lane", f"temperature=0,{backend}"],
+                          "error"))
     # A folder whose name is not UTF-8 must load like any other.
     for kind in ("meta", "hf"):
         d = Path(os.fsdecode(bytes(out) + b"/nonutf8-\xff\xfe-" + kind.encode()))

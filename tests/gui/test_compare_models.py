@@ -162,6 +162,24 @@ def test_a_local_lane_and_a_lane_on_a_server(qtbot, loop, bridge, history, fixtu
         run(loop, scenario(), 150)
         ARTIFACTS.mkdir(exist_ok=True)
         v.grab().save(str(ARTIFACTS / "compare_two_models.png"))
+
+        # A server that does not say its tokenizer nor return token ids (as most do): by text.
+        plain = RemoteModel(server.url, api_key="cmp-key")
+        plain.connect()
+        plain.card.pop("llamadesk")
+        w = view_for(bridge, history, [GREEDY, GREEDY])
+        qtbot.addWidget(w)
+        w.set_lane_model(1, w.add_server(plain))
+
+        async def by_text():
+            w.run()
+            await until(lambda: not w.running, 90, "the comparison to finish")
+
+        run(loop, by_text(), 120)
+        assert w.model_of(1).tokenizer is None and w.columns[1].run.text == w.columns[0].run.text
+        assert all(t.token_id == -1 for t in w.columns[1].run.tokens)  # no ids to compare
+        assert "Same text as the baseline" in w.columns[1].divergence.text()
+        assert "tokenizer not known: divergence and diff by text only" in w.columns[1].divergence.text()
     runs = [c.run for c in v.columns]
     assert all(r.finished and not r.error for r in runs), [r.error for r in runs]
     assert v.columns[1].model_combo.currentText() == f"stories260K @ 127.0.0.1:{server.port}"
