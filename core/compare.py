@@ -29,7 +29,7 @@ SWEEP_PARAMS: dict[str, tuple[type, float, float | None]] = {
 }
 
 # The per-lane settings a comparison shows and stores.
-LANE_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens")
+LANE_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens", "lookup")
 
 
 # --------------------------------------------------------------------------- divergence
@@ -188,6 +188,7 @@ def lane_stats(tokens: Sequence[int], logprobs: Sequence[float], engine_stats: d
         "perplexity": perplexity(logprobs),
         "distinct_1": distinct_n(tokens, 1),
         "distinct_2": distinct_n(tokens, 2),
+        **({"speculative": st["speculative"]} if st.get("speculative") else {}),
     }
 
 
@@ -272,7 +273,7 @@ def settings_label(settings: dict, differs_from: dict | None = None) -> str:
     """A short label for a lane: 'T 0.7 · top-p 0.9 · seed 7', only the keys that differ
     from ``differs_from`` when given (falls back to temperature)."""
     names = {"temperature": "T", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p",
-             "repetition_penalty": "rep", "seed": "seed", "max_new_tokens": "max"}
+             "repetition_penalty": "rep", "seed": "seed", "max_new_tokens": "max", "lookup": "lookup"}
     keys = [k for k in LANE_KEYS if k in settings]
     if differs_from is not None:
         keys = [k for k in keys if settings.get(k) != differs_from.get(k)] or ["temperature"]

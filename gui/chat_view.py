@@ -315,6 +315,15 @@ def format_stats(m: dict) -> str:
     if m.get("seed") is not None:
         parts.append(f"seed {m['seed']}")
     lines = [" · ".join(parts)]
+    sp = s.get("speculative")
+    if sp and sp.get("kind") in ("lookup", "draft"):
+        how = f"lookup {sp.get('lookup')}" if sp["kind"] == "lookup" else "draft model"
+        line = f"speculative ({how}): {sp.get('acceptance', 0.0) * 100:.0f}% of {sp.get('drafted', 0)} drafted accepted"
+        if sp.get("mean_draft"):
+            line += f", {sp['mean_draft']:.1f} a step"
+        if sp.get("speedup"):
+            line += f" · ≈{sp['speedup']:.2f}× plain"
+        lines.append(line)
     if "perplexity" in s:
         def num(v, fmt):
             return "–" if v is None else format(v, fmt)

@@ -57,6 +57,8 @@ FIELDS = {
     "min_p": ("min-p", "Min-p (0 = off)", 0.0, 0.99, 0.01, 2),
     "repetition_penalty": ("rep", "Repetition penalty (1 = off)", 0.5, 2.0, 0.05, 2),
     "max_new_tokens": ("max", "Most new tokens", 1, 8192, 16, None),
+    "lookup": ("lookup", "Prompt lookup: draft what followed the last n tokens earlier in the text (0 = off; "
+               "the same reply, faster when it repeats the prompt)", 0, 8, 1, None),
     "seed": ("seed", "Seed (random: a new one each run; the one used is saved)", SEED_RANDOM, 2**31 - 1, 1, None),
 }
 
@@ -137,7 +139,7 @@ class LaneColumn(QFrame):
         grid.setHorizontalSpacing(4)
         grid.setVerticalSpacing(2)
         self.fields: dict[str, QSpinBox | QDoubleSpinBox] = {}
-        order = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens", "seed"]
+        order = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens", "lookup", "seed"]
         for n, key in enumerate(order):
             label, tip, lo, hi, step, dec = FIELDS[key]
             if dec is None:
@@ -154,6 +156,8 @@ class LaneColumn(QFrame):
             w.setKeyboardTracking(False)
             if key == "seed":
                 w.setSpecialValueText("random")
+            elif key == "lookup":
+                w.setSpecialValueText("off")
             lab = QLabel(label)
             lab.setToolTip(tip)
             lab.setBuddy(w)

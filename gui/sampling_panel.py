@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSp
                                QSizePolicy, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from core.chat_format import FORMAT_NAMES
-from core.sampling import SamplingParams
+from core.sampling import MAX_LOOKUP, SamplingParams
 
 SEED_MAX = 2**31 - 1
 MAX_TOKENS_CEILING = 8192
@@ -32,6 +32,9 @@ BUILTIN_PRESETS: dict[str, dict] = {
                  "repetition_penalty": 1.0},
 }
 DEFAULT_PRESET = "Balanced"
+
+SPECULATIVE_MODES = (("off", "Off"), ("lookup", "Prompt lookup"), ("draft", "Draft model"))
+DEFAULT_LOOKUP = 3
 CUSTOM = "Custom"
 
 # What a user preset captures (chat format is a property of the model, so it is left out).
@@ -277,6 +280,37 @@ class SamplingPanel(QWidget):
         self.stopStrings.setClearButtonEnabled(True)
         self._row(f, "&Stop at", self.stopStrings)
 
+        # --- speed: speculative decoding (the reply is the same, only faster or not)
+        speed, f = self._form("Speed")
+        self.speculativeCombo = self._name(
+            QComboBox(), "speculativeCombo",
+            "Speculative decoding: draft tokens cheaply and check them in one pass. The reply is the "
+            "same as without; it comes faster when the drafts are often right.")
+        for key, label in SPECULATIVE_MODES:
+            self.speculativeCombo.addItem(label, key)
+        self._row(f, "Spec&ulative", self.speculativeCombo)
+        self.lookupSpin = self._name(
+            QSpinBox(), "lookupSpin",
+            "Prompt lookup: draft what followed the last n tokens earlier in the text (editing, quoting).")
+        self.lookupSpin.setRange(1, MAX_LOOKUP)
+        self.lookupSpin.setValue(DEFAULT_LOOKUP)
+        self.lookupSpin.setKeyboardTracking(False)
+        self._row(f, "Lookup &n", self.lookupSpin)
+        self.draftPath = self._name(
+            QLineEdit(), "draftPath",
+            "A smaller model with the same tokenizer (a .gguf file or a model folder) that drafts for the loaded one.")
+        self.draftPath.setPlaceholderText("draft model: .gguf or folder")
+        self.draftPath.setClearButtonEnabled(True)
+        self.draftBrowseButton = self._name(QPushButton("…"), "draftBrowseButton",
+                                            "Choose the draft model's .gguf file.")
+        self.draftBrowseButton.setMaximumWidth(self.draftBrowseButton.fontMetrics().horizontalAdvance("…") + 24)
+        draft_row = QWidget()
+        dh = QHBoxLayout(draft_row)
+        dh.setContentsMargins(0, 0, 0, 0)
+        dh.addWidget(self.draftPath, 1)
+        dh.addWidget(self.draftBrowseButton)
+        self._row(f, "&Draft model", draft_row, self.draftPath)
+
         # --- conversation
         conv, f = self._form("Conversation")
         self.chatFormatCombo = self._name(QComboBox(), "chatFormatCombo",
@@ -304,6 +338,7 @@ class SamplingPanel(QWidget):
         v.addWidget(presets)
         v.addWidget(sampling)
         v.addWidget(length)
+        v.addWidget(speed)
         v.addWidget(conv, 1)
         scroll = QScrollArea()
         scroll.setObjectName("samplingScroll")
@@ -327,6 +362,12 @@ class SamplingPanel(QWidget):
         self.stopStrings.editingFinished.connect(self._stop_edited)
         self.systemPrompt.textChanged.connect(self._edited)
         self.chatFormatCombo.currentIndexChanged.connect(self._edited)
+        self.speculativeCombo.currentIndexChanged.connect(self._speculative_changed)
+        self.lookupSpin.valueChanged.connect(self._edited)
+        self.draftPath.editingFinished.connect(self._draft_edited)
+        self.draftBrowseButton.clicked.connect(self._browse_draft)
+        self._last_draft = ""
+        self._enable_speculative()
         self.presetCombo.currentIndexChanged.connect(self._preset_chosen)
         # clicked(bool) would arrive as the name argument; drop it.
         self.savePresetButton.clicked.connect(lambda: self.save_preset())
@@ -352,7 +393,14 @@ class SamplingPanel(QWidget):
             stop=parse_stop_strings(self.stopStrings.text()),
             num_beams=self._hidden["num_beams"],
             length_penalty=self._hidden["length_penalty"],
+            **self._speculative(),
         ).validate()
+
+    def _speculative(self) -> dict:
+        """lookup/draft for SamplingParams: only the chosen mode's (a draft with no path is off)."""
+        mode = self.speculativeCombo.currentData()
+        return {"lookup": self.lookupSpin.value() if mode == "lookup" else 0,
+                "draft": self.draftPath.text().strip() if mode == "draft" else ""}
 
     def set_params(self, p: SamplingParams) -> None:
         """Show ``p`` (seed None ticks "random seed")."""
@@ -399,7 +447,9 @@ class SamplingPanel(QWidget):
         d = self.params().to_dict()
         d.update(random_seed=self.randomSeedCheck.isChecked(), seed_value=self.seedSpin.value(),
                  max_new_tokens=self._wanted_max_tokens,
-                 system_prompt=self.system_prompt(), chat_format=self.chat_format())
+                 system_prompt=self.system_prompt(), chat_format=self.chat_format(),
+                 speculative=self.speculativeCombo.currentData(), lookup_n=self.lookupSpin.value(),
+                 draft_path=self.draftPath.text().strip())
         return d
 
     def from_dict(self, d: dict) -> None:
@@ -575,8 +625,61 @@ class SamplingPanel(QWidget):
             for k in self._hidden:
                 if k in d:
                     self._hidden[k] = type(self._hidden[k])(d[k])
+            self._apply_speculative(d)
         finally:
             self._loading -= 1
+
+    def _apply_speculative(self, d: dict) -> None:
+        """lookup/draft (a SamplingParams dict) choose the mode; speculative, lookup_n and
+        draft_path (the panel's own state) restore it exactly, values kept while off."""
+        mode = None
+        if "lookup_n" in d:
+            with QSignalBlocker(self.lookupSpin):
+                self.lookupSpin.setValue(max(1, min(MAX_LOOKUP, int(d["lookup_n"]))))
+        if "draft_path" in d:
+            with QSignalBlocker(self.draftPath):
+                self.draftPath.setText(str(d["draft_path"] or ""))
+            self._last_draft = self.draftPath.text()
+        if "lookup" in d or "draft" in d:
+            if d.get("draft"):
+                mode = "draft"
+                with QSignalBlocker(self.draftPath):
+                    self.draftPath.setText(str(d["draft"]))
+                self._last_draft = self.draftPath.text()
+            elif d.get("lookup"):
+                mode = "lookup"
+                with QSignalBlocker(self.lookupSpin):
+                    self.lookupSpin.setValue(max(1, min(MAX_LOOKUP, int(d["lookup"]))))
+            else:
+                mode = "off"
+        if d.get("speculative") in {k for k, _ in SPECULATIVE_MODES}:
+            mode = d["speculative"]
+        if mode is not None:
+            with QSignalBlocker(self.speculativeCombo):
+                self.speculativeCombo.setCurrentIndex(max(0, self.speculativeCombo.findData(mode)))
+        self._enable_speculative()
+
+    def _enable_speculative(self) -> None:
+        mode = self.speculativeCombo.currentData()
+        self.lookupSpin.setEnabled(mode == "lookup")
+        self.draftPath.setEnabled(mode == "draft")
+        self.draftBrowseButton.setEnabled(mode == "draft")
+
+    def _speculative_changed(self, *_: Any) -> None:
+        self._enable_speculative()
+        self._edited()
+
+    def _draft_edited(self) -> None:
+        if self.draftPath.text() != self._last_draft:
+            self._last_draft = self.draftPath.text()
+            self._edited()
+
+    def _browse_draft(self) -> None:
+        from PySide6.QtWidgets import QFileDialog
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a draft model", self.draftPath.text(),
+                                              "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.from_dict({"speculative": "draft", "draft_path": path})
 
     def _after_change(self) -> None:
         # A setting that no longer matches the selected preset turns the combo to "Custom".
@@ -658,7 +761,7 @@ def _coerce_stored(stored: dict) -> dict:
     kinds = {"temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
              "length_penalty": float, "top_k": int, "max_new_tokens": int, "num_beams": int,
              "seed_value": int, "random_seed": bool, "stop": list, "system_prompt": str,
-             "chat_format": str}
+             "chat_format": str, "speculative": str, "lookup_n": int, "draft_path": str}
     out: dict = {}
     for k, kind in kinds.items():
         if k not in stored or stored[k] is None:

@@ -397,3 +397,24 @@ def test_lane_summaries_follow_edits_before_a_run(qtbot, loop, history):
     assert v.columns[2].divergence.text() == "T 0"  # nothing differs any more
     assert v.columns[1].divergence.text() == "T 2 · top-k 0"
 
+
+
+def test_a_lane_sets_prompt_lookup_and_shows_how_drafting_went(qtbot, loop, history):
+    from core.sampling import SamplingParams
+    from gui.compare_view import CompareView
+    v = CompareView(bridge=FakeBridge(), history=history, prompt=PROMPT,
+                    lanes=[{"temperature": 0.0, "lookup": 3}, {"temperature": 0.0}])
+    qtbot.addWidget(v)
+    field = v.columns[0].findChild(QWidget, "lane_lookup")
+    assert field is not None and field.value() == 3 and "lookup" in field.toolTip().lower()
+    assert v.columns[0].settings()["lookup"] == 3 and v.columns[1].settings()["lookup"] == 0
+    assert v.columns[1].fields["lookup"].text() == "off"
+    # What a run sends: every lane's settings validate, lookup included.
+    assert [SamplingParams.from_dict(s).validate().lookup for s in v.lane_settings()] == [3, 0]
+    from core.compare import lane_stats
+    st = lane_stats([5, 6, 7], [-0.1, -0.2, -0.3], {"decode_tok_s": 10.0, "speculative": {
+        "kind": "lookup", "lookup": 3, "drafted": 10, "accepted": 7, "acceptance": 0.7, "mean_draft": 2.5,
+        "speedup": 1.6}})
+    from gui.chat_view import format_stats
+    text = format_stats({"stats": st, "stop_reason": "length"})
+    assert "speculative (lookup 3): 70% of 10 drafted accepted, 2.5 a step · ≈1.60× plain" in text

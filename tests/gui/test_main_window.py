@@ -703,3 +703,29 @@ def test_deleting_a_message_offers_undo_that_restores_it_and_its_branch(qtbot, w
     qtbot.waitUntil(lambda: not window.undo_notice.isVisible(), timeout=5000)
     window.undo_delete()  # nothing offered: nothing happens
     assert [m.text for m in window.history.current_path(cid)] == ["tell me about cats", "cats purr", "and dogs?"]
+
+
+def test_a_reply_with_prompt_lookup_shows_its_drafting_in_the_stats(qtbot, window, loop, gguf):
+    """The Speed setting reaches the engine; the reply's stats line says how drafting went,
+    and the reply is the one plain greedy decoding gives."""
+    from gui.chat_view import format_stats
+
+    async def scenario():
+        await load(window, gguf)
+        window.panel.from_dict({"temperature": 0.0, "speculative": "off"})
+        plain = await send(qtbot, window, "Once upon a time", max_tokens=40)
+        window.panel.from_dict({"speculative": "lookup", "lookup_n": 2})
+        window.new_chat()
+        spec = await send(qtbot, window, "Once upon a time", max_tokens=40)
+        return plain, spec
+
+    plain, spec = run(loop, scenario(), 90)
+    last = window.conversation.path()[-1]
+    sp = last.stats["speculative"]
+    assert sp["kind"] == "lookup" and sp["lookup"] == 2 and sp["accepted"] <= sp["drafted"]
+    assert last.settings["lookup"] == 2
+    assert "speculative (lookup 2)" in window.stats_label.text()
+    assert window.stats_label.text() == format_stats(window.conversation.view_message(last))
+    assert spec["text"] == plain["text"]
+    assert "speculative" not in format_stats({"stats": plain["stats"]})
+    snapshot(window, "reply_with_prompt_lookup")

@@ -14,7 +14,8 @@ from gui.sampling_panel import (BUILTIN_PRESETS, SamplingPanel, format_stop_stri
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["temperatureSlider", "temperatureSpin", "topPSlider", "topPSpin", "topKSpin", "minPSpin",
          "repetitionPenaltySpin", "maxTokensSpin", "seedSpin", "randomSeedCheck", "stopStrings",
-         "systemPrompt", "chatFormatCombo", "presetCombo", "savePresetButton", "deletePresetButton"]
+         "systemPrompt", "chatFormatCombo", "presetCombo", "savePresetButton", "deletePresetButton",
+         "speculativeCombo", "lookupSpin", "draftPath", "draftBrowseButton"]
 
 
 @pytest.fixture
@@ -229,11 +230,41 @@ def test_persistence_across_instances(qtbot, ini):
     assert c.current_preset() == "Saved one"
 
 
+def test_speculative_setting_gives_lookup_or_draft_and_persists(qtbot, ini):
+    a = make(qtbot, ini)
+    p = a.params()
+    assert (p.lookup, p.draft) == (0, "") and not a.lookupSpin.isEnabled() and not a.draftPath.isEnabled()
+    with qtbot.waitSignal(a.changed, timeout=1000):
+        a.speculativeCombo.setCurrentIndex(a.speculativeCombo.findData("lookup"))
+    assert a.lookupSpin.isEnabled() and (a.params().lookup, a.params().draft) == (3, "")
+    a.lookupSpin.setValue(5)
+    assert a.params().lookup == 5
+    # A draft path typed while lookup is chosen does not make the settings invalid.
+    a.draftPath.setText("/models/small.gguf")
+    a.draftPath.editingFinished.emit()
+    assert (a.params().lookup, a.params().draft) == (5, "")
+    a.speculativeCombo.setCurrentIndex(a.speculativeCombo.findData("draft"))
+    assert (a.params().lookup, a.params().draft) == (0, "/models/small.gguf")
+    assert a.draftPath.isEnabled() and not a.lookupSpin.isEnabled()
+    # The panel's state (mode, n and path kept while unused) survives a restart.
+    want = a.to_dict()
+    a._settings.sync()
+    b = make(qtbot, ini)
+    assert b.to_dict() == want and b.params() == a.params()
+    # A reply's settings shown again choose the mode they used.
+    b.set_params(SamplingParams(lookup=2))
+    assert b.speculativeCombo.currentData() == "lookup" and b.params().lookup == 2
+    b.set_params(SamplingParams())
+    assert b.speculativeCombo.currentData() == "off" and b.lookupSpin.value() == 2
+
+
 def test_bad_stored_values_are_ignored(qtbot, ini):
     s = QSettings(ini, QSettings.IniFormat)
     s.setValue("sampling/temperature", "not a number")
     s.setValue("sampling/top_p", "0.5")
     s.setValue("sampling/stop", "{broken json")
+    s.setValue("sampling/lookup_n", "lots")
+    s.setValue("sampling/speculative", "warp")
     s.setValue("presets/user", "[1, 2]")
     s.sync()
     p = make(qtbot, ini)
