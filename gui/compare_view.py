@@ -1224,9 +1224,11 @@ class CompareView(QWidget):
                 parent = conv.add_user(prompt["text"]).id
             else:
                 parent = conv.leaf_id()
+            model = self.model_of(lane)
             msg = conv.add_reply(parent, run.text, settings=settings, seed=settings.get("seed"),
-                                 stats=info["stats"], stop_reason=run.stop_reason,
-                                 meta={"adopted_from_comparison": self.saved_id, "lane": lane})
+                                 stats=info["stats"], stop_reason=run.stop_reason, model_id=model.name,
+                                 meta={"adopted_from_comparison": self.saved_id, "lane": lane,
+                                       "model": model.record()})
             conv.pathChanged.emit()
             info["message_id"] = msg.id
         self.status.setText(f"Lane {lane + 1}'s reply was added to the chat.")

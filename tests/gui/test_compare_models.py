@@ -65,7 +65,8 @@ def test_lanes_on_a_second_checkpoint_and_on_another_vocabulary(qtbot, loop, bri
     twin = tmp_path / "twin" / "stories-copy.gguf"  # a second checkpoint on the same tokenizer
     twin.parent.mkdir()
     shutil.copy(story, twin)
-    v = view_for(bridge, history, [GREEDY, SAMPLED, GREEDY])
+    from gui.conversation import ConversationModel
+    v = view_for(bridge, history, [GREEDY, SAMPLED, GREEDY], conversation=ConversationModel(history=history))
     qtbot.addWidget(v)
     v.show()
 
@@ -125,12 +126,26 @@ def test_lanes_on_a_second_checkpoint_and_on_another_vocabulary(qtbot, loop, bri
     text = (tmp_path / "c.md").read_text()
     assert out and md and "## Lane 2 · stories-copy" in text and f"## Lane 3 · {tiny_other_vocab.name}" in text
 
+    # A lane adopted into the chat says which model wrote it.
+    msg = history.message(v.adopt(1)["message_id"])
+    assert msg.model_id == "stories-copy" and msg.meta["model"]["path"] == str(twin.resolve())
+
     # Reopened, each lane is on its model again.
     conv_id = v.saved_id
     v.set_lane_model(1, v.models[0])
     v.open_comparison(conv_id)
     assert [v.model_of(i).name for i in range(3)] == [m.name for m in models]
     assert v.model_of(1) is models[1]
+    # As in a new window: the checkpoint is not held any more; Re-run opens it again.
+    bridge.release(models[1].key)
+    models[1].key = ""
+
+    async def again():
+        v.run(again=True)
+        await until(lambda: not v.running, 90, "the re-run to finish")
+
+    run(loop, again(), 120)
+    assert models[1].key and [c.run.text for c in v.columns] == [r.text for r in runs]
 
     # A checkpoint that does not fit beside the loaded model: said in the lane, nothing changes.
     from core import limits
