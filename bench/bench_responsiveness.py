@@ -189,6 +189,7 @@ def markdown_reply(n_tokens: int) -> list[str]:
 def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     import asyncio
+    import gc
     import threading
 
     import qasync
@@ -199,6 +200,7 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
     from core.history import History
     from core.worker import Prompted, Reply
     from gui import chat_view
+    from gui.app import UiThreadCollector
     from gui.bridge import Bridge
     from gui.main_window import MainWindow
 
@@ -252,6 +254,16 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
     app = QApplication.instance() or QApplication([])
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
+    collector = UiThreadCollector()  # garbage collection as the app does it (gui.app.run)
+    collector.start()
+    gc_ms: list[tuple[int, float]] = []  # (generation, ms) of each collection while measuring
+    gc_start: list[float] = []
+
+    def on_gc(phase, info):
+        if phase == "start":
+            gc_start[:] = [time.perf_counter()]
+        elif gc_start:
+            gc_ms.append((info["generation"], (time.perf_counter() - gc_start[0]) * 1000))
     bridge = Bridge(worker_factory=StandInWorker)
     settings = QSettings(str(Path(tmp.name) / "s.ini"), QSettings.IniFormat)
     window = MainWindow(bridge=bridge, history=History(Path(tmp.name) / "h.sqlite3"), settings=settings,
@@ -291,10 +303,12 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
         window.replyFinished.connect(lambda view: finished.set())
         timer.start(5)
         await asyncio.sleep(1.0)  # the same timer with nothing streaming: the machine's own noise
+        gc.callbacks.append(on_gc)
         t0 = time.perf_counter()
         window.send("Walk me through loading the data.")
         await finished.wait()
         t1 = time.perf_counter()
+        gc.callbacks.remove(on_gc)
         timer.stop()
         return t0, t1
 
@@ -305,6 +319,8 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
         window.close()
         loop.close()
         asyncio.set_event_loop(None)
+        collector.stop()
+
     def gaps_between(a_, b_):
         ts = [t for t in ticks if a_ <= t <= b_]
         return [(b - a) * 1000 for a, b in zip(ts, ts[1:])]
@@ -327,7 +343,9 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
             "first_update_ms": first_ms, "final_render_ms": final_ms[-1] if final_ms else float("nan"),
             "update_ms": {str(n): near(n) for n in (100, 1000, 4000)},
             "update_total_ms": sum(ms for _, ms in updates),
-            "update_max_ms": max((ms for _, ms in updates), default=float("nan")), "final_chars": len(final_text)}
+            "update_max_ms": max((ms for _, ms in updates), default=float("nan")),
+            "gc_max_ms": {g: max((ms for gen, ms in gc_ms if gen == g), default=0.0) for g in (0, 1, 2)},
+            "gc_count": {g: sum(gen == g for gen, _ in gc_ms) for g in (0, 1, 2)}, "final_chars": len(final_text)}
 
 
 def view_main(a) -> None:
