@@ -75,6 +75,23 @@ def _add_prompt_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
 
+def _add_constraint_opts(p: argparse.ArgumentParser, lanes: bool = False) -> None:
+    c = p.add_mutually_exclusive_group()
+    every = " (every lane; a lane's own json_schema=/regex=/grammar=/constraint=none wins)" if lanes else ""
+    c.add_argument("--json-schema", metavar="SCHEMA", help="hold the output to a JSON schema (text, or @FILE)" + every)
+    c.add_argument("--json-object", action="store_true", help="hold the output to any JSON object" + every)
+    c.add_argument("--regex", metavar="RE", help="the whole output matches a regular expression (or @FILE)" + every)
+    c.add_argument("--grammar", metavar="GRAMMAR", help="hold the output to a GBNF or Lark grammar (text, or @FILE)" + every)
+
+
+def _constraint(args):
+    from .constrain import from_argument
+    for kind in ("json_schema", "regex", "grammar"):
+        if getattr(args, kind, None) is not None:
+            return from_argument(kind, getattr(args, kind))
+    return from_argument("json_object", "") if getattr(args, "json_object", False) else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="python -m core", description="LlamaDesk core: run LLaMA-family models.")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -93,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--length-penalty", type=float, default=1.0)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     _add_spec_opts(g)
+    _add_constraint_opts(g)
     _add_model_opts(g)
 
     c = sub.add_parser("compare", help="run one prompt under several sampler settings together")
@@ -101,8 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prompt_opts(c)
     c.add_argument("--lane", action="append", required=True, metavar="SPEC",
                    help="comma-separated key=value over " + ", ".join((*LANE_KEYS, *BACKEND_KEYS))
-                   + " (model=PATH: another local checkpoint; server=URL[,model=NAME]: a model on a server)")
+                   + " (model=PATH: another local checkpoint; server=URL[,model=NAME]: a model on a server; "
+                   "json_schema=@FILE, regex=RE|@FILE, grammar=@FILE, json_object=1 or constraint=none: the lane's "
+                   "constraint)")
     _add_spec_opts(c)
+    _add_constraint_opts(c, lanes=True)
     _add_model_opts(c)
 
     s = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
@@ -167,12 +188,21 @@ def _prompt_ids(loaded, args) -> tuple[list[int], bool]:
     return tok.encode(args.prompt, bos=True), False
 
 
-def _lane_spec(spec: str, default_max: int | None, spec_defaults: dict | None = None):
+CONSTRAINT_KEYS = ("json_schema", "json_object", "regex", "grammar", "constraint")
+
+
+def _lane_spec(spec: str, default_max: int | None, spec_defaults: dict | None = None, constraint=None):
+    from .constrain import from_argument
     from .sampling import SamplingParams
-    kw: dict = {}
+    kw: dict = {"constraint": constraint}
     for part in filter(None, (s.strip() for s in spec.split(","))):
         key, eq, val = part.partition("=")
         key = key.strip().replace("-", "_")
+        if eq and key in CONSTRAINT_KEYS:
+            if key == "constraint" and val.strip() != "none":
+                raise SettingsError(f"constraint= takes only 'none' in lane '{spec}': use json_schema=, regex= or grammar=")
+            kw["constraint"] = None if key == "constraint" else from_argument(key, val.strip())
+            continue
         if not eq or key not in LANE_KEYS:
             raise SettingsError(f"bad lane setting '{part}': use key=value with key one of {', '.join(LANE_KEYS)}")
         try:
@@ -220,7 +250,7 @@ def cmd_generate(args) -> int:
         repetition_penalty=args.repetition_penalty, seed=args.seed,
         max_new_tokens=args.max_new_tokens or 256, stop=tuple(args.stop),
         num_beams=args.num_beams, length_penalty=args.length_penalty,
-        lookup=args.lookup, draft=args.draft or "").validate().resolved()
+        lookup=args.lookup, draft=args.draft or "", constraint=_constraint(args)).validate().resolved()
     meta: dict = {}
     extra: dict = {}
     if args.server:
@@ -302,7 +332,8 @@ def cmd_compare(args) -> int:
         raise SettingsError("give MODEL or --server, not both")
     specs = [_split_lane(s) for s in args.lane]
     spec_defaults = {"lookup": args.lookup, "draft": args.draft or ""}
-    lanes = [_lane_spec(sp, args.max_new_tokens, spec_defaults).resolved() for sp, _ in specs]
+    every = _constraint(args)
+    lanes = [_lane_spec(sp, args.max_new_tokens, spec_defaults, every).resolved() for sp, _ in specs]
     if len(lanes) > 8:
         raise SettingsError(f"at most 8 lanes, got {len(lanes)}")
     where = [_lane_backend(b, args) for _, b in specs]
@@ -378,6 +409,8 @@ def cmd_compare(args) -> int:
         print(f"── lane {i + 1}: {on} · temperature={p.temperature} top_p={p.top_p} top_k={p.top_k} "
               f"min_p={p.min_p} repetition_penalty={p.repetition_penalty} seed={p.seed} "
               f"· {len(d.tokens)} tokens · {d.stop_reason}{_spec_note(d.stats)}")
+              + (f"· {p.constraint.describe()} " if p.constraint is not None else "")
+              + f"· {len(d.tokens)} tokens · {d.stop_reason}")
         print(d.text)
         print()
     if match is not True:

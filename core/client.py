@@ -17,6 +17,7 @@ from typing import Iterator
 
 import httpx
 
+from .constrain import request_fields
 from .engine import Done, Stats, Token
 from .errors import LlamaDeskError
 from .sampling import SamplingParams
@@ -247,6 +248,7 @@ class RemoteModel:
                 b["logprobs"] = top_logprobs
         if self.is_llamadesk or (self.card or {}).get("owned_by") == "vllm":
             b["return_token_ids"] = True
+        b.update(request_fields(p.constraint))
         return b
 
     def stream(self, params: SamplingParams, *, prompt: str | None = None, messages: list[dict] | None = None,

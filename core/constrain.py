@@ -229,7 +229,7 @@ class Vocabulary:
         grammar = constraint.grammar()
         is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.lltokenizer())
         if is_error:
-            raise ConstraintError(f"the {constraint.describe()} cannot be compiled: {one_line(messages[0])}")
+            raise ConstraintError(f"the {constraint.describe()} cannot be compiled: {_first_lines(messages[0])}")
         self._grammars[constraint] = grammar
         while len(self._grammars) > self.CACHE:
             self._grammars.popitem(last=False)
@@ -241,8 +241,18 @@ class Vocabulary:
 
         matcher = llg.LLMatcher(self.lltokenizer(), self.check(constraint), log_level=0)
         if matcher.is_error():
-            raise ConstraintError(f"the {constraint.describe()} cannot be compiled: {one_line(matcher.get_error())}")
+            raise ConstraintError(f"the {constraint.describe()} cannot be compiled: {_first_lines(matcher.get_error())}")
         return ConstraintState(self, matcher, constraint, stop_ids)
+
+
+def _first_lines(message: str) -> str:
+    """llguidance's message as one line: where, then its "error:" line (the source excerpt
+    and caret between them mean nothing on one line)."""
+    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
+    if not lines:
+        return "unknown error"
+    why = next((ln for ln in lines[1:] if ln.startswith("error:")), "")
+    return lines[0].rstrip(":") + (f" ({why[6:].strip()})" if why else "")
 
 
 class _Tokens:
@@ -287,3 +297,32 @@ class _Tokens:
             else:
                 i += 1  # a byte no token spells (no byte fallback): skip it
         return out
+
+
+def from_argument(kind: str, value: str) -> Constraint:
+    """A Constraint from a command-line value: the text itself, or ``@PATH`` for a file's
+    (read up to MAX_CONSTRAINT_CHARS; ConstraintError for a missing or unreadable file)."""
+    if kind == "json_object":
+        return Constraint("json_object")
+    text = value
+    if value.startswith("@"):
+        from .limits import read_limited
+        data = read_limited(value[1:], MAX_CONSTRAINT_CHARS * 4, error=ConstraintError)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConstraintError(f"the {LABELS.get(kind, kind)} file {value[1:]} is not UTF-8 text") from None
+    return Constraint(kind, text).validate()
+
+
+def request_fields(constraint: Constraint | None) -> dict:
+    """The OpenAI-style request fields that ask a server for ``constraint``: response_format
+    for JSON, and the regex / grammar extension fields (LlamaDesk's serve, llama.cpp)."""
+    if constraint is None:
+        return {}
+    if constraint.kind == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if constraint.kind == "json_schema":
+        return {"response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "output", "schema": json.loads(constraint.text)}}}
+    return {constraint.kind: constraint.text}

@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 from .engine import Done, Engine, Joining, Prefilled, Token
 from .compare import tokenizer_fingerprint
-from .errors import LlamaDeskError, SettingsError
+from .constrain import Constraint
+from .errors import ConstraintError, LlamaDeskError, SettingsError
 from .prompting import render_chat
 from .sampling import SamplingParams
 
@@ -37,7 +38,7 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"
 # Request fields that change what OpenAI would return; refused unless left at their no-op value.
 UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
                "echo": (False,), "suffix": ("",), "best_of": (1,), "tools": ([],), "tool_choice": ("none",),
-               "functions": ([],), "function_call": ("none",), "response_format": ({"type": "text"},)}
+               "functions": ([],), "function_call": ("none",)}
 
 
 class APIError(LlamaDeskError):
@@ -217,6 +218,46 @@ def _get(body: dict, key: str, kinds: tuple, default=None, *, what: str = "a num
 _API_NAMES = {"max_new_tokens": "max_tokens"}
 
 
+def constraint_from_request(body: dict) -> tuple[Constraint | None, str | None]:
+    """(the constraint a request asks for, the field that asked); APIError 400 naming the
+    field for a malformed one or for more than one. Fields: OpenAI's response_format
+    (json_object, json_schema), llama.cpp's json_schema and grammar (GBNF, or Lark), regex."""
+    found: list[tuple[str, Constraint]] = []
+    rf = body.get("response_format")
+    if rf is not None:
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind not in ("text", "json_object", "json_schema"):
+            raise APIError(400, 'response_format must be {"type": "text"}, {"type": "json_object"} or '
+                           '{"type": "json_schema", "json_schema": {"schema": {...}}}', param="response_format")
+        if kind == "json_object":
+            found.append(("response_format", Constraint("json_object")))
+        elif kind == "json_schema":
+            js = rf.get("json_schema")
+            schema = js.get("schema") if isinstance(js, dict) else None
+            if not isinstance(schema, (dict, bool)):
+                raise APIError(400, "response_format.json_schema.schema must be a JSON schema (an object)",
+                               param="response_format")
+            found.append(("response_format", Constraint("json_schema", json.dumps(schema))))
+    if body.get("json_schema") is not None:
+        if not isinstance(body["json_schema"], (dict, bool)):
+            raise APIError(400, "json_schema must be a JSON schema (an object)", param="json_schema")
+        found.append(("json_schema", Constraint("json_schema", json.dumps(body["json_schema"]))))
+    for key in ("regex", "grammar"):
+        if body.get(key) is not None:
+            if not isinstance(body[key], str):
+                raise APIError(400, f"{key} must be a string", param=key)
+            found.append((key, Constraint(key, body[key])))
+    if len(found) > 1:
+        raise APIError(400, f"give one constraint: {found[0][0]} and {found[1][0]} were both given", param=found[1][0])
+    if not found:
+        return None, None
+    field, c = found[0]
+    try:
+        return c.validate(), field
+    except ConstraintError as e:
+        raise APIError(400, f"{field}: {e}", param=field) from None
+
+
 def sampling_from_request(body: dict, *, default_max_tokens: int) -> list[SamplingParams]:
     """One SamplingParams per choice (``n``) of an OpenAI request body; APIError 400 naming
     the first bad field. Validation is SamplingParams.validate, the same as the CLI's."""
@@ -241,7 +282,8 @@ def sampling_from_request(body: dict, *, default_max_tokens: int) -> list[Sampli
         temperature=_get(body, "temperature", num, 1.0), top_p=_get(body, "top_p", num, 1.0),
         top_k=0 if top_k == -1 else top_k,  # vLLM's "off"
         min_p=_get(body, "min_p", num, 0.0), repetition_penalty=_get(body, "repetition_penalty", num, 1.0),
-        seed=_get(body, "seed", (int,), None, what="a whole number"), max_new_tokens=max_tokens, stop=tuple(stop))
+        seed=_get(body, "seed", (int,), None, what="a whole number"), max_new_tokens=max_tokens, stop=tuple(stop),
+        constraint=constraint_from_request(body)[0])
     try:
         params.validate()
     except SettingsError as e:
@@ -528,6 +570,9 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
             job.loop, job.events = asyncio.get_running_loop(), asyncio.Queue()
             try:
                 state.scheduler.submit(job)
+            except ConstraintError as e:  # the schema/regex/grammar does not compile
+                field = constraint_from_request(body)[1]
+                raise APIError(400, f"{field}: {e}", param=field) from None
             except SettingsError as e:
                 raise APIError(400, str(e), param="messages" if chat else "prompt") from None
         except APIError as e:

@@ -255,3 +255,45 @@ def test_real_vocabularies_allow_a_valid_output_token_by_token(meta_fixtures, na
     bad = vocab.start(c, tok.stop_ids)
     wrong = vocab.lltokenizer().tokenize_str('{"name": 7')
     assert not all(bad.advance(t) for t in wrong)
+
+
+def run_cli(capsys, *argv):
+    from core.__main__ import main
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_generate_and_compare_hold_lanes_to_their_constraints(capsys, fixtures, tmp_path):
+    model = fixtures / "stories260K.gguf"
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    rc, out, err = run_cli(capsys, "generate", model, "--prompt", "Once upon a time", "--json-schema", f"@{schema}",
+                           "--max-new-tokens", 40, "--seed", 1, "--json")
+    assert rc == 0, err
+    jsonschema.validate(json.loads(json.loads(out)["text"]), PERSON)
+    rc, out, err = run_cli(capsys, "compare", model, "--prompt", "Once upon a time", "--max-new-tokens", 30,
+                           "--regex", WORD_NUMBER, "--lane", "temperature=0", "--lane", "temperature=1,seed=4",
+                           "--lane", f"temperature=1,seed=5,json_schema=@{schema}", "--lane", "temperature=0,constraint=none",
+                           "--json")
+    assert rc == 0, err
+    lanes = json.loads(out)["lanes"]
+    assert all(re.fullmatch(WORD_NUMBER, ln["text"]) for ln in lanes[:2])
+    assert lanes[0]["settings"]["constraint"] == {"kind": "regex", "text": WORD_NUMBER}
+    jsonschema.validate(json.loads(lanes[2]["text"]), PERSON)
+    assert lanes[2]["settings"]["constraint"]["kind"] == "json_schema"
+    assert lanes[3]["settings"]["constraint"] is None and lanes[3]["text"].startswith(", there was")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--json-schema", '{"type": "objectx"}'], "JSON schema cannot be compiled"),
+    (["--json-schema", "{oops"], "not valid JSON"),
+    (["--regex", "[a-"], "regular expression cannot be compiled"),
+    (["--grammar", "start: nowhere"], "grammar cannot be compiled"),
+    (["--grammar", "@/no/such/grammar.gbnf"], "grammar.gbnf"),
+    (["--regex", "a", "--grammar", "b"], "not allowed with"),
+])
+def test_cli_bad_constraint_exits_2_with_one_line(capsys, fixtures, args, words):
+    rc, out, err = run_cli(capsys, "generate", fixtures / "stories260K.gguf", "--prompt", "Hi", *args)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and words in err, err
