@@ -408,9 +408,8 @@ def cmd_compare(args) -> int:
         on = names[i][0] + (f" on {names[i][1]}" if names[i][1] else "")
         print(f"── lane {i + 1}: {on} · temperature={p.temperature} top_p={p.top_p} top_k={p.top_k} "
               f"min_p={p.min_p} repetition_penalty={p.repetition_penalty} seed={p.seed} "
-              f"· {len(d.tokens)} tokens · {d.stop_reason}{_spec_note(d.stats)}")
               + (f"· {p.constraint.describe()} " if p.constraint is not None else "")
-              + f"· {len(d.tokens)} tokens · {d.stop_reason}")
+              + f"· {len(d.tokens)} tokens · {d.stop_reason}{_spec_note(d.stats)}")
         print(d.text)
         print()
     if match is not True:
