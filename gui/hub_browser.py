@@ -424,8 +424,8 @@ class HubBrowser(QWidget):
     async def _search(self, query: str, fmt, sort) -> None:
         self._clear_errors()
         self.pages.setCurrentIndex(0)
-        hub = self.service.hub()
         try:
+            hub = self.service.hub()
             repos = await self.service.call(hub.search, query, formats=fmt, sort=sort, limit=50)
         except asyncio.CancelledError:
             raise
@@ -460,8 +460,8 @@ class HubBrowser(QWidget):
 
     async def _load_repo(self, repo_id: str) -> None:
         self._clear_errors()
-        hub = self.service.hub()
         try:
+            hub = self.service.hub()
             files = await self.service.call(hub.repo_files, repo_id)
         except asyncio.CancelledError:
             raise
@@ -483,10 +483,10 @@ class HubBrowser(QWidget):
         return None
 
     async def _fit(self, files: list) -> None:
-        hub = self.service.hub()
         ctx = self.context_spin.value()
 
         def estimate():
+            hub = self.service.hub()
             from core.errors import HubError
             from core.hub import free_memory
             ram, vram = free_memory()
