@@ -26,6 +26,7 @@ SORT_ROLE = Qt.UserRole + 2
 FORMATS = (("GGUF", ("gguf",)), ("safetensors", ("safetensors",)), ("GGUF or safetensors", ("gguf", "safetensors")))
 SORTS = (("Most downloaded", "downloads"), ("Most liked", "likes"), ("Recently updated", "last_modified"))
 DEFAULT_CONTEXT = 4096
+UNNAMED = "Quantization not in the name"  # core.hub reads it from file names (Q4_K_M, Q8_0, F16…)
 
 
 def _size(n) -> str:
@@ -139,7 +140,7 @@ class RepoFilesModel(QStandardItemModel):
         self.removeRows(0, self.rowCount())
         groups: dict[str, list] = {}
         for f in self.files:
-            groups.setdefault(f.quant or "Other", []).append(f)
+            groups.setdefault(f.quant or UNNAMED, []).append(f)
         accent = QColor(theme.colors()["accent"])
         accent.setAlpha(60)
         for quant, members in groups.items():
@@ -381,6 +382,7 @@ class HubBrowser(QWidget):
             await job()
         finally:
             self.search_button.setEnabled(True)
+            self.search_button.setText("Search")
             self.busyChanged.emit(False)
 
     def show_error(self, err: Exception, retry=None) -> str:
@@ -419,6 +421,7 @@ class HubBrowser(QWidget):
         query = self.query.text().strip()
         fmt = self.format_box.currentData()
         sort = self.sort_box.currentData()
+        self.search_button.setText("Searching…")
         return self._run(lambda: self._search(query, fmt, sort))
 
     async def _search(self, query: str, fmt, sort) -> None:
@@ -444,6 +447,8 @@ class HubBrowser(QWidget):
         """Show a repository's page (a RepoSummary or a repo id) and load its files."""
         if repo is None:
             return None
+        if isinstance(repo, str):  # a name: its search result, when shown, has the details
+            repo = next((r for r in self.results_model.repos if r.repo_id == repo), repo)
         self.repo = repo
         repo_id = getattr(repo, "repo_id", repo)
         self.repo_title.setText(repo_id)

@@ -9,6 +9,7 @@ from PySide6.QtCore import Qt
 
 import core.hub
 from core.library import human_size
+from gui.hub_browser import UNNAMED
 from tests.gui.ui_helpers import loop, run, settings, snapshot, until  # noqa: F401
 from tests.hubserver import GATED_REPO, GGUF_REPO, HF_REPO
 
@@ -75,18 +76,38 @@ def test_search_with_filters_shows_license_and_access(lw, hub_server, qtbot, loo
         hub.query.setText("no-such-model")
         await hub.search()
         assert result_rows(hub) == [] and hub.notice.isVisible() and "no-such-model" in hub.notice.text()
-        # no network: said in words, nothing raised
-        hub_server.offline = True
         hub.query.setText("llamadesk")
-        await hub.search()
-        assert hub.notice.isVisible() and "Could not reach the Hub" in hub.notice.text()
-        hub_server.offline = False
         choose(hub.format_box, "GGUF or safetensors")
         await hub.search()
         assert not hub.notice.isVisible() and len(result_rows(hub)) == 3
 
     run(loop, scenario())
     snapshot(lw, "hub_search")
+
+
+def test_no_network_is_said_in_words(lw, hub_server, loop, monkeypatch):
+    import types
+
+    from huggingface_hub.utils import _http
+    waits = []
+    # huggingface_hub retries a dropped connection 5 times over ~23 s: the same tries, without the waits
+    monkeypatch.setattr(_http, "time", types.SimpleNamespace(sleep=waits.append))
+    hub = lw.hub
+
+    async def scenario():
+        hub_server.offline = True
+        hub.query.setText("llamadesk")
+        task = hub.search()
+        assert hub.search_button.text() == "Searching…" and not hub.search_button.isEnabled()
+        await task
+        assert waits, "the client did not retry"
+        assert hub.notice.isVisible() and "Could not reach the Hub" in hub.notice.text()
+        assert hub.results_model.rowCount() == 0 and hub.search_button.text() == "Search"
+        hub_server.offline = False
+        await hub.search()
+        assert not hub.notice.isVisible() and hub.results_model.rowCount() == 2
+
+    run(loop, scenario())
 
 
 def test_repository_page_groups_files_and_marks_what_fits(lw, hub_server, hub_tree, qtbot, loop, monkeypatch):
@@ -101,7 +122,8 @@ def test_repository_page_groups_files_and_marks_what_fits(lw, hub_server, hub_tr
         await until(lambda: not hub.busy, 30, "the estimates")
         rows = file_rows(hub)
         assert set(rows) == {"stories260K.gguf", "tiny-Q8_0.gguf", "tiny-Q4_K_M.gguf"}  # README.md is not loadable
-        assert {p: r["group"] for p, r in rows.items()} == {"stories260K.gguf": "F32", "tiny-Q8_0.gguf": "Q8_0",
+        # grouped by the quantization each file's name states (stories260K.gguf names none)
+        assert {p: r["group"] for p, r in rows.items()} == {"stories260K.gguf": UNNAMED, "tiny-Q8_0.gguf": "Q8_0",
                                                             "tiny-Q4_K_M.gguf": "Q4_K_M"}
         for p, r in rows.items():
             assert r["size"] == human_size(repo.files[p].size)
@@ -116,9 +138,13 @@ def test_repository_page_groups_files_and_marks_what_fits(lw, hub_server, hub_tr
         assert est.kv_bytes == 2 * field("llama.block_count") * ctx * field("llama.attention.head_count_kv") * head * itemsize
         assert rows["stories260K.gguf"]["memory"] == human_size(est.weights_bytes + est.kv_bytes)
         assert all(r["fits"].endswith("fits") for r in rows.values())  # tiny models, any machine
-        # Now a machine with only enough free memory for the smallest estimate: the others are
-        # marked too large and the pick is the one that fits.
         totals = {p: hub.files_model.fits[p].total_bytes for p in rows}
+        monkeypatch.setattr(core.hub, "free_memory", lambda: (1, None))
+        await hub.refit()
+        assert hub.files_model.recommended is None and "none fits" in hub.files_status.text()
+        assert all("too large" in r["fits"] for r in file_rows(hub).values())
+        # A machine with only enough free memory for the smallest estimate: the others are
+        # marked too large and the pick is the one that fits.
         small = min(totals, key=totals.get)
         ram = totals[small] + 1
         assert sorted(totals.values())[1] > ram
@@ -130,12 +156,9 @@ def test_repository_page_groups_files_and_marks_what_fits(lw, hub_server, hub_tr
         assert hub.files_model.recommended == small and rows[small]["fits"].startswith("★ Recommended")
         assert [f.path for f in hub.selected_files()] == [small]
         assert human_size(ram) in hub.machine_label.text()
-        monkeypatch.setattr(core.hub, "free_memory", lambda: (1, None))
-        await hub.refit()
-        assert hub.files_model.recommended is None and "none fits" in hub.files_status.text()
-        assert all("too large" in r["fits"] for r in file_rows(hub).values())
 
     run(loop, scenario())
+    snapshot(lw, "hub_repository")
 
 
 def test_gated_repository_asks_for_a_token_then_works(lw, hub_server, qtbot, loop):
@@ -159,7 +182,7 @@ def test_gated_repository_asks_for_a_token_then_works(lw, hub_server, qtbot, loo
         assert lw.service.token == hub_server.token  # downloads use it too
 
     run(loop, scenario())
-    snapshot(lw, "hub_repository")
+    snapshot(lw, "hub_gated_with_token")
 
 
 def test_missing_repository_is_said_in_words(lw, hub_server, loop):
