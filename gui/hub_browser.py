@@ -17,6 +17,8 @@ from PySide6.QtGui import QBrush, QColor, QFont, QStandardItem, QStandardItemMod
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFrame, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
                                QPushButton, QSpinBox, QStackedWidget, QTableView, QTreeView, QVBoxLayout, QWidget)
 
+from shiboken6 import isValid
+
 from . import theme
 
 FILE_ROLE = Qt.UserRole + 1   # a file row's HubFile
@@ -381,9 +383,18 @@ class HubBrowser(QWidget):
         try:
             await job()
         finally:
-            self.search_button.setEnabled(True)
-            self.search_button.setText("Search")
-            self.busyChanged.emit(False)
+            if isValid(self.search_button):  # the window may be gone (closed, deleted) by now
+                self._idle()
+
+    def _idle(self) -> None:
+        self.search_button.setEnabled(True)
+        self.search_button.setText("Search")
+        self.busyChanged.emit(False)
+
+    def close_down(self) -> None:
+        """The window is closing: drop the running request (its thread's answer is ignored)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
 
     def show_error(self, err: Exception, retry=None) -> str:
         """Show what went wrong: the token panel for 401/403, the notice line otherwise."""

@@ -622,6 +622,10 @@ class LibraryWindow(QWidget):
         self.hub.downloadStarted.connect(lambda *_: self.show_tab("downloads"))
         self.resize(980, 620)
 
+    def closeEvent(self, event) -> None:  # noqa: N802 (Qt API)
+        self.hub.close_down()
+        super().closeEvent(event)
+
     def show_tab(self, name: str) -> None:
         self.tabs.setCurrentWidget({"library": self.library, "hub": self.hub, "downloads": self.downloads}[name])
 
