@@ -27,6 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+from urllib.parse import urlsplit, urlunsplit
 
 from .client import RemoteError, RemoteModel
 from .engine import Done, Stats, Token
@@ -34,7 +35,15 @@ from .errors import one_line
 from .sampling import SamplingParams
 from .worker import MAX_INSPECT, CompareRequest, Error, GenerateRequest, Prompted, Reply
 
-__all__ = ["RemoteRunner", "context_length", "describe_error"]
+__all__ = ["RemoteRunner", "context_length", "describe_error", "public_url"]
+
+
+def public_url(url: str) -> str:
+    """``url`` without any user:password part, for showing and storing (keys never are)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
 def context_length(model: RemoteModel) -> int:
@@ -58,18 +67,20 @@ _ADVICE = {
 
 
 def describe_error(kind: str, message: str) -> str:
-    """A failed remote request in a user's words: what happened, the server's own words, and
-    what to do."""
+    """A failed remote request in a user's words: what happened (the client's own line,
+    which names the server), and what to do."""
+    if kind not in _ADVICE:
+        return message
     dns = kind == "connection" and any(s in message for s in (
         "Name or service not known", "nodename nor servname", "getaddrinfo", "No address associated",
         "Temporary failure in name resolution"))
     head = "Could not find the server (its name did not resolve)" if dns else {
-        "connection": "Could not reach the server", "timeout": "The server stopped answering",
-        "auth": "The server refused the API key (401)", "rate_limit": "The server is rate-limiting requests (429)",
-        "busy": "The server is busy (503)", "cut": "The connection was cut mid-reply"}.get(kind)
-    if head is None:
-        return message
-    return f"{head} — {message.rstrip('.')}. {_ADVICE[kind]}"
+        "connection": "Could not reach the server", "auth": "The server refused the API key (401)",
+        "rate_limit": "The server is rate-limiting requests (429)", "busy": "The server is busy (503)"}.get(kind)
+    # The client's lines for a cut or a timeout already say what happened.
+    text = f"{head} — {message}" if head else (
+        message if message.startswith("http") else message[:1].upper() + message[1:])
+    return f"{text.rstrip('.')}. {_ADVICE[kind]}"
 
 
 def _chosen_top(tok: Token) -> Token:

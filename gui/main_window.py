@@ -21,6 +21,8 @@ from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, Q
 
 from core import chat_export
 from core.history import History, HistoryError
+from core.remote import context_length as remote_context_length
+from core.remote import public_url
 
 from . import library_window, model_dialog, theme
 from .chat_view import ChatView, format_stats, render_markdown
@@ -30,6 +32,7 @@ from .model_dialog import LoadProgress, ModelInfoDialog, RecentModels, info_summ
 from .prompt_editor import PromptEditor
 from .reply import ReplyController
 from .sampling_panel import SamplingPanel
+from .server_dialog import SavedServers, ServerDialog
 from .token_inspector import TokenInspector
 
 APP_NAME = "LlamaDesk"
@@ -106,7 +109,11 @@ class MainWindow(QMainWindow):
                                               else History.open_or_recover(History.default_path()))
         self.recent = RecentModels(settings=self.settings)
         self.conversation = ConversationModel(history=self.history, parent=self)
-        self.info: dict | None = None
+        self.info: dict | None = None  # the model replies come from (local or remote)
+        self.local_info: dict | None = None  # the local model loaded in the worker, if any
+        self.backend = None  # a connected core.client.RemoteModel while replies come from a server
+        self.servers = SavedServers(self.settings)
+        self._retry_parent: int | None = None  # the message a failed remote reply answered
         self.device = device or str(self.settings.value(model_dialog.DEVICE_KEY, "auto"))
         self.dtype = dtype or str(self.settings.value(model_dialog.DTYPE_KEY, "auto"))
         self._tasks: set[asyncio.Task] = set()
@@ -237,6 +244,29 @@ class MainWindow(QMainWindow):
         nl.addWidget(self.dismiss_notice_button)
         self.send_notice.hide()
         ml.addWidget(self.send_notice)
+        # A reply from a server that failed (unreachable, refused, cut mid-reply): what
+        # happened and what to do, with Retry; what streamed stays in the transcript.
+        self.reply_notice = QWidget()
+        self.reply_notice.setObjectName("replyNotice")
+        rl = QHBoxLayout(self.reply_notice)
+        rl.setContentsMargins(8, 4, 8, 0)
+        self.reply_notice_label = QLabel()
+        self.reply_notice_label.setObjectName("replyNoticeText")
+        self.reply_notice_label.setWordWrap(True)
+        self.reply_notice_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.retry_reply_button = QPushButton("Retry")
+        self.retry_reply_button.setObjectName("retryReplyButton")
+        self.retry_reply_button.setToolTip("Ask the server for this reply again (the partial reply stays as a version)")
+        self.retry_reply_button.clicked.connect(self.retry_reply)
+        dismiss = QToolButton()
+        dismiss.setText("✕")
+        dismiss.setAccessibleName("Dismiss")
+        dismiss.clicked.connect(self.reply_notice.hide)
+        rl.addWidget(self.reply_notice_label, 1)
+        rl.addWidget(self.retry_reply_button)
+        rl.addWidget(dismiss)
+        self.reply_notice.hide()
+        ml.addWidget(self.reply_notice)
         self.prompt = PromptEditor()
         self.prompt.sendRequested.connect(self.send)
         self.prompt.stopRequested.connect(self.stop)
@@ -352,6 +382,13 @@ class MainWindow(QMainWindow):
         self.library_action = self._action("&Library…", self.open_library, None, None, "libraryAction")
         self.library_action.setToolTip("Models on this machine, the Hugging Face Hub, downloads")
         m.addAction(self.library_action)
+        self.connect_action = self._action("Connect to &Server…", self.open_server_dialog, None, None,
+                                           "connectServerAction")
+        self.connect_action.setToolTip("Chat with a model on an OpenAI-compatible server")
+        self.use_local_action = self._action("Use &Local Model", self.use_local, None, None, "useLocalAction")
+        self.use_local_action.setToolTip("Replies come from the model loaded on this computer again")
+        self.use_local_action.setEnabled(False)
+        m.addActions([self.connect_action, self.use_local_action])
         m.addSeparator()
         self.device_menu = m.addMenu("&Device")
         self.device_group = QActionGroup(self)
@@ -440,8 +477,8 @@ class MainWindow(QMainWindow):
     def _connect_bridge(self) -> None:
         b = self.bridge
         b.loadProgress.connect(self._on_load_progress)
-        b.modelLoaded.connect(self._set_model)
-        b.modelUnloaded.connect(lambda: self._set_model(None))
+        b.modelLoaded.connect(self._on_local_loaded)
+        b.modelUnloaded.connect(self._on_local_unloaded)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -510,7 +547,78 @@ class MainWindow(QMainWindow):
         self.modelReady.emit(info)
 
     def _current_info(self) -> dict | None:
+        if self.backend is not None:
+            return self.info
         return getattr(self.bridge, "model_info", None)
+
+    # ------------------------------------------------------------------ servers
+    def _on_local_loaded(self, info: dict) -> None:
+        """A local model was loaded (the user opened one): replies come from it again."""
+        self.local_info = dict(info)
+        if self.backend is not None:
+            self._leave_server()
+        self._set_model(info)
+
+    def _on_local_unloaded(self) -> None:
+        self.local_info = None
+        if self.backend is None:
+            self._set_model(None)
+
+    def open_server_dialog(self, url: str = "") -> ServerDialog:
+        """Model → Connect to Server…: a non-blocking dialog; its model becomes the backend."""
+        current = self.backend.url if self.backend is not None else ""
+        dlg = ServerDialog(saved=self.servers, url=url or current, parent=self)
+        dlg.connected.connect(self.use_remote)
+        dlg.forgotten.connect(self._server_forgotten)
+        self._open_dialog(dlg)
+        return dlg
+
+    def use_remote(self, remote) -> None:
+        """Replies come from ``remote`` (a connected, probed core.client.RemoteModel) from now on."""
+        if self.busy:
+            self.stop()
+        self.backend = remote
+        self.reply.backend = remote
+        caps = remote.caps
+        where = public_url(remote.url)
+        self.panel.set_capabilities(caps, where)
+        lacks_top = caps is not None and not caps.top_logprobs
+        self.record_probs_action.setEnabled(not lacks_top)
+        self.record_probs_action.setToolTip(
+            f"Not available with {where}: {caps.why.get('top_logprobs', 'no top_logprobs')}" if lacks_top
+            else "Keep each token's probability and alternatives with new replies, for the token inspector")
+        self.use_local_action.setEnabled(True)
+        name = remote.model or (remote.card or {}).get("id") or "model"
+        info = {"name": name, "format": "server", "server": where,
+                "context_length": remote_context_length(remote)}
+        if caps is not None:
+            missing = [f for f in caps.FIELDS if not getattr(caps, f)]
+            info["server_lacks"] = ", ".join(missing) if missing else "nothing"
+        self._set_model(info)
+        self.statusBar().showMessage(f"Replies now come from {name} on {where}", 4000)
+
+    def use_local(self) -> None:
+        """Model → Use Local Model: replies come from the model loaded here (if any) again."""
+        if self.backend is None:
+            return
+        if self.busy:
+            self.stop()
+        self._leave_server()
+        self._set_model(self.local_info)
+
+    def _leave_server(self) -> None:
+        self.backend = None
+        self.reply.backend = None
+        self.panel.set_capabilities(None)
+        self.record_probs_action.setEnabled(True)
+        self.record_probs_action.setToolTip("Keep each token's probability and alternatives with new replies, "
+                                            "for the token inspector")
+        self.use_local_action.setEnabled(False)
+        self.reply_notice.hide()
+
+    def _server_forgotten(self, url: str) -> None:
+        if self.backend is not None and self.backend.url == url:
+            self.use_local()
 
     def cancel_load(self) -> None:
         if self._load_task is not None and not self._load_task.done():
@@ -542,13 +650,23 @@ class MainWindow(QMainWindow):
         self.info = dict(info) if info else None
         ready = self.info is not None
         if ready:
-            self.model_status.setText(info_summary(self.info))
-            self.model_status.setToolTip("\n".join(f"{k}: {v}" for k, v in model_dialog.info_rows(self.info)))
+            if self.info.get("server"):
+                ctx = self.info.get("context_length")
+                self.model_status.setText(f"{self.info['name']} on {self.info['server']}"
+                                          + (f" · ctx {ctx}" if ctx else ""))
+                self.model_status.setToolTip(f"Replies come from the server {self.info['server']} "
+                                             f"(model {self.info['name']}). The server lacks: "
+                                             f"{self.info.get('server_lacks', 'unknown')}. "
+                                             "Model → Use Local Model switches back.")
+            else:
+                self.model_status.setText(info_summary(self.info))
+                self.model_status.setToolTip("\n".join(f"{k}: {v}" for k, v in model_dialog.info_rows(self.info)))
             self.context_length = int(self.info.get("context_length") or 0)
             self.reply.context_length = self.context_length
             self.reply.model_id = self.info.get("name")
             try:
-                self.panel.set_model_context(self.context_length)
+                if self.context_length > 0:  # a server may not say its context length
+                    self.panel.set_model_context(self.context_length)
             except Exception:
                 pass
             self.chat.set_empty_hint("Start a conversation: type below and press Ctrl+Enter.")
@@ -561,6 +679,9 @@ class MainWindow(QMainWindow):
         for a in (self.reload_action, self.unload_action, self.info_action, self.regen_action,
                   self.continue_action):
             a.setEnabled(ready and not (a in (self.regen_action, self.continue_action) and self.busy))
+        if self.backend is not None:
+            self.reload_action.setEnabled(self.local_info is not None)
+            self.unload_action.setEnabled(self.local_info is not None)
         if not ready:
             self.context_length = 0
         self._status_from_path()
@@ -749,6 +870,7 @@ class MainWindow(QMainWindow):
         r.notice.connect(self.chat.set_notice)
         r.finished.connect(self._on_reply_finished)
         r.failed.connect(self.show_error)
+        r.interrupted.connect(self._on_reply_interrupted)
         r.saveFailed.connect(self._on_save_failed)
         r.textRepaired.connect(lambda text: self.statusBar().showMessage(text, 10000))
         r.busyChanged.connect(self._set_busy)
@@ -761,11 +883,17 @@ class MainWindow(QMainWindow):
         """Send the prompt box's text (a new turn, or the resend of an edited message)."""
         if self.info is None:
             return
-        self.reply.inspect = INSPECT_TOP if self.record_probs_action.isChecked() else 0
+        self.reply.inspect = self._inspect()
         if self.reply.send(text, editing=self.prompt.editing):
             self.send_notice.hide()
             self.prompt.end_edit()
             self.prompt.clear()
+
+    def _inspect(self) -> int:
+        """Alternatives to record per token: View → Record Token Probabilities, where the
+        model (or the server) can give them."""
+        a = self.record_probs_action
+        return INSPECT_TOP if a.isEnabled() and a.isChecked() else 0
 
     def retry_send(self) -> None:
         """Send again what the editor holds (after a message could not be saved)."""
@@ -779,17 +907,40 @@ class MainWindow(QMainWindow):
     def regenerate(self, msg_id: int | None = None) -> None:
         """A new version of a reply (default: the last one) — the old versions stay."""
         if self.info is not None:
-            self.reply.inspect = INSPECT_TOP if self.record_probs_action.isChecked() else 0
+            self.reply.inspect = self._inspect()
             self.reply.regenerate(msg_id)
 
     def continue_reply(self, msg_id: int | None = None) -> None:
         """Carry on a reply that stopped on length (default: the last message)."""
+        if self.backend is not None:
+            self.statusBar().showMessage("A server cannot carry on a reply (OpenAI's API has no way to ask): "
+                                         "regenerate it, or use the local model to continue it", 8000)
+            return
         if self.info is not None:
-            self.reply.inspect = INSPECT_TOP if self.record_probs_action.isChecked() else 0
+            self.reply.inspect = self._inspect()
             self.reply.continue_reply(msg_id)
+
+    def _on_reply_interrupted(self, message: str, kind: str, parent_id: int) -> None:
+        """A server's reply failed: say so above the prompt, with Retry (no dialog)."""
+        self._retry_parent = parent_id
+        self.reply_notice_label.setText(f"⚠ {message}")
+        self.reply_notice.setProperty("kind", kind)
+        self.reply_notice.show()
+
+    def retry_reply(self) -> None:
+        """Ask again for the reply that failed (a new version beside any partial one)."""
+        if self._retry_parent is None or self.busy:
+            return
+        self.reply_notice.hide()
+        self.reply.inspect = self._inspect()
+        try:
+            self.reply.regenerate(self._retry_parent)
+        except HistoryError as e:  # the message was deleted meanwhile
+            self.statusBar().showMessage(f"Could not retry: {e}", 6000)
 
     def _on_reply_started(self, view: dict) -> None:
         self.chat.set_notice(None)
+        self.reply_notice.hide()
         self.chat.begin_stream(view)
         self.chat.scroll_to_bottom()
 

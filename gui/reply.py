@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QObject, Signal
 
 from core.engine import Done, Prefilled
+from core.remote import describe_error, public_url
 from core.history import HistoryError, Message, PartialReply
 from core.worker import Error, GenerateRequest, Prompted
 
@@ -36,6 +37,8 @@ class ReplyState:
     prefilled: Prefilled | None = None
     done: Done | None = None
     error: str | None = None
+    error_kind: str = ""  # a remote request's failure kind (core.client.RemoteError.kind)
+    server: str | None = None  # the server's URL for a remote reply (never its key)
     saved: bool = False
     run: LaneRun | None = field(default=None, repr=False)
     # A new reply is written to the store as it grows (a crash loses at most a moment of it).
@@ -61,6 +64,10 @@ class ReplyController(QObject):
         notice(str): something to tell about this reply (turns left out to fit).
         finished(dict): the reply is saved; the dict is the stored message's view.
         failed(str, str): a title and message for an error dialog.
+        interrupted(str, str, int): a reply from a server failed (refused, unreachable, timed
+            out, 401, 429, cut mid-reply): the message to show inline with a Retry, the
+            failure's kind, and the id of the message to answer again (what was streamed is
+            kept, marked as cut; no dialog).
         saveFailed(str): the user's message could not be saved (full disk, read-only
             folder): nothing was sent, the text stays in the editor, and sending it again
             retries.
@@ -76,6 +83,7 @@ class ReplyController(QObject):
     notice = Signal(str)
     finished = Signal(dict)
     failed = Signal(str, str)
+    interrupted = Signal(str, str, int)
     saveFailed = Signal(str)
     textRepaired = Signal(str)
 
@@ -85,6 +93,9 @@ class ReplyController(QObject):
         self.conversation = conversation
         self.settings = settings
         self.inspect = 0  # alternatives to record per token (0: none)
+        # Where replies come from: None for the local model, or a connected
+        # core.client.RemoteModel (bridge.generate(..., backend=...)).
+        self.backend = None
         self.model_id: str | None = None
         self.context_length = 0
         self.state: ReplyState | None = None
@@ -161,7 +172,10 @@ class ReplyController(QObject):
             seed=params.seed, model_id=self.model_id)
         self.state = ReplyState(parent_id, params.to_dict(), self.inspect, continue_of, view["text"],
                                 run=LaneRun() if self.inspect else None, partial=partial)
-        self._stream = self.bridge.generate(request)
+        if self.backend is not None:
+            self.state.server = public_url(self.backend.url)
+        self._stream = (self.bridge.generate(request) if self.backend is None
+                        else self.bridge.generate(request, backend=self.backend))
         self._task = asyncio.ensure_future(self._follow(self.state, self._stream))
         self.started.emit(view)
         self.busyChanged.emit(True)
@@ -202,6 +216,7 @@ class ReplyController(QObject):
                         st.done = ev
                     case Error():
                         st.error = None if ev.cancelled else ev.message
+                        st.error_kind = ev.kind
         except asyncio.CancelledError:
             self.save(st, cancelled=True)
             raise
@@ -237,6 +252,12 @@ class ReplyController(QObject):
         meta: dict = {}
         if st.prompted is not None and st.prompted.dropped_messages:
             meta["dropped_messages"] = st.prompted.dropped_messages
+        if st.server:
+            meta["server"] = st.server
+        if st.error_kind and st.error:
+            st.error = describe_error(st.error_kind, st.error)
+            if st.error_kind == "cut":
+                meta["cut"] = True  # the text is what arrived before the connection broke
         if st.error:
             meta["error"] = st.error
         record = token_record(st)
@@ -249,7 +270,7 @@ class ReplyController(QObject):
             # Nothing came back: no empty reply in the store, just the error.
             if not quiet:
                 self.finished.emit({"id": None, "role": "assistant", "text": "", "error": st.error})
-                self.failed.emit("Generation failed", st.error)
+                self._report(st)
             return
         try:
             if st.continue_of is not None:
@@ -278,6 +299,12 @@ class ReplyController(QObject):
             return
         self.finished.emit(self.conversation.view_message(m))
         if st.error:
+            self._report(st)
+
+    def _report(self, st: ReplyState) -> None:
+        if st.error_kind:  # a server's failure: inline, with Retry
+            self.interrupted.emit(st.error, st.error_kind, st.parent_id)
+        else:
             self.failed.emit("Generation failed", st.error)
 
 

@@ -124,6 +124,7 @@ class SamplingPanel(QWidget):
         self._hidden = {"num_beams": 1, "length_penalty": 1.0}  # kept, not shown
         self._wanted_max_tokens = SamplingParams().max_new_tokens
         self._user_presets: dict[str, dict] = {}
+        self.caps = None  # a server's core.client.Capabilities while replies come from one
         # Values reach QSettings at once (shared in-process); the disk sync is batched so a
         # slider drag does not write the file on every step.
         self._sync_timer = QTimer(self, singleShot=True, interval=400)
@@ -381,14 +382,18 @@ class SamplingPanel(QWidget):
     # ------------------------------------------------------------------ public API
 
     def params(self) -> SamplingParams:
-        """The settings for the next reply (seed None when a random seed is wanted)."""
+        """The settings for the next reply (seed None when a random seed is wanted).
+
+        A control the connected server lacks (see :meth:`set_capabilities`) gives its off
+        value, so a reply's recorded settings are the ones the server really applied."""
+        has = (lambda f: True) if self.caps is None else (lambda f: getattr(self.caps, f))
         return SamplingParams(
             temperature=round(self.temperatureSpin.value(), 4),
             top_p=round(self.topPSpin.value(), 4),
-            top_k=self.topKSpin.value(),
-            min_p=round(self.minPSpin.value(), 4),
-            repetition_penalty=round(self.repetitionPenaltySpin.value(), 4),
-            seed=None if self.randomSeedCheck.isChecked() else self.seedSpin.value(),
+            top_k=self.topKSpin.value() if has("top_k") else 0,
+            min_p=round(self.minPSpin.value(), 4) if has("min_p") else 0.0,
+            repetition_penalty=round(self.repetitionPenaltySpin.value(), 4) if has("repetition_penalty") else 1.0,
+            seed=None if self.randomSeedCheck.isChecked() or not has("seed") else self.seedSpin.value(),
             max_new_tokens=self.maxTokensSpin.value(),
             stop=parse_stop_strings(self.stopStrings.text()),
             num_beams=self._hidden["num_beams"],
@@ -426,6 +431,28 @@ class SamplingPanel(QWidget):
     def use_seed(self, seed: int) -> None:
         """Fix the seed (e.g. to reproduce a reply): untick random and show ``seed``."""
         self.from_dict({"random_seed": False, "seed_value": int(seed)})
+
+    def set_capabilities(self, caps=None, server: str = "") -> None:
+        """Replies come from a server with these :class:`core.client.Capabilities` (None: the
+        local model, everything on). Each control the server lacks is disabled, its tooltip
+        saying why (the probe's finding); the chat format is the server's own template."""
+        self.caps = caps
+        where = server or "the server"
+        controls = {"seed": (self.seedSpin, self.randomSeedCheck), "top_k": (self.topKSpin,),
+                    "min_p": (self.minPSpin,), "repetition_penalty": (self.repetitionPenaltySpin,)}
+        for field_name, widgets in controls.items():
+            lacking = caps is not None and not getattr(caps, field_name)
+            for w in widgets:
+                w.setEnabled(not lacking)
+                tip = w.accessibleDescription()
+                if lacking:
+                    why = caps.why.get(field_name) or f"{where} does not support {field_name}"
+                    tip = f"Not available with {where}: {why}."
+                w.setToolTip(tip)
+        self.chatFormatCombo.setEnabled(caps is None)
+        self.chatFormatCombo.setToolTip(
+            self.chatFormatCombo.accessibleDescription() if caps is None
+            else f"Not available with {where}: the server wraps messages in its own chat template.")
 
     def set_model_context(self, n_ctx: int) -> None:
         """Cap max new tokens at the model's context length; the user's own choice comes

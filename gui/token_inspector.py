@@ -40,13 +40,14 @@ def inspector_rows(top: dict | None, chosen_id: int) -> list[dict]:
 
     Ids come from both lists, ordered by raw probability. A token missing from the
     filtered list has probability 0 after filtering when that list is shorter than the
-    raw one (the filters cut it), else its value is unknown (None).
+    raw one (the filters cut it), else its value is unknown (None). An empty filtered
+    list means nobody said (a server reports only the model's probabilities): unknown.
     """
     if not top:
         return []
     raw = {int(i): float(p) for i, p in top.get("raw", [])}
     filt = {int(i): float(p) for i, p in top.get("filtered", [])}
-    cut_known = len(filt) < len(raw)
+    cut_known = bool(filt) and len(filt) < len(raw)
     order = sorted(raw, key=lambda i: -raw[i]) + [i for i in sorted(filt, key=lambda i: -filt[i]) if i not in raw]
     rows = []
     for i in order:
@@ -160,13 +161,17 @@ class TokenInspector(QFrame):
             f"<b style='font-size: 15px;'>{_html(_visible(rec.piece))}</b> (id {rec.token_id})<br>"
             f"p = {fmt_prob(p)} · log p = {rec.logprob:.3f}"
             + (f"<br><span style='color: {theme.colors()['muted']};'>{_html(lane_label)}</span>" if lane_label else ""))
-        for tid, piece in ((rec.top or {}).get("pieces") or {}).items():
-            self.learn(int(tid), piece)
+        # A server names alternatives by text under stand-in ids (-1, -2, ...) that mean
+        # something else at every token: this token's own names come first.
+        names = {int(tid): piece for tid, piece in ((rec.top or {}).get("pieces") or {}).items()}
+        for tid, piece in names.items():
+            if tid >= 0:
+                self.learn(tid, piece)
         self.rows = inspector_rows(rec.top, rec.token_id)
         self.table.setRowCount(len(self.rows))
         for r, row in enumerate(self.rows):
-            name = QTableWidgetItem(self.text_of(row["id"]))
-            name.setToolTip(f"id {row['id']}")
+            name = QTableWidgetItem(_visible(names[row["id"]]) if row["id"] in names else self.text_of(row["id"]))
+            name.setToolTip(f"id {row['id']}" if row["id"] >= 0 else "the server does not report this token's id")
             cells = [name]
             for key in ("raw", "filtered"):
                 it = QTableWidgetItem(fmt_prob(row[key]))
@@ -181,6 +186,9 @@ class TokenInspector(QFrame):
                 self.table.setItem(r, c, it)
         if not self.rows:
             self.note.setText("No alternatives recorded for this token (run with inspection on).")
+        elif not (rec.top or {}).get("filtered"):
+            self.note.setText("model: the model's probabilities as the server reported them · after filters: "
+                              "not reported (the server does not say what its filters kept). Bold: chosen.")
         else:
             self.note.setText("model: the raw softmax · after filters: what was sampled from "
                               "(temperature, top-k, top-p, min-p, repetition penalty). Bold: chosen; "

@@ -117,6 +117,8 @@ def test_error_descriptions_say_what_happened_and_what_to_do():
     assert dns.startswith("Could not find the server") and "nohost.invalid" in dns
     assert describe_error("auth", "x answered 401").startswith("The server refused the API key (401)")
     assert describe_error("rate_limit", "x answered 429").startswith("The server is rate-limiting")
-    assert describe_error("timeout", "x stopped answering for 60 s").startswith("The server stopped answering")
-    assert "incomplete" in describe_error("cut", "the connection to x was cut mid-reply")
+    slow = describe_error("timeout", "http://h:1/v1 stopped answering for 60 s")
+    assert slow.startswith("http://h:1/v1 stopped answering for 60 s. ") and "retry" in slow
+    cut = describe_error("cut", "the connection to x was cut mid-reply (peer closed connection)")
+    assert cut.startswith("The connection to x was cut mid-reply (peer closed connection). The reply above is incomplete")
     assert describe_error("bad_request", "top_p must be ≤ 1") == "top_p must be ≤ 1"

@@ -3,7 +3,7 @@ serving the stories260K fixture on loopback: the bridge, the reply controller, t
 window's chat, the Connect to Server dialog, and the failures a user meets."""
 from __future__ import annotations
 
-import asyncio
+import math
 import threading
 
 import pytest
@@ -14,8 +14,10 @@ from core.sampling import SamplingParams
 from core.worker import GenerateRequest, Prompted
 from core.worker import Worker
 from gui.bridge import Bridge, Chunk
-from tests.gui.ui_helpers import _KEEP, bridge, data_dir, loop, run, settings, until  # noqa: F401  (shared fixtures)
-from tests.helpers import ServeProcess
+from gui.token_inspector import _visible
+from tests.gui.ui_helpers import (_KEEP, bridge, close, data_dir, load, loop, make_window, run,  # noqa: F401
+                                  send, settings, snapshot, until)
+from tests.helpers import ServeProcess, free_port
 
 pytestmark = pytest.mark.timeout(240)
 KEY = "gui-test-key"
@@ -104,3 +106,231 @@ def test_stopping_a_remote_reply_stops_only_it(loop, bridge, remote):
     assert got[-1].stop_reason == "cancelled" and got[-1].text
     assert other[-1].stop_reason == "length" and other[-1].text == KNOWN[:len(other[-1].text)]
     assert not bridge.busy
+
+
+# --------------------------------------------------------------------------- the window
+
+@pytest.fixture
+def window(qtbot, loop, bridge, settings, data_dir):
+    w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
+    qtbot.addWidget(w)
+    yield w
+    close(loop, w)
+
+
+def dialogs(w, name="errorDialog"):
+    return [d for d in w._dialogs if d.objectName() == name]
+
+
+def greedy(w, max_tokens=20):
+    w.panel.temperatureSpin.setValue(0)
+    w.panel.maxTokensSpin.setValue(max_tokens)
+
+
+async def connect_with_dialog(w, url, key):
+    """Model → Connect to Server…, as a user fills it in."""
+    dlg = w.open_server_dialog()
+    dlg.url.setCurrentText(url)
+    dlg.key.setText(key)
+    dlg.list_button.click()
+    await until(lambda: dlg.models.count() > 0 or dlg.status.property("error"), 60, "the model list")
+    return dlg
+
+
+def test_connect_dialog_lists_models_connects_and_keeps_the_key_out_of_chats(qtbot, window, loop, server, data_dir,
+                                                                              settings, tmp_path):
+    async def scenario():
+        # A wrong key: the dialog says so in place and stays usable.
+        dlg = await connect_with_dialog(window, server.url, "wrong-key")
+        assert dlg.models.count() == 0 and "401" in dlg.status.text() and "API key" in dlg.status.text()
+        dlg.key.setText(KEY)
+        dlg.list_button.click()
+        await until(lambda: dlg.models.count() == 1, 60, "the model list")
+        assert dlg.models.item(0).text() == "stories260K" and dlg.ok.isEnabled()
+        snapshot(dlg, "remote_connect_dialog")
+        dlg.ok.click()
+        await until(lambda: window.backend is not None, 120, "connect and probe")
+        assert not dlg.isVisible() and window.backend.model == "stories260K"
+        status = window.model_status.text()
+        assert "stories260K" in status and f"127.0.0.1:{server.port}" in status
+        assert window.use_local_action.isEnabled() and window.prompt.send_button.isEnabled() is False
+        greedy(window)
+        view = await send(qtbot, window, "Tell me a story.")
+        assert view["text"] and view["stop_reason"] in ("eos", "length")
+        s = view["stats"]
+        assert s["generated_tokens"] > 0 and s["ttft_s"] > 0 and "TTFT" in window.stats_label.text()
+        m = window.conversation.message(view["id"])
+        assert m.model_id == "stories260K" and m.meta["server"] == server.url
+        return view
+    run(loop, scenario(), 200)
+    # The server and its key are remembered in the settings, the key apart from the list ...
+    saved = window.servers.servers()
+    assert saved[0]["url"] == server.url and saved[0]["model"] == "stories260K" and "key" not in saved[0]
+    assert window.servers.key(server.url) == KEY
+    # ... and never in the history database or an export.
+    window.ask_save_path = lambda title, name, filt: str(tmp_path / ("chat.json" if "JSON" in title else "chat.md"))
+    outs = [window.export_conversation("json"), window.export_conversation("md")]
+    for f in [*outs, *data_dir.glob("history.sqlite3*")]:
+        assert KEY.encode() not in open(f, "rb").read(), f
+    assert server.url.encode() in open(outs[0], "rb").read()  # where the reply came from is kept
+
+    # Forget the server: gone from the settings, and replies come from the local side again.
+    dlg = window.open_server_dialog()
+    assert dlg.url.currentText() == server.url and dlg.key.text() == KEY and dlg.forget_button.isEnabled()
+    dlg.forget_button.click()
+    assert window.servers.servers() == [] and window.servers.key(server.url) == ""
+    assert window.backend is None and window.info is None and not window.use_local_action.isEnabled()
+    dlg.close()
+
+
+def test_a_remote_chat_equals_the_local_model_and_its_tokens_can_be_inspected(qtbot, window, loop, remote, fixtures):
+    """The same model served and loaded here: greedy replies agree token for token, and the
+    inspector shows the server's top_logprobs equal to the local engine's probabilities."""
+    async def scenario():
+        await load(window, str(fixtures / "stories260K.gguf"))
+        window.record_probs_action.setChecked(True)
+        greedy(window)
+        local = await send(qtbot, window, "Tell me a story about a dog.")
+        window.use_remote(remote)
+        assert window.info["server"] and window.reply.backend is remote
+        window.regenerate()  # the same question, now to the server
+        await until(lambda: not window.busy and window.chat.widgets[-1].message.get("version") == (2, 2), 60,
+                    "the remote reply")
+        remote_view = window.chat.widgets[-1].message
+        return local, remote_view
+    local, rv = run(loop, scenario(), 150)
+    # Same tokens; the server drops SentencePiece's leading space of a reply in every chat
+    # format, the local engine keeps it in the raw format this model chats in.
+    assert rv["text"] == local["text"].removeprefix(" ") and rv["text"]
+    loc = window.conversation.message(local["id"]).meta["tokens"]
+    rem = window.conversation.message(rv["id"]).meta["tokens"]
+    assert rem["tokens"] == loc["tokens"]
+    assert rem["logprobs"] == pytest.approx(loc["logprobs"], abs=1e-4)
+    # The inspector on the remote reply: the chosen token bold at the model's probability,
+    # its alternatives by name, nothing made up for "after filters".
+    assert window.chat.show_tokens(rv["id"]) and window.chat.inspect_token(rv["id"], 2)
+    insp = window.inspector
+    rec = window.chat.widget_for(rv["id"]).token(2)
+    rows = insp.rows
+    chosen = [r for r in rows if r["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["raw"] == pytest.approx(math.exp(loc["logprobs"][2]), abs=1e-4)
+    # The server's top alternatives are the local engine's most likely tokens, same numbers.
+    local_top = sorted((p for _, p in loc["top"][2]["raw"]), reverse=True)
+    assert [r["raw"] for r in rows] == pytest.approx(local_top[:len(rows)], abs=1e-4) and len(rows) == 5
+    shown = insp.shown_values()
+    assert all(v[2] == "–" for v in shown) and "not reported" in insp.note.text()
+    assert shown[rows.index(chosen[0])][0] == _visible(rec.piece)
+
+
+def disconnected_copy(remote, url=None, key=None):
+    """The same model reached at another URL or with another key (no new probe)."""
+    r = RemoteModel(url or remote.url, api_key=key, model=remote.model)
+    r.card, r.caps = remote.card, remote.caps
+    return r
+
+
+async def fail_inline(qtbot, w, text, what):
+    w.prompt.set_text(text)
+    w.prompt.submit()
+    await until(lambda: w.reply_notice.isVisible() and not w.busy, 60, what)
+    return w.reply_notice_label.text()
+
+
+def test_a_wrong_key_is_an_inline_401_with_retry_and_nothing_is_lost(qtbot, window, loop, remote):
+    async def scenario():
+        window.use_remote(disconnected_copy(remote, key="not-the-key"))
+        greedy(window)
+        shown = await fail_inline(qtbot, window, "Hello there", "the 401 notice")
+        assert "refused the API key (401)" in shown and "Check the API key" in shown
+        assert dialogs(window) == [] and window.retry_reply_button.isVisible()
+        path = window.conversation.path()
+        assert [m.role for m in path] == ["user"] and path[0].text == "Hello there"  # no empty reply stored
+        # With the right key, Retry answers the same message.
+        window.use_remote(remote)
+        done = []
+        window.replyFinished.connect(done.append)
+        window.retry_reply_button.click()
+        await until(lambda: done, 60, "the retried reply")
+        assert not window.reply_notice.isVisible()
+        assert [m.role for m in window.conversation.path()] == ["user", "assistant"]
+        assert done[0]["text"] and not done[0].get("error")
+    run(loop, scenario(), 120)
+
+
+def test_refused_connection_and_429_are_inline_notices(qtbot, window, loop, remote, fixtures):
+    from starlette.responses import JSONResponse
+
+    from core.checkpoints import load as load_model
+    from core.server import RunningServer, ServerState
+
+    def limited(app):
+        async def wrapped(scope, receive, send):
+            if scope["type"] == "http" and scope["method"] == "POST":
+                err = {"error": {"message": "Rate limit reached: 3 requests per minute", "type": "rate_limit"}}
+                return await JSONResponse(err, status_code=429)(scope, receive, send)
+            return await app(scope, receive, send)
+        return wrapped
+
+    async def scenario():
+        window.use_remote(disconnected_copy(remote, url=f"http://127.0.0.1:{free_port()}"))
+        shown = await fail_inline(qtbot, window, "Hello", "the refused notice")
+        assert shown.startswith("⚠ Could not reach the server") and "Connection refused" in shown
+        assert dialogs(window) == [] and window.prompt.editor.isEnabled()
+        with RunningServer(ServerState(load_model(fixtures / "stories260K.gguf", device="cpu", dtype="float32")),
+                           wrap=limited) as srv:
+            window.use_remote(disconnected_copy(remote, url=srv.url))
+            shown = await fail_inline(qtbot, window, "Hello again", "the 429 notice")
+        assert "rate-limiting requests (429)" in shown and "Rate limit reached" in shown and "wait" in shown
+        assert dialogs(window) == []
+    run(loop, scenario(), 120)
+
+
+def test_a_server_killed_mid_stream_keeps_the_partial_reply_marked_and_retry_works(qtbot, window, loop, remote,
+                                                                                     fixtures):
+    """SIGKILL the server when the third token has arrived: the notice says the connection was
+    cut, the partial reply is in the store marked as cut, and once a server runs at that
+    address again Retry gives a full reply beside it."""
+    victim = ServeProcess(fixtures / "stories260K.gguf")
+    runner = window.bridge._remote
+    forward, seen = runner._on_event, []
+
+    def kill_at_third_token(ev):
+        forward(ev)
+        if getattr(getattr(ev, "event", None), "token_id", None) is not None:
+            seen.append(ev)
+            if len(seen) == 3:
+                victim.kill()  # on the streaming thread: nothing more is read before it dies
+    runner._on_event = kill_at_third_token
+    try:
+        async def scenario():
+            r = disconnected_copy(remote, url=victim.url)
+            window.use_remote(r)
+            window.panel.temperatureSpin.setValue(1.0)
+            window.panel.maxTokensSpin.setValue(400)
+            shown = await fail_inline(qtbot, window, "Tell me a long story.", "the cut notice")
+            assert shown.startswith(f"⚠ The connection to {victim.url} was cut mid-reply") and "incomplete" in shown
+            assert dialogs(window) == []
+            cut = window.conversation.path()[-1]
+            assert cut.role == "assistant" and cut.stop_reason == "error" and cut.meta["cut"] is True
+            assert cut.text and cut.text == "".join(e.event.text for e in seen)[:len(cut.text)]
+            assert len(seen) >= 3 and cut.meta["server"] == victim.url
+            w = window.chat.widgets[-1]
+            assert w.message["text"] == cut.text and "cut mid-reply" in w.footer.text()
+            snapshot(window, "remote_cut_reply_retry")
+            # The server comes back at the same address: Retry works, the cut reply stays a version.
+            again = ServeProcess(fixtures / "stories260K.gguf", port=victim.port)
+            try:
+                window.panel.maxTokensSpin.setValue(12)
+                done = []
+                window.replyFinished.connect(done.append)
+                window.retry_reply_button.click()
+                await until(lambda: done, 60, "the retried reply")
+            finally:
+                again.stop()
+            assert done[0]["version"] == (2, 2) and done[0]["text"] and not done[0].get("error")
+            versions = window.history.siblings(done[0]["id"])
+            assert [m.id for m in versions] == [cut.id, done[0]["id"]] and versions[0].text == cut.text
+        run(loop, scenario(), 150)
+    finally:
+        runner._on_event = forward
+        victim.stop()
