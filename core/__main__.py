@@ -1,4 +1,4 @@
-"""Command line: ``python -m core generate|compare|serve|tokenize|info|convert``.
+"""Command line: ``python -m core generate|compare|serve|tokenize|info|convert|pull|models``.
 
 stdout carries the text (or one JSON object with --json); every user error exits with
 status 2 and one line on stderr, never a traceback.
@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_convert_parser(sub)
+    from .library_cli import add_library_parsers
+    add_library_parsers(sub)
     return ap
 
 
@@ -488,11 +490,8 @@ def cmd_info(args) -> int:
     links = limits.symlinks_in([path] + (sorted(path.iterdir()) if path.is_dir() else []))
     if links:  # followed, but said: the files read are not where they seem to be
         info["symlinks"] = links
-    # Bytes out, so a folder name that is not UTF-8 prints as the bytes it is.
-    text = json.dumps(info, ensure_ascii=False, default=str) + "\n"
-    sys.stdout.flush()
-    sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
-    sys.stdout.flush()
+    from .library_cli import write_stdout
+    write_stdout(json.dumps(info, ensure_ascii=False, default=str) + "\n")  # a non-UTF-8 name as its bytes
     return 0
 
 
@@ -518,8 +517,9 @@ def main(argv: list[str] | None = None) -> int:
         _valid_arguments(args)
         import torch
         torch.set_num_threads(os.cpu_count() or 1)  # the CLI owns the machine
+        from .library_cli import cmd_models, cmd_pull
         handler = {"generate": cmd_generate, "compare": cmd_compare, "tokenize": cmd_tokenize,
-                   "info": cmd_info, "serve": cmd_serve}.get(args.cmd)
+                   "info": cmd_info, "serve": cmd_serve, "pull": cmd_pull, "models": cmd_models}.get(args.cmd)
         if handler is None:
             from .convert import run_convert
             return run_convert(args)

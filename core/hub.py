@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import posixpath
-import struct
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Iterator
 
-from .errors import HubAuthError, HubError, HubNetworkError, HubNotFoundError, LlamaDeskError, one_line
+from .checkpoints.gguf_header import NeedMore, parse_header
+from .errors import CheckpointError, HubAuthError, HubError, HubNetworkError, HubNotFoundError, LlamaDeskError, one_line
 from .library import _HF_FILES, quant_from_name
 
 SORTS = {"downloads": "downloads", "likes": "likes", "last_modified": "last_modified"}
@@ -265,9 +265,11 @@ class HubClient:
             want = min(n, file.size) if file.size else n
             data = self.read_range(file.repo_id, file.path, 0, want)
             try:
-                parsed = parse_gguf_header(data)
+                parsed = parse_header(data, source=f"{file.repo_id}/{file.path}")[:2]
                 break
-            except _NeedMore:
+            except CheckpointError as e:
+                raise HubError(f"{file.path} in {file.repo_id}: {e}") from None
+            except NeedMore:
                 if len(data) < want or want >= (file.size or HEADER_MAX) or n >= HEADER_MAX:
                     raise HubError(f"{file.path} in {file.repo_id}: the GGUF header is damaged or too long") from None
                 n *= 4
@@ -281,13 +283,11 @@ class HubClient:
         from .checkpoints.hf import args_from_config
 
         if file.kind == "gguf":
-            from .checkpoints.gguf import args_from_gguf
+            from .checkpoints.gguf_header import header_args
 
             meta, tensors = self.gguf_header(file)
-            md = _RemoteMetadata(meta, f"{file.repo_id}/{file.path}")
-            shapes = {name: _Shape(list(reversed(shape))) for name, _, shape, _ in tensors}
             try:
-                return args_from_gguf(md, shapes, None), tensors
+                return header_args(meta, tensors, f"{file.repo_id}/{file.path}"), tensors
             except LlamaDeskError as e:
                 raise HubError(f"{file.path} cannot be loaded here: {e}") from None
         cfg_path = posixpath.join(file.path, "config.json") if file.path else "config.json"
@@ -379,141 +379,6 @@ def _split_gguf(name: str) -> bool:
     return re.search(r"-\d{5}-of-\d{5}\.gguf$", name) is not None
 
 
-class _Shape:
-    def __init__(self, ne: list[int]):
-        self.shape = ne
-
-
-class _RemoteMetadata:
-    """What ``args_from_gguf`` asks of a GGUF Metadata, over a parsed remote header."""
-
-    def __init__(self, values: dict[str, Any], path: str):
-        self.values, self.path = values, path
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.values.get(key, default)
-
-    def require(self, key: str) -> Any:
-        v = self.values.get(key)
-        if v is None:
-            raise HubError(f"metadata key '{key}' is missing in {self.path}")
-        return v
-
-
-# ---------------------------------------------------------------------- GGUF header
-
-class _NeedMore(Exception):
-    """The bytes end before the header does."""
-
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
-
-@dataclass
-class _ArrayLen:
-    """An array value not kept (token lists): only its length."""
-    n: int
-    items: list = field(default_factory=list)
-
-
-def parse_gguf_header(data: bytes) -> tuple[dict[str, Any], list[tuple[str, str, tuple[int, ...], int]]]:
-    """Metadata and tensor infos from the start of a GGUF file (format v2/v3, little-endian).
-
-    String arrays (the vocabulary) are skipped, keeping their length; numeric arrays are
-    kept only when short. Tensors come as (name, type name, numpy-order shape, bytes).
-    Raises _NeedMore when ``data`` ends inside the header, HubError when it is no GGUF.
-    """
-    from gguf import GGMLQuantizationType
-    from gguf.constants import GGML_QUANT_SIZES
-
-    buf = memoryview(data)
-    off = 0
-
-    def take(fmt: str):
-        nonlocal off
-        size = struct.calcsize(fmt)
-        if off + size > len(buf):
-            raise _NeedMore
-        v = struct.unpack_from(fmt, buf, off)[0]
-        off += size
-        return v
-
-    def string() -> str:
-        nonlocal off
-        n = take("<Q")
-        if n > 1 << 24:
-            raise HubError("the GGUF header is damaged (a string of impossible length)")
-        if off + n > len(buf):
-            raise _NeedMore
-        s = bytes(buf[off:off + n]).decode("utf-8", "replace")
-        off += n
-        return s
-
-    def value(t: int):
-        nonlocal off
-        if t in _SCALARS:
-            return take(_SCALARS[t])
-        if t == 8:
-            return string()
-        if t == 9:
-            it, n = take("<I"), take("<Q")
-            if it == 8:
-                for _ in range(n):
-                    ln = take("<Q")
-                    off += ln
-                    if off > len(buf):
-                        raise _NeedMore
-                return _ArrayLen(n)
-            if it in _SCALARS:
-                size = struct.calcsize(_SCALARS[it])
-                if off + n * size > len(buf):
-                    raise _NeedMore
-                if n <= 4096:
-                    items = [struct.unpack_from(_SCALARS[it], buf, off + i * size)[0] for i in range(n)]
-                    off += n * size
-                    return items
-                off += n * size
-                return _ArrayLen(n)
-            return _ArrayLen(n, [value(it) for _ in range(n)])
-        raise HubError(f"the GGUF header is damaged (unknown value type {t})")
-
-    if len(buf) < 4:
-        raise _NeedMore
-    if bytes(buf[:4]) != b"GGUF":
-        raise HubError("not a GGUF file (no GGUF magic)")
-    off = 4
-    version = take("<I")
-    if version not in (2, 3):
-        raise HubError(f"GGUF version {version} is not supported (2 or 3)")
-    n_tensors, n_kv = take("<Q"), take("<Q")
-    if n_tensors > 1 << 20 or n_kv > 1 << 20:
-        raise HubError("the GGUF header is damaged (impossible counts)")
-    meta: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key = string()
-        v = value(take("<I"))
-        meta[key] = v.n if isinstance(v, _ArrayLen) else v  # long arrays: their length
-    tensors = []
-    for _ in range(n_tensors):
-        name = string()
-        nd = take("<I")
-        if nd > 4:
-            raise HubError(f"the GGUF header is damaged (tensor {name} has {nd} dimensions)")
-        dims = [take("<Q") for _ in range(nd)]
-        raw = take("<I")
-        take("<Q")  # data offset
-        try:
-            kind = GGMLQuantizationType(raw)
-            block, size = GGML_QUANT_SIZES[kind]
-        except (ValueError, KeyError):
-            raise HubError(f"tensor {name} has an unknown type {raw}") from None
-        n = 1
-        for d in dims:
-            n *= d
-        tensors.append((name, kind.name, tuple(reversed(dims)), n * size // block))
-    return meta, tensors
-
-
 def free_memory() -> tuple[int | None, int | None]:
     """(free RAM, free VRAM or None without a CUDA GPU), in bytes."""
     from . import limits
@@ -527,4 +392,4 @@ def free_memory() -> tuple[int | None, int | None]:
     return limits.available_bytes(), vram
 
 
-__all__ = ["HubClient", "RepoSummary", "HubFile", "FitEstimate", "hub_errors", "parse_gguf_header", "free_memory"]
+__all__ = ["HubClient", "RepoSummary", "HubFile", "FitEstimate", "hub_errors", "free_memory"]

@@ -10,6 +10,7 @@ folder and end in ``.part``: the scanner skips both.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -213,41 +214,42 @@ def _entry(path: Path, fmt: str, *, name: str, size: int, error: str | None = No
 
 
 def read_gguf(path: Path) -> LibraryEntry:
-    """A GGUF file's entry from its header (metadata and tensor shapes; weights untouched)."""
-    import math
-
+    """A GGUF file's entry from its header alone (core.checkpoints.gguf_header): metadata and
+    tensor shapes, by the loader's own rules; the weights are never read."""
     from gguf.constants import LlamaFileType
 
-    from .checkpoints.gguf import ROPE_FREQS, Metadata, args_from_gguf, open_reader
+    from . import limits
+    from .checkpoints.gguf import ROPE_FREQS
+    from .checkpoints.gguf_header import header_args, read_header
     size = path.stat().st_size
     name = path.stem
     try:
-        reader = open_reader(path)
-        md = Metadata(reader, path)
-        by_name = {t.name: t for t in reader.tensors}
-        args = args_from_gguf(md, by_name, None)
+        limits.check_regular(path)
+        meta, tensors = read_header(path)
+        args = header_args(meta, tensors, str(path))
     except LlamaDeskError as e:
         return _entry(path, "gguf", name=name, size=size, error=str(e), quant=quant_from_name(path.name))
-    params = sum(int(math.prod(int(d) for d in t.shape.tolist())) for n, t in by_name.items() if n != ROPE_FREQS)
+    params = 0
+    by_type: dict[str, int] = {}
+    for n, kind, shape, nbytes in tensors:
+        if n != ROPE_FREQS:
+            params += math.prod(shape)
+        by_type[kind] = by_type.get(kind, 0) + nbytes
     quant = None
-    ft = md.get("general.file_type")
+    ft = meta.get("general.file_type")
     if isinstance(ft, int):
         try:
             quant = LlamaFileType(ft).name.removeprefix("MOSTLY_").removeprefix("ALL_")
         except ValueError:
             quant = None
-    if quant is None or quant == "GUESSED":
-        # the type holding most of the bytes names the file
-        by_type: dict[str, int] = {}
-        for t in reader.tensors:
-            by_type[t.tensor_type.name] = by_type.get(t.tensor_type.name, 0) + int(t.n_bytes)
+    if quant is None or quant == "GUESSED":  # the type holding most of the bytes names the file
         quant = max(by_type, key=by_type.get) if by_type else quant_from_name(path.name)
-    factor = None
-    scaled = ROPE_FREQS in by_name
-    if scaled:
-        import numpy as np
-        factor = float(np.asarray(by_name[ROPE_FREQS].data, dtype=np.float64).max())  # head_dim/2 floats
-    family = family_of(vocab_size=args.vocab_size, rope_theta=args.rope_theta, scaling_factor=factor, scaled=scaled,
+    # llama.cpp stores Llama 3.1/3.2's RoPE scaling as a rope_freqs tensor; the family then
+    # follows the model's width (3.2 is 1B/3B), see family_of.
+    scaled = any(n == ROPE_FREQS for n, *_ in tensors) or meta.get("llama.rope.scaling.type") == "llama3"
+    factor = meta.get("llama.rope.scaling.factor")
+    family = family_of(vocab_size=args.vocab_size, rope_theta=args.rope_theta, scaled=scaled,
+                       scaling_factor=factor if isinstance(factor, (int, float)) else None,
                        dim=args.dim, context_length=args.max_seq_len)
     return _entry(path, "gguf", name=name, size=size, family=family, params=params, quant=quant,
                   context_length=args.max_seq_len)

@@ -159,9 +159,11 @@ class DownloadsView(QWidget):
 
     Signals:
         finished(str): a download finished and was verified (its path).
+        openRequested(str): the user chose to open a finished download (its path).
     """
 
     finished = Signal(str)
+    openRequested = Signal(str)
 
     def __init__(self, service, parent=None):
         super().__init__(parent)
@@ -210,10 +212,14 @@ class DownloadsView(QWidget):
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setObjectName("downloadCancel")
         self.cancel_button.clicked.connect(self.cancel_selected)
+        self.open_button = QPushButton("Open")
+        self.open_button.setObjectName("downloadOpen")
+        self.open_button.setToolTip("Load this model in the chat window")
+        self.open_button.clicked.connect(self.open_selected)
         self.clear_button = QPushButton("Clear Finished")
         self.clear_button.setObjectName("downloadClear")
         self.clear_button.clicked.connect(self.clear_finished)
-        for b in (self.pause_button, self.resume_button, self.cancel_button, self.clear_button):
+        for b in (self.open_button, self.pause_button, self.resume_button, self.cancel_button, self.clear_button):
             buttons.addWidget(b)
         lay.addLayout(buttons)
         service.downloadEvent.connect(self.on_event)
@@ -258,7 +264,7 @@ class DownloadsView(QWidget):
             self.model.upsert(ev.job_id, ev.file, done=ev.done_bytes, total=ev.total_bytes, speed=ev.speed_bps,
                               eta=ev.eta_s, state="downloading", message="")
         elif kind == "DownloadFinished":
-            self.model.set_job(ev.job_id, state="done", speed=None, eta=None, message="")
+            self.model.set_job(ev.job_id, state="done", speed=None, eta=None, message="", path=str(ev.path))
             for i in self.model.find(ev.job_id):
                 r = self.model.rows[i]
                 if r["total"]:
@@ -292,6 +298,7 @@ class DownloadsView(QWidget):
     def _update_buttons(self) -> None:
         r = self.selected_row()
         state = r["state"] if r else None
+        self.open_button.setEnabled(state == "done" and bool(r.get("path")))
         self.pause_button.setEnabled(state in ("queued", "downloading"))
         self.resume_button.setEnabled(state in ("paused", "failed"))
         self.cancel_button.setEnabled(state in ACTIVE or state == "failed")
@@ -319,6 +326,12 @@ class DownloadsView(QWidget):
             self.service.manager().cancel(r["job_id"])
             self.model.set_job(r["job_id"], state="cancelled", speed=None, eta=None)
             self._update_buttons()
+
+    def open_selected(self) -> None:
+        r = self.selected_row()
+        if r is not None and r["state"] == "done" and r.get("path"):
+            self.service.record_used(r["path"])
+            self.openRequested.emit(r["path"])
 
     def clear_finished(self) -> None:
         self.model.remove_where(lambda r: r["state"] in ("done", "cancelled", "failed"))

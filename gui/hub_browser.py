@@ -17,15 +17,18 @@ from PySide6.QtGui import QBrush, QColor, QFont, QStandardItem, QStandardItemMod
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFrame, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
                                QPushButton, QSpinBox, QStackedWidget, QTableView, QTreeView, QVBoxLayout, QWidget)
 
+from shiboken6 import isValid
+
 from . import theme
 
 FILE_ROLE = Qt.UserRole + 1   # a file row's HubFile
 REPO_ROLE = Qt.UserRole + 1   # a search row's RepoSummary
 SORT_ROLE = Qt.UserRole + 2
 
-FORMATS = (("GGUF", "gguf"), ("safetensors", "safetensors"), ("Any format", None))
+FORMATS = (("GGUF", ("gguf",)), ("safetensors", ("safetensors",)), ("GGUF or safetensors", ("gguf", "safetensors")))
 SORTS = (("Most downloaded", "downloads"), ("Most liked", "likes"), ("Recently updated", "last_modified"))
 DEFAULT_CONTEXT = 4096
+UNNAMED = "Quantization not in the name"  # core.hub reads it from file names (Q4_K_M, Q8_0, F16…)
 
 
 def _size(n) -> str:
@@ -50,39 +53,25 @@ def access_text(gated) -> str:
     return "Gated (accept license)"
 
 
-def explain(err: Exception, endpoint: str | None = None) -> tuple[str, str]:
-    """(kind, plain words) for a hub error: kind is 'auth' (401: a token is needed or was
-    refused), 'forbidden' (403: the token has no access), 'notfound', 'offline' or 'other'."""
-    from core import hub
-    where = endpoint or "huggingface.co"
-    status = getattr(err, "status", None)
-    if isinstance(err, getattr(hub, "HubAuthError", ())) or status == 401:
-        return "auth", ("This repository is gated or private, so the Hub wants an access token. Create one "
-                        "(huggingface.co → Settings → Access Tokens, “Read” is enough), accept the model's "
-                        "license on its Hub page, then paste the token here.")
-    if isinstance(err, getattr(hub, "HubForbiddenError", ())) or status == 403:
-        return "forbidden", ("The Hub knows your token but it has no access to this repository yet: open the "
-                             "repository on huggingface.co and accept its license (or wait for the owner to "
-                             "approve you), or use a token of an account that has access.")
-    if isinstance(err, getattr(hub, "HubNotFoundError", ())) or status == 404:
-        return "notfound", f"Not found on the Hub: {err}. The repository may have been renamed, deleted or made private."
-    if isinstance(err, getattr(hub, "HubOfflineError", ())) or isinstance(err, (ConnectionError, TimeoutError)):
-        return "offline", f"Could not reach the Hub at {where}: check the network connection. ({err})"
-    return "other", str(err) or type(err).__name__
-
-
-def machine_memory() -> tuple[int, int | None]:
-    """(free RAM, free VRAM or None without a CUDA GPU) in bytes, right now."""
-    import psutil
-    ram = int(psutil.virtual_memory().available)
-    vram = None
-    try:
-        import torch
-        if torch.cuda.is_available():
-            vram = int(torch.cuda.mem_get_info()[0])
-    except Exception:  # a broken driver only means no VRAM figure
-        vram = None
-    return ram, vram
+def explain(err: Exception, *, token_given: bool = False, endpoint: str | None = None) -> tuple[str, str]:
+    """(kind, plain words) for a hub error (core.errors.HubError's ``kind``): 'auth' when a
+    token is needed, 'forbidden' when the token given has no access, 'not_found',
+    'network', or the error's own kind with its message."""
+    kind = getattr(err, "kind", None) or ("network" if isinstance(err, (ConnectionError, TimeoutError)) else "hub")
+    detail = str(err) or type(err).__name__
+    if kind == "auth" and not token_given:
+        return "auth", ("This repository is gated or private, so the Hub wants to know who is asking. Open its "
+                        "page on huggingface.co, accept the license there, create an access token (your "
+                        "account → Settings → Access Tokens; “Read” is enough) and paste it here.")
+    if kind == "auth":
+        return "forbidden", ("The Hub refused this token for this repository: it is not valid, or its account has "
+                             "not been given access yet (accept the license on the repository's page, or wait "
+                             "for the owner to approve you). Paste another token to try again.")
+    if kind == "not_found":
+        return "not_found", f"Not on the Hub: {detail}. It may have been renamed, deleted or made private."
+    if kind == "network":
+        return "network", f"Could not reach the Hub at {endpoint or 'huggingface.co'}: check the network connection."
+    return kind, detail
 
 
 # ---------------------------------------------------------------------------- search results
@@ -146,12 +135,14 @@ class RepoFilesModel(QStandardItemModel):
         self.fits: dict = {}
         self.recommended: str | None = None
 
-    def set_files(self, files: list, fits: dict | None = None, recommended: str | None = None) -> None:
+    def set_files(self, files: list, fits: dict | None = None, recommended: str | None = None,
+                  failed: dict | None = None) -> None:
         self.files, self.fits, self.recommended = list(files), dict(fits or {}), recommended
+        failed = failed or {}
         self.removeRows(0, self.rowCount())
         groups: dict[str, list] = {}
         for f in self.files:
-            groups.setdefault(f.quant or "Other files", []).append(f)
+            groups.setdefault(f.quant or UNNAMED, []).append(f)
         accent = QColor(theme.colors()["accent"])
         accent.setAlpha(60)
         for quant, members in groups.items():
@@ -164,12 +155,17 @@ class RepoFilesModel(QStandardItemModel):
                 it.setFont(bold)
             for f in members:
                 est = self.fits.get(f.path)
-                row = [QStandardItem(f.path), QStandardItem(_size(f.size)),
-                       QStandardItem(_size(est.total_bytes) if est else "…"),
-                       QStandardItem(self.fit_text(est))]
+                label = f.path if f.kind == "gguf" else f"{f.name} (safetensors folder, {len(f.files)} files)"
+                row = [QStandardItem(label), QStandardItem(_size(f.size)),
+                       QStandardItem(_size(est.total_bytes) if est else ("?" if f.path in failed else "…")),
+                       QStandardItem("cannot be estimated" if f.path in failed else self.fit_text(est))]
                 row[0].setData(f, FILE_ROLE)
+                row[0].setToolTip("\n".join(f.files) if f.files else f.path)
                 if est is not None:
-                    row[2].setToolTip(f"weights {_size(est.weights_bytes)} + KV cache {_size(est.kv_bytes)}")
+                    row[2].setToolTip(f"weights {_size(est.weights_bytes)} as held ({est.dtype}) + KV cache "
+                                      f"{_size(est.kv_bytes)} at {est.context_length:,} tokens, on {est.device}")
+                if f.path in failed:
+                    row[3].setToolTip(failed[f.path])
                 for it in row:
                     it.setEditable(False)
                 if f.path == recommended:
@@ -218,6 +214,7 @@ class HubBrowser(QWidget):
         self.free_vram: int | None = None
         self._task: asyncio.Task | None = None
         self._retry = None  # what to run again once a token is given
+        self._shown = False
         lay = QVBoxLayout(self)
 
         # search bar
@@ -360,30 +357,48 @@ class HubBrowser(QWidget):
         pl.addLayout(dl)
         self.pages.addWidget(page)
 
+    def showEvent(self, event) -> None:  # noqa: N802 (Qt API)
+        """The first time the tab shows, list the most downloaded Llama GGUF repositories."""
+        super().showEvent(event)
+        if not self._shown:
+            self._shown = True
+            if not self.results_model.repos and self._task is None:
+                self.search()
+
     # -- helpers -------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    def _run(self, coro) -> asyncio.Task:
-        """Run one hub request at a time: a new one replaces the one still running."""
+    def _run(self, job) -> asyncio.Task:
+        """Run ``job()`` (a coroutine function) as the one hub request: it replaces the one still running."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        self._task = asyncio.ensure_future(self._guarded(coro))
+        self._task = asyncio.ensure_future(self._guarded(job))
         return self._task
 
-    async def _guarded(self, coro) -> None:
+    async def _guarded(self, job) -> None:
         self.busyChanged.emit(True)
         self.search_button.setEnabled(False)
         try:
-            await coro
+            await job()
         finally:
-            self.search_button.setEnabled(True)
-            self.busyChanged.emit(False)
+            if isValid(self.search_button):  # the window may be gone (closed, deleted) by now
+                self._idle()
+
+    def _idle(self) -> None:
+        self.search_button.setEnabled(True)
+        self.search_button.setText("Search")
+        self.busyChanged.emit(False)
+
+    def close_down(self) -> None:
+        """The window is closing: drop the running request (its thread's answer is ignored)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
 
     def show_error(self, err: Exception, retry=None) -> str:
         """Show what went wrong: the token panel for 401/403, the notice line otherwise."""
-        kind, text = explain(err, self.service.endpoint())
+        kind, text = explain(err, token_given=self.service.has_token(), endpoint=self.service.endpoint())
         if kind in ("auth", "forbidden"):
             self._retry = retry
             self.auth_label.setText(text)
@@ -417,14 +432,15 @@ class HubBrowser(QWidget):
         query = self.query.text().strip()
         fmt = self.format_box.currentData()
         sort = self.sort_box.currentData()
-        return self._run(self._search(query, fmt, sort))
+        self.search_button.setText("Searching…")
+        return self._run(lambda: self._search(query, fmt, sort))
 
     async def _search(self, query: str, fmt, sort) -> None:
         self._clear_errors()
         self.pages.setCurrentIndex(0)
-        hub = self.service.hub()
         try:
-            repos = await self.service.call(hub.search, query, formats=[fmt] if fmt else None, sort=sort, limit=50)
+            hub = self.service.hub()
+            repos = await self.service.call(hub.search, query, formats=fmt, sort=sort, limit=50)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # every hub failure is shown, never raised into Qt
@@ -432,7 +448,7 @@ class HubBrowser(QWidget):
             return
         self.results_model.set_repos(repos)
         if not repos:
-            self.notice.setText(f"Nothing on the Hub matches “{query}”" + (f" in {fmt} format." if fmt else "."))
+            self.notice.setText(f"No Llama-family repository on the Hub matches “{query}” in {' or '.join(fmt)} format.")
             self.notice.show()
         elif self.results_model.rowCount():
             self.results.selectRow(0)
@@ -442,6 +458,8 @@ class HubBrowser(QWidget):
         """Show a repository's page (a RepoSummary or a repo id) and load its files."""
         if repo is None:
             return None
+        if isinstance(repo, str):  # a name: its search result, when shown, has the details
+            repo = next((r for r in self.results_model.repos if r.repo_id == repo), repo)
         self.repo = repo
         repo_id = getattr(repo, "repo_id", repo)
         self.repo_title.setText(repo_id)
@@ -454,12 +472,12 @@ class HubBrowser(QWidget):
         self.files_model.set_files([])
         self.files_status.setText("Loading the file list…")
         self.pages.setCurrentIndex(1)
-        return self._run(self._load_repo(repo_id))
+        return self._run(lambda: self._load_repo(repo_id))
 
     async def _load_repo(self, repo_id: str) -> None:
         self._clear_errors()
-        hub = self.service.hub()
         try:
+            hub = self.service.hub()
             files = await self.service.call(hub.repo_files, repo_id)
         except asyncio.CancelledError:
             raise
@@ -477,37 +495,49 @@ class HubBrowser(QWidget):
     def refit(self) -> asyncio.Task | None:
         """Estimate again for the context length now set."""
         if self.files_model.files:
-            return self._run(self._fit(self.files_model.files))
+            return self._run(lambda: self._fit(self.files_model.files))
         return None
 
     async def _fit(self, files: list) -> None:
-        hub = self.service.hub()
         ctx = self.context_spin.value()
 
         def estimate():
-            ram, vram = machine_memory()
-            fits = {f.path: hub.fit(f, context_length=ctx, free_ram=ram, free_vram=vram) for f in files}
-            pick = hub.recommend(files, context_length=ctx, free_ram=ram, free_vram=vram)
-            return ram, vram, fits, pick
+            hub = self.service.hub()
+            from core.errors import HubError
+            from core.hub import free_memory
+            ram, vram = free_memory()
+            fits, failed = {}, {}
+            for f in files:
+                try:
+                    fits[f.path] = hub.fit(f, context_length=ctx, free_ram=ram, free_vram=vram)
+                except HubError as e:  # one odd file leaves only its own estimate out
+                    if getattr(e, "kind", "") in ("auth", "network"):
+                        raise
+                    failed[f.path] = str(e)
+            pick = hub.recommend([f for f in files if f.path in fits], context_length=ctx, free_ram=ram,
+                                 free_vram=vram, estimates=fits)
+            return ram, vram, fits, failed, pick
 
         try:
-            ram, vram, fits, pick = await self.service.call(estimate)
+            ram, vram, fits, failed, pick = await self.service.call(estimate)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             self.show_error(e, retry=self.refit)
             return
         self.free_ram, self.free_vram = ram, vram
-        self.machine_label.setText(f"This machine: {_size(ram)} RAM free"
+        self.machine_label.setText(f"This machine: {_size(ram) if ram else '?'} RAM free"
                                    + (f", {_size(vram)} GPU memory free" if vram is not None else ", no GPU")
                                    + " · estimate = weights as loaded + KV cache at the context below")
         pick_path = getattr(pick, "path", pick)
-        self.files_model.set_files(files, fits, pick_path)
+        self.files_model.set_files(files, fits, pick_path, failed)
         self.files.expandAll()
         n_fit = sum(1 for e in fits.values() if e.fits)
-        self.files_status.setText(f"{n_fit} of {len(files)} files fit"
-                                  + (f"; recommended: {pick_path}" if pick_path else "; none fits this machine"))
-        if pick_path:
+        pick_name = next((f.name for f in files if f.path == pick_path), pick_path)
+        self.files_status.setText(f"{n_fit} of {len(files)} fit this machine"
+                                  + (f"; recommended: {pick_name}" if pick is not None else "; none fits")
+                                  + (f"; {len(failed)} cannot be estimated" if failed else ""))
+        if pick is not None:
             self.select_file(pick_path)
 
     def select_file(self, path: str) -> bool:

@@ -199,6 +199,16 @@ class LibraryService(QObject):
             self._hub = factory(endpoint=self.endpoint(), token=self.token)
         return self._hub
 
+    def has_token(self) -> bool:
+        """Whether hub requests carry a token (typed here, HF_TOKEN or huggingface_hub's login)."""
+        if self.token:
+            return True
+        try:
+            from huggingface_hub import get_token
+            return bool(get_token())
+        except Exception:  # an unreadable token file: as if there were none
+            return False
+
     def set_token(self, token: str | None) -> None:
         """Use this token for the hub from now on (this session; None: back to HF_TOKEN / stored)."""
         self.token = (token or "").strip() or None
@@ -242,8 +252,12 @@ class LibraryService(QObject):
 
     def enqueue(self, repo_id: str, files: list) -> str:
         """Queue ``files`` (HubFiles) of ``repo_id`` for download; returns the job id."""
-        job = str(self.manager().enqueue(repo_id, [f.path for f in files]))
-        self.jobQueued.emit(job, repo_id, [(f.path, f.size) for f in files])
+        rows = []  # (file name, size when known): a folder's parts have their own sizes
+        for f in files:
+            parts = tuple(getattr(f, "files", None) or (f.path,))
+            rows += [(n, f.size if len(parts) == 1 else None) for n in parts]
+        job = str(self.manager().enqueue(repo_id, [n for n, _ in rows]))
+        self.jobQueued.emit(job, repo_id, rows)
         return job
 
     def resume_pending(self) -> bool:
@@ -603,9 +617,14 @@ class LibraryWindow(QWidget):
         self.tabs.addTab(self.downloads, "Downloads")
         lay.addWidget(self.tabs)
         self.library.openRequested.connect(self.openRequested)
+        self.downloads.openRequested.connect(self.openRequested)
         self.library.hubRequested.connect(lambda: self.show_tab("hub"))
         self.hub.downloadStarted.connect(lambda *_: self.show_tab("downloads"))
         self.resize(980, 620)
+
+    def closeEvent(self, event) -> None:  # noqa: N802 (Qt API)
+        self.hub.close_down()
+        super().closeEvent(event)
 
     def show_tab(self, name: str) -> None:
         self.tabs.setCurrentWidget({"library": self.library, "hub": self.hub, "downloads": self.downloads}[name])

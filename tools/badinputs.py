@@ -574,6 +574,9 @@ def generate(out: Path, *, seed: int = 0, per_file: int = 110) -> list[Case]:
     cases += _cli_cases(seeds, work)
     cases += _byte_cases(seeds, work, rng, per_file)
     cases += _tokjson_byte_cases(seeds, work, seed)
+    # The model library's scanner reads every header in the corpus at once: a broken file
+    # is listed with its error, never a failed scan (python -m core models).
+    cases.append(Case("library-scan", "model library", ["models", "--folder", str(work), "--json"], "ok"))
     return cases
 
 

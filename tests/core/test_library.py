@@ -115,17 +115,19 @@ def test_quant_from_file_names():
     assert quant_from_name("stories260K.gguf") is None
 
 
-def test_broken_files_are_listed_with_an_error_and_partials_are_skipped(tmp_path, state):
+def test_broken_files_are_listed_with_an_error_and_partials_are_skipped(tmp_path, state, fixtures):
     lib = tmp_path / "lib"
     lib.mkdir()
+    (lib / "cut.gguf").write_bytes((fixtures / "stories260K.gguf").read_bytes()[:1_000_000])
     (lib / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 10)
     (lib / "half.gguf.part").write_bytes(b"GGUF")
     (lib / ".downloads").mkdir()
     (lib / ".downloads" / "x.gguf").write_bytes(b"GGUF")
     write_hf_stub(lib / "bad", {"hidden_size": "big"})
     got = {e.name: e for e in scan([lib], state=state)}
-    assert set(got) == {"broken", "bad"}
-    assert "damaged" in got["broken"].error and got["broken"].params is None
+    assert set(got) == {"broken", "bad", "cut"}
+    assert "header" in got["broken"].error and got["broken"].params is None
+    assert "truncated" in got["cut"].error
     assert got["bad"].error
 
 

@@ -12,6 +12,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from core.library import LibraryState, human_params, human_size
+from tests.hubserver import GGUF_REPO
 from tests.gui.ui_helpers import (bridge, data_dir, loop, make_window, run, send, settings,  # noqa: F401
                                   snapshot, until)
 
@@ -162,9 +163,10 @@ def test_show_in_folder_and_changing_folders(qtbot, loop, bridge, settings, data
     run(loop, scenario())
 
 
-def test_empty_state_links_to_the_library(qtbot, loop, bridge, settings, data_dir):
+def test_empty_state_links_to_the_library(qtbot, loop, bridge, settings, data_dir, hub_server):
     w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
     qtbot.addWidget(w)
+    w.library.set_endpoint(hub_server.url)  # the Hub tab lists popular repositories when first shown
     assert "href='library'" in w.chat.empty_hint.text() and w.chat.empty_hint.isVisible()
     assert w.library_action in w.findChild(type(w.menuBar())).actions()[3].menu().actions()
 
@@ -176,5 +178,8 @@ def test_empty_state_links_to_the_library(qtbot, loop, bridge, settings, data_di
         assert lw.library.empty.isVisible() and "Hub" in lw.library.empty.text()
         lw.library.empty.linkActivated.emit("hub")
         assert lw.tabs.currentWidget() is lw.hub
+        # shown for the first time, it lists the most downloaded Llama GGUF repositories
+        await until(lambda: lw.hub.results_model.rowCount() and not lw.hub.busy, 20, "the first search")
+        assert [r.repo_id for r in lw.hub.results_model.repos][0] == GGUF_REPO
 
     run(loop, scenario())
