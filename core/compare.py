@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import math
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -88,34 +89,51 @@ def token_diff(baseline: Sequence[int], other: Sequence[int]) -> TokenDiff:
     return TokenDiff(div, tuple(changed), removed)
 
 
-def text_diff(baseline: str, pieces: Sequence[str]) -> TokenDiff:
+_UNIT = re.compile(r"\s*(?:\w+|[^\w\s])|\s+")  # a word or mark with the space before it
+
+
+def _units(text: str) -> tuple[list[str], list[tuple[int, int]]]:
+    spans = [m.span() for m in _UNIT.finditer(text)]
+    return [text[a:b] for a, b in spans], spans
+
+
+def text_diff(baseline: str, pieces: Sequence[str], *, align: bool = True) -> TokenDiff:
     """The diff of a lane whose tokenizer differs from the baseline's: token ids mean
-    different things there, so the two are aligned by characters instead.
+    different things there, so the two texts are aligned instead.
 
     ``pieces`` are the lane's tokens as text (each token's share of the reply, "" for one
-    that added nothing yet). A token is changed when any of its characters is; the
-    divergence is the token holding the first character that departs (the token count
-    when the lane is a strict prefix of the baseline); ``removed`` counts baseline
-    characters the lane lacks.
+    that added nothing yet). The texts are aligned word by word (each word or punctuation
+    mark with the space before it: a character-level alignment costs too much on long
+    replies); a token is changed when any of its characters lies in a changed word;
+    ``align`` False skips the alignment (every token from the divergence on counts as
+    changed: cheap, for replies still streaming). The divergence is
+    the token holding the first character that departs (the token count when the lane is
+    a strict prefix of the baseline); ``removed`` counts baseline characters the lane lacks.
     """
     text = "".join(pieces)
     at = divergence_index(baseline, text)  # works on any sequences: here, characters
     changed = [False] * len(pieces)
-    removed = 0
     if at is None:
         return TokenDiff(None, tuple(changed), 0)
     owner = [k for k, p in enumerate(pieces) for _ in p]  # character -> its token
+    if not align:
+        for j in range(at, len(text)):
+            changed[owner[j]] = True
+        return TokenDiff(owner[at] if at < len(text) else len(pieces), tuple(changed), len(baseline) - at)
+    a_units, a_spans = _units(baseline)
+    b_units, b_spans = _units(text)
     hit = [False] * len(text)
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=baseline, b=text, autojunk=False).get_opcodes():
+    removed = 0
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a_units, b=b_units, autojunk=False).get_opcodes():
         if tag in ("replace", "insert"):
-            for j in range(j1, j2):
+            for j in range(b_spans[j1][0], b_spans[j2 - 1][1]):
                 hit[j] = True
         if tag in ("replace", "delete"):
-            removed += i2 - i1
+            removed += a_spans[i2 - 1][1] - a_spans[i1][0]
     if at < len(text):
         hit[at] = True
-    for j, h in enumerate(hit):
-        if h:
+    for j in range(at, len(text)):  # the shared beginning is never a change
+        if hit[j]:
             changed[owner[j]] = True
     div = owner[at] if at < len(text) else len(pieces)
     return TokenDiff(div, tuple(changed), removed)

@@ -107,6 +107,7 @@ class LaneRun:
     first_at: float | None = None  # monotonic time of the first and last token (live rate)
     last_at: float | None = None
     error: str | None = None  # why the lane's request failed (what streamed before stays)
+    diff_cache: tuple | None = field(default=None, repr=False, compare=False)  # the view's last diff of it
 
     @property
     def finished(self) -> bool:

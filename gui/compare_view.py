@@ -363,6 +363,7 @@ class CompareView(QWidget):
         self.last_prompt: dict | None = None  # the prompt of the shown results
         self._task: asyncio.Task | None = None
         self._streams: list = []
+        self._stop_asked = False
         self._running_columns: list[LaneColumn] = []
         self.renders = 0  # how many times lanes were re-rendered (tests check throttling)
         self._token_text = token_text
@@ -901,6 +902,7 @@ class CompareView(QWidget):
         self.selected = None
         self.inspector.clear()
         self._running_columns = list(self.columns)
+        self._stop_asked = False
         self._task = asyncio.ensure_future(self._run(base, plan, params))
         self._refresh()
         self.render(all_lanes=True)
@@ -951,6 +953,10 @@ class CompareView(QWidget):
             except BridgeError as e:
                 fail(f"could not open {model.path}: {e}")
                 return
+            if self._stop_asked:  # Stop came while it opened: these lanes never start
+                for i in idx:
+                    cols[i].run.stop_reason = "cancelled"
+                return
         if model.kind == "checkpoint":
             request.model = model.key
         names = self._names_for(model)
@@ -985,6 +991,7 @@ class CompareView(QWidget):
 
     def stop(self) -> None:
         if self.running:
+            self._stop_asked = True
             for stream in list(self._streams):
                 stream.cancel()
             self.status.setText("Stopping…")
@@ -1012,8 +1019,7 @@ class CompareView(QWidget):
                 label = "Baseline: the other lanes are compared with this one."
             elif base is not None:
                 match = tokenizers_match(base_model, self.model_of(i))
-                # Token ids mean the same only under one tokenizer; otherwise align the texts.
-                diff = token_diff(base.ids, run.ids) if match else text_diff(base.text, [t.text for t in run.tokens])
+                diff = self._diff(base, run, match)
                 both_done = run.finished and base.finished
                 if diff.divergence is None:
                     label = ("Identical to the baseline" if match else "Same text as the baseline") if both_done \
@@ -1033,6 +1039,22 @@ class CompareView(QWidget):
             col.stats.setText(format_stats({"stats": st, "stop_reason": st.get("stop_reason") or "…",
                                             "seed": (run.params or {}).get("seed")}))
             col.set_editable(not self.running, self.seed_lock.isChecked())
+
+    def _diff(self, base: LaneRun, run: LaneRun, match: bool | None):
+        """``run`` against the baseline: by token ids under one tokenizer, else by text
+        (aligned once both are finished; until then only where they part). A diff is
+        computed again only when either side changed."""
+        key = (id(base), len(base.tokens), len(run.tokens), len(base.text), len(run.text),
+               base.finished, run.finished, match)
+        hit = run.diff_cache
+        if hit is not None and hit[0] == key and hit[2] is base:
+            return hit[1]
+        if match:
+            diff = token_diff(base.ids, run.ids)
+        else:
+            diff = text_diff(base.text, [t.text for t in run.tokens], align=base.finished and run.finished)
+        run.diff_cache = (key, diff, base)
+        return diff
 
     # ------------------------------------------------------------------ inspector
     def _names_for(self, model: LaneModel) -> dict[int, str]:

@@ -122,7 +122,7 @@ def test_settings_label():
     assert settings_label(a, differs_from=a) == "T 0.7"
 
 
-def test_text_diff_aligns_lanes_of_different_tokenizers_by_characters():
+def test_text_diff_aligns_lanes_of_different_tokenizers_by_text():
     from core.compare import text_diff
     # Same text, cut into tokens differently: identical by text.
     d = text_diff("Once upon a time", ["Once", " upon", " a", " time"])
@@ -132,7 +132,7 @@ def test_text_diff_aligns_lanes_of_different_tokenizers_by_characters():
     # Departs inside the third token ("a" -> "the"): that token is the divergence.
     d = text_diff("Once upon a time there", ["Once", " upon", " the", " time", " there"])
     assert d.divergence == 2 and d.changed == (False, False, True, False, False)
-    assert d.removed == 1  # the baseline's "a"
+    assert d.removed == 2  # the baseline's " a" (words keep the space before them)
     # A token that added no text yet (held back) is never marked.
     d = text_diff("ab", ["a", "", "c"])
     assert d.divergence == 2 and d.changed == (False, False, True)
@@ -141,6 +141,12 @@ def test_text_diff_aligns_lanes_of_different_tokenizers_by_characters():
     assert d.divergence == 1 and d.changed == (False,) and d.removed == len(" upon")
     d = text_diff("", [])
     assert d.divergence is None
+    # Text that re-aligns after a change counts as unchanged, whatever the token cuts.
+    d = text_diff("the cat sat on the mat", ["the", " dog", " sa", "t on", " the", " mat"])
+    assert d.divergence == 1 and d.changed == (False, True, False, False, False, False)
+    # Without alignment (a reply still streaming): everything from the divergence on.
+    d = text_diff("the cat sat on the mat", ["the", " dog", " sa", "t on", " the", " mat"], align=False)
+    assert d.divergence == 1 and d.changed == (False, True, True, True, True, True)
 
 
 def test_tokenizer_fingerprint_tells_vocabularies_apart(fixtures):
