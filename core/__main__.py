@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from .errors import LlamaDeskError, SettingsError
@@ -46,6 +47,32 @@ def _add_spec_opts(p: argparse.ArgumentParser) -> None:
                         "earlier in the context (1-8; same output, faster when the reply repeats the prompt)")
     p.add_argument("--draft", default=None, metavar="MODEL",
                    help="speculative decoding with a smaller draft MODEL of the same vocabulary (same output)")
+
+
+def _add_bias_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--logit-bias", action="append", default=[], metavar="TEXT=BIAS",
+                   help="add BIAS (-100 to 100, or -inf: never) to the logits of TEXT's tokens before the "
+                        "filters, e.g. ' dragon=+5' or 'Once=-inf' (repeatable; TEXT is plain text, as the "
+                        "model's tokenizer splits it)")
+
+
+def _check_bias(args) -> None:
+    """Refuse a malformed --logit-bias before any model loads."""
+    from .sampling import parse_logit_bias
+    for spec in args.logit_bias:
+        parse_logit_bias(spec, lambda text: [0])
+    if args.logit_bias and args.server:
+        raise SettingsError("--logit-bias needs a local model: a server's token ids are its own "
+                            "(send logit_bias in the request instead)")
+
+
+def _logit_bias(args, tokenizer) -> dict[int, float]:
+    """--logit-bias as {token id: bias} in this model's vocabulary (later specs win)."""
+    from .sampling import parse_logit_bias
+    out: dict[int, float] = {}
+    for spec in args.logit_bias:
+        out.update(parse_logit_bias(spec, tokenizer.encode))
+    return out
 
 
 def _draft_loader(args, engine):
@@ -109,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-beams", type=int, default=1)
     g.add_argument("--length-penalty", type=float, default=1.0)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    _add_bias_opts(g)
     _add_spec_opts(g)
     _add_constraint_opts(g)
     _add_model_opts(g)
@@ -122,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                    + " (model=PATH: another local checkpoint; server=URL[,model=NAME]: a model on a server; "
                    "json_schema=@FILE, regex=RE|@FILE, grammar=@FILE, json_object=1 or constraint=none: the lane's "
                    "constraint)")
+    _add_bias_opts(c)
     _add_spec_opts(c)
     _add_constraint_opts(c, lanes=True)
     _add_model_opts(c)
@@ -253,6 +282,7 @@ def cmd_generate(args) -> int:
         max_new_tokens=args.max_new_tokens or 256, stop=tuple(args.stop),
         num_beams=args.num_beams, length_penalty=args.length_penalty,
         lookup=args.lookup, draft=args.draft or "", constraint=_constraint(args)).validate().resolved()
+    _check_bias(args)
     meta: dict = {}
     extra: dict = {}
     if args.server:
@@ -269,6 +299,8 @@ def cmd_generate(args) -> int:
             raise SettingsError("give a MODEL (a folder or .gguf file) or --server URL")
         loaded, load_s = _load(args)
         ids, strip = _prompt_ids(loaded, args)
+        if args.logit_bias:
+            params = replace(params, logit_bias=_logit_bias(args, loaded.tokenizer)).validate()
         engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids,
                         compile=getattr(args, "compile", False))
         engine.draft_loader = _draft_loader(args, engine)
@@ -344,6 +376,9 @@ def cmd_compare(args) -> int:
             raise SettingsError(f"lane {i + 1}: lookup and draft need a local model: the server decodes on its own")
     if args.system and not args.chat:
         raise SettingsError("--system needs --chat")
+    _check_bias(args)
+    if args.logit_bias and any(w[0] is not None for w in where):
+        raise SettingsError("--logit-bias needs local models: a server's token ids are its own")
     load_s = local_load = 0.0
     remotes: dict[tuple, object] = {}
     for server, model in dict.fromkeys(w for w in where if w[0] is not None):
@@ -380,6 +415,10 @@ def cmd_compare(args) -> int:
                             compile=getattr(args, "compile", False))
             engine.draft_loader = _draft_loader(args, engine)
             fp = tokenizer_fingerprint(loaded.tokenizer, loaded.model.args.vocab_size)
+            if args.logit_bias:  # each checkpoint's own ids for the text
+                bias = _logit_bias(args, loaded.tokenizer)
+                for i in idx:
+                    lanes[i] = replace(lanes[i], logit_bias=bias).validate()
             for ev in engine.generate_lanes(ids, [lanes[i] for i in idx], strip_leading_space=strip):
                 if isinstance(ev, Done):
                     i = idx[ev.lane]

@@ -120,6 +120,7 @@ class Joining:
     strip_leading_space: bool = False
     inspect: int = 0  # top alternatives to record per token (0: none)
     stop_ids: frozenset[int] | None = None  # None: the engine's default_stop_ids
+    forced: tuple[int, ...] = ()  # the reply's first tokens, taken instead of sampled (a branch)
 
 
 @dataclass
@@ -140,6 +141,7 @@ class _Lane:
     t_join: float = 0.0  # when its request joined (TTFT counts from here)
     t_decode: float = 0.0  # when its prefill ended
     constraint: ConstraintState | None = None  # where the lane is in its JSON schema/regex/grammar
+    forced: tuple[int, ...] = ()
 
     def stop_holdback(self) -> int:
         """Chars at the end of text that could start a stop string: hold them back."""
@@ -289,30 +291,37 @@ class Engine:
 
     def generate(self, prompt: list[int], params: SamplingParams, *, cancel: threading.Event | None = None,
                  strip_leading_space: bool = False, inspect: int = 0,
-                 stop_ids: Iterable[int] | None = None) -> Iterator[Event]:
+                 stop_ids: Iterable[int] | None = None, forced: Sequence[int] = ()) -> Iterator[Event]:
         """Stream one reply to ``prompt`` (token ids, BOS included).
 
         Yields Prefilled, then Token events, then one Done. Beam search (num_beams > 1)
         yields its tokens once the best beam is known. ``stop_ids`` end this reply
-        (default: the engine's ``default_stop_ids``).
+        (default: the engine's ``default_stop_ids``). ``forced``: the reply's first tokens,
+        taken instead of sampled (with their log-probs and alternatives, as if drawn):
+        branching a reply at a token is its prefix as the end of ``prompt`` (reused from
+        the KV cache) and the chosen alternative forced.
         """
         if params.num_beams > 1:
+            if forced:
+                raise SettingsError("a forced token (a branch) does not combine with beam search")
             return self._beam(prompt, params.validate(), cancel, strip_leading_space, self._stops(stop_ids))
         return self.generate_lanes(prompt, [params], cancel=cancel, strip_leading_space=strip_leading_space,
-                                   inspect=inspect, stop_ids=stop_ids)
+                                   inspect=inspect, stop_ids=stop_ids, forced=forced)
 
     def generate_lanes(self, prompt: list[int], lanes: Sequence[SamplingParams], *,
                        cancel: threading.Event | None = None, strip_leading_space: bool = False,
-                       inspect: int = 0, stop_ids: Iterable[int] | None = None) -> Iterator[Event]:
+                       inspect: int = 0, stop_ids: Iterable[int] | None = None,
+                       forced: Sequence[int] = ()) -> Iterator[Event]:
         """Decode one prompt under several sampler settings together (a comparison).
 
         The prompt is prefilled once, copied into one cache row per lane, and every step
-        decodes all unfinished lanes in one batched forward.
+        decodes all unfinished lanes in one batched forward. ``forced`` as in :meth:`generate`,
+        for every lane.
         """
         if not 1 <= len(lanes) <= 8:
             raise SettingsError(f"a comparison has 1 to 8 lanes, got {len(lanes)}")
         return self._run([Joining(prompt, list(lanes), cancel, strip_leading_space, inspect,
-                                  self._stops(stop_ids))])
+                                  self._stops(stop_ids), tuple(int(t) for t in forced))])
 
     def _stops(self, stop_ids: Iterable[int] | None) -> frozenset[int]:
         return self.default_stop_ids if stop_ids is None else frozenset(stop_ids)
@@ -355,6 +364,10 @@ class Engine:
     def _run(self, joining: list[Joining]) -> Iterator[Event]:
         for j in joining:
             j.lanes = self.check_request(j.prompt, j.lanes)
+            if j.forced:
+                self._check_prompt(list(j.prompt) + list(j.forced))
+                if any(q.speculative for q in j.lanes):
+                    raise SettingsError("a forced token (a branch) does not combine with lookup or a draft model yet")
         if any(q.speculative for j in joining for q in j.lanes):
             from .speculative import speculative_loop
             return speculative_loop(self, joining)
@@ -375,7 +388,8 @@ class Engine:
             lanes.append(_Lane(len(lanes), q, q.generator(self.device),
                                StreamDecoder(self.tokenizer, strip_leading_space=j.strip_leading_space),
                                j.prompt, cancel=j.cancel, inspect=j.inspect, stop_ids=stops,
-                               constraint=None if q.constraint is None else self.vocabulary.start(q.constraint, stops)))
+                               constraint=None if q.constraint is None else self.vocabulary.start(q.constraint, stops),
+                               forced=j.forced))
             stats.append(Stats(prompt_tokens=len(j.prompt)))
             positions.append(len(j.prompt))
         logits, reuse = self._prefill_row(r0, j.prompt, j.cancel)
@@ -444,6 +458,12 @@ class Engine:
             choice = choose_tokens(step_logits, [lanes[i].params for i in rows], previous,
                                    [lanes[i].generator for i in rows], flags=finite,
                                    bitmask=None if bitmask is None else bitmask.to(dev, non_blocking=True))
+            for r, li in enumerate(rows):  # a branch's forced tokens replace the draw
+                lane = lanes[li]
+                if len(lane.tokens) < len(lane.forced):
+                    tok = lane.forced[len(lane.tokens)]
+                    choice.ids[r] = tok
+                    choice.logprobs[r] = float(step_logits[r].log_softmax(-1)[tok])
             broken = [not f for f in choice.flags]
             now = time.perf_counter()
             for r, lane_idx in enumerate(rows):

@@ -107,14 +107,17 @@ def build_prompt(request, chat_format, stop_ids, context: int, max_new_tokens: i
     model's; the chat format adds its end-of-turn tokens.
     """
     tok = chat_format.tokenizer
+    # A branch's reply prefix: token ids of an earlier reply, kept as they were (never
+    # re-tokenized from text, so the KV cache holding them matches).
+    prefix = [int(t) for t in getattr(request, "reply_prefix", ())]
     if request.mode == "completion":
-        ids = tok.encode(request.prompt, bos=True)
+        ids = tok.encode(request.prompt, bos=True) + prefix
         if len(ids) >= context:
             raise SettingsError(f"the prompt is {len(ids)} tokens, but the context holds {context}: shorten it")
         return Prompt(ids, 0, False, frozenset(stop_ids))
-    budget = context - reply_reserve(context, max_new_tokens)
+    budget = context - reply_reserve(context, max_new_tokens) - len(prefix)
     ids, dropped = fit_dialog(chat_format, list(request.messages), budget, continue_reply=request.continue_reply)
     # SentencePiece replies start with the dummy-prefix space: drop it at a reply's
     # start, but not when continuing one (that space separates words).
-    strip = tok.add_dummy_prefix and not request.continue_reply and chat_format.name != "raw"
-    return Prompt(ids, dropped, strip, frozenset(stop_ids) | chat_format.stop_ids())
+    strip = tok.add_dummy_prefix and not request.continue_reply and not prefix and chat_format.name != "raw"
+    return Prompt(ids + prefix, dropped, strip, frozenset(stop_ids) | chat_format.stop_ids())

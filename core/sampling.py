@@ -22,6 +22,7 @@ GREEDY_TEMPERATURE = 1e-5  # temperatures below this behave as 0 (greedy)
 MIN_PENALTY, MAX_PENALTY = 0.01, 1e6
 MAX_LENGTH_PENALTY = 10.0
 MAX_LOOKUP = 8  # longest n-gram prompt lookup matches  # beam scores divide by length ** penalty: 1e308 overflows
+MAX_BIAS = 100.0  # a logit bias is within ±100 (OpenAI's range), or -inf: never that token
 
 
 @dataclass
@@ -49,12 +50,19 @@ class SamplingParams:
     lookup: int = 0
     draft: str = ""
     constraint: Constraint | None = None  # JSON schema / regex / grammar the output must match
+    # Added to the raw logits before every filter: token id -> bias (-inf bans the token).
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed",
             "max_new_tokens", "num_beams", "length_penalty", "lookup", "draft")
 
     def __post_init__(self) -> None:
         self.stop = tuple(self.stop)
+        if self.logit_bias:  # JSON keeps ids as strings; "-inf" as text stays readable there
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
+            except (TypeError, ValueError):
+                raise SettingsError(f"logit_bias maps token ids to numbers, got {self.logit_bias!r}") from None
         if isinstance(self.constraint, dict):
             self.constraint = Constraint.from_value(self.constraint)
 
@@ -95,6 +103,11 @@ class SamplingParams:
             bad("choose prompt lookup or a draft model, not both")
         if self.speculative and self.num_beams > 1:
             bad("speculative decoding (lookup or draft) does not combine with beam search")
+        for tok, b in self.logit_bias.items():
+            if tok < 0:
+                bad(f"logit_bias: token id {tok} is negative")
+            if not (b == -math.inf or (math.isfinite(b) and -MAX_BIAS <= b <= MAX_BIAS)):
+                bad(f"logit_bias for token {tok} must be between -{MAX_BIAS:g} and {MAX_BIAS:g} (or -inf), got {b}")
         if self.constraint is not None:
             Constraint.from_value(self.constraint).validate()
             if self.num_beams > 1:
@@ -129,6 +142,7 @@ class SamplingParams:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["stop"] = list(self.stop)
+        d["logit_bias"] = {str(k): (v if math.isfinite(v) else str(v)) for k, v in self.logit_bias.items()}
         return d
 
     @classmethod
@@ -210,6 +224,7 @@ def filter_rows(logits: torch.Tensor, params: list[SamplingParams],
     Rows are independent; the one expensive step, the top-p sort, runs once for all the
     rows that need it (comparison lanes decode together, so they sample together).
     """
+    logits = apply_logit_bias(logits, params)
     out = []
     for row, q, prev in zip(logits, params, previous):
         if prev is not None:
@@ -242,6 +257,39 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor | None) -> torch.T
     shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
     allowed = ((bits >> shifts) & 1).view(B, -1)[:, :V].bool()
     return logits.masked_fill(~allowed, float("-inf"))
+
+
+def apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Logits [B, V] plus each row's ``logit_bias`` (one scatter for all rows; ids past
+    the vocabulary are ignored). Returns ``logits`` itself when no row has a bias."""
+    pairs = [(r, t, b) for r, q in enumerate(params) for t, b in q.logit_bias.items() if t < logits.shape[-1]]
+    if not pairs:
+        return logits
+    rows, toks, bias = zip(*pairs)
+    dev = logits.device
+    return logits.index_put((torch.tensor(rows, device=dev), torch.tensor(toks, device=dev)),
+                            torch.tensor(bias, dtype=logits.dtype, device=dev), accumulate=True)
+
+
+def parse_logit_bias(spec: str, encode) -> dict[int, float]:
+    """``TEXT=BIAS`` (e.g. ``' cat=+5'``, ``'Once=-inf'``) as {token id: bias}: every token
+    of TEXT, as ``encode(text)`` gives them (plain text: never special tokens), gets BIAS.
+
+    Raises SettingsError for a spec without '=', an empty text or a bad number.
+    """
+    text, eq, value = spec.rpartition("=")
+    if not eq or not text:
+        raise SettingsError(f"bad logit bias {spec!r}: use TEXT=BIAS, e.g. 'cat=+5' or 'cat=-inf'")
+    try:
+        bias = float(value.strip())
+    except ValueError:
+        raise SettingsError(f"bad logit bias {spec!r}: {value.strip()!r} is not a number (or -inf)") from None
+    if not (bias == -math.inf or (math.isfinite(bias) and -MAX_BIAS <= bias <= MAX_BIAS)):
+        raise SettingsError(f"bad logit bias {spec!r}: use a number between -{MAX_BIAS:g} and {MAX_BIAS:g}, or -inf")
+    ids = list(encode(text))
+    if not ids:
+        raise SettingsError(f"bad logit bias {spec!r}: the text has no tokens")
+    return {int(t): bias for t in ids}
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -295,7 +343,7 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
     """
     B, V = logits.shape
     dev = logits.device
-    masked = apply_bitmask(logits, bitmask)
+    masked = apply_logit_bias(apply_bitmask(logits, bitmask), params)
     x_all = masked
     for i, (q, prev) in enumerate(zip(params, previous)):
         if prev is not None and q.repetition_penalty != 1.0 and prev.numel():
@@ -346,7 +394,7 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
             slow, ok2, _ = _candidate_draw(xb, qb, ub, wide, wide)
         if not bool(ok2.all()):
             # x is already penalized and tempered: the reference must not do either again.
-            again = [replace(q, temperature=1.0, repetition_penalty=1.0) for q in qb]
+            again = [replace(q, temperature=1.0, repetition_penalty=1.0, logit_bias={}) for q in qb]
             ref = _inverse_cdf(filter_rows(xb, again, [None] * len(bad)).softmax(-1), ub)
             slow = torch.where(ok2, slow, ref)
         tokens = tokens.index_copy(0, sel.index_select(0, rb), slow)

@@ -36,7 +36,7 @@ from .sampling import SamplingParams
 MAX_TOP_LOGPROBS = 20
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort"}
 # Request fields that change what OpenAI would return; refused unless left at their no-op value.
-UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
+UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
                "echo": (False,), "suffix": ("",), "best_of": (1,), "tools": ([],), "tool_choice": ("none",),
                "functions": ([],), "function_call": ("none",)}
 
@@ -258,9 +258,33 @@ def constraint_from_request(body: dict) -> tuple[Constraint | None, str | None]:
         raise APIError(400, f"{field}: {e}", param=field) from None
 
 
-def sampling_from_request(body: dict, *, default_max_tokens: int) -> list[SamplingParams]:
+def _logit_bias(body: dict, vocab: int | None) -> dict[int, float]:
+    """OpenAI's ``logit_bias``: {"token id": bias from -100 to 100}, added to the logits
+    before the filters (-100 all but bans the token)."""
+    lb = body.get("logit_bias")
+    if lb is None:
+        return {}
+    if not isinstance(lb, dict):
+        raise APIError(400, "logit_bias must map token ids to numbers", param="logit_bias")
+    out = {}
+    for k, v in lb.items():
+        try:
+            tok = int(k)
+        except (TypeError, ValueError):
+            raise APIError(400, f"logit_bias: {json.dumps(k)[:40]} is not a token id", param="logit_bias") from None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise APIError(400, f"logit_bias for token {tok} must be a number from -100 to 100", param="logit_bias")
+        if tok < 0 or (vocab is not None and tok >= vocab):
+            raise APIError(400, f"logit_bias: token id {tok} is outside the vocabulary"
+                           + (f" (size {vocab})" if vocab is not None else ""), param="logit_bias")
+        out[tok] = float(v)
+    return out
+
+
+def sampling_from_request(body: dict, *, default_max_tokens: int, vocab: int | None = None) -> list[SamplingParams]:
     """One SamplingParams per choice (``n``) of an OpenAI request body; APIError 400 naming
-    the first bad field. Validation is SamplingParams.validate, the same as the CLI's."""
+    the first bad field. Validation is SamplingParams.validate, the same as the CLI's.
+    ``vocab``: the model's vocabulary size, to refuse logit_bias ids past it."""
     for key, ok in UNSUPPORTED.items():
         if key in body and body[key] is not None and body[key] not in ok:
             raise APIError(400, f"{key} is not supported by this server", param=key)
@@ -283,7 +307,7 @@ def sampling_from_request(body: dict, *, default_max_tokens: int) -> list[Sampli
         top_k=0 if top_k == -1 else top_k,  # vLLM's "off"
         min_p=_get(body, "min_p", num, 0.0), repetition_penalty=_get(body, "repetition_penalty", num, 1.0),
         seed=_get(body, "seed", (int,), None, what="a whole number"), max_new_tokens=max_tokens, stop=tuple(stop),
-        constraint=constraint_from_request(body)[0])
+        constraint=constraint_from_request(body)[0], logit_bias=_logit_bias(body, vocab))
     try:
         params.validate()
     except SettingsError as e:
@@ -526,7 +550,7 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
             raise APIError(400, f"logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}", param="logprobs")
         if len(ids) >= state.engine.max_context:
             check_context(len(ids), None, state.engine.max_context, what="the prompt")
-        lanes = sampling_from_request(body, default_max_tokens=16)
+        lanes = sampling_from_request(body, default_max_tokens=16, vocab=state.engine.model.args.vocab_size)
         # A completion stops only on the model's own stop tokens: no chat turn to end.
         return Job(ids, lanes, False, lp or 0, frozenset(state.loaded.stop_ids)), lp
 
@@ -549,7 +573,8 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
         asked = body.get("max_tokens") if asked is None else asked
         check_context(len(ids), asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None,
                       context, what="the messages")
-        lanes = sampling_from_request(body, default_max_tokens=context - len(ids))
+        lanes = sampling_from_request(body, default_max_tokens=context - len(ids),
+                                      vocab=state.engine.model.args.vocab_size)
         strip = bool(getattr(state.tokenizer, "add_dummy_prefix", False))
         # The end of a chat turn stops this request only: a completion batched beside it
         # must run on past the same token.

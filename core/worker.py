@@ -48,7 +48,9 @@ class _PromptRequest:
     too small. Completion mode continues ``prompt`` (BOS + its text). ``continue_reply``
     carries on a chat reply that stopped on length: its text follows the assistant header
     with no end-of-turn (``messages`` must not contain it). ``inspect`` > 0 attaches the
-    top-k alternatives to every token.
+    top-k alternatives to every token. A branch from a token of an earlier reply gives
+    that reply's tokens before it as ``reply_prefix`` (they end the prompt, so the KV cache
+    that still holds them is reused) and the chosen alternative as ``forced``.
     """
     messages: list[dict] = field(default_factory=list)
     mode: str = "chat"
@@ -56,6 +58,8 @@ class _PromptRequest:
     chat_format: str = "auto"
     continue_reply: str = ""
     inspect: int = 0
+    reply_prefix: list[int] = field(default_factory=list)
+    forced: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -627,7 +631,7 @@ class Worker:
         if cmd.kind == "compare":
             events = eng.generate_lanes(prompt.ids, lanes, **how)
         else:
-            events = eng.generate(prompt.ids, lanes[0], **how)
+            events = eng.generate(prompt.ids, lanes[0], forced=list(getattr(req, "forced", ())), **how)
         self._emit(Prompted(rid, prompt.dropped_messages, eng.max_context))
         try:
             for ev in events:

@@ -161,3 +161,44 @@ def test_bad_speculative_settings_exit_2_with_one_line(capsys, fixtures, argv, n
     assert err.count("\n") == 1 and needle in err, err
     rc, out, err = run_cli(capsys, "generate", "--server", "http://127.0.0.1:9", "--prompt", "Hi", "--lookup", "2")
     assert rc == 2 and "need a local model" in err and err.count("\n") == 1
+
+
+def test_logit_bias_bans_and_favours_text_in_generate_and_compare(capsys, fixtures):
+    from core.checkpoints import load
+    model = fixtures / "stories260K.gguf"
+    tok = load(model, device="cpu", dtype="float32").tokenizer
+    girl = tok.encode("girl")
+    base = ["--prompt", "Once upon a time", "--max-new-tokens", "16", "--temperature", "0", "--json"]
+    rc, out, err = run_cli(capsys, "generate", model, *base)
+    plain = json.loads(out)
+    assert rc == 0 and set(girl) <= set(plain["tokens"]), err  # ", there was a little girl named Lily"
+    rc, out, err = run_cli(capsys, "generate", model, *base, "--logit-bias", "girl=-inf")
+    banned = json.loads(out)
+    assert rc == 0, err
+    assert not set(girl) & set(banned["tokens"]) and banned["text"] != plain["text"]
+    # favour: +100 on " Lily" makes its tokens come first
+    lily = tok.encode("Lily")
+    rc, out, err = run_cli(capsys, "generate", model, *base, "--logit-bias", "Lily=+100")
+    assert rc == 0 and json.loads(out)["tokens"][0] in lily, err
+    # compare: every lane gets the bias (greedy and sampled), and the lanes still differ only by their settings
+    rc, out, err = run_cli(capsys, "compare", model, "--prompt", "Once upon a time", "--max-new-tokens", "16",
+                           "--lane", "temperature=0", "--lane", "temperature=1,seed=3", "--logit-bias", "girl=-inf",
+                           "--json")
+    assert rc == 0, err
+    lanes = json.loads(out)["lanes"]
+    assert lanes[0]["tokens"] == banned["tokens"]
+    assert all(not set(girl) & set(ln["tokens"]) for ln in lanes)
+    assert all(ln["settings"]["logit_bias"] == {str(t): "-inf" for t in girl} for ln in lanes)
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ("girl", "TEXT=BIAS"), ("=5", "TEXT=BIAS"), ("girl=lots", "not a number"), ("girl=+500", "between"),
+    ("girl=inf", "between"),
+])
+def test_bad_logit_bias_exits_2_with_one_line(capsys, fixtures, spec, needle):
+    for cmd in (["generate"], ["compare", "--lane", "temperature=0"]):
+        rc, out, err = run_cli(capsys, *cmd, fixtures / "stories260K.gguf", "--prompt", "Hi", "--logit-bias", spec)
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and needle in err, err
+    rc, out, err = run_cli(capsys, "generate", "--server", "http://127.0.0.1:9", "--prompt", "Hi",
+                           "--logit-bias", "girl=1")
+    assert rc == 2 and "--logit-bias needs a local model" in err and len(err.strip().splitlines()) == 1

@@ -441,3 +441,44 @@ def test_a_decode_step_reads_the_device_once(engine, lm, monkeypatch):
             seen += 1
             reads[0] = 0
     assert seen == 8 and per_step == [1] * 7
+
+
+def test_branch_forces_the_chosen_token_and_reuses_the_prefix_from_the_cache(lm):
+    """A branch at token i: the reply's first i tokens end the prompt and come from the KV
+    cache (one position is run, for its logits), the chosen alternative is token i, and
+    what follows is what greedy decoding after that prefix gives (no cache)."""
+    eng = Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids)
+    prompt = lm.tokenizer.encode("Once upon a time", bos=True)
+    _, first = run(eng, prompt, temperature=0, max_new_tokens=10)
+    i = 4
+    alt = next(t for t in range(5, 500) if t != first.tokens[i] and t not in lm.stop_ids)
+    positions = []
+    real_forward = lm.model.forward
+
+    def counting(x, *a, **kw):
+        positions.append(x.shape[1])
+        return real_forward(x, *a, **kw)
+    lm.model.forward = counting
+    try:
+        evs = list(eng.generate(prompt + first.tokens[:i], SamplingParams(temperature=0, max_new_tokens=6),
+                                forced=[alt], inspect=3))
+    finally:
+        del lm.model.forward
+    pre, done = evs[0], evs[-1]
+    assert isinstance(pre, Prefilled) and pre.cached_tokens == len(prompt) + i - 1
+    assert done.stats.cached_tokens == pre.cached_tokens
+    assert positions[0] == 1  # the prefill ran one position: the prefix was not recomputed
+    assert done.tokens[0] == alt
+    assert done.tokens[1:] == reference_greedy(lm.model, prompt + first.tokens[:i] + [alt], 5)
+    tok0 = next(e for e in evs if isinstance(e, Token))
+    raw = torch.log_softmax(lm.model(torch.tensor([prompt + first.tokens[:i]]))[0, -1].float(), -1)
+    assert tok0.token_id == alt and tok0.logprob == pytest.approx(float(raw[alt]), abs=1e-4)
+    assert tok0.top is not None and tok0.top["raw"][0][0] == first.tokens[i]  # alternatives as before
+
+
+def test_forced_tokens_are_checked(engine, lm):
+    prompt = lm.tokenizer.encode("Hi", bos=True)
+    with pytest.raises(SettingsError, match="outside the vocabulary"):
+        list(engine.generate(prompt, SamplingParams(temperature=0), forced=[10**7]))
+    with pytest.raises(SettingsError, match="beam"):
+        list(engine.generate(prompt, SamplingParams(temperature=0, num_beams=2), forced=[5]))

@@ -6,8 +6,8 @@ import torch
 
 from core.beam import beam_search
 from core.errors import SettingsError
-from core.sampling import (SamplingParams, apply_repetition_penalty, filter_logits, min_p_filter, sample,
-                           top_alternatives, top_k_filter, top_p_filter)
+from core.sampling import (SamplingParams, apply_repetition_penalty, filter_logits, min_p_filter,
+                           parse_logit_bias, sample, top_alternatives, top_k_filter, top_p_filter)
 
 
 def logits_of(probs):
@@ -225,3 +225,76 @@ def test_fast_sampler_advances_each_generator_like_the_reference():
     for _ in range(30):
         got = choose_tokens(lg, params, [None] * 3, gens)
         assert got.ids == [sample(row, q, g) for row, q, g in zip(lg, params, refs)]
+
+
+# ---------------------------------------------------------------- logit bias
+
+def _biased_by_hand(row, bias):
+    """The reference: the bias added entry by entry, then the settings without it."""
+    out = row.clone()
+    for t, b in bias.items():
+        out[t] = out[t] + b
+    return out
+
+
+@st.composite
+def _biased_case(draw):
+    vocab = draw(st.integers(4, 600))
+    rows = draw(st.integers(1, 4))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    lg = torch.randn(rows, vocab, generator=g) * draw(st.sampled_from([0.5, 3.0, 12.0]))
+    params = []
+    for r in range(rows):
+        q = draw(_params)
+        top = int(lg[r].argmax())
+        bias = {top: draw(st.sampled_from([-math.inf, -3.0, 5.0]))}
+        for t in draw(st.lists(st.integers(0, vocab - 1), max_size=5)):
+            bias[t] = draw(st.sampled_from([-math.inf, -100.0, -2.5, 1.0, 40.0]))
+        params.append(SamplingParams.from_dict({**q.to_dict(), "logit_bias": bias}))
+    return lg, params
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(_biased_case())
+def test_logit_bias_is_added_before_every_filter_and_minus_inf_bans(case):
+    """Rows with their own biases, sampled together, pick what the reference filters pick
+    on logits biased by hand; a token biased by -inf is never chosen; log-probs stay raw."""
+    lg, params = case
+    got = choose_tokens(lg, params, [None] * len(params), [q.generator() for q in params])
+    for r, q in enumerate(params):
+        plain = SamplingParams.from_dict({**q.to_dict(), "logit_bias": {}})
+        want = sample(_biased_by_hand(lg[r], q.logit_bias), plain, plain.generator())
+        assert got.ids[r] == want
+        assert q.logit_bias.get(got.ids[r]) != -math.inf
+        assert got.logprobs[r] == pytest.approx(float(torch.log_softmax(lg[r], -1)[got.ids[r]]), abs=1e-5)
+        # filter_logits (the inspector's "after the filters") applies the same bias
+        ref = filter_logits(_biased_by_hand(lg[r], q.logit_bias), plain)
+        assert torch.equal(filter_logits(lg[r], q).isinf(), ref.isinf())
+
+
+def test_banning_the_greedy_token_gives_the_runner_up():
+    lg = torch.tensor([[0.0, 5.0, 4.0, 1.0]])
+    q = SamplingParams(temperature=0, logit_bias={1: -math.inf})
+    assert choose_tokens(lg, [q], [None], [None]).ids == [2]
+    assert choose_tokens(lg, [SamplingParams(temperature=0, logit_bias={3: 10})], [None], [None]).ids == [3]
+
+
+def test_logit_bias_survives_json_and_rejects_bad_values():
+    import json
+    q = SamplingParams(logit_bias={5: -math.inf, 7: 2.5})
+    back = SamplingParams.from_dict(json.loads(json.dumps(q.to_dict())))
+    assert back.logit_bias == {5: -math.inf, 7: 2.5}
+    for bad in ({3: 101.0}, {3: math.inf}, {3: math.nan}, {-1: 1.0}):
+        with pytest.raises(SettingsError, match="logit_bias"):
+            SamplingParams(logit_bias=bad).validate()
+    with pytest.raises(SettingsError, match="logit_bias"):
+        SamplingParams(logit_bias={"x": 1})
+
+
+def test_logit_bias_spec_by_text():
+    encode = {"cat": [9], " the cat": [4, 9], "<|eot_id|>": [27, 91, 68]}.__getitem__
+    assert parse_logit_bias("cat=+5", encode) == {9: 5.0}
+    assert parse_logit_bias(" the cat=-inf", encode) == {4: -math.inf, 9: -math.inf}
+    for bad in ("cat", "=5", "cat=lots", "cat=+500", "cat=inf"):
+        with pytest.raises(SettingsError, match="logit bias"):
+            parse_logit_bias(bad, encode)

@@ -223,6 +223,9 @@ def test_malformed_json_is_400_with_an_error_object(stories):
     (dict(stop=[""]), "stop"),
     (dict(presence_penalty=0.5), "presence_penalty"),
     (dict(logprobs=50), "logprobs"),
+    (dict(logit_bias={"7": 101}), "logit_bias"),
+    (dict(logit_bias={"9999": 1}), "logit_bias"),
+    (dict(logit_bias={"the": 1}), "logit_bias"),
     (dict(prompt=["one", "two"]), "prompt"),
 ])
 def test_an_invalid_setting_is_400_naming_it(stories, kw, param):
@@ -231,6 +234,25 @@ def test_an_invalid_setting_is_400_naming_it(stories, kw, param):
         stories.client.completions.create(model=stories.model, **kw)
     assert e.value.status_code == 400 and e.value.body["param"] == param
     assert param.split("_")[0] in e.value.body["message"]
+
+
+def test_logit_bias_in_the_openai_shape_favours_and_bans_tokens(stories):
+    """{"token id": bias}: the reply equals the engine's with the same bias, and -100 on each
+    greedy token in turn keeps it out of the reply."""
+    ids = stories.direct.tokenizer.encode("Once upon a time", bos=True)
+    plain = stories.alone(ids, SamplingParams(temperature=0, max_new_tokens=8))
+    banned = {str(plain.tokens[0]): -100, str(plain.tokens[2]): -100}
+    r = stories.client.completions.create(model=stories.model, prompt="Once upon a time", max_tokens=8,
+                                          temperature=0, logit_bias=banned)
+    want = stories.alone(ids, SamplingParams(temperature=0, max_new_tokens=8,
+                                             logit_bias={plain.tokens[0]: -100, plain.tokens[2]: -100}))
+    assert r.choices[0].text == want.text != plain.text
+    assert plain.tokens[0] not in want.tokens and plain.tokens[2] not in want.tokens
+    favour = {str(plain.tokens[1]): 100}
+    r = stories.client.completions.create(model=stories.model, prompt="Once upon a time", max_tokens=3,
+                                          temperature=0, logit_bias=favour)
+    want = stories.alone(ids, SamplingParams(temperature=0, max_new_tokens=3, logit_bias={plain.tokens[1]: 100}))
+    assert want.tokens == [plain.tokens[1]] * 3 and r.choices[0].text == want.text
 
 
 def test_unknown_model_is_404(stories):
