@@ -112,8 +112,6 @@ class SamplingParams:
             Constraint.from_value(self.constraint).validate()
             if self.num_beams > 1:
                 bad("a constraint (JSON schema, regex or grammar) cannot be combined with beam search")
-            if self.speculative:
-                bad("a constraint (JSON schema, regex or grammar) does not combine with lookup or a draft model yet")
         return self
 
     @property

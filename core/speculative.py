@@ -28,7 +28,8 @@ import torch
 from .compare import tokenizer_fingerprint
 from .errors import DraftModelError
 from .kv_cache import KVCache
-from .sampling import SamplingParams, draw, filter_rows, top_alternatives
+from .constrain import allowed_tokens, new_bitmask
+from .sampling import SamplingParams, apply_bitmask, draw, filter_rows, top_alternatives
 
 LOOKUP_MAX_DRAFT = 8  # tokens prompt lookup proposes at most per step
 MODEL_MAX_DRAFT = 6  # tokens a draft model samples ahead at most per step
@@ -163,7 +164,8 @@ def _fit(logits: torch.Tensor, vocab: int, limit: int | None) -> torch.Tensor:
 
 
 def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, params: SamplingParams,
-           context: list[int], generator: torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+           context: list[int], generator: torch.Generator | None, bitmask: torch.Tensor | None = None,
+           last_open: bool = True) -> tuple[list[int], int, torch.Tensor]:
     """The tokens a lane emits after one verification forward.
 
     Args:
@@ -172,12 +174,17 @@ def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, para
         q: the draft distributions [k, V] they were sampled from; None means point
             masses on the drafts (prompt lookup, greedy drafting).
         context: prompt and reply so far (the repetition penalty's history).
+        bitmask: the lane's constraint masks [k + 1, W] at each position (the drafts
+            before it taken), applied before the filters as in plain decoding.
+        last_open: False when the constraint allows nothing after the last draft: then
+            nothing is drawn there once every draft is accepted.
 
     Returns:
-        (the accepted drafts and one token more, the filtered logits [k + 1, V]).
+        (the accepted drafts and, unless the last row is closed, one token more; how many
+        drafts were accepted; the filtered logits [k + 1, V]).
     """
     k = len(drafts)
-    rows = logits[: k + 1]
+    rows = apply_bitmask(logits[: k + 1], bitmask)
     if params.repetition_penalty != 1.0:
         prev = [torch.tensor(context + drafts[:i], device=rows.device) for i in range(k + 1)]
     else:
@@ -188,7 +195,7 @@ def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, para
         n = 0
         while n < k and best[n] == drafts[n]:
             n += 1
-        return drafts[:n] + [best[n]], filt
+        return drafts[:n] + ([best[n]] if n < k or last_open else []), n, filt
     p = filt.softmax(-1)
     if k:
         d = torch.tensor(drafts, device=p.device).view(k, 1)
@@ -201,7 +208,7 @@ def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, para
     else:
         n = 0
     if n == k:
-        return drafts + [draw(p[k], generator)], filt
+        return drafts + ([draw(p[k], generator)] if last_open else []), n, filt
     if q is None:
         resid = p[n].clone()
         resid[drafts[n]] = 0.0
@@ -209,7 +216,40 @@ def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, para
         resid = (p[n] - q[n]).clamp_min(0.0)
     if not float(resid.sum()) > 0.0:  # p == q up to rounding: nothing to correct
         resid = p[n]
-    return drafts[:n] + [draw(resid, generator)], filt
+    return drafts[:n] + [draw(resid, generator)], n, filt
+
+
+def constraint_masks(state, drafts: list[int], stop_ids, vocab: int) -> tuple[torch.Tensor, list[int], str | None]:
+    """The constraint's mask at each drafted position, from a lane's ``state`` (left
+    where it was).
+
+    A draft the constraint forbids stays (the target gives it no mass, so it is rejected
+    and the residual is drawn, as exactness needs) and ends the drafts; so does a stop
+    token. Returns (masks [k + 1, W], the drafts kept, and when the constraint allows
+    nothing after the last kept draft, the reason the lane stops there: "eos" when its
+    output is complete, else "error").
+    """
+    masks = new_bitmask(len(drafts) + 1, vocab)
+    consumed, kept, closed = 0, len(drafts), None
+    try:
+        for i in range(len(drafts) + 1):
+            state.mask(masks[i])
+            if not bool(masks[i].any()):  # nothing allowed here: the lane ends before it
+                kept, closed = i, ("eos" if state.accepting else "error")
+                break
+            if i == len(drafts):
+                break
+            d = drafts[i]
+            if not bool(allowed_tokens(masks[i], vocab)[d]) or d in stop_ids:
+                kept = i + 1
+                break
+            if not state.advance(d):
+                kept = i + 1
+                break
+            consumed += 1
+    finally:
+        state.rollback(consumed)
+    return masks[: kept + 1], drafts[:kept], closed
 
 
 class Pace:
@@ -306,10 +346,13 @@ def speculative_loop(engine, joining) -> Iterator:
     V = engine.model.args.vocab_size
     limit = engine.sample_limit
 
-    def emit(li: int, toks: list[int], raw: torch.Tensor, filt: torch.Tensor, start: int, drafts: list[int]):
+    def emit(li: int, toks: list[int], raw: torch.Tensor, filt: torch.Tensor, start: int,
+             masks: torch.Tensor | None):
         """Accept toks (rows of raw/filt in order) into lane li; events out; returns how
         many were appended to its reply."""
         lane, st = lanes[li], stats[li]
+        if not toks:
+            return 0
         lps = torch.log_softmax(raw[: len(toks)], -1).gather(
             -1, torch.tensor(toks, device=raw.device).view(-1, 1)).view(-1).tolist()
         appended = 0
@@ -318,7 +361,8 @@ def speculative_loop(engine, joining) -> Iterator:
             if lane.inspect:
                 prev = (torch.tensor(lane.prompt + lane.tokens, device=dev)
                         if lane.params.repetition_penalty != 1.0 else None)
-                top = top_alternatives(raw[i], lane.params, prev, k=lane.inspect, filtered=filt[i])
+                allowed = None if masks is None else allowed_tokens(masks[i], raw.shape[-1]).to(raw.device)
+                top = top_alternatives(raw[i], lane.params, prev, k=lane.inspect, filtered=filt[i], allowed=allowed)
                 top["pieces"] = {t: engine._piece(t) for t, _ in top["raw"] + top["filtered"]}
             before = len(lane.tokens)
             ev = engine._accept(lane, tok, lp, top)
@@ -370,8 +414,14 @@ def speculative_loop(engine, joining) -> Iterator:
             if limit is not None:
                 raw = raw.clone()
                 raw[:, limit:] = float("-inf")
-            toks, filt = verify(raw, [], None, lane.params, lane.prompt, lane.generator)
-            yield from emit(li, toks, raw, filt, positions[li], [])
+            masks, closed = None, None
+            if lane.constraint is not None:
+                masks, _, closed = constraint_masks(lane.constraint, [], lane.stop_ids, V)
+            if closed is not None:
+                lane.done = engine._finish(lane, closed, None)
+            else:
+                toks, _, filt = verify(raw, [], None, lane.params, lane.prompt, lane.generator, masks)
+                yield from emit(li, toks, raw, filt, positions[li], masks)
         yield from finish_if_done(li)
     compact()
     for li in rows:
@@ -380,7 +430,7 @@ def speculative_loop(engine, joining) -> Iterator:
 
     measure = not engine.spec_step_s  # an undrafted step first, to estimate the speed-up
     while rows:
-        plan: list[tuple[list[int], torch.Tensor | None]] = []
+        plan: list[tuple[list[int], torch.Tensor | None, torch.Tensor | None, str | None]] = []
         for li in rows:
             lane, sp = lanes[li], specs[li]
             k = 0 if measure else sp.pace.next()
@@ -392,11 +442,15 @@ def speculative_loop(engine, joining) -> Iterator:
                 r = rows.index(li)
                 drafts, q = sp.draft.propose(r, lane.prompt + lane.tokens, k, lane.params, lane.generator,
                                              V, limit, lane.cancel)
-            plan.append((drafts, q))
+            masks, closed = None, None
+            if lane.constraint is not None:
+                masks, drafts, closed = constraint_masks(lane.constraint, drafts, lane.stop_ids, V)
+                q = None if q is None else q[: len(drafts)]
+            plan.append((drafts, q, masks, closed))
         measure = False
-        T = 1 + max(len(d) for d, _ in plan)
+        T = 1 + max(len(p[0]) for p in plan)
         B = len(rows)
-        x = torch.tensor([[lanes[li].tokens[-1]] + d + [0] * (T - 1 - len(d)) for li, (d, _) in zip(rows, plan)],
+        x = torch.tensor([[lanes[li].tokens[-1]] + p[0] + [0] * (T - 1 - len(p[0])) for li, p in zip(rows, plan)],
                          device=dev)
         pos_list = [positions[li] for li in rows]
         cache.ensure(B, max(pos_list) + T)
@@ -410,28 +464,29 @@ def speculative_loop(engine, joining) -> Iterator:
             out[..., limit:] = float("-inf")
         results = []
         for r, li in enumerate(rows):
-            drafts, q = plan[r]
+            drafts, q, masks, closed = plan[r]
             lane = lanes[li]
             if not all(finite[r][: len(drafts) + 1]):
                 results.append(None)
                 continue
-            toks, filt = verify(out[r], drafts, q, lane.params, lane.prompt + lane.tokens, lane.generator)
-            results.append((toks, filt))
+            results.append(verify(out[r], drafts, q, lane.params, lane.prompt + lane.tokens, lane.generator,
+                                  masks, last_open=closed is None))
         took = time.perf_counter() - t0
         plain = _plain_step(engine, B)
         if T == 1:  # nobody drafted: this is what a plain step costs
             engine.spec_step_s[B] = took if B not in engine.spec_step_s else 0.5 * (engine.spec_step_s[B] + took)
         for r, li in enumerate(rows):
             lane, sp, res = lanes[li], specs[li], results[r]
-            drafts = plan[r][0]
+            drafts, _, masks, closed = plan[r]
             if res is None:
                 lane.done = engine._finish(lane, "error", None)
                 cache.rollback(r, positions[li])
             else:
-                toks, filt = res
-                n = len(toks) - 1
+                toks, n, filt = res
                 start = positions[li] + 1
-                appended = yield from emit(li, toks, out[r], filt, start, drafts)
+                appended = yield from emit(li, toks, out[r], filt, start, masks)
+                if lane.done is None and closed is not None and len(toks) == n:
+                    lane.done = engine._finish(lane, closed, None)  # the constraint allows nothing more
                 valid = min(appended, n)
                 cache.rollback(r, positions[li] + 1 + valid)
                 positions[li] += 1 + valid

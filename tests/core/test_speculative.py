@@ -315,3 +315,43 @@ def test_bad_settings_and_foreign_vocabularies_are_refused(stories, tiny):
     with pytest.raises(DraftModelError):
         eng.generate(prompt, SamplingParams(draft="other"))
     assert "other" not in eng.drafts
+
+
+# -- constraints: the mask applies at every drafted position ---------------------------
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "pattern": "^[A-Za-z ]{1,8}$"},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+
+
+def test_constrained_lanes_draft_and_stay_exact(stories):
+    """Greedy constrained lanes give the plain constrained tokens with either drafter
+    (drafts the grammar forbids are rejected, never emitted); sampled ones always match."""
+    import json
+    import re
+
+    import jsonschema
+
+    from core.constrain import Constraint
+    eng = Engine(stories.model, stories.tokenizer, stop_ids=stories.stop_ids)
+    eng.add_draft("itself", stories.model, stories.tokenizer)
+    eng.add_draft("random", random_model(stories.model.args.vocab_size, seed=3), stories.tokenizer)
+    # The prompt holds a valid object, so prompt lookup has something to copy.
+    prompt = stories.tokenizer.encode('{"name": "Max", "age": 7} {"name": "Lily", "age": 5} ', bos=True)
+    schema = Constraint("json_schema", json.dumps(PERSON))
+    regex = Constraint("regex", r"[A-Z][a-z]{2,6} (is|was) [0-9]{1,3}")
+    for c in (schema, regex):
+        plain = tokens_of(eng, prompt, temperature=0, max_new_tokens=40, constraint=c)
+        for spec in (dict(lookup=2), dict(draft="itself"), dict(draft="random")):
+            d = tokens_of(eng, prompt, temperature=0, max_new_tokens=40, constraint=c, **spec)
+            assert (d.tokens, d.stop_reason) == (plain.tokens, plain.stop_reason), (c.kind, spec)
+    lanes = [SamplingParams(temperature=1.0, top_p=0.95, seed=s, max_new_tokens=40, constraint=schema,
+                            **(dict(lookup=2) if s % 2 else dict(draft="random"))) for s in range(8)]
+    dones = [e for e in eng.generate_lanes(prompt, lanes) if isinstance(e, Done)]
+    assert len(dones) == 8 and sum(d.stats.speculative["drafted"] for d in dones) > 0
+    for d in dones:
+        assert d.stop_reason == "eos", (d.stop_reason, d.text)
+        jsonschema.validate(json.loads(d.text), PERSON)
+    lanes = [SamplingParams(temperature=1.0, seed=s, max_new_tokens=20, constraint=regex, lookup=1) for s in range(4)]
+    for d in (e for e in eng.generate_lanes(prompt, lanes) if isinstance(e, Done)):
+        assert re.fullmatch(r"[A-Z][a-z]{2,6} (is|was) [0-9]{1,3}", d.text), d.text
