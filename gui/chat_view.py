@@ -600,6 +600,8 @@ class ChatView(QScrollArea):
         copied(str): text placed on the clipboard (a message or a code block).
         tokenViewChanged(bool): whether any message now shows its tokens (the window
             shows the inspector while one does).
+        branchRequested(int, int, int, bool): from the inspector: reply id, token index,
+            the alternative's token id, and whether to ban it (True) or continue with it.
 
     Attributes:
         inspector: the :class:`TokenInspector` tokens are shown in (the window places it;
@@ -610,10 +612,15 @@ class ChatView(QScrollArea):
     actionRequested = Signal(str, int)
     copied = Signal(str)
     tokenViewChanged = Signal(bool)
+    branchRequested = Signal(int, int, int, bool)
 
     def __init__(self, *, inspector=None, parent=None):
         super().__init__(parent)
         self.inspector = inspector
+        if inspector is not None:
+            inspector.set_can_branch(True)
+            inspector.branchRequested.connect(lambda m, i, t: self._branch(m, i, t, False))
+            inspector.banRequested.connect(lambda m, i, t: self._branch(m, i, t, True))
         self.pinned: tuple[int, int] | None = None
         self._token_views: set[int] = set()  # message ids in token view, kept across re-renders
         self.heatmap = False  # the last heatmap choice, for the next token view opened
@@ -716,7 +723,13 @@ class ChatView(QScrollArea):
         self.can_generate = on
         for w in self.widgets:
             w.set_can_generate(on)
+        if self.inspector is not None:
+            self.inspector.set_can_branch(on)
         self.updateGeometry()
+
+    def _branch(self, msg_id: int, index: int, token_id: int, ban: bool) -> None:
+        if self.can_generate and self._stream is None and self.widget_for(msg_id) is not None:
+            self.branchRequested.emit(msg_id, index, token_id, ban)
 
     def append_message(self, message: dict) -> MessageWidget:
         """Show one more message at the end (the others stay as they are)."""

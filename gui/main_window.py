@@ -210,6 +210,7 @@ class MainWindow(QMainWindow):
         if self._history_notice:
             self.chat.set_notice(self._history_notice)
         self.chat.actionRequested.connect(self._on_message_action)
+        self.chat.branchRequested.connect(self.branch_reply)
         self.chat.empty_hint.linkActivated.connect(lambda _link: self.open_library())
         self.chat.copied.connect(lambda t: self.statusBar().showMessage("Copied to the clipboard", 2000))
         self.chat.tokenViewChanged.connect(self.inspector.setVisible)
@@ -903,6 +904,17 @@ class MainWindow(QMainWindow):
         self.send_notice_label.setText(message)
         self.send_notice.show()
         self.retry_button.setFocus()
+
+    def branch_reply(self, msg_id: int, index: int, token_id: int, ban: bool = False) -> None:
+        """A new version of reply ``msg_id`` from its token ``index``: with ``token_id`` there
+        instead, or (``ban``) with ``token_id`` banned from there on."""
+        if self.backend is not None:
+            self.statusBar().showMessage("Branching from a token needs the local model: a server's token ids "
+                                         "and cache are its own", 8000)
+            return
+        if self.info is not None:
+            self.reply.inspect = self._inspect()
+            self.reply.branch(msg_id, index, token_id, ban=ban)
 
     def regenerate(self, msg_id: int | None = None) -> None:
         """A new version of a reply (default: the last one) — the old versions stay."""

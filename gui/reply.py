@@ -8,7 +8,7 @@ signals, and ``MainWindow`` connects those to the transcript, the status bar and
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, Signal
 
@@ -25,7 +25,9 @@ from .conversation import ConversationModel
 @dataclass
 class ReplyState:
     """What one reply has so far. ``continue_of`` is the reply being continued (its text is
-    ``prefix``); ``run`` records tokens for the inspector when ``inspect`` > 0."""
+    ``prefix``); a branch is a new version that starts with ``prefix``, the text of an
+    earlier version's first tokens, whose token records are ``prefix_record``; ``run``
+    records tokens for the inspector when ``inspect`` > 0."""
     parent_id: int
     settings: dict
     inspect: int = 0
@@ -43,6 +45,7 @@ class ReplyState:
     run: LaneRun | None = field(default=None, repr=False)
     # A new reply is written to the store as it grows (a crash loses at most a moment of it).
     partial: PartialReply | None = field(default=None, repr=False)
+    prefix_record: dict | None = field(default=None, repr=False)
 
 
 class ReplyController(QObject):
@@ -151,27 +154,64 @@ class ReplyController(QObject):
             return False
         return self._start(parent_id=target.parent_id, continue_of=target)
 
-    def _start(self, *, parent_id: int, continue_of: Message | None = None) -> bool:
+    def branch(self, msg_id: int, index: int, token_id: int, *, ban: bool = False) -> bool:
+        """A new version of reply ``msg_id`` that keeps its first ``index`` tokens and then
+        takes ``token_id`` (one of the alternatives the inspector showed) and carries on;
+        ``ban``: never ``token_id`` in the new version instead (a logit bias of -inf), so
+        the model chooses again at ``index``. The kept tokens are the end of the prompt,
+        so the worker reuses them from its KV cache. Needs the reply's token records."""
+        if self.busy:
+            return False
+        try:
+            target = self.conversation.message(msg_id)
+        except HistoryError as e:
+            self.failed.emit("Could not branch the reply", str(e))
+            return False
+        rec = (target.meta or {}).get("tokens") if target is not None else None
+        ids = list((rec or {}).get("tokens") or [])
+        if target is None or target.role != "assistant" or target.parent_id is None or not 0 <= index < len(ids):
+            self.failed.emit("Could not branch the reply", "this reply has no recorded token there "
+                             "(turn on Record Token Probabilities and regenerate it)")
+            return False
+        off = int(rec.get("offset") or 0)
+        texts = list(rec.get("token_texts") or [])
+        prefix = target.text[:off] + "".join(texts[:index])
+        kept = {k: list(rec.get(k) or [])[:index] for k in ("tokens", "token_texts", "pieces", "logprobs", "top")}
+        kept = {**kept, **({"offset": off} if off else {})}
+        self.conversation.show_branch_at(target.parent_id)
+        return self._start(parent_id=target.parent_id, branch=(target.text[:off], ids[:index], prefix, kept),
+                           forced=[] if ban else [int(token_id)], ban=int(token_id) if ban else None,
+                           inspect=max(self.inspect, int(rec.get("inspect") or 0)) or 5)
+
+    def _start(self, *, parent_id: int, continue_of: Message | None = None, branch: tuple | None = None,
+               forced: list[int] = (), ban: int | None = None, inspect: int | None = None) -> bool:
+        inspect = self.inspect if inspect is None else inspect
         try:
             # The seed is drawn here, so even a reply cut short by quitting records it.
             params = self.settings.params().validate().resolved()
+            if ban is not None:
+                params = replace(params, logit_bias={**params.logit_bias, ban: float("-inf")}).validate()
         except Exception as e:
             self.failed.emit("Invalid sampling settings", str(e))
             return False
+        lead, reply_prefix, prefix_text, prefix_record = branch or ("", [], "", None)
         request = GenerateRequest(
             messages=self.conversation.request_messages(self.settings.system_prompt(), upto=parent_id),
             params=params, chat_format=self.settings.chat_format(),
-            continue_reply=continue_of.text if continue_of is not None else "", inspect=self.inspect)
+            continue_reply=continue_of.text if continue_of is not None else lead, inspect=inspect,
+            reply_prefix=list(reply_prefix), forced=list(forced))
         if continue_of is not None:
             view = self.conversation.view_message(continue_of)
         else:
             n = len(self.conversation.history.children(parent_id)) + 1
-            view = {"id": None, "role": "assistant", "text": "", "version": (n, n)}
+            view = {"id": None, "role": "assistant", "text": prefix_text, "version": (n, n)}
         partial = None if continue_of is not None else PartialReply(
             self.conversation.history, self.conversation.conv_id, parent_id, settings=params.to_dict(),
             seed=params.seed, model_id=self.model_id)
-        self.state = ReplyState(parent_id, params.to_dict(), self.inspect, continue_of, view["text"],
-                                run=LaneRun() if self.inspect else None, partial=partial)
+        if partial is not None and prefix_text:
+            partial.append(prefix_text)
+        self.state = ReplyState(parent_id, params.to_dict(), inspect, continue_of, view["text"],
+                                run=LaneRun() if inspect else None, partial=partial, prefix_record=prefix_record)
         if self.backend is not None:
             self.state.server = public_url(self.backend.url)
         self._stream = (self.bridge.generate(request) if self.backend is None
@@ -283,8 +323,8 @@ class ReplyController(QObject):
                 m = self.conversation.update_reply(old.id, text=st.prefix + text, stats=merged,
                                                    stop_reason=stop_reason, settings=params,
                                                    seed=params.get("seed"), meta={**(old.meta or {}), **meta})
-            elif st.partial is not None:
-                m = st.partial.finish(text, settings=params, seed=params.get("seed"), stats=stats,
+            elif st.partial is not None:  # a new reply (a branch's starts with its prefix)
+                m = st.partial.finish(st.prefix + text, settings=params, seed=params.get("seed"), stats=stats,
                                       stop_reason=stop_reason, meta=meta)
                 self.conversation.listChanged.emit()
             else:
@@ -320,9 +360,9 @@ def token_record(st: ReplyState) -> dict | None:
         return None
     rec = {**run.token_record(), "inspect": st.inspect}
     old = st.continue_of
-    if old is None:
+    if old is None and st.prefix_record is None:
         return rec
-    prev = (old.meta or {}).get("tokens")
+    prev = st.prefix_record if old is None else (old.meta or {}).get("tokens")
     if isinstance(prev, dict) and prev.get("tokens"):
         off = int(prev.get("offset") or 0)
         if st.prefix[off:] == "".join(prev.get("token_texts") or []):

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from PySide6.QtCore import QRect, Qt
+from PySide6.QtCore import QRect, Qt, Signal
 from PySide6.QtGui import QColor, QPainter
-from PySide6.QtWidgets import (QFrame, QHeaderView, QLabel, QStyledItemDelegate, QTableWidget,
-                               QTableWidgetItem, QVBoxLayout)
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QHeaderView, QLabel, QPushButton, QStyledItemDelegate,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout)
 
 from . import theme
 
@@ -73,13 +73,22 @@ class _BarDelegate(QStyledItemDelegate):
 class TokenInspector(QFrame):
     """Side panel for one token (objectName ``tokenInspector``).
 
-    Signals: none; the compare view and the chat transcript call :meth:`show_token` and
-    :meth:`clear`.
+    The compare view and the chat transcript call :meth:`show_token` and :meth:`clear`.
+    With :attr:`can_branch` set (the chat), a row of the table can be chosen and acted on.
+
+    Signals:
+        branchRequested(int, int, int): continue from the shown token with the chosen
+            alternative instead: lane (or message id), token index, the alternative's id.
+        banRequested(int, int, int): the same token, generated again with the chosen row's
+            token banned.
 
     Attributes:
         rows: the alternatives now shown (see :func:`inspector_rows`), for tests and
             accessibility tools.
     """
+
+    branchRequested = Signal(int, int, int)
+    banRequested = Signal(int, int, int)
 
     def __init__(self, *, token_text: Callable[[int], str | None] | None = None, parent=None):
         super().__init__(parent)
@@ -119,11 +128,72 @@ class TokenInspector(QFrame):
         self.note.setObjectName("inspectorNote")
         self.note.setWordWrap(True)
         self.note.setStyleSheet(f"color: {theme.colors()['muted']};")
+        # Branching: pick a row, then continue with it or ban it (the chat sets can_branch).
+        self.can_branch = False
+        self.actions = QFrame(self)
+        self.actions.setObjectName("inspectorActions")
+        al = QHBoxLayout(self.actions)
+        al.setContentsMargins(0, 0, 0, 0)
+        al.setSpacing(6)
+        self.branch_button = QPushButton("Continue with this")
+        self.branch_button.setObjectName("branchButton")
+        self.branch_button.setToolTip("A new version of the reply: the same text up to this token, then the "
+                                      "chosen alternative, and the model carries on from there")
+        self.ban_button = QPushButton("Ban and retry")
+        self.ban_button.setObjectName("banButton")
+        self.ban_button.setToolTip("A new version of the reply from this token, with the chosen token "
+                                   "banned (never generated) for the rest of it")
+        for b in (self.branch_button, self.ban_button):
+            b.setAccessibleName(b.toolTip())
+            al.addWidget(b)
+        self.branch_button.clicked.connect(lambda: self._act(self.branchRequested))
+        self.ban_button.clicked.connect(lambda: self._act(self.banRequested))
+        self.table.itemSelectionChanged.connect(self._update_actions)
+        self.table.cellDoubleClicked.connect(lambda r, c: self._act(self.branchRequested))
+        self.actions.hide()
         lay.addWidget(self.title)
         lay.addWidget(self.summary)
         lay.addWidget(self.table, 1)
+        lay.addWidget(self.actions)
         lay.addWidget(self.note)
         self.setMinimumWidth(230)
+
+    def set_can_branch(self, on: bool) -> None:
+        """Offer "Continue with this" and "Ban and retry" for the rows (the chat's replies)."""
+        self.can_branch = on
+        self.table.setSelectionMode(QTableWidget.SingleSelection if on else QTableWidget.NoSelection)
+        self.table.setSelectionBehavior(QTableWidget.SelectRows)
+        self._update_actions()
+
+    def selected_row(self) -> dict | None:
+        rows = self.table.selectionModel().selectedRows() if self.can_branch else []
+        return self.rows[rows[0].row()] if rows and rows[0].row() < len(self.rows) else None
+
+    def select_row(self, token_id: int) -> bool:
+        """Choose the row of ``token_id`` (as a click would); False when it is not shown."""
+        for r, row in enumerate(self.rows):
+            if row["id"] == token_id:
+                self.table.selectRow(r)
+                return True
+        return False
+
+    def _update_actions(self) -> None:
+        self.actions.setVisible(self.can_branch and self.current is not None and bool(self.rows))
+        row = self.selected_row()
+        ok = row is not None and row["id"] >= 0  # a server's stand-in ids name nothing
+        self.branch_button.setEnabled(ok and not row["chosen"])
+        self.ban_button.setEnabled(ok)
+        name = self.text_of(row["id"]) if ok else ""
+        self.branch_button.setText(f"Continue with “{name}”" if ok and not row["chosen"] else "Continue with this")
+        self.ban_button.setText(f"Ban “{name}” and retry" if ok else "Ban and retry")
+
+    def _act(self, signal) -> None:
+        row = self.selected_row()
+        if self.current is None or row is None or row["id"] < 0:
+            return
+        if signal is self.branchRequested and row["chosen"]:
+            return
+        signal.emit(self.current[0], self.current[1], int(row["id"]))
 
     def learn(self, token_id: int, piece: str) -> None:
         self.known.setdefault(int(token_id), piece)
@@ -143,6 +213,7 @@ class TokenInspector(QFrame):
         self.current = None
         self.rows = []
         self.table.setRowCount(0)
+        self._update_actions()
         self.title.setText("Token inspector")
         self.summary.setText("Hover or click a generated token to see how likely it was "
                              "and what else the model considered.")
@@ -184,6 +255,8 @@ class TokenInspector(QFrame):
                     f.setBold(True)
                     it.setFont(f)
                 self.table.setItem(r, c, it)
+        self.table.clearSelection()
+        self._update_actions()
         if not self.rows:
             self.note.setText("No alternatives recorded for this token (run with inspection on).")
         elif not (rec.top or {}).get("filtered"):
@@ -192,7 +265,8 @@ class TokenInspector(QFrame):
         else:
             self.note.setText("model: the raw softmax · after filters: what was sampled from "
                               "(temperature, top-k, top-p, min-p, repetition penalty). Bold: chosen; "
-                              "cut: removed by the filters.")
+                              "cut: removed by the filters."
+                              + (" Pick a row to branch the reply there." if self.can_branch else ""))
 
     def shown_values(self) -> list[tuple[str, str, str]]:
         """The table's text, row by row (what a user reads)."""

@@ -508,6 +508,9 @@ def _cli_cases(seeds, out: Path) -> list[Case]:
                                   ("--max-new-tokens", "0"), ("--seed", "-1"), ("--num-beams", "1000"),
                                   ("--temperature", "1e400"), ("--max-new-tokens", "-5")]):
         cases.append(Case(f"cli-opt-{i}", "sampler values", base + [opt, v], "error"))
+    # --logit-bias TEXT=BIAS: a missing '=', no text, not a number, out of range, +inf
+    for i, spec in enumerate(["girl", "=5", "girl=lots", "girl=+500", "girl=inf", "girl=nan"]):
+        cases.append(Case(f"cli-bias-{i}", "logit bias", base + ["--logit-bias", spec], "error"))
     bad_utf8 = os.fsdecode(b"caf\xe9 \xff\xfe \xed\xa0\x80 end")
     for i, argv in enumerate([
         ["generate", g, "--prompt", bad_utf8, "--max-new-tokens", "4", "--device", "cpu", "--seed", "1"],

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QToolButton
 
 from core.sampling import SamplingParams
 from tests.gui.ui_helpers import (anchor_point, bridge, close, data_dir, load, loop, make_window,  # noqa: F401
-                                  reference_probs, run, send, settings, snapshot)
+                                  reference_probs, run, send, settings, snapshot, until)
 
 PROMPT = "Tell me a story about a cat"
 # Every filter on, so the "after filters" column is a real test of all of them.
@@ -238,3 +238,81 @@ def test_continued_reply_record():
     rec = token_record(replace(reply, prefix="Hello there"))  # the record does not cover it
     assert rec["tokens"] == [4] and rec["offset"] == len("Hello there")
     assert token_record(replace(reply, run=None)) is None  # recording was off
+
+
+def greedy_reference(model, ids, n):
+    """Greedy by full forward passes, no cache."""
+    out = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            out.append(int(model(torch.tensor([out]))[0, -1].argmax()))
+    return out[len(ids):]
+
+
+def test_branch_from_a_token_and_ban_it(qtbot, loop, bridge, settings, data_dir, story, gguf):
+    """Click an alternative in the inspector and "Continue with": a new version of the
+    reply that keeps the tokens before it (from the KV cache: one prompt position run),
+    has the alternative at that position and continues as the model would; "Ban and
+    retry" on it gives a third version that never uses that token again."""
+    w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
+    qtbot.addWidget(w)
+    requests = record_requests(w)
+    w.record_probs_action.setChecked(True)
+    w.panel.set_params(SamplingParams(temperature=0, max_new_tokens=24))
+    w.panel.set_system_prompt("")
+    done = []
+    w.replyFinished.connect(done.append)
+
+    async def first():
+        await load(w, gguf)
+        return await send(qtbot, w, PROMPT, max_tokens=24)
+
+    view = run(loop, first())
+    old = w.history.message(view["id"])
+    ids = old.meta["tokens"]["tokens"]
+    prompt_ids = story.chat_format.encode_dialog(requests[-1].messages)
+    i = 3
+    assert w.chat.show_tokens(view["id"]) and w.chat.inspect_token(view["id"], i)
+    insp = w.inspector
+    assert insp.actions.isVisible() and not insp.branch_button.isEnabled()  # nothing chosen yet
+    alt = next(r["id"] for r in insp.rows if not r["chosen"])
+    assert insp.select_row(alt) and insp.branch_button.isEnabled()
+    assert insp.branch_button.text().startswith("Continue with “")
+    insp.select_row(ids[i])  # the chosen token itself: no branch to it, but it can be banned
+    assert not insp.branch_button.isEnabled() and insp.ban_button.isEnabled()
+    insp.select_row(alt)
+    snapshot(w, "chat_inspector_branch")
+
+    done.clear()
+    qtbot.mouseClick(insp.branch_button, Qt.LeftButton)
+    branched = run(loop, until(lambda: done, 30, "the branch"))[0]
+    req = requests[-1]
+    assert req.reply_prefix == ids[:i] and req.forced == [alt]
+    new = w.history.message(branched["id"])
+    toks = new.meta["tokens"]["tokens"]
+    assert new.parent_id == old.parent_id and branched["version"] == (2, 2)
+    assert toks[:i] == ids[:i] and toks[i] == alt  # the forced token at the chosen position
+    assert toks[i + 1:] == greedy_reference(story.model, prompt_ids + ids[:i] + [alt], len(toks) - i - 1)
+    # the prefix came from the KV cache: of prompt + 3 kept tokens, only the last was run
+    stats = new.stats
+    assert stats["prompt_tokens"] == len(prompt_ids) + i and stats["cached_tokens"] == stats["prompt_tokens"] - 1
+    kept_text = "".join(old.meta["tokens"]["token_texts"][:i])
+    assert new.text.startswith(kept_text) and old.text.startswith(kept_text) and new.text != old.text
+    assert len(new.meta["tokens"]["top"]) == len(toks)  # the new version is inspectable all along
+    assert w.history.message(old.id).text == old.text  # the old version stays
+
+    # "Ban and retry" on the forced token: a third version without it
+    assert w.chat.show_tokens(branched["id"]) and w.chat.inspect_token(branched["id"], i)
+    insp.select_row(alt)
+    done.clear()
+    qtbot.mouseClick(insp.ban_button, Qt.LeftButton)
+    banned = run(loop, until(lambda: done, 30, "the banned retry"))[0]
+    third = w.history.message(banned["id"])
+    t3 = third.meta["tokens"]["tokens"]
+    assert banned["version"] == (3, 3) and requests[-1].forced == [] and requests[-1].reply_prefix == ids[:i]
+    assert t3[:i] == ids[:i] and alt not in t3[i:]
+    assert third.settings["logit_bias"] == {str(alt): "-inf"}
+    biased = story.model(torch.tensor([prompt_ids + ids[:i]]))[0, -1].detach().clone()
+    biased[alt] = float("-inf")
+    assert t3[i] == int(biased.argmax())  # greedy under the ban: the best other token
+    close(loop, w)
