@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QStyledItemDelegate,
-                               QTableView, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSizePolicy,
+                               QStyledItemDelegate, QTableView, QVBoxLayout, QWidget)
 
 from . import theme
 
@@ -37,10 +37,9 @@ def eta_text(seconds) -> str:
 
 
 def _state(value) -> str:
-    """A job state in the table's words, from whatever the manager reports."""
+    """A job state in the table's words (the manager's 'running' is 'downloading')."""
     v = str(getattr(value, "value", value) or "queued").lower()
-    return {"running": "downloading", "active": "downloading", "complete": "done", "completed": "done",
-            "finished": "done", "error": "failed", "canceled": "cancelled"}.get(v, v)
+    return {"running": "downloading"}.get(v, v)
 
 
 class DownloadsModel(QAbstractTableModel):
@@ -202,6 +201,8 @@ class DownloadsView(QWidget):
         buttons = QHBoxLayout()
         self.status = QLabel()
         self.status.setObjectName("downloadsStatus")
+        # a long path must not widen the window: cut at the edge (the tooltip has it whole)
+        self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         buttons.addWidget(self.status, 1)
         self.pause_button = QPushButton("Pause")
         self.pause_button.setObjectName("downloadPause")
@@ -230,27 +231,34 @@ class DownloadsView(QWidget):
 
     # -- state from the manager ------------------------------------------------------------
     def sync(self) -> None:
-        """Fill rows from the manager's jobs (queued, running, paused, left by a previous run)."""
+        """Rows from the manager's jobs: queued, running, paused, failed (with the reason),
+        and those a previous run left, with the bytes their partial files already hold."""
         for job in self.service.manager().jobs():
-            job_id = str(getattr(job, "job_id", None) or getattr(job, "id", ""))
-            repo_id = getattr(job, "repo_id", "")
-            state = _state(getattr(job, "state", None) or getattr(job, "status", None))
-            files = getattr(job, "files", None) or getattr(job, "filenames", None) or []
-            for f in files:
-                name = getattr(f, "path", None) or getattr(f, "filename", None) or getattr(f, "name", None) or str(f)
-                values = {"repo_id": repo_id, "state": state}
-                for src, dst in (("done_bytes", "done"), ("total_bytes", "total"), ("size", "total")):
-                    v = getattr(f, src, None)
-                    if v is not None and (dst != "total" or not values.get("total")):
-                        values[dst] = v
-                msg = getattr(job, "message", None) or getattr(job, "error", None)
-                if msg:
-                    values["message"] = str(msg)
-                self.model.upsert(job_id, name, **values)
+            self._from_job(job)
         self._update_buttons()
 
+    def _from_job(self, job) -> None:
+        state = _state(job.state)
+        for f in job.files:
+            self.model.upsert(job.job_id, f.path, repo_id=job.repo_id, state=state,
+                              message=(job.error or "") if state == "failed" else "", path=job.path or "",
+                              **({"total": f.size} if f.size is not None else {}))
+        self._spread(job.job_id, job.done_bytes)
+
+    def _spread(self, job_id: str, done: int, current: str | None = None) -> None:
+        """Split a job's bytes over its files' rows: the manager fetches them in order."""
+        offset = 0
+        for i in self.model.find(job_id):
+            r = self.model.rows[i]
+            size = r["total"] or 0
+            r["done"] = max(0, min(done - offset, size)) if size else (done if current == r["file"] else 0)
+            offset += size
+        rows = self.model.find(job_id)
+        if rows:
+            self.model.dataChanged.emit(self.model.index(rows[0], 0), self.model.index(rows[-1], len(COLUMNS) - 1))
+
     def add_job(self, job_id: str, repo_id: str, files: list) -> None:
-        """Rows for a job just queued (before its first progress event)."""
+        """Rows for a job just queued (before its first event)."""
         for name, size in files:
             self.model.upsert(job_id, name, repo_id=repo_id, total=size, state="queued")
         self.select_job(job_id)
@@ -258,28 +266,33 @@ class DownloadsView(QWidget):
 
     def on_event(self, ev) -> None:
         kind = type(ev).__name__
+        if not self.model.find(ev.job_id) and self.service.has_manager:
+            self.sync()  # a job queued elsewhere (or before this view existed)
         if kind == "DownloadProgress":
-            if not self.model.find(ev.job_id):
+            if any(self.model.rows[i]["total"] is None for i in self.model.find(ev.job_id)):
+                self.sync()  # the sizes are known once the job started
+            self.model.set_job(ev.job_id, state="downloading", speed=None, eta=None, message="")
+            for i in self.model.find(ev.job_id, ev.file):
+                self.model.rows[i].update(speed=ev.speed_bps, eta=ev.eta_s)
+            self._spread(ev.job_id, ev.done_bytes, ev.file)
+        elif kind == "DownloadStateChanged":
+            self.model.set_job(ev.job_id, state=_state(ev.state), speed=None, eta=None)
+            if ev.state != "running":  # progress events are at most 10 a second: the last bytes from the job
                 self.sync()
-            self.model.upsert(ev.job_id, ev.file, done=ev.done_bytes, total=ev.total_bytes, speed=ev.speed_bps,
-                              eta=ev.eta_s, state="downloading", message="")
         elif kind == "DownloadFinished":
             self.model.set_job(ev.job_id, state="done", speed=None, eta=None, message="", path=str(ev.path))
             for i in self.model.find(ev.job_id):
                 r = self.model.rows[i]
                 if r["total"]:
                     r["done"] = r["total"]
-            self.status.setText(f"Finished: {ev.path}")
+            self.status.setText(f"Finished and verified: {ev.path}")
+            self.status.setToolTip(str(ev.path))
             self.finished.emit(str(ev.path))
         elif kind == "DownloadFailed":
-            if not self.model.find(ev.job_id):
-                self.sync()
-            state = "cancelled" if getattr(ev, "kind", "") == "cancelled" else "failed"
-            self.model.set_job(ev.job_id, state=state, speed=None, eta=None,
-                               message="" if state == "cancelled" else str(ev.message))
-            if state == "failed":
-                self.notice.setText(f"Download failed: {ev.message}")
-                self.notice.show()
+            self.model.set_job(ev.job_id, state="failed", speed=None, eta=None, message=str(ev.message))
+            self.sync()  # what the partial files still hold (none after a checksum or disk failure)
+            self.notice.setText(f"Download failed: {ev.message}")
+            self.notice.show()
         else:
             return
         self._update_buttons()
@@ -308,24 +321,18 @@ class DownloadsView(QWidget):
     def pause_selected(self) -> None:
         r = self.selected_row()
         if r is not None:
-            self.service.manager().pause(r["job_id"])
-            self.model.set_job(r["job_id"], state="paused", speed=None, eta=None)
-            self._update_buttons()
+            self.service.manager().pause(r["job_id"])  # its state event follows
 
     def resume_selected(self) -> None:
         r = self.selected_row()
         if r is not None:
             self.service.manager().resume(r["job_id"])
-            self.model.set_job(r["job_id"], state="queued", message="")
             self.notice.hide()
-            self._update_buttons()
 
     def cancel_selected(self) -> None:
         r = self.selected_row()
         if r is not None:
             self.service.manager().cancel(r["job_id"])
-            self.model.set_job(r["job_id"], state="cancelled", speed=None, eta=None)
-            self._update_buttons()
 
     def open_selected(self) -> None:
         r = self.selected_row()
@@ -334,6 +341,8 @@ class DownloadsView(QWidget):
             self.openRequested.emit(r["path"])
 
     def clear_finished(self) -> None:
+        if self.service.has_manager:
+            self.service.manager().clear_finished()
         self.model.remove_where(lambda r: r["state"] in ("done", "cancelled", "failed"))
         self.notice.hide()
         self._update_buttons()

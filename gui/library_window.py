@@ -22,8 +22,8 @@ from PySide6.QtCore import (QAbstractTableModel, QModelIndex, QObject, QSettings
                             QUrl, Signal)
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
-                               QMenu, QMessageBox, QPushButton, QStyle, QTableView, QTabWidget, QToolButton,
-                               QVBoxLayout, QWidget)
+                               QMenu, QMessageBox, QPushButton, QSizePolicy, QStyle, QTableView, QTabWidget,
+                               QToolButton, QVBoxLayout, QWidget)
 
 
 ENDPOINT_KEY = "hub/endpoint"
@@ -213,15 +213,15 @@ class LibraryService(QObject):
         """Use this token for the hub from now on (this session; None: back to HF_TOKEN / stored)."""
         self.token = (token or "").strip() or None
         self._hub = None
-        if self._manager is not None and hasattr(self._manager, "hub"):
-            self._manager.hub = self.hub()
+        if self._manager is not None:
+            self._manager.set_hub(self.hub())
         self.tokenChanged.emit()
 
     def set_endpoint(self, url: str | None) -> None:
         self.settings.setValue(ENDPOINT_KEY, url or "")
         self._hub = None
-        if self._manager is not None and hasattr(self._manager, "hub"):
-            self._manager.hub = self.hub()
+        if self._manager is not None:
+            self._manager.set_hub(self.hub())
 
     # -- downloads ---------------------------------------------------------------------
     @property
@@ -247,7 +247,7 @@ class LibraryService(QObject):
 
             folder = self.models_folder()
             folder.mkdir(parents=True, exist_ok=True)
-            self._manager = factory(folder, self.state_path, hub=self.hub(), on_event=forward)
+            self._manager = factory(folder, self.state_path, hub=self.hub(), on_event=forward, library_state=self.state)
         return self._manager
 
     def enqueue(self, repo_id: str, files: list) -> str:
@@ -458,6 +458,7 @@ class LibraryView(QWidget):
         self.status = QLabel()
         self.status.setObjectName("libraryStatus")
         self.status.setWordWrap(True)
+        self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # a long path never widens the window
         bottom.addWidget(self.status, 1)
         self.open_button = QPushButton("Open")
         self.open_button.setObjectName("libraryOpen")
