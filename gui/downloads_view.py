@@ -12,6 +12,8 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSizePolicy,
                                QStyledItemDelegate, QTableView, QVBoxLayout, QWidget)
 
+from core.downloads import DownloadFailed, DownloadFinished, DownloadProgress, DownloadStateChanged
+
 from . import theme
 
 ROW_ROLE = Qt.UserRole + 1
@@ -265,21 +267,20 @@ class DownloadsView(QWidget):
         self._update_buttons()
 
     def on_event(self, ev) -> None:
-        kind = type(ev).__name__
         if not self.model.find(ev.job_id) and self.service.has_manager:
             self.sync()  # a job queued elsewhere (or before this view existed)
-        if kind == "DownloadProgress":
+        if isinstance(ev, DownloadProgress):
             if any(self.model.rows[i]["total"] is None for i in self.model.find(ev.job_id)):
                 self.sync()  # the sizes are known once the job started
             self.model.set_job(ev.job_id, state="downloading", speed=None, eta=None, message="")
             for i in self.model.find(ev.job_id, ev.file):
                 self.model.rows[i].update(speed=ev.speed_bps, eta=ev.eta_s)
             self._spread(ev.job_id, ev.done_bytes, ev.file)
-        elif kind == "DownloadStateChanged":
+        elif isinstance(ev, DownloadStateChanged):
             self.model.set_job(ev.job_id, state=_state(ev.state), speed=None, eta=None)
             if ev.state != "running":  # progress events are at most 10 a second: the last bytes from the job
                 self.sync()
-        elif kind == "DownloadFinished":
+        elif isinstance(ev, DownloadFinished):
             self.model.set_job(ev.job_id, state="done", speed=None, eta=None, message="", path=str(ev.path))
             for i in self.model.find(ev.job_id):
                 r = self.model.rows[i]
@@ -288,7 +289,7 @@ class DownloadsView(QWidget):
             self.status.setText(f"Finished and verified: {ev.path}")
             self.status.setToolTip(str(ev.path))
             self.finished.emit(str(ev.path))
-        elif kind == "DownloadFailed":
+        elif isinstance(ev, DownloadFailed):
             self.model.set_job(ev.job_id, state="failed", speed=None, eta=None, message=str(ev.message))
             self.sync()  # what the partial files still hold (none after a checksum or disk failure)
             self.notice.setText(f"Download failed: {ev.message}")

@@ -271,7 +271,8 @@ class LibraryService(QObject):
         if self._closed:
             return
         self.downloadEvent.emit(event)
-        if type(event).__name__ == "DownloadFinished":
+        from core.downloads import DownloadFinished
+        if isinstance(event, DownloadFinished):
             self.rescan()
 
     def shutdown(self) -> None:

@@ -37,9 +37,11 @@ def app(qtbot, loop, bridge, settings, data_dir, hub_server):
     return w
 
 
-async def start_download(w, repo: str, path: str, qtbot) -> str:
+async def start_download(w, repo: str, path: str, qtbot, hub_server, throttle=None) -> str:
     lw = w.open_library("hub")
+    hub_server.throttle_bps = None  # the page reads the files' headers for its estimates: at full speed
     await lw.hub.open_repo(repo)
+    hub_server.throttle_bps = throttle
     assert lw.hub.select_file(path)
     jobs = []
     lw.hub.downloadStarted.connect(jobs.append)
@@ -51,11 +53,10 @@ async def start_download(w, repo: str, path: str, qtbot) -> str:
 def test_pause_resume_verify_and_open(app, hub_server, hub_tree, qtbot, loop, data_dir):
     w = app
     spec = next(r for r in hub_tree if r.repo_id == GGUF_REPO).files["stories260K.gguf"]
-    hub_server.throttle_bps = SLOW
     opened = []
 
     async def scenario():
-        job = await start_download(w, GGUF_REPO, "stories260K.gguf", qtbot)
+        job = await start_download(w, GGUF_REPO, "stories260K.gguf", qtbot, hub_server, SLOW)
         lw = w._library_window
         dv = lw.downloads
         assert [r["file"] for r in rows(dv, job)] == ["stories260K.gguf"]
@@ -94,11 +95,10 @@ def test_pause_resume_verify_and_open(app, hub_server, hub_tree, qtbot, loop, da
 
 def test_cancel_and_checksum_failure(app, hub_server, qtbot, loop, data_dir):
     w = app
-    hub_server.throttle_bps = SLOW
     hub_server.bad_checksum.add((GGUF_REPO, "tiny-Q8_0.gguf"))
 
     async def scenario():
-        job = await start_download(w, GGUF_REPO, "stories260K.gguf", qtbot)
+        job = await start_download(w, GGUF_REPO, "stories260K.gguf", qtbot, hub_server, SLOW)
         dv = w._library_window.downloads
         await until(lambda: rows(dv, job)[0]["done"] > 0, 30, "bytes flowing")
         dv.select_job(job)
@@ -107,8 +107,7 @@ def test_cancel_and_checksum_failure(app, hub_server, qtbot, loop, data_dir):
         assert not (data_dir / "models" / ".downloads" / job).exists()
         assert not dv.cancel_button.isEnabled() and not dv.resume_button.isEnabled()
         # a file whose bytes do not match the Hub's checksum: failed on its row, said above, not listed
-        hub_server.throttle_bps = None
-        bad = await start_download(w, GGUF_REPO, "tiny-Q8_0.gguf", qtbot)
+        bad = await start_download(w, GGUF_REPO, "tiny-Q8_0.gguf", qtbot, hub_server)
         await until(lambda: rows(dv, bad)[0]["state"] == "failed", 30, "the checksum failure")
         row = dv.model.index(dv.model.find(bad)[0], 5).data()
         assert row.startswith("Failed:") and "checksum" in row
@@ -125,13 +124,12 @@ def test_cancel_and_checksum_failure(app, hub_server, qtbot, loop, data_dir):
 
 def test_download_goes_on_after_a_restart(qtbot, loop, bridge, settings, data_dir, hub_server, hub_tree):
     spec = next(r for r in hub_tree if r.repo_id == GGUF_REPO).files["stories260K.gguf"]
-    hub_server.throttle_bps = SLOW
     w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
     qtbot.addWidget(w)
     w.library.set_endpoint(hub_server.url)
 
     async def first_run():
-        job = await start_download(w, GGUF_REPO, "stories260K.gguf", qtbot)
+        job = await start_download(w, GGUF_REPO, "stories260K.gguf", qtbot, hub_server, SLOW)
         dv = w._library_window.downloads
         await until(lambda: rows(dv, job)[0]["done"] > 0, 30, "bytes flowing")
         return job
