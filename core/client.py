@@ -48,6 +48,13 @@ def base_url(url: str) -> str:
     url = url.strip().rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise RemoteError(f"a server URL starts with http:// or https://, got {url!r}", kind="bad_request")
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as e:
+        raise RemoteError(f"not a valid server URL: {url!r} ({e})", kind="bad_request") from None
+    if not parsed.host or (parsed.port is not None and not 0 < parsed.port < 65536):
+        raise RemoteError(f"not a valid server URL: {url!r} (it needs a host, and a port from 1 to 65535)",
+                          kind="bad_request")
     return url if url.endswith("/v1") else url + "/v1"
 
 

@@ -259,3 +259,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def lacking(app):
+    """ASGI middleware for core.server.RunningServer(wrap=...): a server that refuses seed
+    and silently ignores top_k, repetition_penalty and n, as some real servers do."""
+    import json
+
+    from starlette.responses import JSONResponse
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await app(scope, receive, send)
+        raw = b""
+        while True:
+            m = await receive()
+            raw += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        body = json.loads(raw)
+        if "seed" in body:
+            err = {"error": {"message": "Unrecognized request argument supplied: seed", "type": "invalid_request_error"}}
+            return await JSONResponse(err, status_code=400)(scope, receive, send)
+        for key in ("top_k", "repetition_penalty", "n"):
+            body.pop(key, None)
+        data, sent = json.dumps(body).encode(), False
+
+        async def again():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": data, "more_body": False}
+            return await receive()
+        return await app(scope, again, send)
+    return wrapped

@@ -529,6 +529,12 @@ def _cli_cases(seeds, out: Path) -> list[Case]:
                                  "server=ftp://127.0.0.1/x", "server=http://127.0.0.1:1,model=x"]):
         cases.append(Case(f"cli-lane-model-{i}", "comparison lane model", lane + ["--lane", f"temperature=0,{backend}"],
                           "error"))
+    # Server addresses as a user types them (the app's Connect to Server dialog uses the same
+    # client): no scheme, another scheme, a broken IPv6 host, a port out of range, no host,
+    # nothing listening.
+    for i, url in enumerate(["127.0.0.1:8000", "ftp://127.0.0.1/v1", "http://[::1", "http://127.0.0.1:99999",
+                             "http://", "http://127.0.0.1:1", "http://127.0.0.1:1/v1/"]):
+        cases.append(Case(f"cli-server-url-{i}", "server URL", ["generate", "--server", url, "--prompt", "Hi"], "error"))
     # A folder whose name is not UTF-8 must load like any other.
     for kind in ("meta", "hf"):
         d = Path(os.fsdecode(bytes(out) + b"/nonutf8-\xff\xfe-" + kind.encode()))

@@ -4,7 +4,6 @@ Probing runs against the real server, and against the same server behind middlew
 that makes it behave like a server lacking features (refusing ``seed``, silently
 dropping ``top_k``, ``repetition_penalty`` and ``n``), which the probe must tell apart.
 """
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from core.client import RemoteError, RemoteModel
 from core.engine import Done, Token
 from core.sampling import SamplingParams
 from core.server import RunningServer, ServerState
-from tests.helpers import ROOT
+from tests.helpers import ROOT, lacking
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,37 +24,6 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture(scope="module")
 def lm(fixtures):
     return load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
-
-
-def lacking(app):
-    """A server that refuses seed and ignores top_k, repetition_penalty and n."""
-    from starlette.responses import JSONResponse
-
-    async def wrapped(scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "POST":
-            return await app(scope, receive, send)
-        raw = b""
-        while True:
-            m = await receive()
-            raw += m.get("body", b"")
-            if not m.get("more_body"):
-                break
-        body = json.loads(raw)
-        if "seed" in body:
-            err = {"error": {"message": "Unrecognized request argument supplied: seed", "type": "invalid_request_error"}}
-            return await JSONResponse(err, status_code=400)(scope, receive, send)
-        for key in ("top_k", "repetition_penalty", "n"):
-            body.pop(key, None)
-        data, sent = json.dumps(body).encode(), False
-
-        async def again():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": data, "more_body": False}
-            return await receive()
-        return await app(scope, again, send)
-    return wrapped
 
 
 def test_probe_finds_everything_on_serve(lm):

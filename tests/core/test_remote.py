@@ -6,7 +6,7 @@ fixture's known text; the events must be the worker's own vocabulary.
 import pytest
 
 from core.checkpoints import load
-from core.client import RemoteModel
+from core.client import RemoteError, RemoteModel
 from core.engine import Done, Token
 from core.remote import RemoteRunner, describe_error
 from core.sampling import SamplingParams
@@ -122,3 +122,10 @@ def test_error_descriptions_say_what_happened_and_what_to_do():
     cut = describe_error("cut", "the connection to x was cut mid-reply (peer closed connection)")
     assert cut.startswith("The connection to x was cut mid-reply (peer closed connection). The reply above is incomplete")
     assert describe_error("bad_request", "top_p must be ≤ 1") == "top_p must be ≤ 1"
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8000", "ftp://h/v1", "http://[::1", "http://127.0.0.1:99999", "http://", " "])
+def test_a_server_address_that_is_no_url_is_refused_in_words(url):
+    with pytest.raises(RemoteError) as e:
+        RemoteModel(url)
+    assert e.value.kind == "bad_request" and "URL" in str(e.value)

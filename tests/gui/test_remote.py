@@ -334,3 +334,98 @@ def test_a_server_killed_mid_stream_keeps_the_partial_reply_marked_and_retry_wor
     finally:
         runner._on_event = forward
         victim.stop()
+
+
+def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot, window, loop, fixtures):
+    """A server that refuses seed and ignores top_k / repetition_penalty: those controls are
+    off with the probe's reason, the reply records their off values (what the server did),
+    and Use Local Model gives every control back."""
+    from core.checkpoints import load as load_model
+    from core.server import RunningServer, ServerState
+    from tests.helpers import lacking
+
+    panel = window.panel
+    panel.topKSpin.setValue(40)
+    panel.repetitionPenaltySpin.setValue(1.3)
+    panel.minPSpin.setValue(0.05)
+    with RunningServer(ServerState(load_model(fixtures / "stories260K.gguf", device="cpu", dtype="float32")),
+                       wrap=lacking) as srv:
+        r = RemoteModel(srv.url)
+        r.connect()
+        r.probe()
+        window.use_remote(r)
+        for w, why in ((panel.seedSpin, "refused seed"), (panel.randomSeedCheck, "refused seed"),
+                       (panel.topKSpin, "ignores top_k"), (panel.repetitionPenaltySpin, "ignores repetition_penalty")):
+            assert not w.isEnabled() and why in w.toolTip() and "Not available with" in w.toolTip(), w.objectName()
+        assert panel.minPSpin.isEnabled() and not panel.chatFormatCombo.isEnabled()
+        assert "own chat template" in panel.chatFormatCombo.toolTip()
+        assert window.record_probs_action.isEnabled()  # this server does return top_logprobs
+        assert "seed" in window.model_status.toolTip() and "top_k" in window.model_status.toolTip()
+
+        async def scenario():
+            return await send(qtbot, window, "Hello", max_tokens=6)
+        view = run(loop, scenario(), 90)
+    st = view["settings"]
+    assert st["top_k"] == 0 and st["repetition_penalty"] == 1.0 and st["min_p"] == pytest.approx(0.05)
+    assert panel.topKSpin.value() == 40  # the user's choice is kept for the local model
+    # A server without top_logprobs: no token records can be asked for.
+    r.caps.top_logprobs = False
+    r.caps.why["top_logprobs"] = "the server returns no top_logprobs alternatives"
+    window.use_remote(r)
+    assert not window.record_probs_action.isEnabled() and "no top_logprobs" in window.record_probs_action.toolTip()
+    window.use_local()
+    assert all(w.isEnabled() for w in (panel.seedSpin, panel.topKSpin, panel.repetitionPenaltySpin,
+                                       panel.chatFormatCombo))
+    assert panel.params().top_k == 40 and window.record_probs_action.isEnabled() and window.backend is None
+
+
+def test_stop_and_edit_resend_on_a_server(qtbot, window, loop, remote):
+    async def scenario():
+        window.use_remote(remote)
+        window.panel.temperatureSpin.setValue(1.0)
+        window.panel.maxTokensSpin.setValue(400)
+        done = []
+        window.replyFinished.connect(done.append)
+        for attempt in range(3):  # the story may end (eos) before the stop lands on a busy machine
+            done.clear()
+            window.new_chat()
+            window.prompt.set_text("Tell me a long story.")
+            window.prompt.submit()
+            await until(lambda: (window.reply.state is not None and window.reply.state.text) or done, 60,
+                        "first streamed text")
+            window.stop()
+            await until(lambda: done, 30, "the stopped reply")
+            if done[0]["stop_reason"] == "cancelled":
+                break
+        assert done[0]["stop_reason"] == "cancelled" and not window.busy
+        stored = window.conversation.message(done[0]["id"])
+        assert stored.text == done[0]["text"] and stored.text and stored.meta["server"] == remote.url
+        # Edit the question and resend: a new branch answered by the server, the old one kept.
+        user_id = window.chat.widgets[0].msg_id
+        window.chat.widgets[0].buttons["edit"].click()
+        window.prompt.set_text("Tell me about a cat.")
+        window.panel.maxTokensSpin.setValue(8)
+        done.clear()
+        window.prompt.submit()
+        await until(lambda: done, 60, "the reply to the edit")
+        assert window.chat.widgets[0].message["version"] == (2, 2) and done[0]["text"]
+        assert len(window.history.siblings(user_id)) == 2
+        return True
+    assert run(loop, scenario(), 120)
+
+
+def test_the_dialog_says_what_is_wrong_with_an_address_in_place(qtbot, window, loop):
+    async def scenario():
+        dlg = window.open_server_dialog()
+        for url, said in (("127.0.0.1:8000", "starts with http://"), ("http://[::1", "not a valid server URL"),
+                          (f"http://127.0.0.1:{free_port()}", "Could not reach the server")):
+            dlg.url.setCurrentText(url)
+            dlg.list_button.click()
+            await until(lambda: dlg.status.property("error") and not dlg.busy, 30, "the error")
+            assert said in dlg.status.text() and dlg.models.count() == 0 and dlg.list_button.isEnabled()
+            assert dialogs(window) == [] and not dlg.ok.isEnabled()
+            dlg.status.setProperty("error", False)
+        assert window.servers.servers() == []  # nothing is saved until a model is used
+        dlg.close()
+        return True
+    assert run(loop, scenario(), 60)
