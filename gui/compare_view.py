@@ -331,7 +331,7 @@ class CompareView(QWidget):
         inspect: alternatives recorded per token (the worker's ``inspect``).
         models: the models lanes can run on (:class:`LaneModel`); default the loaded one.
         lane_models: each starting lane's model (default the first of ``models``).
-        server_dialog: ``factory() -> dialog`` whose ``connected(RemoteModel)`` signal gives
+        server_dialog: ``factory(parent) -> dialog`` whose ``connected(RemoteModel)`` signal gives
             a connected server's model ("Model on a server…"); None: that entry says how.
     """
 
@@ -756,13 +756,13 @@ class CompareView(QWidget):
         if self.server_dialog is None:
             col.show_notice("Connect to a server first (Model → Connect to Server…), then choose it here.")
             return None
-        dlg = self.server_dialog()
+        dlg = self.server_dialog(self)
 
         def connected(remote) -> None:
             if col in self.columns:
                 self.set_lane_model(self.columns.index(col), self.add_server(remote))
         dlg.connected.connect(connected)
-        dlg.show()
+        dlg.open()  # window-modal, never a nested event loop
         return dlg
 
     def _relayout(self) -> None:
@@ -1276,7 +1276,7 @@ def _server_dialog_factory(window):
     saved = getattr(window, "servers", None)
     if saved is None:
         return None
-    return lambda: ServerDialog(saved=saved, parent=window)
+    return lambda parent: ServerDialog(saved=saved, parent=parent)
 
 
 def open_compare(window) -> CompareView:

@@ -15,7 +15,8 @@ from core.client import RemoteModel
 from core.compare import text_diff, token_diff, tokenizer_fingerprint
 from core.engine import Done, Engine
 from core.sampling import SamplingParams
-from tests.gui.ui_helpers import bridge, loop, run, until  # noqa: F401  (shared fixtures)
+from tests.gui.ui_helpers import (bridge, close, data_dir, loop, make_window, run, settings,  # noqa: F401
+                                  until)
 from tests.helpers import ROOT, ServeProcess, free_port, tiny_hf
 
 pytestmark = pytest.mark.timeout(240)
@@ -235,3 +236,34 @@ def test_a_lane_on_a_server_that_is_gone_says_so_and_the_others_finish(qtbot, lo
     assert v.run_button.isEnabled()  # usable: the lane can be pointed elsewhere and run again
     v.set_lane_model(1, v.models[0])
     assert not v.columns[1].notice.text()
+
+
+def test_the_compare_window_of_an_app_on_a_server(qtbot, loop, bridge, settings, data_dir, fixtures):
+    """Replies come from a server: the comparison's first lane runs there too, and "Model on
+    a server…" opens the app's Connect to Server dialog, whose model becomes the lane's."""
+    from gui.compare_view import CONNECT_SERVER, open_compare
+    from gui.server_dialog import ServerDialog
+    story = fixtures / "stories260K.gguf"
+    with ServeProcess(story) as server:
+        remote = RemoteModel(server.url)
+        remote.connect()
+        remote.probe()
+        w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
+        try:
+            w.use_remote(remote)
+            v = open_compare(w)
+            assert v.model_of(0).kind == "server" and v.model_of(0).remote is remote
+            assert v.columns[0].model_combo.currentText() == f"stories260K @ 127.0.0.1:{server.port}"
+            v.add_lane()
+            assert v.model_of(1) is v.model_of(0)  # a new lane copies the last one's model
+            combo = v.columns[1].model_combo
+            combo.activated.emit(combo.findData(CONNECT_SERVER))
+            dlg = v.findChild(ServerDialog)
+            assert dlg is not None and dlg.isVisible()
+            other = RemoteModel(server.url)
+            other.connect()
+            dlg.connected.emit(other)
+            assert v.model_of(1).remote is other and v.model_of(1).tokenizer == remote.tokenizer_fingerprint
+            v.close()
+        finally:
+            close(loop, w)
