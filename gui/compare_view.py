@@ -1188,17 +1188,22 @@ class CompareView(QWidget):
         loaded = next((m for m in self.models if m.kind == "loaded"), self.models[0])
         if not isinstance(rec, dict) or not rec.get("kind"):
             return loaded  # saved before lanes had models: the loaded one
-        name, kind, path = str(rec.get("name") or "?"), rec.get("kind"), str(rec.get("path") or "")
+        # A saved (or imported) record is data, not trusted: strings only, nothing opened or
+        # connected until the user runs the lane.
+        def text(key: str) -> str:
+            v = rec.get(key)
+            return v if isinstance(v, str) else ""
+        name, kind, path, tok = text("name") or "?", text("kind"), text("path"), text("tokenizer") or None
         if kind == "server":
             for m in self.models:
-                if m.kind == "server" and m.server == rec.get("server") and m.name == name:
+                if m.kind == "server" and m.server == text("server") and m.name == name:
                     return m
-            return LaneModel("server", name, tokenizer=rec.get("tokenizer"), path=str(rec.get("server") or ""))
+            return LaneModel("server", name, tokenizer=tok, path=text("server"))
         for m in self.models:
             if m.name == name and (not path or not m.path or _same_path(m.path, path)) and m.kind != "server":
                 return m
         if path:
-            m = LaneModel("checkpoint", name, tokenizer=rec.get("tokenizer"), path=path)
+            m = LaneModel("checkpoint", name, tokenizer=tok, path=path)
             self.models.append(m)
             return m
         return loaded

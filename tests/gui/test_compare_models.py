@@ -267,3 +267,31 @@ def test_the_compare_window_of_an_app_on_a_server(qtbot, loop, bridge, settings,
             v.close()
         finally:
             close(loop, w)
+
+
+def test_saved_lane_models_are_data_never_opened_or_connected_until_run(qtbot, loop, bridge, history, fixtures):
+    """An imported comparison whose lanes name odd models: it opens, nothing is loaded or
+    contacted until Run, and then each odd lane says what is wrong in place."""
+    records = ["garbage", {"kind": "checkpoint", "name": "zero", "path": "/dev/zero", "tokenizer": ["x"]},
+               {"kind": "server", "name": "m", "server": "http://127.0.0.1:9/v1", "tokenizer": 5},
+               {"kind": 5, "name": ["x"]}]
+    lanes = [{"settings": {**GREEDY, "top_p": 1.0}, "text": "", "tokens": [], "model": r} for r in records]
+    conv = history.save_comparison("odd", {"text": PROMPT, "mode": "completion"}, lanes)
+    v = view_for(bridge, history, [GREEDY])
+    qtbot.addWidget(v)
+    v.open_comparison(conv.id)
+    kinds = [v.model_of(i).kind for i in range(4)]
+    assert kinds == ["loaded", "checkpoint", "server", "loaded"]
+    assert v.model_of(2).remote is None and v.model_of(1).tokenizer is None and v.model_of(2).tokenizer is None
+    assert "(not open)" in v.columns[2].model_combo.currentText()
+
+    async def scenario():
+        await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
+        v.run()
+        await until(lambda: not v.running, 60, "the comparison to finish")
+
+    run(loop, scenario(), 90)
+    assert v.columns[0].run.text.startswith(", there was") and v.columns[3].run.text == v.columns[0].run.text
+    assert "could not open /dev/zero" in v.columns[1].notice.text()
+    assert "not connected to http://127.0.0.1:9/v1" in v.columns[2].notice.text()
+    assert v.columns[1].run.stop_reason == v.columns[2].run.stop_reason == "error"
