@@ -178,12 +178,18 @@ class HubClient:
         wanted = tuple(f for f in formats if f in FORMATS)
         if not wanted:
             raise HubError(f"no known format among {list(formats)} (use gguf, safetensors)")
-        tags = [wanted[0]] if len(wanted) == 1 else None
-        with self._errors("search"):
-            found = list(self.api.list_models(search=query.strip() or None, filter=tags, sort=SORTS[sort],
-                                              limit=max(1, int(limit)), expand=EXPAND))
+        # One query per format: the Hub ANDs filter tags, and an unfiltered query's first page
+        # fills up with models of other kinds. Safetensors Llamas carry the 'llama' model-type
+        # tag; GGUF repositories often do not, so those are checked by their GGUF architecture.
+        found: dict[str, Any] = {}
+        for fmt in wanted:
+            tags = [fmt, "llama"] if fmt == "safetensors" and llama_only else [fmt]
+            with self._errors("search"):
+                for m in self.api.list_models(search=query.strip() or None, filter=tags, sort=SORTS[sort],
+                                              limit=max(1, int(limit)), expand=EXPAND):
+                    found.setdefault(m.id, m)
         out = []
-        for m in found:
+        for m in found.values():
             mtags = list(m.tags or [])
             fmts = tuple(f for f in FORMATS if f in mtags or (f == "gguf" and getattr(m, "gguf", None)))
             if not set(fmts) & set(wanted):
@@ -195,7 +201,10 @@ class HubClient:
                 lic = getattr(m.card_data, "license", None)
             out.append(RepoSummary(m.id, m.downloads, m.likes, m.last_modified, lic,
                                    m.gated if m.gated else False, fmts))
-        return out
+        key = {"downloads": lambda r: r.downloads or 0, "likes": lambda r: r.likes or 0,
+               "last_modified": lambda r: r.last_modified.timestamp() if r.last_modified else 0.0}[sort]
+        out.sort(key=key, reverse=True)  # the merged lists, in the Hub's order
+        return out[:max(1, int(limit))]
 
     # ------------------------------------------------------------------ files
     def repo_files(self, repo_id: str) -> list[HubFile]:

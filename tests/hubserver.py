@@ -83,6 +83,7 @@ class HubRepo:
     gated: bool = False
     private: bool = False
     safetensors: dict | None = None  # {"parameters": {"F32": n}, "total": n}
+    architecture: str = "llama"  # GGUF general.architecture / config model_type
 
     def add(self, path: str, *, source: Path | None = None, data: bytes | None = None) -> HubFileSpec:
         spec = HubFileSpec(path, source=source, data=data)
@@ -162,8 +163,8 @@ class FakeHub:
                 "gated": "manual" if repo.gated else False, "private": repo.private, "tags": list(repo.tags),
                 "pipeline_tag": "text-generation", "library_name": "gguf" if "gguf" in repo.tags else "transformers",
                 "sha": COMMIT,
-                **({"gguf": {"architecture": "llama"}} if "gguf" in repo.tags else
-                   {"config": {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}})}
+                **({"gguf": {"architecture": repo.architecture}} if "gguf" in repo.tags else
+                   {"config": {"model_type": repo.architecture}})}
 
     def sha256_of(self, repo: HubRepo, spec: HubFileSpec) -> str:
         if (repo.repo_id, spec.path) in self.bad_checksum:

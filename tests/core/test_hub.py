@@ -30,6 +30,19 @@ def test_search_sorts_filters_and_reports(client):
         client.search("x", sort="stars")
 
 
+def test_search_keeps_llama_architectures(client, hub_server):
+    from tests.hubserver import HubRepo
+
+    hub_server.add(HubRepo("other/qwen-GGUF", tags=["gguf", "text-generation"], downloads=10**6,
+                           architecture="qwen2"))
+    hub_server.add(HubRepo("other/bert", tags=["safetensors", "bert"], downloads=10**6, architecture="bert"))
+    hub_server.add(HubRepo("other/untagged-llama-GGUF", tags=["gguf"], downloads=5))  # architecture from GGUF
+    got = [r.repo_id for r in client.search("", sort="downloads")]
+    assert got == [GGUF_REPO, HF_REPO, GATED_REPO, "other/untagged-llama-GGUF"]
+    assert {"other/qwen-GGUF", "other/bert"} <= {r.repo_id for r in client.search("", llama_only=False)}
+    assert [r.repo_id for r in client.search("", limit=2)] == [GGUF_REPO, HF_REPO]
+
+
 def test_repo_files_lists_ggufs_and_groups_a_safetensors_folder(client, hub_server):
     files = {f.path: f for f in client.repo_files(GGUF_REPO)}
     assert set(files) == {"stories260K.gguf", "tiny-Q8_0.gguf", "tiny-Q4_K_M.gguf"}  # README.md is not loadable
