@@ -3,10 +3,10 @@ plain decoding of the same model in the same run (interleaved), on an editing ta
 on free generation. ``python bench/bench_speculative.py [--quick] [--threads N]``.
 
 No trained model here is both large enough for the forward pass to dominate a step and
-able to do an editing task, so the target is a random Llama-shaped model (~155M
+able to do an editing task, so the target is a random Llama-shaped model (~100M
 parameters, Llama 2 vocabulary) whose choices are *steered* to a fixed reply: a large
 logit bonus on the reply's next token at each position (``Steered``). Its forward costs
-what a 155M model's costs; what it emits is what a capable model would emit for the task
+what a 100M model's costs; what it emits is what a capable model would emit for the task
 (the edited text, or a story for free generation). Prompt lookup's acceptance then
 depends only on how the reply relates to the prompt, which is what it exploits. Draft
 models are small random models over the same vocabulary: one steered the same way on a
@@ -81,8 +81,8 @@ def random_llama(quick: bool, vocab: int, *, small: bool = False, seed: int = 0)
         a = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=vocab, hidden_dim=128, max_seq_len=1024)
     elif small:  # the draft: ~1/8 of the target's cost
         a = ModelArgs(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=vocab, hidden_dim=704, max_seq_len=2048)
-    else:  # ~155M parameters: 89M in the blocks, 33M output, 33M embedding (not read per token)
-        a = ModelArgs(dim=1024, n_layers=8, n_heads=16, n_kv_heads=4, vocab_size=vocab, hidden_dim=2816,
+    else:  # ~100M parameters: 49M in the blocks, 25M output, 25M embedding (not read per token)
+        a = ModelArgs(dim=768, n_layers=8, n_heads=12, n_kv_heads=4, vocab_size=vocab, hidden_dim=2048,
                       max_seq_len=2048)
     torch.manual_seed(seed)
     m = Transformer(a).eval()
@@ -124,7 +124,7 @@ def run(quick: bool = False) -> dict:
     """Every task x drafter against plain decoding, interleaved; ``{"title", "markdown", "data"}``."""
     tok = tokenizer()
     V = tok.vocab_size
-    repeats = 1 if quick else 3
+    repeats = 1 if quick else 2
     base = random_llama(quick, V)
     small = random_llama(quick, V, small=True, seed=1)
     n_params = sum(p.numel() for p in base.parameters())
@@ -134,7 +134,7 @@ def run(quick: bool = False) -> dict:
         engine = Engine(target, tok, stop_ids=())
         engine.add_draft("steered draft (knows ~80%)", Steered(small, reply, len(prompt), know=0.8, seed=2), tok)
         engine.add_draft("random draft (knows nothing)", small, tok)
-        n = min(len(reply), 24 if quick else 160)
+        n = min(len(reply), 24 if quick else 96)
         cases = [("prompt lookup 3", dict(lookup=3)), ("prompt lookup 3, sampled", dict(lookup=3, temperature=0.8)),
                  ("draft: steered (~80%)", dict(draft="steered draft (knows ~80%)")),
                  ("draft: random", dict(draft="random draft (knows nothing)"))]

@@ -553,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.cmd in ("generate", "compare") and args.max_new_tokens is not None and args.max_new_tokens < 1:
             raise SettingsError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+        if getattr(args, "draft", None) is not None and not args.draft.strip():
+            raise SettingsError("--draft needs a draft model's path (a .gguf file or a model folder)")
         _valid_arguments(args)
         import torch
         torch.set_num_threads(os.cpu_count() or 1)  # the CLI owns the machine

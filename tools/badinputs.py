@@ -521,6 +521,16 @@ def _cli_cases(seeds, out: Path) -> list[Case]:
         ["tokenize", str(seeds["hf"]), "--text", bad_utf8, "--chat"],
     ]):
         cases.append(Case(f"cli-utf8-{i}", "invalid UTF-8 argument", argv, "either"))
+    # Speculative decoding: any drafter must give the greedy output; a bad lookup value or a
+    # draft "model" that is missing, no model or a piece of one is refused with one line.
+    greedy = base + ["--temperature", "0"]
+    cases += [Case("cli-lookup-ok", "speculative decoding", greedy + ["--lookup", "3"], "same:cli-greedy"),
+              Case("cli-draft-self", "speculative decoding", greedy + ["--draft", g], "same:cli-greedy")]
+    for i, extra in enumerate([["--lookup", "-1"], ["--lookup", "9"], ["--lookup", "nan"], ["--lookup", "1e9"],
+                               ["--lookup", "2", "--draft", g], ["--draft", str(out / "no-such-draft.gguf")],
+                               ["--draft", str(seeds["tokenizer.json"])], ["--draft", str(seeds["meta"] / "params.json")],
+                               ["--draft", ""], ["--lookup", "2", "--num-beams", "2"]]):
+        cases.append(Case(f"cli-spec-{i}", "speculative decoding", greedy + extra, "error"))
     # Comparison lanes that name their own model: a missing path, a file that is no model,
     # a damaged checkpoint, a server that refuses, a URL that is not HTTP.
     lane = ["compare", g, "--prompt", "Once", "--max-new-tokens", "4", "--device", "cpu", "--lane", "temperature=0"]

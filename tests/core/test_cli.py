@@ -151,6 +151,7 @@ def test_lookup_and_draft_give_plain_greedy_output(capsys, fixtures):
     (["--lookup", "2", "--num-beams", "2"], "beam search"),
     (["--draft", "/nonexistent/draft"], "no such file"),
     (["--draft", "{demo}"], "another vocabulary"),
+    (["--draft", ""], "needs a draft model"),
 ])
 def test_bad_speculative_settings_exit_2_with_one_line(capsys, fixtures, argv, needle):
     model = fixtures / "stories260K.gguf"
