@@ -8,9 +8,10 @@ stays on its row in words (and in the notice above the table) until cleared.
 from __future__ import annotations
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Signal
-from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QSizePolicy,
-                               QStyledItemDelegate, QTableView, QVBoxLayout, QWidget)
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import (QAbstractItemView, QApplication, QHBoxLayout, QHeaderView, QLabel, QPushButton,
+                               QSizePolicy, QStyle, QStyledItemDelegate, QStyleOptionViewItem, QTableView,
+                               QVBoxLayout, QWidget)
 
 from core.downloads import DownloadFailed, DownloadFinished, DownloadProgress, DownloadStateChanged
 
@@ -121,7 +122,7 @@ class DownloadsModel(QAbstractTableModel):
             if c == 4:
                 return eta_text(r["eta"]) if r["state"] == "downloading" else "—"
             if c == 5:
-                s = r["state"].capitalize()
+                s = "Done, verified" if r["state"] == "done" else r["state"].capitalize()
                 return f"{s}: {r['message']}" if r["message"] and r["state"] == "failed" else s
         if role == Qt.ToolTipRole:
             return r["message"] or f"{r['repo_id']}/{r['file']}"
@@ -131,28 +132,30 @@ class DownloadsModel(QAbstractTableModel):
 
 
 class ProgressDelegate(QStyledItemDelegate):
-    """Draws the Progress column as a filled bar behind its text (bytes done / total)."""
+    """Draws the Progress column as a bar with its text (bytes done / total), also on a selected row."""
 
     def paint(self, painter, option, index) -> None:
+        opt = QStyleOptionViewItem(option)
+        self.initStyleOption(opt, index)
+        text, opt.text = opt.text, ""
+        style = opt.widget.style() if opt.widget is not None else QApplication.style()
+        style.drawControl(QStyle.CE_ItemViewItem, opt, painter, opt.widget)  # background, selection
+        selected = bool(opt.state & QStyle.State_Selected)
+        ink = opt.palette.color(QPalette.HighlightedText if selected else QPalette.Text)
+        base = QColor(ink) if selected else QColor(theme.colors()["accent"])
         frac = max(0.0, min(1.0, index.data(FRACTION_ROLE) or 0.0))
-        r = option.rect.adjusted(3, 4, -3, -4)
-        accent = QColor(theme.colors()["accent"])
-        edge = QColor(accent)
-        edge.setAlpha(110)
-        fill = QColor(accent)
-        fill.setAlpha(90)
+        r = opt.rect.adjusted(3, 4, -3, -4)
         painter.save()
-        painter.setPen(edge)
+        base.setAlpha(140)
+        painter.setPen(base)
         painter.drawRect(r.adjusted(0, 0, -1, -1))
         done = r.adjusted(1, 1, -1, -1)
         done.setWidth(round(done.width() * frac))
-        painter.fillRect(done, fill)
+        base.setAlpha(70 if selected else 90)
+        painter.fillRect(done, base)
+        painter.setPen(ink)
+        painter.drawText(r, Qt.AlignCenter, text)
         painter.restore()
-        super().paint(painter, option, index)
-
-    def initStyleOption(self, option, index) -> None:  # noqa: N802 (Qt API)
-        super().initStyleOption(option, index)
-        option.displayAlignment = Qt.AlignCenter
 
 
 class DownloadsView(QWidget):

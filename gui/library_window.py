@@ -115,6 +115,12 @@ class LibraryService(QObject):
 
     def set_models_folder(self, path) -> None:
         self.state.set_models_folder(path)
+        if self._manager is not None:
+            # downloads land in the new folder: a new manager takes the queue over there
+            # (a file half done in the old folder starts again)
+            self._manager.shutdown()
+            self._manager = None
+            self.manager()
         self.rescan()
 
     def extra_folders(self) -> list[Path]:

@@ -9,7 +9,7 @@ import hashlib
 import pytest
 from PySide6.QtCore import Qt
 
-from tests.gui.ui_helpers import bridge, data_dir, loop, make_window, run, settings, snapshot, until  # noqa: F401
+from tests.gui.ui_helpers import ARTIFACTS, bridge, data_dir, loop, make_window, run, settings, snapshot, until  # noqa: F401
 from tests.hubserver import GGUF_REPO
 
 SLOW = 150_000  # bytes/s from the local Hub while a test pauses or closes mid-file
@@ -63,6 +63,9 @@ def test_pause_resume_verify_and_open(app, hub_server, hub_tree, qtbot, loop, da
         assert rows(dv, job)[0]["repo_id"] == GGUF_REPO and rows(dv, job)[0]["total"] == spec.size
         await until(lambda: rows(dv, job)[0]["state"] == "downloading" and rows(dv, job)[0]["done"] > 0, 30,
                     "bytes flowing")
+        # mid-file, for a person to look at (a plain grab: no event processing inside the scenario)
+        ARTIFACTS.mkdir(exist_ok=True)
+        lw.grab().save(str(ARTIFACTS / "downloads_running.png"))
         assert dv.select_job(job) and dv.pause_button.isEnabled() and not dv.resume_button.isEnabled()
         qtbot.mouseClick(dv.pause_button, Qt.LeftButton)
         await until(lambda: rows(dv, job)[0]["state"] == "paused", 30, "paused")
@@ -153,5 +156,12 @@ def test_download_goes_on_after_a_restart(qtbot, loop, bridge, settings, data_di
         landed = data_dir / "models" / "llamadesk-test" / "stories260K-GGUF" / "stories260K.gguf"
         assert sha256(landed) == spec.sha256
         await until(lambda: [str(e.path) for e in w2.library.entries] == [str(landed)], 30, "in the library")
+        # another models folder: later downloads land there
+        new = data_dir / "elsewhere"
+        w2.library.set_models_folder(new)
+        again = await start_download(w2, GGUF_REPO, "tiny-Q8_0.gguf", qtbot, hub_server)
+        await until(lambda: rows(dv, again) and rows(dv, again)[0]["state"] == "done", 30, "the second download")
+        assert (new / "llamadesk-test" / "stories260K-GGUF" / "tiny-Q8_0.gguf").is_file()
+        await until(lambda: [e.name for e in w2.library.entries] == ["tiny-Q8_0"], 30, "the new folder listed")
 
     run(loop, second_run(), 60)

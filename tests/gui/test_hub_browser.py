@@ -179,7 +179,15 @@ def test_gated_repository_asks_for_a_token_then_works(lw, hub_server, qtbot, loo
         await until(lambda: not hub.busy and hub.files_model.fits, 30, "the estimates with the token")
         assert not hub.auth.isVisible()
         assert hub.files_model.recommended == "stories260K-gated.gguf"
-        assert lw.service.token == hub_server.token  # downloads use it too
+        assert lw.service.token == hub_server.token
+        # downloads use it too: the gated file comes down and is verified
+        finished = []
+        lw.downloads.finished.connect(finished.append)
+        qtbot.mouseClick(hub.download_button, Qt.LeftButton)
+        assert lw.tabs.currentWidget() is lw.downloads
+        await until(lambda: finished or lw.downloads.notice.isVisible(), 30, "the gated download")
+        assert finished and finished[0].endswith("stories260K-gated.gguf"), lw.downloads.notice.text()
+        lw.show_tab("hub")
 
     run(loop, scenario())
     snapshot(lw, "hub_gated_with_token")
