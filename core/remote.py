@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
@@ -113,8 +113,9 @@ class _Lane:
 
 
 class _Job:
-    def __init__(self, rid: int, lanes: list[SamplingParams]):
+    def __init__(self, rid: int, lanes: list[SamplingParams], seeded: bool = True):
         self.rid = rid
+        self.seeded = seeded  # the server honours seed (else replies record none)
         self.cancel = threading.Event()
         self.lock = threading.Lock()
         self.lanes = [_Lane(p) for p in lanes]
@@ -189,7 +190,7 @@ class RemoteRunner:
         except Exception as e:  # noqa: BLE001 — bad settings are an Error event, as on the worker
             self._emit(Error(rid, one_line(e), kind=getattr(e, "kind", "bad_request")))
             return rid
-        job = _Job(rid, lanes)
+        job = _Job(rid, lanes, seeded=model.caps is None or model.caps.seed)
         with self._lock:
             self._jobs[rid] = job
         self._emit(Prompted(rid, 0, context_length(model)))
@@ -223,6 +224,9 @@ class RemoteRunner:
                         ev = Reply(job.rid, _chosen_top(ev) if top else ev)
                     else:
                         lane.closed = True
+                        if caps is not None and not caps.seed:
+                            # The server was sent no seed: record none rather than one it never saw.
+                            ev.params = replace(ev.params, seed=None)
                         ev = Reply(job.rid, ev)
                     self._emit(ev)
         except RemoteError as e:
@@ -259,7 +263,8 @@ class RemoteRunner:
                               decode_s=now - first)
                 ids = ln.tokens if all(t >= 0 for t in ln.tokens) else []
                 lps = ln.logprobs if all(lp is not None for lp in ln.logprobs) else []
-                self._emit(Reply(job.rid, Done(i, "cancelled", ids, "".join(ln.text), lps, ln.params, stats)))
+                params = ln.params if job.seeded else replace(ln.params, seed=None)
+                self._emit(Reply(job.rid, Done(i, "cancelled", ids, "".join(ln.text), lps, params, stats)))
         self._forget(job)
 
     def _forget(self, job: _Job) -> None:

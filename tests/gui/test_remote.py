@@ -4,6 +4,7 @@ window's chat, the Connect to Server dialog, and the failures a user meets."""
 from __future__ import annotations
 
 import math
+import socket
 import threading
 
 import pytest
@@ -257,7 +258,7 @@ def test_a_wrong_key_is_an_inline_401_with_retry_and_nothing_is_lost(qtbot, wind
     run(loop, scenario(), 120)
 
 
-def test_refused_connection_and_429_are_inline_notices(qtbot, window, loop, remote, fixtures):
+def test_refused_unresolvable_silent_and_429_servers_are_inline_notices(qtbot, window, loop, remote, fixtures):
     from starlette.responses import JSONResponse
 
     from core.checkpoints import load as load_model
@@ -276,6 +277,19 @@ def test_refused_connection_and_429_are_inline_notices(qtbot, window, loop, remo
         shown = await fail_inline(qtbot, window, "Hello", "the refused notice")
         assert shown.startswith("⚠ Could not reach the server") and "Connection refused" in shown
         assert dialogs(window) == [] and window.prompt.editor.isEnabled()
+        # A name that does not resolve (.invalid never does, RFC 2606).
+        window.use_remote(disconnected_copy(remote, url="http://llamadesk-test.invalid:8000"))
+        shown = await fail_inline(qtbot, window, "Hello", "the DNS notice")
+        assert shown.startswith("⚠ Could not find the server") and "llamadesk-test.invalid" in shown
+        # A server that accepts the connection and never answers: the client's timeout.
+        with socket.socket() as mute:
+            mute.bind(("127.0.0.1", 0))
+            mute.listen(4)
+            slow = disconnected_copy(remote, url=f"http://127.0.0.1:{mute.getsockname()[1]}")
+            slow.timeout = 0.5
+            window.use_remote(slow)
+            shown = await fail_inline(qtbot, window, "Hello", "the timeout notice")
+        assert "stopped answering for 0.5 s" in shown and "retry" in shown
         with RunningServer(ServerState(load_model(fixtures / "stories260K.gguf", device="cpu", dtype="float32")),
                            wrap=limited) as srv:
             window.use_remote(disconnected_copy(remote, url=srv.url))
@@ -366,6 +380,7 @@ def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot,
             return await send(qtbot, window, "Hello", max_tokens=6)
         view = run(loop, scenario(), 90)
     st = view["settings"]
+    assert view["seed"] is None and st["seed"] is None  # no seed was sent, none is claimed
     assert st["top_k"] == 0 and st["repetition_penalty"] == 1.0 and st["min_p"] == pytest.approx(0.05)
     assert panel.topKSpin.value() == 40  # the user's choice is kept for the local model
     # A server without top_logprobs: no token records can be asked for.
