@@ -5,7 +5,8 @@ and whether a file fits this machine.
 turns the library's exceptions into :mod:`core.errors` hub errors a user can act on.
 The memory estimate reads a GGUF file's header with HTTP range requests (a few MB of a
 multi-GB file) and applies the loader's own rule per tensor (:func:`core.checkpoints.gguf.holding`):
-packed types stay packed, Q5/Q6_K are dequantized, plus the KV cache at the chosen context.
+packed types stay packed (Q5_*/Q6_K in two 4-bit planes), others are dequantized, plus the KV
+cache at the chosen context.
 """
 from __future__ import annotations
 

@@ -4,17 +4,24 @@ Two layouts, both multiplied by PyTorch's own weight-only kernels:
 
 - :class:`Int4Linear`: 4-bit values in groups of 32 along the input dimension, each
   group with a bfloat16 scale and zero: ``w = (q - 8) * scale + zero``. GGUF Q4_0, Q4_1
-  and Q4_K are this layout already; Q8_0 becomes two 4-bit planes (high and low nibble of
-  ``q + 128``) whose products are summed by one kernel call over ``[x, x]``;
-  ``--dtype int4`` quantizes float weights into it (min/max per group).
+  and Q4_K are this layout already; Q8_0, Q5_0, Q5_1 and Q5_K become two 4-bit planes
+  (high and low nibble of ``q + 128``) whose products are summed by one kernel call over
+  ``[x, x]``; Q6_K too, after a rounding step (below); ``--dtype int4`` quantizes float
+  weights into it (min/max per group).
 - :class:`Int8Linear`: int8 per output channel (``--dtype int8``).
 
 What rounds: the kernels take scales (and zeros) in bfloat16, the activations' dtype, so
 a GGUF fp16 scale loses its 3 lowest mantissa bits (relative error <= 2**-8; Q4_0 and
-Q8_0 are otherwise exact). Q4_1/Q4_K zeros (``m + 8d``, ``8*d*sc - dmin*m``) and Q4_K
-scales (``d*sc``, 17 significant bits) round to bfloat16 too. Outputs are bfloat16
-sums, cast back to the model's dtype. Everything else (Q5_*, Q6_K, ...) is dequantized
-at load as before; :func:`path_of` names the path a tensor took.
+Q8_0 and Q5_0 are otherwise exact). Q4_1/Q4_K zeros (``m + 8d``, ``8*d*sc - dmin*m``)
+and K-quant scales (``d*sc``, up to 19 significant bits) round to bfloat16 too; the
+two-plane types split their zero over both planes, so Q5_1/Q5_K zeros keep ~16 bits. Q6_K has a scale per 16 weights and the kernels one per 32: each pair of
+16-weight sub-blocks shares the scale ``d*sc/4`` of the one with the larger ``|sc|``, whose
+values ``4*(q-32)`` stay exact; the other's ``4*(q-32)*sc'/sc`` rounds to an integer
+(error <= ``d*|sc|/8``, an eighth of the larger sub-block's step, or ``d*|sc|/4`` for
+the one value, q = 0, that clamps when the two scales are equal and opposite; path
+'int4x2-requantized').
+Outputs are bfloat16 sums, cast back to the model's dtype. Everything else (Q2_K, Q3_K,
+IQ*, ...) is dequantized at load as before; :func:`path_of` names the path a tensor took.
 
 Decode (a few rows) runs the packed kernel; a prefill chunk of many rows dequantizes the
 weight to bfloat16 once and runs a dense bfloat16 matmul, which on CPU beats the int4
@@ -41,15 +48,18 @@ CUDA_INNER_K_TILES = 8
 #: Rows packed at a time (a multiple of 64 and of 8: both kernels' row blocks).
 CHUNK_ROWS = 1024
 #: GGUF types that stay packed (the rest are dequantized at load).
-PACKED_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
+PACKED_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K")
+#: ... of which these hold values wider than 4 bits: two 4-bit planes
+TWO_PLANES = ("Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K")
 #: dtype names that quantize float weights at load.
 QUANT_DTYPES = ("int8", "int4")
 
 
 def path_of(kind: str) -> str:
-    """Which path a GGUF tensor type takes: 'int4-packed', 'float' or 'dequantized'."""
+    """Which path a GGUF tensor type takes: 'int4-packed', 'int4x2-packed',
+    'int4x2-requantized' (Q6_K: rounded, see the module docstring), 'float' or 'dequantized'."""
     if kind in PACKED_TYPES:
-        return "int4-packed" if kind != "Q8_0" else "int4x2-packed"
+        return "int4-packed" if kind not in TWO_PLANES else "int4x2-requantized" if kind == "Q6_K" else "int4x2-packed"
     return "float" if kind in ("F32", "F16", "BF16") else "dequantized"
 
 
@@ -59,7 +69,7 @@ def packed_nbytes(kind: str, shape: tuple[int, int], device: torch.device | str)
     to the CPU kernel's 64-row blocks; Q8_0 takes two planes. (Not the file's bytes: Q4_K's
     4.5 bits a weight become 5, Q8_0's 8.5 become 10.)"""
     n, k = shape
-    planes = 2 if kind == "Q8_0" else 1
+    planes = 2 if kind in TWO_PLANES else 1
     rows = n + (-n % 64 if torch.device(device).type == "cpu" else 0)
     return rows * planes * (k // 2 + k // GROUP * 4)
 
@@ -163,7 +173,7 @@ class GGUFEmbedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         flat = tokens.reshape(-1)
         g = decode_blocks(self.raw[flat], self.kind, flat.numel(), self.embedding_dim)
-        rows = g.q.view(flat.numel(), -1, GROUP).float() * g.scale.unsqueeze(-1) + g.zero.unsqueeze(-1)
+        rows = g.q.view(flat.numel(), -1, g.size).float() * g.scale.unsqueeze(-1) + g.zero.unsqueeze(-1)
         return rows.view(*tokens.shape, self.embedding_dim).to(self.weight.dtype)
 
     def extra_repr(self) -> str:
@@ -293,13 +303,15 @@ def quantizer(kind: str) -> Callable[[torch.Tensor, torch.device], nn.Module]:
 
 @dataclass
 class Groups:
-    """GGUF blocks decoded to 32-weight groups: value = q * scale + zero (float32 math)."""
+    """GGUF blocks decoded to groups of ``size`` weights: value = q * scale + zero (float32 math)."""
     q: torch.Tensor  # int16 [N, K]
-    scale: torch.Tensor  # float32 [N, K/32]
-    zero: torch.Tensor  # float32 [N, K/32]
+    scale: torch.Tensor  # float32 [N, K/size]
+    zero: torch.Tensor  # float32 [N, K/size]
+    size: int = GROUP  # 16 for Q6_K, else 32
 
 
-_BLOCK_BYTES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144)}
+_BLOCK_BYTES = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144),
+                "Q5_0": (32, 22), "Q5_1": (32, 24), "Q5_K": (256, 176), "Q6_K": (256, 210)}
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -310,6 +322,20 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
 def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     """16 bytes -> 32 values: low nibbles first, then high (GGUF's 32-weight order)."""
     return torch.cat([qs & 15, qs >> 4], -1).to(torch.int16)
+
+
+def _bits32(qh: torch.Tensor) -> torch.Tensor:
+    """4 bytes (a little-endian uint32) -> its 32 bits, bit i for weight i."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=qh.device)
+    return ((qh.unsqueeze(-1) >> shifts) & 1).flatten(-2).to(torch.int16)
+
+
+def _k_scales(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K's 12 bytes -> 8 six-bit scales and 8 six-bit mins (int32)."""
+    s = s.to(torch.int32)
+    sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
+    mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    return sc, mn
 
 
 def decode_blocks(raw: torch.Tensor, kind: str, n: int, k: int) -> Groups:
@@ -334,18 +360,48 @@ def decode_blocks(raw: torch.Tensor, kind: str, n: int, k: int) -> Groups:
     if kind == "Q4_1":
         d, m = _f16(b[..., :2]), _f16(b[..., 2:4])
         return Groups(_nibbles(b[..., 4:]).reshape(n, k), d, m)
-    # Q4_K: 256 weights = 8 groups of 32 with 6-bit scales/mins under fp16 d, dmin
+    if kind in ("Q5_0", "Q5_1"):  # 32 weights: fp16 d (and m), 32 high bits, 16 bytes of nibbles
+        d = _f16(b[..., :2])
+        at = 2 if kind == "Q5_0" else 4
+        q = _nibbles(b[..., at + 4:]) | (_bits32(b[..., at:at + 4]) << 4)
+        if kind == "Q5_0":  # d * (q - 16): signed values and no zero, exact like Q8_0
+            return Groups((q - 16).reshape(n, k), d, torch.zeros_like(d))
+        return Groups(q.reshape(n, k), d, _f16(b[..., 2:4]))
+    if kind == "Q6_K":  # 256 weights: 128 bytes low nibbles, 64 bytes 2-bit highs, 16 int8 scales, fp16 d
+        ql = b[..., :128].reshape(n, -1, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).view(2, 1)
+        qh = b[..., 128:192].reshape(n, -1, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+        q = ((ql & 15).reshape(n, -1, 256).to(torch.int16) | ((qh & 3).reshape(n, -1, 256).to(torch.int16) << 4)) - 32
+        sc = b[..., 192:208].contiguous().view(torch.int8).float()
+        d = _f16(b[..., 208:210]).unsqueeze(-1)
+        scale = (d * sc).reshape(n, -1)
+        return Groups(q.reshape(n, k), scale, torch.zeros_like(scale), size=16)
+    # Q4_K/Q5_K: 256 weights = 8 groups of 32 with 6-bit scales/mins under fp16 d, dmin
     d, dmin = _f16(b[..., 0:2]).unsqueeze(-1), _f16(b[..., 2:4]).unsqueeze(-1)
-    s = b[..., 4:16].to(torch.int32)
-    sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
-    mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
-    qs = b[..., 16:].reshape(n, k // block, 4, 32)
-    q = torch.stack([qs & 15, qs >> 4], 3).reshape(n, k).to(torch.int16)  # 64 per chunk: low 32, high 32
+    sc, mn = _k_scales(b[..., 4:16])
+    if kind == "Q4_K":
+        qs = b[..., 16:].reshape(n, k // block, 4, 32)
+        q = torch.stack([qs & 15, qs >> 4], 3).reshape(n, k).to(torch.int16)  # 64 per chunk: low 32, high 32
+    else:  # Q5_K: 32 bytes of high bits (bit j of byte i: weight 32j + i), then the nibbles as Q4_K
+        qs = b[..., 48:].reshape(n, k // block, 4, 32)
+        low = torch.stack([qs & 15, qs >> 4], 3).reshape(n, k // block, 256).to(torch.int16)
+        shifts = torch.arange(8, dtype=torch.uint8).view(8, 1)
+        high = ((b[..., 16:48].unsqueeze(-2) >> shifts) & 1).reshape(n, k // block, 256).to(torch.int16)
+        q = (low | (high << 4)).reshape(n, k)
     return Groups(q, (d * sc).reshape(n, -1), (-(dmin * mn)).reshape(n, -1))
 
 
+def _requantize_q6_k(g: Groups) -> Groups:
+    """Q6_K's 16-weight groups as 32-weight ones (see the module docstring: rounds)."""
+    n = g.q.shape[0]
+    s = g.scale.view(n, -1, 2)  # d*sc of each pair of sub-blocks
+    big = torch.where(s[..., 0].abs() >= s[..., 1].abs(), s[..., 0], s[..., 1])  # [N, K/32]
+    ratio = torch.where(big.unsqueeze(-1) == 0, torch.zeros_like(s), s / big.unsqueeze(-1))  # 1 for big, |.| <= 1
+    v = torch.round(4 * g.q.view(n, -1, 2, 16).float() * ratio.unsqueeze(-1)).clamp_(-128, 127)
+    return Groups(v.to(torch.int16).view(n, -1), big / 4, torch.zeros_like(big))
+
+
 def pack_gguf(raw: torch.Tensor, kind: str, n: int, k: int, device: torch.device) -> Int4Linear:
-    """An Int4Linear holding a GGUF Q4_0/Q4_1/Q4_K/Q8_0 tensor [N, K].
+    """An Int4Linear holding a GGUF tensor [N, K] of one of PACKED_TYPES.
 
     Decoded and packed CHUNK_ROWS rows at a time, so the temporaries (int32 values,
     float32 scales) stay a few MB instead of several times the tensor.
@@ -355,7 +411,7 @@ def pack_gguf(raw: torch.Tensor, kind: str, n: int, k: int, device: torch.device
     if raw.numel() % max(n, 1):
         raise ValueError(f"holds {raw.numel()} bytes, not a whole number per row for {n} rows")
     rows = raw.reshape(n, -1)
-    planes = 2 if kind == "Q8_0" else 1
+    planes = 2 if kind in TWO_PLANES else 1
 
     def parts():
         for i in range(0, n, CHUNK_ROWS):
@@ -364,15 +420,23 @@ def pack_gguf(raw: torch.Tensor, kind: str, n: int, k: int, device: torch.device
             # The values are integers: only a block scale or offset can be NaN or infinite.
             if not (torch.isfinite(g.scale).all() and torch.isfinite(g.zero).all()):
                 raise ValueError("holds NaN or infinite block scales: corrupt weights")
-            if kind != "Q8_0":
+            if kind not in TWO_PLANES:
                 # (q - 8) * scale + zero' == q * scale + zero  with zero' = zero + 8 * scale
                 yield _pack_rows(g.q, g.scale, g.zero + 8 * g.scale, device)
                 continue
+            if kind == "Q6_K":
+                g = _requantize_q6_k(g)
+            elif kind in ("Q5_1", "Q5_K"):  # q in 0..31: centred, bf16(d)'s error stays centred
+                g = Groups(g.q - 16, g.scale, g.zero + 16 * g.scale)
             u = g.q.to(torch.int32) + 128  # 0..255 = 16 * hi + lo
             d = g.scale.bfloat16().float()
-            # d*q = 16d*(hi-8) + 8d  +  d*(lo-8): two planes over [x, x]
+            # d*q + z = 16d*(hi-8) + (8d + z)  +  d*(lo-8): two planes over [x, x]; the
+            # offset is split over both planes' bf16 zeros (what the first leaves, the
+            # second holds), so it keeps ~16 significant bits instead of 8.
+            z = 8 * d + g.zero
+            z_hi = z.bfloat16().float()
             yield _pack_rows(torch.cat([u >> 4, u & 15], 1), torch.cat([16 * d, d], 1),
-                             torch.cat([8 * d, torch.zeros_like(d)], 1), device)
+                             torch.cat([z_hi, z - z_hi], 1), device)
 
     return _join(parts(), planes * k, n, planes, kind)
 

@@ -511,7 +511,7 @@ def holding(meta: str, kind: str, shape: tuple[int, ...], file_bytes: int, devic
     """How :func:`load_gguf` holds one tensor, and the bytes it then takes in memory.
 
     The path is 'embedding-blocks' (a quantized, untied token embedding stays as the file's
-    blocks), 'int4-packed' / 'int4x2-packed' (see :mod:`core.quant`), 'float', or
+    blocks), 'int4-packed' / 'int4x2-packed' / 'int4x2-requantized' (see :mod:`core.quant`), 'float', or
     'dequantized' (with the reason it could not stay packed). The hub's memory estimate
     uses the same rule, so what it promises is what a load takes.
     """
@@ -570,7 +570,7 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
                               tied=args.tie_word_embeddings)
         if how == "embedding-blocks":
             load = embedding_loader(t, dev, dt)
-        elif how.endswith("-packed"):
+        elif how.startswith("int4"):  # int4-packed, int4x2-packed, int4x2-requantized
             load = packed_loader(t, dev)
             held += nbytes
         else:

@@ -57,7 +57,7 @@ def test_repo_files_lists_ggufs_and_groups_a_safetensors_folder(client, hub_serv
 
 @pytest.mark.parametrize("name", ["stories260K.gguf", "tiny-Q8_0.gguf", "tiny-Q4_K_M.gguf"])
 def test_fit_estimate_is_what_the_loader_holds(client, hub_server, name):
-    """Weights as held after load (Q4_K/Q8_0 packed, Q6_K dequantized, float32 here) and the
+    """Weights as held after load (Q4_K/Q8_0 packed, Q6_K requantized into two planes) and the
     KV cache at the context asked for, compared with a real load of the same file."""
     from core.checkpoints import load
     from core.kv_cache import KVCache
@@ -71,8 +71,8 @@ def test_fit_estimate_is_what_the_loader_holds(client, hub_server, name):
     assert est.kv_bytes == KVCache.for_model(m, capacity=300).nbytes()
     assert est.total_bytes == est.weights_bytes + est.kv_bytes and est.fits and est.context_length == 300
     if name == "tiny-Q4_K_M.gguf":
-        assert {"Q4_K", "Q6_K"} <= set(loaded.info["tensor_paths"])  # both paths were exercised
-        assert est.weights_bytes > f.size  # the Q6_K tensors are held as float32
+        assert {"Q4_K", "Q6_K"} <= set(loaded.info["tensor_paths"])  # both types were exercised
+        assert loaded.info["tensor_paths"]["Q6_K"] == ["int4x2-requantized"]  # two planes: 10 bits a weight
     tight = client.fit(f, context_length=300, free_ram=est.total_bytes - 1)
     assert not tight.fits and tight.total_bytes == est.total_bytes
 

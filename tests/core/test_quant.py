@@ -16,12 +16,15 @@ def gguf_blocks(kind: str, n: int = N, k: int = K, seed: int = 0) -> np.ndarray:
     """Raw blocks of one [n, k] tensor: gguf's quantizer where it has one, else random
     K-quant blocks with random fp16 d/dmin (every 4-bit value and 6-bit scale occurs)."""
     rng = np.random.default_rng(seed)
-    if kind != "Q4_K":
+    if not kind.endswith("_K"):
         return quantize(rng.standard_normal((n, k)).astype(np.float32), Q[kind])
-    block, size = GGML_QUANT_SIZES[Q.Q4_K]
+    block, size = GGML_QUANT_SIZES[Q[kind]]
     data = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
     d = rng.uniform(1e-4, 3e-2, size=(n, k // block, 2)).astype(np.float16)
-    data[..., 0:4] = d.view(np.uint8).reshape(n, k // block, 4)
+    if kind == "Q6_K":  # d ends the block (the int8 sub-block scales take every value)
+        data[..., size - 2:] = d[..., :1].view(np.uint8).reshape(n, k // block, 2)
+    else:  # Q4_K/Q5_K: d and dmin lead
+        data[..., 0:4] = d.view(np.uint8).reshape(n, k // block, 4)
     return data.reshape(n, -1)
 
 
@@ -29,21 +32,23 @@ def as_raw(data: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"])
 def test_block_decoding_is_bit_exact_against_gguf(kind):
     data = gguf_blocks(kind)
     ref = torch.from_numpy(dequantize(data, Q[kind]).astype(np.float32)).reshape(N, K)
     g = quant.decode_blocks(as_raw(data), kind, N, K)
-    mine = (g.q.view(N, K // 32, 32).float() * g.scale.unsqueeze(-1) + g.zero.unsqueeze(-1)).view(N, K)
+    assert g.size == (16 if kind == "Q6_K" else 32)
+    mine = (g.q.view(N, K // g.size, g.size).float() * g.scale.unsqueeze(-1) + g.zero.unsqueeze(-1)).view(N, K)
     assert torch.equal(mine, ref)
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
-def test_q4_0_and_q8_0_repack_exactly_up_to_the_bfloat16_scale(kind):
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q5_0"])
+def test_q4_0_q5_0_and_q8_0_repack_exactly_up_to_the_bfloat16_scale(kind):
     """The packed layer holds q * bf16(d) bit for bit; bf16(d) is the only rounding (<= 2**-8)."""
     data = gguf_blocks(kind)
     g = quant.decode_blocks(as_raw(data), kind, N, K)
     layer = quant.pack_gguf(as_raw(data), kind, N, K, CPU)
+    assert layer.planes == (1 if kind == "Q4_0" else 2)
     d = g.scale.bfloat16().float().unsqueeze(-1)
     q = g.q.view(N, K // 32, 32).float() - (8 if kind == "Q4_0" else 0)
     assert torch.equal(layer.dequantize(), (q * d).view(N, K))
@@ -53,18 +58,42 @@ def test_q4_0_and_q8_0_repack_exactly_up_to_the_bfloat16_scale(kind):
     assert not torch.equal(layer.dequantize(), ref)  # fp16 scales really do round
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q4_K"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_K", "Q5_1", "Q5_K"])
 def test_affine_repacks_within_the_stated_rounding(kind):
-    """Q4_1/Q4_K: scale and zero (m + 8d, 8*d*sc - dmin*m) each round to bf16 (<= 2**-8 relative)."""
+    """Q4_1/Q4_K/Q5_1/Q5_K: scale and zero (m + 8d, 8*d*sc - dmin*m) each round to bf16
+    (<= 2**-8 relative); the 5-bit types' high plane carries 16x the scale."""
     data = gguf_blocks(kind)
     g = quant.decode_blocks(as_raw(data), kind, N, K)
     ref = torch.from_numpy(dequantize(data, Q[kind]).astype(np.float32)).reshape(N, K)
     layer = quant.pack_gguf(as_raw(data), kind, N, K, CPU)
     zero8 = (g.zero + 8 * g.scale).abs()
-    bound = (2 ** -8 * (8 * g.scale.abs() + zero8) * 1.001).repeat_interleave(32, 1)
+    top = 8 if kind.startswith("Q4") else 128 + 16 * 8  # the largest |q - 8| (|u - 128| twice for 5 bits)
+    bound = (2 ** -8 * (top * g.scale.abs() + zero8) * 1.001).repeat_interleave(32, 1)
     err = (layer.dequantize() - ref).abs()
     assert (err <= bound).all(), (err / bound).max()
     assert err.max() > 0
+
+
+def test_q6_k_requantizes_within_the_stated_rounding():
+    """Q6_K's 16-weight scales become one per 32: the sub-block with the larger |sc| keeps
+    its values exactly (up to the bf16 scale), the other rounds by at most d*|sc|/8."""
+    data = gguf_blocks("Q6_K")
+    g = quant.decode_blocks(as_raw(data), "Q6_K", N, K)
+    ref = torch.from_numpy(dequantize(data, Q.Q6_K).astype(np.float32)).reshape(N, K)
+    layer = quant.pack_gguf(as_raw(data), "Q6_K", N, K, CPU)
+    assert layer.planes == 2 and quant.path_of("Q6_K") == "int4x2-requantized"
+    s = g.scale.view(N, -1, 2)
+    first = s[..., 0].abs() >= s[..., 1].abs()
+    big = torch.where(first, s[..., 0], s[..., 1]).abs()
+    err = (layer.dequantize() - ref).abs().view(N, -1, 2, 16)
+    scale_rounding = 2 ** -8 * ref.abs().view(N, -1, 2, 16) * 1.001
+    is_big = torch.stack([first, ~first], -1)
+    assert (err <= scale_rounding)[is_big].all()  # exact but for bf16(d*sc/4)
+    q = g.q.view(N, -1, 2, 16)
+    clamped = (s[..., 0] == -s[..., 1]).view(N, -1, 1, 1) & (q == -32) & ~is_big.unsqueeze(-1)
+    bound = big.view(N, -1, 1, 1) / torch.where(clamped, 4.0, 8.0) * 1.001 + scale_rounding
+    assert (err <= bound).all()
+    assert (err > scale_rounding)[~is_big].any()  # the rounding is real
 
 
 def test_cpu_unpack_reads_the_kernels_layout():
@@ -73,7 +102,7 @@ def test_cpu_unpack_reads_the_kernels_layout():
     assert torch.equal(quant._unpack_cpu(packed, 192, 96).int(), q)
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("rows", [1, 3, quant.DENSE_ROWS])
 def test_packed_matmul_matches_dense_math(kind, rows):
     """Kernel (few rows) and dequantize-then-bf16 (many rows) both equal x @ W.T computed in
@@ -111,7 +140,7 @@ def test_bad_blocks_raise_value_errors_that_say_why():
         quant.decode_blocks(as_raw(data)[:-5], "Q8_0", N, K)
     with pytest.raises(ValueError, match="multiple of Q4_0's block size 32"):
         quant.decode_blocks(as_raw(gguf_blocks("Q4_0")), "Q4_0", N, 48)
-    assert quant.packable("Q6_K", (64, 256), CPU) == "Q6_K has no packed kernel"
+    assert quant.packable("Q3_K", (64, 256), CPU) == "Q3_K has no packed kernel"
     assert "group size" in quant.packable("int4", (64, 48), CPU)
 
 

@@ -92,7 +92,9 @@ def write_gguf(path: Path, model, *, qtype="F32", qtypes=None, vocab=None, arch=
             w.add_tensor(gguf_name(name), x)
             held[name] = torch.from_numpy(x.copy())
             continue
-        if kind in (Q.Q4_K, Q.Q6_K):  # gguf cannot quantize these: random blocks with sane scales
+        if kind == Q.Q6_K:
+            data = q6_k_blocks(x)
+        elif kind in (Q.Q3_K, Q.Q4_K, Q.Q5_K):  # gguf cannot quantize these: random blocks with sane scales
             data = _random_k_blocks(x.shape, kind)
         else:
             data = quantize(x, kind)
@@ -107,6 +109,29 @@ def write_gguf(path: Path, model, *, qtype="F32", qtypes=None, vocab=None, arch=
     return held
 
 
+def q6_k_blocks(x):
+    """A float [rows, cols] matrix as Q6_K blocks (gguf has no Q6_K quantizer): symmetric
+    6-bit values under an int8 scale per 16 weights and an fp16 d per 256, laid out as
+    gguf's dequantizer reads them (the round trip is checked against it in the tests)."""
+    import numpy as np
+
+    rows, cols = x.shape
+    b = x.astype(np.float32).reshape(-1, 16, 16)  # [blocks, sub-blocks, 16]
+    scale = np.abs(b).max(-1) / 31  # per sub-block
+    d = (scale.max(-1) / 127).astype(np.float16)  # per block
+    df = np.where(d == 0, 1, d).astype(np.float32)[:, None]
+    sc = np.clip(np.round(scale / df), 1, 127).astype(np.int8)
+    q = np.clip(np.round(b / (df * sc)[..., None]), -32, 31).astype(np.int16) + 32  # 0..63
+    q = q.reshape(-1, 2, 2, 2, 32)  # [blocks, half, shift 0/4 (ql) and pair, byte]
+    flat = q.reshape(-1, 2, 128)
+    ql = (flat[..., :64] & 15) | ((flat[..., 64:] & 15) << 4)  # value h*128 + s*64 + j -> ql[h*64 + j] nibble s
+    hi = (flat >> 4).reshape(-1, 2, 4, 32)  # value h*128 + s*32 + j -> qh[h*32 + j] bits 2s
+    qh = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)
+    out = np.concatenate([ql.reshape(-1, 128).astype(np.uint8), qh.reshape(-1, 64).astype(np.uint8),
+                          sc.view(np.uint8), d.reshape(-1, 1).view(np.uint8)], axis=1)
+    return out.reshape(rows, -1)
+
+
 def _random_k_blocks(shape, kind):
     import numpy as np
     from gguf import GGMLQuantizationType as Q
@@ -117,10 +142,10 @@ def _random_k_blocks(shape, kind):
     rng = np.random.default_rng(rows * 7 + cols)
     data = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
     scale = np.full((rows, cols // block, 1), 0.002, dtype=np.float16).view(np.uint8)
-    if kind == Q.Q4_K:  # d, dmin lead the block
+    if kind in (Q.Q4_K, Q.Q5_K):  # d, dmin lead the block
         data[..., 0:2] = scale
         data[..., 2:4] = scale
-    else:  # Q6_K: d ends the block
+    else:  # Q3_K, Q6_K: d ends the block
         data[..., size - 2:size] = scale
     return data.reshape(rows, -1)
 
