@@ -310,6 +310,8 @@ def format_stats(m: dict) -> str:
     rate = s.get("decode_tok_s") or s.get("tokens_per_s")
     if rate:
         parts.append(f"{rate:.1f} tok/s")
+    if s.get("cached_tokens") and s.get("prompt_tokens"):  # the prompt's start came from the KV cache
+        parts.append(f"{s['cached_tokens']}/{s['prompt_tokens']} prompt tokens cached")
     if m.get("stop_reason"):
         parts.append(f"stop: {m['stop_reason']}")
     if m.get("seed") is not None:

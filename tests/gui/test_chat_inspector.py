@@ -296,6 +296,8 @@ def test_branch_from_a_token_and_ban_it(qtbot, loop, bridge, settings, data_dir,
     # the prefix came from the KV cache: of prompt + 3 kept tokens, only the last was run
     stats = new.stats
     assert stats["prompt_tokens"] == len(prompt_ids) + i and stats["cached_tokens"] == stats["prompt_tokens"] - 1
+    footer = w.chat.widget_for(branched["id"]).footer.text()
+    assert f"{stats['cached_tokens']}/{stats['prompt_tokens']} prompt tokens cached" in footer
     kept_text = "".join(old.meta["tokens"]["token_texts"][:i])
     assert new.text.startswith(kept_text) and old.text.startswith(kept_text) and new.text != old.text
     assert len(new.meta["tokens"]["top"]) == len(toks)  # the new version is inspectable all along
