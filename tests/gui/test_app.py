@@ -36,3 +36,19 @@ def test_collector_owns_collection_and_runs_it_on_the_ui_thread(qtbot):
     finally:
         c.stop()
     assert gc.isenabled() == was
+
+
+def test_void_qt_calls_cannot_free_none(qtbot):
+    """Each void PySide6 call (6.12 on Python < 3.12) drops a reference to None; importing
+    gui keeps None alive through far more calls than a long session makes."""
+    import sys
+
+    from PySide6.QtWidgets import QLabel
+    label = QLabel()
+    qtbot.addWidget(label)
+    before = sys.getrefcount(None)
+    for _ in range(20_000):
+        label.setText("x")
+    after = sys.getrefcount(None)
+    if sys.version_info < (3, 12):
+        assert before > 2**39 and after > 2**39  # 20,000 calls alone would have freed it
