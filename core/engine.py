@@ -351,7 +351,7 @@ class Engine:
         """Raise SettingsError for a prompt or setting the engine cannot run; returns the
         lanes' settings validated, each with a concrete seed."""
         self._check_prompt(prompt)
-        lanes = [q.validate().resolved() for q in lanes]
+        lanes = [q.validate().resolved().with_text_bias(self.tokenizer.encode).validate() for q in lanes]
         for q in lanes:
             if q.draft:
                 self.draft_model(q.draft)  # load and check it now: a bad one fails the request

@@ -52,12 +52,16 @@ class SamplingParams:
     constraint: Constraint | None = None  # JSON schema / regex / grammar the output must match
     # Added to the raw logits before every filter: token id -> bias (-inf bans the token).
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # The same by text, "TEXT=BIAS" each: the engine splits TEXT with its model's tokenizer
+    # (:meth:`with_text_bias`), so a lane on another checkpoint gets that vocabulary's ids.
+    logit_bias_text: tuple[str, ...] = ()
 
     KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed",
             "max_new_tokens", "num_beams", "length_penalty", "lookup", "draft")
 
     def __post_init__(self) -> None:
         self.stop = tuple(self.stop)
+        self.logit_bias_text = tuple(self.logit_bias_text)
         if self.logit_bias:  # JSON keeps ids as strings; "-inf" as text stays readable there
             try:
                 self.logit_bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
@@ -103,6 +107,10 @@ class SamplingParams:
             bad("choose prompt lookup or a draft model, not both")
         if self.speculative and self.num_beams > 1:
             bad("speculative decoding (lookup or draft) does not combine with beam search")
+        for spec in self.logit_bias_text:
+            parse_logit_bias(spec, lambda text: [0])  # the form only; ids come from the model
+        if (self.logit_bias or self.logit_bias_text) and self.num_beams > 1:
+            bad("a logit bias does not combine with beam search")
         for tok, b in self.logit_bias.items():
             if tok < 0:
                 bad(f"logit_bias: token id {tok} is negative")
@@ -137,9 +145,20 @@ class SamplingParams:
         g.manual_seed(int(self.resolved().seed))
         return g
 
+    def with_text_bias(self, encode) -> "SamplingParams":
+        """A copy whose logit_bias also holds logit_bias_text's tokens (``encode``: the
+        model's tokenizer, plain text); ids given directly win over text."""
+        if not self.logit_bias_text:
+            return self
+        bias: dict[int, float] = {}
+        for spec in self.logit_bias_text:
+            bias.update(parse_logit_bias(spec, encode))
+        return replace(self, logit_bias={**bias, **self.logit_bias})
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["stop"] = list(self.stop)
+        d["logit_bias_text"] = list(self.logit_bias_text)
         d["logit_bias"] = {str(k): (v if math.isfinite(v) else str(v)) for k, v in self.logit_bias.items()}
         return d
 
@@ -149,6 +168,8 @@ class SamplingParams:
         kw = {k: v for k, v in d.items() if k in known}
         if "stop" in kw:
             kw["stop"] = tuple(kw["stop"])
+        if "logit_bias_text" in kw:
+            kw["logit_bias_text"] = tuple(kw["logit_bias_text"] or ())
         if kw.get("constraint") is not None:
             kw["constraint"] = Constraint.from_value(kw["constraint"])
         return cls(**kw)

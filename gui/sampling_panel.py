@@ -13,7 +13,10 @@ from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSp
                                QSizePolicy, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from core.chat_format import FORMAT_NAMES
-from core.sampling import MAX_LOOKUP, SamplingParams
+from core.errors import SettingsError
+from core.sampling import MAX_LOOKUP, SamplingParams, parse_logit_bias
+
+from . import theme
 
 SEED_MAX = 2**31 - 1
 MAX_TOKENS_CEILING = 8192
@@ -280,6 +283,19 @@ class SamplingPanel(QWidget):
         self.stopStrings.setPlaceholderText(r"e.g. ###, \nUser:")
         self.stopStrings.setClearButtonEnabled(True)
         self._row(f, "&Stop at", self.stopStrings)
+        self.logitBiasEdit = self._name(
+            QLineEdit(), "logitBiasEdit",
+            "Favour or ban words: TEXT=BIAS, comma-separated (\\, for a comma in TEXT). BIAS is added to "
+            "the logits of TEXT's tokens before the filters: -100 to 100, or -inf for never.")
+        self.logitBiasEdit.setPlaceholderText("e.g. dragon=+5, Once=-inf")
+        self.logitBiasEdit.setClearButtonEnabled(True)
+        self._row(f, "Logit &bias", self.logitBiasEdit)
+        self.logitBiasNotice = QLabel()
+        self.logitBiasNotice.setObjectName("logitBiasNotice")
+        self.logitBiasNotice.setWordWrap(True)
+        self.logitBiasNotice.setStyleSheet(f"color: {theme.colors()['error']};")
+        self.logitBiasNotice.hide()
+        f.addRow(self.logitBiasNotice)
 
         # --- speed: speculative decoding (the reply is the same, only faster or not)
         speed, f = self._form("Speed")
@@ -361,6 +377,8 @@ class SamplingPanel(QWidget):
         self.seedSpin.valueChanged.connect(self._edited)
         self.randomSeedCheck.toggled.connect(self._random_toggled)
         self.stopStrings.editingFinished.connect(self._stop_edited)
+        self.logitBiasEdit.editingFinished.connect(self._bias_edited)
+        self._last_bias = ""
         self.systemPrompt.textChanged.connect(self._edited)
         self.chatFormatCombo.currentIndexChanged.connect(self._edited)
         self.speculativeCombo.currentIndexChanged.connect(self._speculative_changed)
@@ -386,7 +404,7 @@ class SamplingPanel(QWidget):
 
         A control the connected server lacks (see :meth:`set_capabilities`) gives its off
         value, so a reply's recorded settings are the ones the server really applied."""
-        has = (lambda f: True) if self.caps is None else (lambda f: getattr(self.caps, f))
+        has = (lambda f: True) if self.caps is None else (lambda f: getattr(self.caps, f, False))
         return SamplingParams(
             temperature=round(self.temperatureSpin.value(), 4),
             top_p=round(self.topPSpin.value(), 4),
@@ -398,8 +416,28 @@ class SamplingPanel(QWidget):
             stop=parse_stop_strings(self.stopStrings.text()),
             num_beams=self._hidden["num_beams"],
             length_penalty=self._hidden["length_penalty"],
+            logit_bias_text=self._bias_specs()[0] if has("logit_bias") else (),
             **self._speculative(),
         ).validate()
+
+    def _bias_specs(self) -> tuple[tuple[str, ...], list[str]]:
+        """(the logit bias field's well-formed TEXT=BIAS items, a reason for each other one)."""
+        good, bad = [], []
+        for spec in parse_stop_strings(self.logitBiasEdit.text()):
+            try:
+                parse_logit_bias(spec, lambda text: [0])
+                good.append(spec)
+            except SettingsError as e:
+                bad.append(str(e))
+        return tuple(good), bad
+
+    def _bias_edited(self) -> None:
+        _, bad = self._bias_specs()
+        self.logitBiasNotice.setText("Left out: " + "; ".join(bad) if bad else "")
+        self.logitBiasNotice.setVisible(bool(bad))
+        if self.logitBiasEdit.text() != self._last_bias:
+            self._last_bias = self.logitBiasEdit.text()
+            self._edited()
 
     def _speculative(self) -> dict:
         """lookup/draft for SamplingParams: only the chosen mode's (a draft with no path is off)."""
@@ -439,9 +477,10 @@ class SamplingPanel(QWidget):
         self.caps = caps
         where = server or "the server"
         controls = {"seed": (self.seedSpin, self.randomSeedCheck), "top_k": (self.topKSpin,),
-                    "min_p": (self.minPSpin,), "repetition_penalty": (self.repetitionPenaltySpin,)}
+                    "min_p": (self.minPSpin,), "repetition_penalty": (self.repetitionPenaltySpin,),
+                    "logit_bias": (self.logitBiasEdit,)}
         for field_name, widgets in controls.items():
-            lacking = caps is not None and not getattr(caps, field_name)
+            lacking = caps is not None and not getattr(caps, field_name, False)
             for w in widgets:
                 w.setEnabled(not lacking)
                 tip = w.accessibleDescription()
@@ -642,6 +681,12 @@ class SamplingPanel(QWidget):
                 with QSignalBlocker(self.stopStrings):
                     self.stopStrings.setText(text)
                 self._last_stop = text
+            if "logit_bias_text" in d:
+                text = format_stop_strings(tuple(d["logit_bias_text"] or ()))
+                with QSignalBlocker(self.logitBiasEdit):
+                    self.logitBiasEdit.setText(text)
+                self._last_bias = text
+                self.logitBiasNotice.hide()
             if "system_prompt" in d:
                 with QSignalBlocker(self.systemPrompt):
                     self.systemPrompt.setPlainText(str(d["system_prompt"] or ""))
@@ -788,7 +833,8 @@ def _coerce_stored(stored: dict) -> dict:
     kinds = {"temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
              "length_penalty": float, "top_k": int, "max_new_tokens": int, "num_beams": int,
              "seed_value": int, "random_seed": bool, "stop": list, "system_prompt": str,
-             "chat_format": str, "speculative": str, "lookup_n": int, "draft_path": str}
+             "chat_format": str, "speculative": str, "lookup_n": int, "draft_path": str,
+             "logit_bias_text": list}
     out: dict = {}
     for k, kind in kinds.items():
         if k not in stored or stored[k] is None:

@@ -482,3 +482,16 @@ def test_forced_tokens_are_checked(engine, lm):
         list(engine.generate(prompt, SamplingParams(temperature=0), forced=[10**7]))
     with pytest.raises(SettingsError, match="beam"):
         list(engine.generate(prompt, SamplingParams(temperature=0, num_beams=2), forced=[5]))
+
+
+def test_logit_bias_by_text_uses_the_models_tokenizer(engine, lm):
+    prompt = lm.tokenizer.encode("Once upon a time", bos=True)
+    _, plain = run(engine, prompt, temperature=0, max_new_tokens=12)
+    word = lm.tokenizer.decode(plain.tokens[2:3]).strip() or "the"
+    ids = lm.tokenizer.encode(word)
+    _, by_text = run(engine, prompt, temperature=0, max_new_tokens=12, logit_bias_text=(f"{word}=-inf",))
+    _, by_ids = run(engine, prompt, temperature=0, max_new_tokens=12, logit_bias={t: float("-inf") for t in ids})
+    assert by_text.params.logit_bias == {t: float("-inf") for t in ids}
+    assert by_text.tokens == by_ids.tokens and not set(ids) & set(by_text.tokens)
+    with pytest.raises(SettingsError, match="beam search"):
+        SamplingParams(num_beams=2, logit_bias_text=("a=1",)).validate()

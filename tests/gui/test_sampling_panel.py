@@ -285,3 +285,22 @@ def test_screenshot(panel, qtbot):
     out = ROOT / "artifacts"
     out.mkdir(exist_ok=True)
     assert panel.grab().save(str(out / "sampling_panel.png"))
+
+
+def test_logit_bias_field_gives_text_biases_and_says_what_it_left_out(qtbot, ini):
+    a = make(qtbot, ini)
+    assert a.params().logit_bias_text == ()
+    a.logitBiasEdit.setText(r"dragon=+5, Once=-inf, a\, b=2, oops, cat=+500")
+    a.logitBiasEdit.editingFinished.emit()
+    assert a.params().logit_bias_text == ("dragon=+5", "Once=-inf", "a, b=2")
+    assert a.logitBiasNotice.isVisibleTo(a)
+    assert "'oops'" in a.logitBiasNotice.text() and "'cat=+500'" in a.logitBiasNotice.text()
+    want = a.params()
+    a._settings.sync()
+    b = make(qtbot, ini)  # kept across a restart
+    assert b.params().logit_bias_text == want.logit_bias_text
+    b.set_params(SamplingParams(logit_bias_text=("x=1",)))  # a reply's settings shown again
+    assert b.logitBiasEdit.text() == "x=1" and not b.logitBiasNotice.isVisibleTo(b)
+    b.set_capabilities(type("Caps", (), {"why": {}, "seed": True, "top_k": True, "min_p": True,
+                                         "repetition_penalty": True})())
+    assert not b.logitBiasEdit.isEnabled() and b.params().logit_bias_text == ()  # a server: its own ids
