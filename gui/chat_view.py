@@ -358,9 +358,10 @@ class MessageWidget(QFrame):
         self.setObjectName("message")
         self.message = dict(message)
         self.streaming = streaming
-        self.token_run: LaneRun | None = None  # the reply's token records, when it has them
+        self._run: LaneRun | None = None  # token_run, once built
+        self._run_failed = False
         self.token_offset = 0
-        self._token_source = None  # the record token_run was built from (rebuilt when it changes)
+        self._token_source = None  # the record token_run is built from (rebuilt when it changes)
         self.token_mode = False
         self.selected_token: int | None = None
         self.setProperty("role", message.get("role", "assistant"))
@@ -481,7 +482,7 @@ class MessageWidget(QFrame):
         self.next_button.setEnabled(i < n and not streaming)
         self._show_buttons()
         self._load_tokens(message.get("tokens"))
-        has_tokens = self.token_run is not None and not streaming
+        has_tokens = self.has_token_record and not streaming
         self.inspect_button.setVisible(has_tokens)
         if not has_tokens and self.token_mode:
             # Streaming (a continuation) or records gone: Markdown until there is a final record.
@@ -512,23 +513,37 @@ class MessageWidget(QFrame):
         self.body.append_stream(delta)
 
     # ---- token view
+    @property
+    def has_token_record(self) -> bool:
+        """The reply was recorded with its tokens (the toggle shows)."""
+        rec = self._token_source
+        return isinstance(rec, dict) and bool(rec.get("tokens")) and not self._run_failed
+
+    @property
+    def token_run(self) -> LaneRun | None:
+        """The reply's token records, read the first time they are needed: a 4,000-token
+        record with its alternatives takes ~100 ms to read, which a reply's end (the
+        record just saved) need not spend before anyone opens its token view."""
+        if self._run is None and self.has_token_record:
+            try:
+                run = LaneRun.from_dict(self._token_source)
+                self.token_offset = max(0, int(self._token_source.get("offset") or 0))
+            except (TypeError, ValueError, KeyError, IndexError):  # a damaged record: no token view
+                self._run_failed = True
+                self.inspect_button.hide()
+                return None
+            run.text = self.message.get("text", "")[self.token_offset:]
+            self._run = run
+        return self._run
+
     def _load_tokens(self, record: dict | None) -> None:
         if record is self._token_source:
-            if self.token_run is not None:
-                self.token_run.text = self.message.get("text", "")[self.token_offset:]
+            if self._run is not None:
+                self._run.text = self.message.get("text", "")[self.token_offset:]
             return
         self._token_source = record
-        self.token_run = None
+        self._run, self._run_failed = None, False
         self.token_offset = 0
-        if not record or not record.get("tokens"):
-            return
-        try:
-            run = LaneRun.from_dict(record)
-        except (TypeError, ValueError, KeyError, IndexError):  # a damaged record: no token view
-            return
-        self.token_offset = max(0, int(record.get("offset") or 0))
-        run.text = self.message.get("text", "")[self.token_offset:]
-        self.token_run = run
 
     def token(self, index: int):
         """The record of token ``index`` (token_id, text, piece, logprob, top), or None."""

@@ -960,7 +960,8 @@ class MainWindow(QMainWindow):
         if view.get("id") is None:  # nothing came back: the error shows in place of the reply
             self.chat.end_stream(view)
             return
-        view = self._with_tokens([view], {view["id"]: self.conversation.message(view["id"]).meta})[0]
+        if "tokens" not in view:
+            view = self._with_tokens([view], {view["id"]: self.conversation.message(view["id"]).meta})[0]
         self.chat.end_stream(view)
         self.stats_label.setText(format_stats(view))
         s = view["stats"]

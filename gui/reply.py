@@ -337,7 +337,10 @@ class ReplyController(QObject):
             return
         if quiet:
             return
-        self.finished.emit(self.conversation.view_message(m))
+        view = self.conversation.view_message(m)
+        if isinstance((m.meta or {}).get("tokens"), dict):  # read once, here: the window need not again
+            view["tokens"] = m.meta["tokens"]
+        self.finished.emit(view)
         if st.error:
             self._report(st)
 
