@@ -110,6 +110,23 @@ class _Stop(Exception):
     """The transfer was paused or cancelled."""
 
 
+def _invalid(repo_id: str, names: list) -> str | None:
+    """Why ``repo_id`` and ``names`` cannot be a job (they become paths under the models
+    folder: no '..', no absolute paths), or None."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+    try:
+        validate_repo_id(repo_id)
+        ok = isinstance(repo_id, str) and repo_id.count("/") == 1
+    except HFValidationError:
+        ok = False
+    if not ok:
+        return f"'{repo_id}' is not a repository name (owner/name)"
+    if not names or any(not isinstance(n, str) or not n or n.startswith("/") or "\\" in n or ".." in n.split("/")
+                        for n in names):
+        return f"nothing to download, or a file name outside the repository: {names!r}"
+    return None
+
+
 def _write(f, chunk: bytes) -> None:
     f.write(chunk)
 
@@ -156,12 +173,10 @@ class DownloadManager:
         """Queue ``filenames`` of ``repo_id`` as one job (a .gguf file, or a safetensors
         folder's files); returns the job id. Sizes and checksums are asked when it starts."""
         names = [filenames] if isinstance(filenames, str) else list(filenames)
-        if not names or any(not isinstance(n, str) or not n or n.startswith("/") or ".." in n.split("/")
-                            for n in names):
-            raise DownloadError(f"nothing to download, or a file name outside the repository: {names!r}")
-        if "/" not in repo_id.strip("/"):
-            raise DownloadError(f"'{repo_id}' is not a repository name (owner/name)")
-        job = Job(uuid.uuid4().hex[:12], repo_id.strip("/"), [JobFile(n) for n in names])
+        problem = _invalid(repo_id, names)
+        if problem:
+            raise DownloadError(problem)
+        job = Job(uuid.uuid4().hex[:12], repo_id, [JobFile(n) for n in names])
         with self._lock:
             if self._closed:
                 raise DownloadError("the download manager has shut down")
@@ -265,8 +280,8 @@ class DownloadManager:
                 job = Job(files=files, **d)
             except (TypeError, KeyError, AttributeError):
                 continue
-            if job.state not in STATES:
-                continue
+            if job.state not in STATES or _invalid(job.repo_id, [f.path for f in job.files]):
+                continue  # a queue file edited by hand must not write outside the models folder
             if job.state in ("running", "queued"):
                 job.state = "queued"
                 self._queue.put(job.job_id)

@@ -140,7 +140,15 @@ class HubClient:
     def __init__(self, endpoint: str | None = None, token: str | None = None):
         from huggingface_hub import HfApi, constants
 
-        self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+        self.endpoint = (endpoint or constants.ENDPOINT).strip().rstrip("/")
+        from urllib.parse import urlsplit
+        try:
+            parts = urlsplit(self.endpoint)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0
+        except ValueError:  # an unclosed IPv6 bracket, a port that is not a number
+            ok = False
+        if not ok:
+            raise HubError(f"'{self.endpoint}' is not a Hub address: give an http:// or https:// URL")
         self.token = token or None
         self.api = HfApi(endpoint=self.endpoint, token=self.token)
         self._headers_cache: dict[tuple[str, str], tuple[dict, list]] = {}

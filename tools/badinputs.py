@@ -596,6 +596,9 @@ def generate(out: Path, *, seed: int = 0, per_file: int = 110) -> list[Case]:
     # The model library's scanner reads every header in the corpus at once: a broken file
     # is listed with its error, never a failed scan (python -m core models).
     cases.append(Case("library-scan", "model library", ["models", "--folder", str(work), "--json"], "ok"))
+    for i, ep in enumerate(("http://127.0.0.1:9", "not a url", "ftp://127.0.0.1/", "http://", "https://[::1",
+                              "http://h:99999", "http://h:x")):
+        cases.append(Case(f"pull-endpoint-{i}", "model library", ["pull", "a/b", "--endpoint", ep], "error"))
     return cases
 
 

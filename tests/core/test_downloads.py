@@ -248,9 +248,26 @@ def test_bad_requests_are_refused_at_once(env):
     from core.errors import DownloadError
 
     m, _ = env.manager()
-    for repo, names in [("noslash", ["a.gguf"]), (GGUF_REPO, []), (GGUF_REPO, ["../../etc/passwd"]),
+    for repo, names in [("noslash", ["a.gguf"]), ("../x", ["a.gguf"]), ("a/..", ["a.gguf"]), ("/a/b", ["a.gguf"]),
+                        (GGUF_REPO, []), (GGUF_REPO, ["../../etc/passwd"]),
                         (GGUF_REPO, ["/abs.gguf"])]:
         with pytest.raises(DownloadError):
             m.enqueue(repo, names)
     with pytest.raises(DownloadError, match="no download"):
         m.pause("nope")
+
+
+def test_a_damaged_or_edited_queue_file_is_not_trusted(env):
+    import json
+
+    env.state.parent.mkdir(parents=True, exist_ok=True)
+    jobs = [{"job_id": "evil1", "repo_id": "../x", "files": [{"path": "a.gguf"}], "state": "queued"},
+            {"job_id": "evil2", "repo_id": GGUF_REPO, "files": [{"path": "../../a.gguf"}], "state": "queued"},
+            {"job_id": "odd", "repo_id": GGUF_REPO, "files": "nope", "state": "queued"}]
+    env.state.write_text(json.dumps({"version": 1, "jobs": jobs}))
+    m, _ = env.manager()
+    assert m.jobs() == []
+    m.shutdown()
+    env.state.write_text("{broken")
+    m2, _ = env.manager()
+    assert m2.jobs() == []

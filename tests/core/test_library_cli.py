@@ -78,9 +78,10 @@ def test_gated_pull_with_a_token(capsys, data, hub_server):
     (["pull", "llamadesk-test/gone"], "does not exist"),
     (["pull", GGUF_REPO, "--context", "0"], "--context"),
     (["models", "--folder", "/no/such/folder"], "no such folder"),
+    (["pull", GGUF_REPO, "--endpoint", "ftp://x"], "not a Hub address"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, data, hub_server, argv, words):
-    if argv[0] == "pull":
+    if argv[0] == "pull" and "--endpoint" not in argv:
         argv = argv + ["--endpoint", hub_server.url]
     rc, out, err = run(capsys, *argv)
     assert rc == 2 and out == ""
