@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QSlider, QWidge
 
 from core.chat_export import export_json
 from tests.gui.ui_helpers import (bridge, close, data_dir, load, loop, make_window, run, send,  # noqa: F401
-                                  settings, snapshot, until)
+                                  settings, snapshot, until, window)
 
 NAMES = ["mainWindow", "promptEditor", "sendButton", "stopButton", "temperatureSlider", "temperatureSpin",
          "topPSlider", "topPSpin", "topKSpin", "maxTokensSpin", "seedSpin", "systemPrompt", "transcript",
@@ -21,14 +21,6 @@ NAMES = ["mainWindow", "promptEditor", "sendButton", "stopButton", "temperatureS
 @pytest.fixture
 def gguf(fixtures):
     return str(fixtures / "stories260K.gguf")
-
-
-@pytest.fixture
-def window(qtbot, loop, bridge, settings, data_dir):
-    w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
-    qtbot.addWidget(w)
-    yield w
-    close(loop, w)
 
 
 def last_view(w):

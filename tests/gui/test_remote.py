@@ -17,7 +17,7 @@ from core.worker import Worker
 from gui.bridge import Bridge, Chunk
 from gui.token_inspector import _visible
 from tests.gui.ui_helpers import (_KEEP, bridge, close, data_dir, load, loop, make_window, run,  # noqa: F401
-                                  send, settings, snapshot, until)
+                                  send, settings, snapshot, until, window)
 from tests.helpers import ServeProcess, free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -110,14 +110,6 @@ def test_stopping_a_remote_reply_stops_only_it(loop, bridge, remote):
 
 
 # --------------------------------------------------------------------------- the window
-
-@pytest.fixture
-def window(qtbot, loop, bridge, settings, data_dir):
-    w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
-    qtbot.addWidget(w)
-    yield w
-    close(loop, w)
-
 
 def dialogs(w, name="errorDialog"):
     return [d for d in w._dialogs if d.objectName() == name]

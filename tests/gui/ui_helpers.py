@@ -71,6 +71,15 @@ def bridge(loop):
     _KEEP.append(b)  # never let the last reference drop on the worker thread
 
 
+@pytest.fixture
+def window(qtbot, loop, bridge, settings, data_dir):
+    """The main window on the real bridge (no model loaded), closed after the test."""
+    w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
+    qtbot.addWidget(w)
+    yield w
+    close(loop, w)
+
+
 def run(loop, coro, timeout: float = 60.0):
     """Run a scenario coroutine on the qasync loop (the Qt event loop turns meanwhile)."""
     try:
