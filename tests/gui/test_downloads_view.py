@@ -37,11 +37,16 @@ def app(qtbot, loop, bridge, settings, data_dir, hub_server):
     return w
 
 
-async def start_download(w, repo: str, path: str, qtbot, hub_server, throttle=None) -> str:
+async def start_download(w, repo: str, path: str, qtbot, hub_server, throttle=None, cut=None) -> str:
+    """Open ``repo`` on the Hub tab, select ``path`` and press Download; the switches (a slow
+    server, a connection cut after ``cut`` bytes) apply to the download, not to the header
+    reads of the page's estimates."""
     lw = w.open_library("hub")
-    hub_server.throttle_bps = None  # the page reads the files' headers for its estimates: at full speed
+    hub_server.throttle_bps = None
     await lw.hub.open_repo(repo)
     hub_server.throttle_bps = throttle
+    if cut is not None:
+        hub_server.cut_after[(repo, path)] = cut
     assert lw.hub.select_file(path)
     jobs = []
     lw.hub.downloadStarted.connect(jobs.append)
@@ -165,3 +170,29 @@ def test_download_goes_on_after_a_restart(qtbot, loop, bridge, settings, data_di
         await until(lambda: [e.name for e in w2.library.entries] == ["tiny-Q8_0"], 30, "the new folder listed")
 
     run(loop, second_run(), 60)
+
+
+def test_network_drop_fails_inline_then_resumes(app, hub_server, hub_tree, qtbot, loop, data_dir, monkeypatch):
+    from core import downloads
+    monkeypatch.setattr(downloads, "RETRY_WAIT_S", (0.01,) * 5)  # the manager's retries, without their waits
+    w = app
+    spec = next(r for r in hub_tree if r.repo_id == GGUF_REPO).files["stories260K.gguf"]
+    hub_server.offline_after_cut = True  # the network goes down mid-file and stays down
+
+    async def scenario():
+        job = await start_download(w, GGUF_REPO, "stories260K.gguf", qtbot, hub_server, cut=300_000)
+        dv = w._library_window.downloads
+        await until(lambda: rows(dv, job)[0]["state"] == "failed", 30, "the failure")
+        status = dv.model.index(dv.model.find(job)[0], 5).data()
+        assert status.startswith("Failed:") and "network" in status
+        assert dv.notice.isVisible() and rows(dv, job)[0]["done"] == 300_000  # the kept bytes show
+        assert dv.select_job(job) and dv.resume_button.isEnabled()
+        hub_server.offline = False
+        qtbot.mouseClick(dv.resume_button, Qt.LeftButton)
+        await until(lambda: rows(dv, job)[0]["state"] == "done", 30, "finished after the network came back")
+        assert not dv.notice.isVisible()
+        assert ranges(hub_server, "stories260K.gguf")[-1] == "bytes=300000-"
+        landed = data_dir / "models" / "llamadesk-test" / "stories260K-GGUF" / "stories260K.gguf"
+        assert sha256(landed) == spec.sha256
+
+    run(loop, scenario(), 60)
