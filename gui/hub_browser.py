@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import os
+import re
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QStandardItem, QStandardItemModel
-from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFrame, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
-                               QPushButton, QSpinBox, QStackedWidget, QTableView, QTreeView, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFrame, QHBoxLayout, QHeaderView, QInputDialog, QLabel,
+                               QLineEdit, QMenu, QPushButton, QSpinBox, QStackedWidget, QTableView, QToolButton,
+                               QTreeView, QVBoxLayout, QWidget)
 
 from shiboken6 import isValid
 
@@ -28,6 +31,7 @@ SORT_ROLE = Qt.UserRole + 2
 FORMATS = (("GGUF", ("gguf",)), ("safetensors", ("safetensors",)), ("GGUF or safetensors", ("gguf", "safetensors")))
 SORTS = (("Most downloaded", "downloads"), ("Most liked", "likes"), ("Recently updated", "last_modified"))
 DEFAULT_CONTEXT = 4096
+DEFAULT_HUB = "https://huggingface.co"
 UNNAMED = "Quantization not in the name"  # core.hub reads it from file names (Q4_K_M, Q8_0, F16…)
 
 
@@ -242,6 +246,15 @@ class HubBrowser(QWidget):
         bar.addWidget(self.format_box)
         bar.addWidget(self.sort_box)
         bar.addWidget(self.search_button)
+        self.settings_button = QToolButton()
+        self.settings_button.setObjectName("hubSettings")
+        self.settings_button.setText("Hub Settings")
+        self.settings_button.setToolTip("The Hub's address and the token used")
+        self.settings_button.setPopupMode(QToolButton.InstantPopup)
+        self.settings_menu = QMenu(self)
+        self.settings_menu.aboutToShow.connect(self._fill_settings)
+        self.settings_button.setMenu(self.settings_menu)
+        bar.addWidget(self.settings_button)
         lay.addLayout(bar)
 
         # the token panel (401/403) and a one-line notice for other errors
@@ -425,6 +438,43 @@ class HubBrowser(QWidget):
         retry, self._retry = self._retry, None
         self.auth.hide()
         return retry() if retry is not None else None
+
+    # -- settings: the Hub's address, the token --------------------------------------------
+    def _fill_settings(self) -> None:
+        m = self.settings_menu
+        m.clear()
+        m.addAction(f"Hub address: {self.service.endpoint() or os.environ.get('HF_ENDPOINT') or DEFAULT_HUB}"
+                    ).setEnabled(False)
+        m.addAction("Change Hub Address…", self.change_endpoint)
+        if self.service.endpoint():
+            m.addAction("Use the Default Address", lambda: self.set_endpoint(""))
+        m.addSeparator()
+        if self.service.token:
+            m.addAction("Forget the Token Typed Here", lambda: self.service.set_token(None))
+        else:
+            m.addAction("Token: " + ("HF_TOKEN or huggingface_hub's login" if self.service.has_token() else "none")
+                        ).setEnabled(False)
+
+    def ask_text(self, title: str, label: str, text: str) -> str | None:
+        """A line of text from the user (a modal box); tests replace this method."""
+        value, ok = QInputDialog.getText(self, title, label, QLineEdit.Normal, text)
+        return value if ok else None
+
+    def change_endpoint(self) -> None:
+        url = self.ask_text("Hub address", "Address of the Hugging Face Hub (or a mirror); empty for the default:",
+                            self.service.endpoint() or "")
+        if url is not None:
+            self.set_endpoint(url)
+
+    def set_endpoint(self, url: str) -> asyncio.Task | None:
+        """Use ``url`` as the Hub (saved in the settings; '' = the default) and search again."""
+        url = url.strip().rstrip("/")
+        if url and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+            self.notice.setText(f"“{url}” is not a web address (it starts with https:// or http://).")
+            self.notice.show()
+            return None
+        self.service.set_endpoint(url or None)
+        return self.search()
 
     # -- search ----------------------------------------------------------------------------
     def search(self) -> asyncio.Task:

@@ -202,3 +202,26 @@ def test_missing_repository_is_said_in_words(lw, hub_server, loop):
         assert not hub.auth.isVisible() and hub.files_model.file_rows() == []
 
     run(loop, scenario())
+
+
+def test_hub_address_is_a_setting(lw, hub_server, settings, loop, tmp_path):
+    from gui.library_window import LibraryService
+    hub = lw.hub
+
+    async def scenario():
+        hub._fill_settings()
+        assert any(hub_server.url in a.text() for a in hub.settings_menu.actions())
+        hub.ask_text = lambda *a: "huggingface dot co"
+        hub.change_endpoint()
+        assert hub.notice.isVisible() and "not a web address" in hub.notice.text()
+        assert lw.service.endpoint() == hub_server.url  # unchanged
+        hub.ask_text = lambda *a: hub_server.url + "/"
+        hub.change_endpoint()
+        await until(lambda: not hub.busy and hub.results_model.rowCount(), 20, "a search on the new address")
+        assert not hub.notice.isVisible()
+        # kept in the settings: the next start uses it
+        again = LibraryService(settings=settings, data_dir=tmp_path / "data")
+        assert again.endpoint() == hub_server.url and again.hub().endpoint == hub_server.url
+        again.shutdown()
+
+    run(loop, scenario())
