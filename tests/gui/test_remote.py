@@ -417,6 +417,8 @@ def test_stop_and_edit_resend_on_a_server(qtbot, window, loop, remote):
         await until(lambda: done, 60, "the reply to the edit")
         assert window.chat.widgets[0].message["version"] == (2, 2) and done[0]["text"]
         assert len(window.history.siblings(user_id)) == 2
+        assert window.model_status.text().startswith(f"stories260K on {remote.url}")
+        snapshot(window, "remote_chat")
         return True
     assert run(loop, scenario(), 120)
 
