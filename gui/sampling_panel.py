@@ -36,6 +36,8 @@ BUILTIN_PRESETS: dict[str, dict] = {
 }
 DEFAULT_PRESET = "Balanced"
 
+# Why a control has no server counterpart (where the capability probe has nothing to say).
+_NOT_REMOTE = {"logit_bias": "a bias by text needs the model's tokenizer, and a server's is not known here"}
 SPECULATIVE_MODES = (("off", "Off"), ("lookup", "Prompt lookup"), ("draft", "Draft model"))
 DEFAULT_LOOKUP = 3
 CUSTOM = "Custom"
@@ -417,7 +419,7 @@ class SamplingPanel(QWidget):
             num_beams=self._hidden["num_beams"],
             length_penalty=self._hidden["length_penalty"],
             logit_bias_text=self._bias_specs()[0] if has("logit_bias") else (),
-            **self._speculative(),
+            **(self._speculative() if self.caps is None else {}),
         ).validate()
 
     def _bias_specs(self) -> tuple[tuple[str, ...], list[str]]:
@@ -485,13 +487,19 @@ class SamplingPanel(QWidget):
                 w.setEnabled(not lacking)
                 tip = w.accessibleDescription()
                 if lacking:
-                    why = caps.why.get(field_name) or f"{where} does not support {field_name}"
+                    why = caps.why.get(field_name) or _NOT_REMOTE.get(field_name) or \
+                        f"{where} does not support {field_name}"
                     tip = f"Not available with {where}: {why}."
                 w.setToolTip(tip)
         self.chatFormatCombo.setEnabled(caps is None)
         self.chatFormatCombo.setToolTip(
             self.chatFormatCombo.accessibleDescription() if caps is None
             else f"Not available with {where}: the server wraps messages in its own chat template.")
+        self._enable_speculative()
+        self.speculativeCombo.setToolTip(
+            self.speculativeCombo.accessibleDescription() if caps is None
+            else f"Not available with {where}: speculative decoding runs in this app's engine; "
+                 "how the server decodes is the server's own setting.")
 
     def set_model_context(self, n_ctx: int) -> None:
         """Cap max new tokens at the model's context length; the user's own choice comes
@@ -733,9 +741,11 @@ class SamplingPanel(QWidget):
 
     def _enable_speculative(self) -> None:
         mode = self.speculativeCombo.currentData()
-        self.lookupSpin.setEnabled(mode == "lookup")
-        self.draftPath.setEnabled(mode == "draft")
-        self.draftBrowseButton.setEnabled(mode == "draft")
+        local = self.caps is None  # speculative decoding happens in this app's engine only
+        self.speculativeCombo.setEnabled(local)
+        self.lookupSpin.setEnabled(local and mode == "lookup")
+        self.draftPath.setEnabled(local and mode == "draft")
+        self.draftBrowseButton.setEnabled(local and mode == "draft")
 
     def _speculative_changed(self, *_: Any) -> None:
         self._enable_speculative()

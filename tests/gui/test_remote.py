@@ -354,6 +354,7 @@ def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot,
     panel.topKSpin.setValue(40)
     panel.repetitionPenaltySpin.setValue(1.3)
     panel.minPSpin.setValue(0.05)
+    panel.speculativeCombo.setCurrentIndex(panel.speculativeCombo.findData("lookup"))
     with RunningServer(ServerState(load_model(fixtures / "stories260K.gguf", device="cpu", dtype="float32")),
                        wrap=lacking) as srv:
         r = RemoteModel(srv.url)
@@ -364,6 +365,9 @@ def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot,
                        (panel.topKSpin, "ignores top_k"), (panel.repetitionPenaltySpin, "ignores repetition_penalty")):
             assert not w.isEnabled() and why in w.toolTip() and "Not available with" in w.toolTip(), w.objectName()
         assert panel.minPSpin.isEnabled() and not panel.chatFormatCombo.isEnabled()
+        assert not panel.speculativeCombo.isEnabled() and not panel.lookupSpin.isEnabled()
+        assert "speculative decoding runs in this app" in panel.speculativeCombo.toolTip()
+        assert not panel.logitBiasEdit.isEnabled() and "tokenizer" in panel.logitBiasEdit.toolTip()
         assert "own chat template" in panel.chatFormatCombo.toolTip()
         assert window.record_probs_action.isEnabled()  # this server does return top_logprobs
         assert "seed" in window.model_status.toolTip() and "top_k" in window.model_status.toolTip()
@@ -374,6 +378,7 @@ def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot,
     st = view["settings"]
     assert view["seed"] is None and st["seed"] is None  # no seed was sent, none is claimed
     assert st["top_k"] == 0 and st["repetition_penalty"] == 1.0 and st["min_p"] == pytest.approx(0.05)
+    assert st.get("lookup", 0) == 0  # nothing local-only is recorded as if it had been used
     assert panel.topKSpin.value() == 40  # the user's choice is kept for the local model
     # A server without top_logprobs: no token records can be asked for.
     r.caps.top_logprobs = False
@@ -382,7 +387,8 @@ def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot,
     assert not window.record_probs_action.isEnabled() and "no top_logprobs" in window.record_probs_action.toolTip()
     window.use_local()
     assert all(w.isEnabled() for w in (panel.seedSpin, panel.topKSpin, panel.repetitionPenaltySpin,
-                                       panel.chatFormatCombo))
+                                       panel.chatFormatCombo, panel.speculativeCombo, panel.lookupSpin))
+    assert panel.params().lookup > 0
     assert panel.params().top_k == 40 and window.record_probs_action.isEnabled() and window.backend is None
 
 
