@@ -274,7 +274,7 @@ def _remote_stream(remote, args, params, lane: int = 0, meta: dict | None = None
 
 
 def cmd_generate(args) -> int:
-    from .engine import Done, Engine, Token
+    from .engine import Done, Token
     from .sampling import SamplingParams
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
@@ -301,8 +301,7 @@ def cmd_generate(args) -> int:
         ids, strip = _prompt_ids(loaded, args)
         if args.logit_bias:
             params = replace(params, logit_bias=_logit_bias(args, loaded.tokenizer)).validate()
-        engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids,
-                        compile=getattr(args, "compile", False))
+        engine = _engine(loaded, args)
         engine.draft_loader = _draft_loader(args, engine)
         events = engine.generate(ids, params, strip_leading_space=strip)
         meta["prompt_token_ids"] = ids
@@ -360,7 +359,7 @@ def cmd_compare(args) -> int:
     local checkpoints run per checkpoint; lanes on servers run as parallel requests."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .engine import Done, Engine, Prefilled
+    from .engine import Done, Prefilled
     from .compare import tokenizer_fingerprint
     if args.server and args.model is not None:
         raise SettingsError("give MODEL or --server, not both")
@@ -411,8 +410,7 @@ def cmd_compare(args) -> int:
             load_s += took
             local_load += took
             ids, strip = _prompt_ids(loaded, args)
-            engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids,
-                            compile=getattr(args, "compile", False))
+            engine = _engine(loaded, args)
             engine.draft_loader = _draft_loader(args, engine)
             fp = tokenizer_fingerprint(loaded.tokenizer, loaded.model.args.vocab_size)
             if args.logit_bias:  # each checkpoint's own ids for the text
@@ -515,11 +513,30 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _threads(loaded):
+    """(prefill, decode) threads for the CLI's engine and why: LLAMADESK_THREADS if set,
+    else the CPU probe's pick per phase over every core (the CLI owns the machine)."""
+    from .tuning import plan_for
+    from .worker import THREADS_ENV, resolve_torch_threads
+    override = resolve_torch_threads() if os.environ.get(THREADS_ENV, "").strip() else None
+    return plan_for(loaded.model.tok_embeddings.weight.device, os.cpu_count() or 1, override)
+
+
+def _engine(loaded, args):
+    from .engine import Engine
+    plan = _threads(loaded)
+    return Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids, compile=getattr(args, "compile", False),
+                  threads=(plan.prefill, plan.decode) if plan else None)
+
+
 def cmd_info(args) -> int:
     from . import limits
     loaded, load_s = _load(args)
     info = dict(loaded.info)
     info["load_s"] = round(load_s, 3)
+    plan = _threads(loaded)
+    if plan is not None:
+        info["threads"] = plan.reason
     if args.quality:
         from .quality import compare
         from .checkpoints import load

@@ -174,12 +174,16 @@ class Engine:
             and ``compile_status`` says why. Prefill stays eager (its length varies).
         stop_ids: the tokens that end a reply when a call names none (default: the
             tokenizer's); a request's own stop ids go with the request, never onto the engine.
+        threads: (prefill, decode) torch threads, set around each phase
+            (:func:`core.tuning.thread_plan`); None leaves the process setting alone.
     """
 
     def __init__(self, model, tokenizer: Tokenizer, *, max_context: int | None = None,
                  prefill_chunk: int = 512, stop_ids: Sequence[int] | None = None,
-                 preallocate: bool = False, compile: bool | str = False):
+                 preallocate: bool = False, compile: bool | str = False,
+                 threads: tuple[int, int] | None = None):
         self.model = model
+        self.threads = threads
         self.tokenizer = tokenizer
         self.max_context = int(max_context or model.args.max_seq_len)
         self.prefill_chunk = prefill_chunk
@@ -237,6 +241,7 @@ class Engine:
                 return None, reuse
             chunk = prompt[pos: pos + self._chunk_size()]
             x = torch.tensor([chunk], device=self.device)
+            self._use_threads(0)
             t = time.perf_counter()
             logits = self.model(x, pos, view, last_only=True)[0, -1]
             if self.device.type == "cpu":  # elsewhere the time would measure the launch only
@@ -521,8 +526,14 @@ class Engine:
         empty = (bitmask[[r for r, _ in held]] == 0).all(-1).tolist()
         return bitmask, {r: ("eos" if st.accepting else "error") for (r, st), e in zip(held, empty) if e}
 
+    def _use_threads(self, phase: int) -> None:
+        """Set torch's threads for prefill (0) or decode (1) when the engine was given a plan."""
+        if self.threads is not None and torch.get_num_threads() != self.threads[phase]:
+            torch.set_num_threads(self.threads[phase])
+
     def _decode(self, x: torch.Tensor, pos) -> torch.Tensor:
         """One decode step: compiled when asked and it works, else eager."""
+        self._use_threads(1)
         if self._decode_fn is not None:
             try:
                 out = self._decode_fn(x, pos, self.cache, last_only=True)
@@ -626,6 +637,7 @@ class Engine:
             self.cache.ensure(nb, pos + 1)
             self.cache.reorder(torch.tensor(origin, device=self.device), pos)
             x = torch.tensor(tokens, device=self.device).view(len(tokens), 1)
+            self._use_threads(1)
             out = self.model(x, pos, self.cache, last_only=True)[:, -1]
             pos += 1
             return self._beam_logits(out)

@@ -23,6 +23,7 @@ import torch
 
 CACHE_NAME = "cpu_probe.json"
 DTYPE_ENV = "LLAMADESK_CPU_DTYPE"  # float32 / bfloat16: skip the probe (tests, scripts)
+PROBE_VERSION = 2  # a cache written by another version of the probe is measured again
 
 
 @dataclass
@@ -35,6 +36,11 @@ class CpuChoice:
     bf16_prefill_speedup: float  # the same for 128 rows
     fingerprint: str
     measured: str  # when (UTC), or 'override'
+    # time at 1 thread / time at the most threads, in the chosen dtype (0: not measured)
+    prefill_thread_speedup: float = 0.0
+    decode_thread_speedup: float = 0.0
+    max_threads: int = 1
+    version: int = 1
 
     @property
     def reason(self) -> str:
@@ -81,9 +87,9 @@ def median_seconds(fn, repeats: int) -> float:
 def probe(*, k: int = 2048, n: int = 8192, rows: int = 128, repeats: int = 5) -> CpuChoice:
     """Measure now (about a second): one-row and ``rows``-row multiplies of an [n, k]
     weight (64 MB in float32, beyond the caches like a model's weights) in float32 and
-    bfloat16, at 1 thread and at every core but one."""
+    bfloat16, at 1 thread and at every core."""
     saved = torch.get_num_threads()
-    cores = max(1, (os.cpu_count() or 1) - 1)
+    cores = max(1, os.cpu_count() or 1)
     g = torch.Generator().manual_seed(0)
     w32 = torch.randn(n, k, generator=g)
     x32 = torch.randn(rows, k, generator=g)
@@ -107,8 +113,41 @@ def probe(*, k: int = 2048, n: int = 8192, rows: int = 128, repeats: int = 5) ->
     # there and does not make prompts much slower (some CPUs emulate bf16 matmuls).
     dtype = "bfloat16" if dec >= 1.05 and pre >= 0.8 else "float32"
     pick = lambda phase: min({1, cores}, key=lambda t: times[(dtype, phase, t)])  # noqa: E731
+    gain = lambda phase: times[(dtype, phase, 1)] / times[(dtype, phase, cores)]  # noqa: E731
     return CpuChoice(dtype, pick("prefill"), pick("decode"), round(dec, 3), round(pre, 3), fingerprint(),
-                     time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+                     time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), round(gain("prefill"), 3),
+                     round(gain("decode"), 3), cores, PROBE_VERSION)
+
+
+@dataclass
+class ThreadPlan:
+    """Torch threads for prefill and for decode on this CPU, and why."""
+    prefill: int
+    decode: int
+    reason: str
+
+
+def thread_plan(budget: int, override: int | None = None, choice: CpuChoice | None = None) -> ThreadPlan:
+    """Threads for each phase, at most ``budget`` (what the caller may use: the app leaves
+    a core to its UI). ``override`` (a user's thread setting) wins; otherwise the probe's
+    pick per phase: decode is memory-bound and a second thread often only adds contention,
+    while prefill's matmuls scale with cores."""
+    if override is not None:
+        return ThreadPlan(override, override, f"{override} threads: set by the user")
+    c = choice or cpu_choice()
+    if c.measured == "override" or not c.max_threads:
+        return ThreadPlan(budget, budget, f"{budget} threads (not measured)")
+    pre, dec = min(c.prefill_threads, budget), min(c.decode_threads, budget)
+    why = (f"probe ({c.measured}): {c.max_threads} threads vs 1 gave prefill {c.prefill_thread_speedup:.2f}x, "
+           f"decode {c.decode_thread_speedup:.2f}x")
+    if budget < c.max_threads:
+        why += f"; at most {budget} here"
+    return ThreadPlan(pre, dec, f"prefill {pre} / decode {dec} threads: {why}")
+
+
+def plan_for(device: torch.device, budget: int, override: int | None = None) -> ThreadPlan | None:
+    """The thread plan for an engine on ``device`` (None off the CPU: threads do not apply)."""
+    return thread_plan(budget, override) if torch.device(device).type == "cpu" else None
 
 
 _CHOICE: CpuChoice | None = None
@@ -120,8 +159,9 @@ def cpu_choice(cache_dir: Path | None = None) -> CpuChoice:
     global _CHOICE
     env = os.environ.get(DTYPE_ENV, "").strip()
     if env in ("float32", "bfloat16"):
-        cores = max(1, (os.cpu_count() or 1) - 1)
-        return CpuChoice(env, cores, cores, 0.0, 0.0, fingerprint(), "override")
+        cores = max(1, os.cpu_count() or 1)
+        return CpuChoice(env, cores, cores, 0.0, 0.0, fingerprint(), "override", max_threads=0,
+                         version=PROBE_VERSION)
     if _CHOICE is not None and cache_dir is None:
         return _CHOICE
     path = (cache_dir or data_dir()) / CACHE_NAME
@@ -129,7 +169,7 @@ def cpu_choice(cache_dir: Path | None = None) -> CpuChoice:
     choice = None
     try:
         saved = json.loads(path.read_text())
-        if saved.get("fingerprint") == fp:
+        if saved.get("fingerprint") == fp and saved.get("version") == PROBE_VERSION:
             choice = CpuChoice(**saved)
     except (OSError, ValueError, TypeError):
         pass

@@ -244,6 +244,9 @@ class Worker:
         self._on_event = on_event
         self._collect_garbage = collect_garbage
         self.torch_threads = resolve_torch_threads(torch_threads)
+        # a count the user chose (argument or LLAMADESK_THREADS) is used for both phases
+        self._threads_override = self.torch_threads if (
+            torch_threads is not None or os.environ.get(THREADS_ENV, "").strip()) else None
         self._prefill_chunk = prefill_chunk
         self._queue: queue.Queue[_Command | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -442,12 +445,17 @@ class Worker:
         return had
 
     def _install(self, loaded, rid: int) -> None:
+        from .tuning import plan_for
         args = loaded.args
+        plan = plan_for(loaded.model.tok_embeddings.weight.device, self.torch_threads, self._threads_override)
         self._engine = _engine.Engine(loaded.model, loaded.tokenizer, max_context=args.max_seq_len,
-                                      prefill_chunk=self._prefill_chunk, stop_ids=loaded.stop_ids)
+                                      prefill_chunk=self._prefill_chunk, stop_ids=loaded.stop_ids,
+                                      threads=(plan.prefill, plan.decode) if plan else None)
         self._loaded = loaded
         self._formats = {}
         info = _model_info(loaded)
+        if plan is not None:
+            info["threads"] = plan.reason
         with self._lock:
             self._info = info
         self._emit(Loaded(rid, dict(info)))

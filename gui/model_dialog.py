@@ -150,7 +150,8 @@ def info_rows(info: dict) -> list[tuple[str, str]]:
     if "parameters" in info:
         rows.append(("Parameters", f"{human_count(info['parameters'])} ({info['parameters']:,})"))
     for key, label in (("context_length", "Context length"), ("dtype", "Data type"),
-                       ("dtype_reason", "Why this data type"), ("device", "Device")):
+                       ("dtype_reason", "Why this data type"), ("device", "Device"),
+                       ("threads", "Threads")):
         if key in info:
             rows.append((label, str(info[key])))
     if "memory_bytes" in info:

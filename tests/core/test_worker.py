@@ -38,6 +38,8 @@ def test_load_generate_events_in_order_and_match_engine(make_worker, gguf):
     kinds = [type(e) for e in col.events]
     # LoadProgress…, Loaded, Prompted, Reply(Prefilled), Reply(Token)…, Reply(Done)
     first_loaded = kinds.index(Loaded)
+    # the worker was given 1 thread: both phases use it, and the model's facts say so
+    assert col.events[first_loaded].info["threads"] == "1 threads: set by the user"
     assert kinds[0] is LoadProgress and all(k is LoadProgress for k in kinds[:first_loaded])
     assert [e.request_id for e in col.events[: first_loaded + 1]] == [lid] * (first_loaded + 1)
     assert all(type(e) is Reply for e in col.events[first_loaded + 2:])

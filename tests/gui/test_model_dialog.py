@@ -57,3 +57,11 @@ def test_an_ordinary_folder_is_entered_not_chosen(qtbot, models):
     _press_open(dlg)
     assert dlg.chosen is None and dlg.isVisible()
     assert dlg.directory().absolutePath() == str(models / "photos")
+
+
+def test_model_facts_say_which_threads_and_why():
+    """The status bar's tooltip and the model info dialog list the worker's thread plan."""
+    from gui.model_dialog import info_rows
+    rows = dict(info_rows({"name": "m", "threads": "prefill 2 / decode 1 threads: probe (...)"}))
+    assert rows["Threads"] == "prefill 2 / decode 1 threads: probe (...)"
+    assert "Threads" not in dict(info_rows({"name": "m"}))
