@@ -30,7 +30,8 @@ SWEEP_PARAMS: dict[str, tuple[type, float, float | None]] = {
 }
 
 # The per-lane settings a comparison shows and stores.
-LANE_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens", "lookup")
+LANE_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens", "lookup",
+             "constraint")
 
 
 # --------------------------------------------------------------------------- divergence
@@ -291,12 +292,16 @@ def settings_label(settings: dict, differs_from: dict | None = None) -> str:
     """A short label for a lane: 'T 0.7 · top-p 0.9 · seed 7', only the keys that differ
     from ``differs_from`` when given (falls back to temperature)."""
     names = {"temperature": "T", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p",
-             "repetition_penalty": "rep", "seed": "seed", "max_new_tokens": "max", "lookup": "lookup"}
+             "repetition_penalty": "rep", "seed": "seed", "max_new_tokens": "max", "lookup": "lookup",
+             "constraint": "format"}
     keys = [k for k in LANE_KEYS if k in settings]
     if differs_from is not None:
         keys = [k for k in keys if settings.get(k) != differs_from.get(k)] or ["temperature"]
     out = []
     for k in keys:
         v = settings.get(k)
+        if k == "constraint":  # {"kind", "text"} or None: name the kind only
+            from .constrain import LABELS
+            v = LABELS.get(v.get("kind"), "?") if isinstance(v, dict) else "free"
         out.append(f"{names[k]} {v:g}" if isinstance(v, float) else f"{names[k]} {v}")
     return " · ".join(out)

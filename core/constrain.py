@@ -169,18 +169,11 @@ class ConstraintState:
 
 def fill_masks(states: Sequence[tuple[int, ConstraintState]], bitmask: torch.Tensor) -> None:
     """Each (row, state)'s mask into its row of ``bitmask``; rows not named stay as they are.
-    Several lanes' masks are computed in parallel by llguidance's executor."""
-    if not states:
-        return
-    if len(states) == 1:
-        row, st = states[0]
-        st.mask(bitmask[row])
-        return
-    vocab = states[0][1].vocab
-    vocab.executor().unsafe_compute_mask_ptr([(st.matcher, row) for row, st in states], bitmask.data_ptr(),
-                                            bitmask.shape[1] * 4, bitmask.shape[0])
+
+    One after another: llguidance's parallel executor was slower here (8 lanes: 0.14 ms
+    against 0.08 ms per step at 32k and 128k vocabularies, 2 shared cores)."""
     for row, st in states:
-        st._fix_stops(bitmask[row])
+        st.mask(bitmask[row])
 
 
 class Vocabulary:
@@ -200,7 +193,6 @@ class Vocabulary:
         self.size = int(vocab_size)
         self.eos_ids = sorted(t for t in (tokenizer.stop_ids or ()) if 0 <= t < self.size)
         self._lltok = None
-        self._executor = None
         self._lock = threading.Lock()
         self._grammars: OrderedDict[Constraint, str] = OrderedDict()
 
@@ -211,12 +203,6 @@ class Vocabulary:
                 self._lltok = llg.LLTokenizer(llg.TokenizerWrapper(_Tokens(self.tokenizer, self.size)),
                                               n_vocab=self.size, eos_token=self.eos_ids or None)
             return self._lltok
-
-    def executor(self):
-        if self._executor is None:
-            import llguidance as llg
-            self._executor = llg.LLExecutor()
-        return self._executor
 
     def check(self, constraint: Constraint) -> str:
         """The compiled grammar of ``constraint``; ConstraintError if it cannot compile."""
@@ -326,3 +312,16 @@ def request_fields(constraint: Constraint | None) -> dict:
         return {"response_format": {"type": "json_schema",
                                     "json_schema": {"name": "output", "schema": json.loads(constraint.text)}}}
     return {constraint.kind: constraint.text}
+
+
+def syntax_error(constraint: Constraint) -> str:
+    """Why ``constraint`` cannot compile, checked without a vocabulary (for a settings
+    panel, as the user types); "" when it can. A vocabulary may still refuse it
+    (:meth:`Vocabulary.check`)."""
+    import llguidance as llg
+
+    try:
+        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(constraint.grammar())
+    except ConstraintError as e:
+        return str(e)
+    return f"the {constraint.describe()} cannot be compiled: {_first_lines(messages[0])}" if is_error else ""

@@ -203,6 +203,7 @@ class LaneRun:
             top = tops[i] if i < len(tops) else None
             if isinstance(top, dict):  # JSON turned (id, prob) tuples into lists
                 top = {k: ({int(i): str(p) for i, p in v.items()} if k == "pieces"
+                           else [int(a) for a in v] if k == "constrained"  # ids the constraint removed
                            else [(int(a), float(b)) for a, b in v]) for k, v in top.items()}
             run.tokens.append(TokenRec(int(ids[i]), texts[i] if i < len(texts) else "",
                                        pieces[i] if i < len(pieces) else "", float(lps[i]), top))

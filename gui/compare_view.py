@@ -172,6 +172,7 @@ class LaneColumn(QFrame):
         for c in (1, 3, 5):
             grid.setColumnStretch(c, 1)
         lay.addLayout(grid)
+        self._constraint_row(lay)
         self.set_settings(settings)
         for w in self.fields.values():
             w.valueChanged.connect(lambda *_: self.settingsChanged.emit())
@@ -242,8 +243,55 @@ class LaneColumn(QFrame):
 
     # -- settings ------------------------------------------------------------------------
 
+    def _constraint_row(self, lay) -> None:
+        """The lane's output format: a kind and its text (a JSON schema, regex or grammar
+        pasted on one line), checked as typed; problems show in the lane's notice."""
+        from .sampling_panel import CONSTRAINT_HINTS, CONSTRAINT_KINDS
+        row = QHBoxLayout()
+        self.constraint_kind = QComboBox()
+        self.constraint_kind.setObjectName("lane_constraint_kind")
+        self.constraint_kind.setAccessibleName("Lane output format")
+        self.constraint_kind.setToolTip("Hold this lane's reply to a JSON schema, a regular expression or a grammar")
+        for key, label in CONSTRAINT_KINDS:
+            self.constraint_kind.addItem(label, key)
+        self.constraint_kind.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.constraint_kind.setMinimumContentsLength(8)
+        self.constraint_text = QLineEdit()
+        self.constraint_text.setObjectName("lane_constraint_text")
+        self.constraint_text.setAccessibleName("Lane output format text")
+        self._hints = CONSTRAINT_HINTS
+        lab = QLabel("format")
+        lab.setBuddy(self.constraint_kind)
+        row.addWidget(lab)
+        row.addWidget(self.constraint_kind)
+        row.addWidget(self.constraint_text, 1)
+        lay.addLayout(row)
+        self.constraint_kind.currentIndexChanged.connect(self._constraint_edited)
+        self.constraint_text.editingFinished.connect(self._constraint_edited)
+        self._show_constraint()
+
+    def constraint(self) -> dict | None:
+        kind = self.constraint_kind.currentData()
+        text = self.constraint_text.text()
+        if not kind or (kind != "json_object" and not text.strip()):
+            return None
+        return {"kind": kind, "text": "" if kind == "json_object" else text}
+
+    def _show_constraint(self) -> None:
+        kind = self.constraint_kind.currentData()
+        self.constraint_text.setVisible(bool(kind) and kind != "json_object")
+        self.constraint_text.setPlaceholderText(self._hints.get(kind, ""))
+
+    def _constraint_edited(self, *_) -> None:
+        from core.constrain import Constraint, syntax_error
+        self._show_constraint()
+        c = self.constraint()
+        msg = syntax_error(Constraint(**c)) if c is not None else ""
+        self.show_notice(msg[:1].upper() + msg[1:])
+        self.settingsChanged.emit()
+
     def settings(self) -> dict:
-        d = {}
+        d = {"constraint": self.constraint()}
         for key, w in self.fields.items():
             v = w.value()
             if key == "seed":
@@ -256,6 +304,15 @@ class LaneColumn(QFrame):
         return d
 
     def set_settings(self, d: dict) -> None:
+        if "constraint" in d:
+            c = d["constraint"] if isinstance(d["constraint"], dict) else {}
+            for w in (self.constraint_kind, self.constraint_text):
+                w.blockSignals(True)
+            self.constraint_kind.setCurrentIndex(max(0, self.constraint_kind.findData(c.get("kind", ""))))
+            self.constraint_text.setText(str(c.get("text") or ""))
+            for w in (self.constraint_kind, self.constraint_text):
+                w.blockSignals(False)
+            self._show_constraint()
         for key, w in self.fields.items():
             if key not in d:
                 continue
@@ -278,6 +335,8 @@ class LaneColumn(QFrame):
 
     def set_editable(self, on: bool, seed_locked: bool) -> None:
         self.model_combo.setEnabled(on)
+        self.constraint_kind.setEnabled(on)
+        self.constraint_text.setEnabled(on)
         for key, w in self.fields.items():
             w.setEnabled(on and not (key == "seed" and seed_locked and self.lane > 0))
         for b in (self.left_button, self.right_button, self.dup_button, self.remove_button):

@@ -7,12 +7,14 @@ import math
 from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QSettings, QSignalBlocker, Qt, QTimer, Signal
+from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSpinBox,
                                QFormLayout, QFrame, QGroupBox, QHBoxLayout, QInputDialog,
                                QLabel, QLineEdit, QPlainTextEdit, QPushButton, QScrollArea,
                                QSizePolicy, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from core.chat_format import FORMAT_NAMES
+from core.constrain import Constraint, syntax_error
 from core.errors import SettingsError
 from core.sampling import MAX_LOOKUP, SamplingParams, parse_logit_bias
 
@@ -39,6 +41,11 @@ DEFAULT_PRESET = "Balanced"
 # Why a control has no server counterpart (where the capability probe has nothing to say).
 _NOT_REMOTE = {"logit_bias": "a bias by text needs the model's tokenizer, and a server's is not known here"}
 SPECULATIVE_MODES = (("off", "Off"), ("lookup", "Prompt lookup"), ("draft", "Draft model"))
+CONSTRAINT_KINDS = (("", "Off"), ("json_schema", "JSON schema"), ("json_object", "Any JSON object"),
+                    ("regex", "Regular expression"), ("grammar", "Grammar (GBNF or Lark)"))
+CONSTRAINT_HINTS = {"json_schema": '{"type": "object", "properties": {"name": {"type": "string"}}}',
+                    "regex": r"[A-Z][a-z]+ is [0-9]{1,3}",
+                    "grammar": 'root ::= "yes" | "no"'}
 DEFAULT_LOOKUP = 3
 CUSTOM = "Custom"
 
@@ -330,6 +337,35 @@ class SamplingPanel(QWidget):
         dh.addWidget(self.draftBrowseButton)
         self._row(f, "&Draft model", draft_row, self.draftPath)
 
+        # --- output constraint: JSON schema, regex or grammar (checked as it is typed)
+        constraint, f = self._form("Output format")
+        self.constraintCombo = self._name(
+            QComboBox(), "constraintCombo",
+            "Hold the reply to a JSON schema, a regular expression or a grammar: tokens that would "
+            "break it are never sampled.")
+        for key, label in CONSTRAINT_KINDS:
+            self.constraintCombo.addItem(label, key)
+        # Sized by a short text, not "Grammar (GBNF or Lark)": a wider row would wrap the form.
+        self.constraintCombo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.constraintCombo.setMinimumContentsLength(8)
+        self._row(f, "Constrain &to", self.constraintCombo)
+        self.constraintText = self._name(QPlainTextEdit(), "constraintText",
+                                         "The JSON schema, regular expression or grammar the reply must match.")
+        self.constraintText.setTabChangesFocus(True)
+        self.constraintText.setFont(QFontDatabase.systemFont(QFontDatabase.FixedFont))
+        self.constraintText.setMinimumHeight(self.constraintText.fontMetrics().lineSpacing() * 4 + 12)
+        f.addRow(self.constraintText)
+        self.constraintNotice = self._name(QLabel(), "constraintNotice",
+                                           "Why the constraint cannot be used as written.")
+        self.constraintNotice.setWordWrap(True)
+        self.constraintNotice.setStyleSheet("color: #b3261e;")
+        self.constraintNotice.hide()
+        f.addRow(self.constraintNotice)
+        self._constraint_timer = QTimer(self)
+        self._constraint_timer.setSingleShot(True)
+        self._constraint_timer.setInterval(300)  # check once typing pauses
+        self._constraint_timer.timeout.connect(self._check_constraint)
+
         # --- conversation
         conv, f = self._form("Conversation")
         self.chatFormatCombo = self._name(QComboBox(), "chatFormatCombo",
@@ -358,6 +394,7 @@ class SamplingPanel(QWidget):
         v.addWidget(sampling)
         v.addWidget(length)
         v.addWidget(speed)
+        v.addWidget(constraint)
         v.addWidget(conv, 1)
         scroll = QScrollArea()
         scroll.setObjectName("samplingScroll")
@@ -388,6 +425,9 @@ class SamplingPanel(QWidget):
         self.draftPath.editingFinished.connect(self._draft_edited)
         self.draftBrowseButton.clicked.connect(self._browse_draft)
         self._last_draft = ""
+        self.constraintCombo.currentIndexChanged.connect(self._constraint_changed)
+        self.constraintText.textChanged.connect(self._constraint_changed)
+        self._enable_constraint()
         self._enable_speculative()
         self.presetCombo.currentIndexChanged.connect(self._preset_chosen)
         # clicked(bool) would arrive as the name argument; drop it.
@@ -420,6 +460,7 @@ class SamplingPanel(QWidget):
             length_penalty=self._hidden["length_penalty"],
             logit_bias_text=self._bias_specs()[0] if has("logit_bias") else (),
             **(self._speculative() if self.caps is None else {}),
+            constraint=self.constraint(),
         ).validate()
 
     def _bias_specs(self) -> tuple[tuple[str, ...], list[str]]:
@@ -440,6 +481,14 @@ class SamplingPanel(QWidget):
         if self.logitBiasEdit.text() != self._last_bias:
             self._last_bias = self.logitBiasEdit.text()
             self._edited()
+
+    def constraint(self) -> Constraint | None:
+        """The chosen output constraint; None when off or its text is empty."""
+        kind = self.constraintCombo.currentData()
+        text = self.constraintText.toPlainText()
+        if not kind or (kind != "json_object" and not text.strip()):
+            return None
+        return Constraint(kind, "" if kind == "json_object" else text)
 
     def _speculative(self) -> dict:
         """lookup/draft for SamplingParams: only the chosen mode's (a draft with no path is off)."""
@@ -523,7 +572,8 @@ class SamplingPanel(QWidget):
                  max_new_tokens=self._wanted_max_tokens,
                  system_prompt=self.system_prompt(), chat_format=self.chat_format(),
                  speculative=self.speculativeCombo.currentData(), lookup_n=self.lookupSpin.value(),
-                 draft_path=self.draftPath.text().strip())
+                 draft_path=self.draftPath.text().strip(),
+                 constraint_kind=self.constraintCombo.currentData(), constraint_text=self.constraintText.toPlainText())
         return d
 
     def from_dict(self, d: dict) -> None:
@@ -706,9 +756,47 @@ class SamplingPanel(QWidget):
                 if k in d:
                     self._hidden[k] = type(self._hidden[k])(d[k])
             self._apply_speculative(d)
+            self._apply_constraint(d)
         finally:
             self._loading -= 1
 
+    def _apply_constraint(self, d: dict) -> None:
+        """constraint (a SamplingParams dict: {kind, text} or None), or the panel's own
+        constraint_kind / constraint_text (the text is kept while the kind is Off)."""
+        kind = text = None
+        if "constraint" in d:
+            c = d["constraint"]
+            kind, text = (c.get("kind", ""), c.get("text", "")) if isinstance(c, dict) else ("", None)
+        if "constraint_kind" in d:
+            kind = str(d["constraint_kind"] or "")
+        if "constraint_text" in d:
+            text = str(d["constraint_text"] or "")
+        if text is not None and (kind != "json_object" or not text) and text != self.constraintText.toPlainText():
+            with QSignalBlocker(self.constraintText):
+                self.constraintText.setPlainText(text)
+        if kind is not None:
+            with QSignalBlocker(self.constraintCombo):
+                self.constraintCombo.setCurrentIndex(max(0, self.constraintCombo.findData(kind)))
+        self._enable_constraint()
+        self._check_constraint()
+
+    def _enable_constraint(self) -> None:
+        kind = self.constraintCombo.currentData()
+        # The editor shows only where there is text to write: the panel stays short when off.
+        self.constraintText.setVisible(bool(kind) and kind != "json_object")
+        self.constraintText.setPlaceholderText(CONSTRAINT_HINTS.get(kind, ""))
+
+    def _constraint_changed(self, *_: Any) -> None:
+        self._enable_constraint()
+        self._constraint_timer.start()
+        self._edited()
+
+    def _check_constraint(self) -> None:
+        """Show why the constraint as written cannot be used (inline, under the editor)."""
+        c = self.constraint()
+        msg = syntax_error(c) if c is not None else ""
+        self.constraintNotice.setText(msg[:1].upper() + msg[1:])
+        self.constraintNotice.setVisible(bool(msg))
     def _apply_speculative(self, d: dict) -> None:
         """lookup/draft (a SamplingParams dict) choose the mode; speculative, lookup_n and
         draft_path (the panel's own state) restore it exactly, values kept while off."""
@@ -801,7 +889,7 @@ class SamplingPanel(QWidget):
         d = self.to_dict()
         s.beginGroup("sampling")
         for k, v in d.items():
-            s.setValue(k, json.dumps(v) if isinstance(v, (list, tuple)) else
+            s.setValue(k, json.dumps(v) if isinstance(v, (list, tuple, dict)) else
                        ("" if v is None else v))
         s.endGroup()
         s.beginGroup("presets")
@@ -844,7 +932,7 @@ def _coerce_stored(stored: dict) -> dict:
              "length_penalty": float, "top_k": int, "max_new_tokens": int, "num_beams": int,
              "seed_value": int, "random_seed": bool, "stop": list, "system_prompt": str,
              "chat_format": str, "speculative": str, "lookup_n": int, "draft_path": str,
-             "logit_bias_text": list}
+             "logit_bias_text": list, "constraint_kind": str, "constraint_text": str}
     out: dict = {}
     for k, kind in kinds.items():
         if k not in stored or stored[k] is None:

@@ -36,23 +36,26 @@ def fmt_prob(p: float | None) -> str:
 
 
 def inspector_rows(top: dict | None, chosen_id: int) -> list[dict]:
-    """Rows for a token's alternatives: ``{"id", "raw", "filtered", "chosen"}``.
+    """Rows for a token's alternatives: ``{"id", "raw", "filtered", "chosen", "constrained"}``.
 
     Ids come from both lists, ordered by raw probability. A token missing from the
     filtered list has probability 0 after filtering when that list is shorter than the
     raw one (the filters cut it), else its value is unknown (None). An empty filtered
     list means nobody said (a server reports only the model's probabilities): unknown.
+    ``constrained``: the lane's output constraint (JSON schema, regex, grammar) removed it
+    (probability 0).
     """
     if not top:
         return []
     raw = {int(i): float(p) for i, p in top.get("raw", [])}
     filt = {int(i): float(p) for i, p in top.get("filtered", [])}
+    removed = {int(i) for i in top.get("constrained") or ()}
     cut_known = bool(filt) and len(filt) < len(raw)
     order = sorted(raw, key=lambda i: -raw[i]) + [i for i in sorted(filt, key=lambda i: -filt[i]) if i not in raw]
     rows = []
     for i in order:
-        f = filt.get(i, 0.0 if cut_known else None)
-        rows.append({"id": i, "raw": raw.get(i), "filtered": f, "chosen": i == chosen_id})
+        f = 0.0 if i in removed else filt.get(i, 0.0 if cut_known else None)
+        rows.append({"id": i, "raw": raw.get(i), "filtered": f, "chosen": i == chosen_id, "constrained": i in removed})
     return rows
 
 
@@ -249,6 +252,13 @@ class TokenInspector(QFrame):
                 it.setData(PROB_ROLE, row[key])
                 it.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
                 cells.append(it)
+            if row.get("constrained"):
+                cells[2].setText("constraint")
+                cells[2].setToolTip("Removed by the output constraint (JSON schema, regex or grammar) "
+                                    "before the other filters")
+                f = name.font()
+                f.setStrikeOut(True)
+                name.setFont(f)
             for c, it in enumerate(cells):
                 if row["chosen"]:
                     f = it.font()
@@ -266,7 +276,9 @@ class TokenInspector(QFrame):
             self.note.setText("model: the raw softmax · after filters: what was sampled from "
                               "(temperature, top-k, top-p, min-p, repetition penalty). Bold: chosen; "
                               "cut: removed by the filters."
-                              + (" Pick a row to branch the reply there." if self.can_branch else ""))
+                              + (" Pick a row to branch the reply there." if self.can_branch else "")
+                              + (" constraint (struck out): removed by the output format's JSON schema, "
+                                 "regex or grammar." if any(r["constrained"] for r in self.rows) else ""))
 
     def shown_values(self) -> list[tuple[str, str, str]]:
         """The table's text, row by row (what a user reads)."""

@@ -418,3 +418,60 @@ def test_a_lane_sets_prompt_lookup_and_shows_how_drafting_went(qtbot, loop, hist
     from gui.chat_view import format_stats
     text = format_stats({"stats": st, "stop_reason": "length"})
     assert "speculative (lookup 3): 70% of 10 drafted accepted, 2.5 a step · ≈1.60× plain" in text
+
+
+def test_lanes_with_output_formats_validate_save_and_show_what_the_constraint_removed(
+        qtbot, loop, bridge, history, story, fixtures, tmp_path):
+    """Per-lane constraints through the real worker: a JSON-schema lane validates, a regex
+    lane matches, a free lane beside them is untouched; saved, exported and reopened with
+    their constraints; the inspector marks the model's favourites the schema removed; a
+    schema that cannot compile is an inline notice in its lane."""
+    import re
+
+    import jsonschema
+    from gui.compare_view import CompareView
+
+    schema = {"type": "object", "required": ["name", "age"], "additionalProperties": False,
+              "properties": {"name": {"type": "string", "pattern": "^[A-Za-z]{1,8}$"},
+                             "age": {"type": "integer", "minimum": 0, "maximum": 99}}}
+    lanes = [{"temperature": 0.0, "max_new_tokens": 40, "constraint": {"kind": "json_schema", "text": json.dumps(schema)}},
+             {"temperature": 1.0, "seed": 3, "max_new_tokens": 30, "constraint": {"kind": "regex", "text": "(Tom|Amy) is [0-9]{1,2}"}},
+             {"temperature": 0.0, "max_new_tokens": 12}]
+    v = CompareView(bridge=bridge, history=history, prompt=PROMPT, mode="completion", lanes=lanes,
+                    token_text=token_text_of(story.tokenizer))
+    qtbot.addWidget(v)
+    v.resize(1400, 760)
+    v.show()
+    assert v.columns[0].constraint_kind.currentData() == "json_schema"
+    assert not v.columns[1].constraint_text.isHidden() and v.columns[2].constraint_text.isHidden()
+
+    async def scenario():
+        await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
+        v.run()
+        await until(lambda: not v.running, 60, "the comparison to finish")
+
+    run(loop, scenario(), 90)
+    runs = [c.run for c in v.columns]
+    assert [r.stop_reason for r in runs[:2]] == ["eos", "eos"], [r.stop_reason for r in runs]
+    jsonschema.validate(json.loads(runs[0].text), schema)
+    assert re.fullmatch("(Tom|Amy) is [0-9]{1,2}", runs[1].text)
+    assert runs[2].text.startswith(", there was")  # the free lane: the fixture's greedy text
+    v.inspect_token(0, 0)
+    marked = [r for r in v.inspector.rows if r["constrained"]]
+    assert marked and marked[0]["id"] == v.inspector.rows[0]["id"]  # the model's favourite was not "{"
+    assert all(shown[2] == "constraint" for row, shown in zip(v.inspector.rows, v.inspector.shown_values())
+               if row["constrained"])
+    snapshot(v, "compare_constraints")
+    js = json.loads(Path(v.export("json", str(tmp_path / "c.json"))).read_text())
+    saved = js["conversation"]["meta"]["comparison"]["lanes"]
+    assert saved[0]["settings"]["constraint"]["kind"] == "json_schema" and saved[2]["settings"]["constraint"] is None
+    v.save()
+    v2 = CompareView(bridge=bridge, history=history, token_text=token_text_of(story.tokenizer))
+    qtbot.addWidget(v2)
+    v2.open_comparison(v.saved_id)
+    assert [c.settings()["constraint"] for c in v2.columns] == [ln.get("constraint") for ln in lanes]
+    # A regex that cannot compile: the lane says so inline as it is typed.
+    col = v2.columns[1]
+    col.constraint_text.setText("(Tom|Amy")
+    col.constraint_text.editingFinished.emit()
+    assert not col.notice.isHidden() and "cannot be compiled" in col.notice.text()

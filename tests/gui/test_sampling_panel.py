@@ -304,3 +304,34 @@ def test_logit_bias_field_gives_text_biases_and_says_what_it_left_out(qtbot, ini
     b.set_capabilities(type("Caps", (), {"why": {}, "seed": True, "top_k": True, "min_p": True,
                                          "repetition_penalty": True})())
     assert not b.logitBiasEdit.isEnabled() and b.params().logit_bias_text == ()  # a server: its own ids
+
+
+def test_constraint_setting_gives_params_checks_inline_and_persists(qtbot, ini):
+    import json
+
+    from core.constrain import Constraint
+    panel = make(qtbot, ini)
+    assert panel.params().constraint is None and panel.constraintText.isHidden()
+    schema = '{"type": "object", "properties": {"name": {"type": "string"}}}'
+    panel.from_dict({"constraint": {"kind": "json_schema", "text": schema}})
+    assert panel.params().constraint == Constraint("json_schema", schema)
+    assert not panel.constraintText.isHidden() and panel.constraintNotice.isHidden()
+    # A schema that cannot compile says so under the editor as it is typed (no dialog).
+    panel.constraintText.setPlainText('{"type": "objectx"}')
+    qtbot.waitUntil(lambda: not panel.constraintNotice.isHidden())
+    assert "cannot be compiled" in panel.constraintNotice.text()
+    panel.constraintText.setPlainText(schema)
+    qtbot.waitUntil(lambda: panel.constraintNotice.isHidden())
+    # Regex, then off: the text stays for later but the reply is unconstrained.
+    panel.constraintCombo.setCurrentIndex(panel.constraintCombo.findData("regex"))
+    panel.constraintText.setPlainText("[0-9]+")
+    assert panel.params().constraint == Constraint("regex", "[0-9]+")
+    panel.constraintCombo.setCurrentIndex(panel.constraintCombo.findData("json_object"))
+    assert panel.params().constraint == Constraint("json_object") and panel.constraintText.isHidden()
+    panel.constraintCombo.setCurrentIndex(panel.constraintCombo.findData("regex"))
+    again = make(qtbot, ini)  # persisted as it changed
+    assert again.params().constraint == Constraint("regex", "[0-9]+")
+    panel.constraintCombo.setCurrentIndex(0)
+    assert panel.params().constraint is None and panel.constraintText.toPlainText() == "[0-9]+"
+    d = json.loads(json.dumps(panel.to_dict()))
+    assert d["constraint"] is None and d["constraint_kind"] == "" and d["constraint_text"] == "[0-9]+"
