@@ -216,6 +216,14 @@ class Vocabulary:
         is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.lltokenizer())
         if is_error:
             raise ConstraintError(f"the {constraint.describe()} cannot be compiled: {_first_lines(messages[0])}")
+        # Some grammars compile yet allow nothing (a rule that only refers to itself, a
+        # repetition past the lexer's limits): the first mask says so before a reply starts.
+        first = llg.LLMatcher(self.lltokenizer(), grammar, log_level=0)
+        row = new_bitmask(1, self.size)
+        first.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+        if first.is_error() or not (bool(row.any()) or first.is_accepting()):
+            why = _first_lines(first.get_error()) if first.get_error() else "no text matches it"
+            raise ConstraintError(f"the {constraint.describe()} allows no output: {why}")
         self._grammars[constraint] = grammar
         while len(self._grammars) > self.CACHE:
             self._grammars.popitem(last=False)

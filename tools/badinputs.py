@@ -531,6 +531,7 @@ def _cli_cases(seeds, out: Path) -> list[Case]:
                                ["--draft", str(seeds["tokenizer.json"])], ["--draft", str(seeds["meta"] / "params.json")],
                                ["--draft", ""], ["--lookup", "2", "--num-beams", "2"]]):
         cases.append(Case(f"cli-spec-{i}", "speculative decoding", greedy + extra, "error"))
+    cases += _constraint_cases(g, out, greedy)
     # Comparison lanes that name their own model: a missing path, a file that is no model,
     # a damaged checkpoint, a server that refuses, a URL that is not HTTP.
     lane = ["compare", g, "--prompt", "Once", "--max-new-tokens", "4", "--device", "cpu", "--lane", "temperature=0"]
@@ -550,6 +551,37 @@ def _cli_cases(seeds, out: Path) -> list[Case]:
         d = Path(os.fsdecode(bytes(out) + b"/nonutf8-\xff\xfe-" + kind.encode()))
         _clone(seeds[kind], d)
         cases.append(Case(f"nonutf8-{kind}", "non-UTF-8 folder name", ["info", str(d), "--device", "cpu"], "ok"))
+    return cases
+
+
+def _constraint_cases(g: str, out: Path, greedy: list[str]) -> list[Case]:
+    """--json-schema / --regex / --grammar as text and as @FILE: a valid schema must hold the
+    output; files that are no text, special, huge or missing, schemas that are no schema or
+    nest 100,000 deep, regexes and grammars that do not parse, blow up or recurse are refused
+    with one line (or, where they compile, run: only tracebacks, hangs and peaks count)."""
+    d = out / "constraints"
+    d.mkdir(parents=True, exist_ok=True)
+    files = {"deep.json": b"[" * 100_000 + b"]" * 100_000, "latin1.json": b'{"type": "string", "pattern": "caf\xe9"}',
+             "huge.json": b'{"type": "object", "description": "' + b"x" * 600_000 + b'"}', "empty.gbnf": b"",
+             "nul.gbnf": b'root ::= "a\x00b"', "cycle.json": b'{"$ref": "#/definitions/a", "definitions": '
+             b'{"a": {"$ref": "#/definitions/b"}, "b": {"$ref": "#/definitions/a"}}}'}
+    for name, data in files.items():
+        _put(d / name, data)
+    cases = [Case("cli-constraint-ok", "constraint", greedy + ["--max-new-tokens", "40", "--json-schema",
+                  '{"type": "object", "properties": {"n": {"type": "integer", "maximum": 9}}, "required": ["n"], '
+                  '"additionalProperties": false}'], "ok")]
+    bad = [["--json-schema", "{"], ["--json-schema", "[]"], ["--json-schema", '{"type": 5}'],
+           ["--json-schema", '{"minLength": -1, "type": "string"}'], ["--regex", "("],
+           ["--grammar", "root ::= undefined"], ["--grammar", "start: start"], ["--regex", ""],
+           ["--json-schema", "@" + str(d / "deep.json")], ["--json-schema", "@" + str(d / "huge.json")],
+           ["--json-schema", "@" + str(d / "missing.json")], ["--grammar", "@" + str(d)],
+           ["--grammar", "@/dev/zero"], ["--grammar", "@" + str(d / "empty.gbnf")]]
+    for i, extra in enumerate(bad):
+        cases.append(Case(f"cli-constraint-bad-{i}", "constraint", greedy + extra, "error"))
+    for i, extra in enumerate([["--json-schema", "@" + str(d / "latin1.json")], ["--json-schema", "@" + str(d / "cycle.json")],
+                               ["--grammar", "@" + str(d / "nul.gbnf")], ["--regex", "(a+)+$"],
+                               ["--regex", "(x|y){0,9999}"], ["--regex", "a{99999999}"], ["--json-schema", '{"type": "array", "minItems": 100000}']]):
+        cases.append(Case(f"cli-constraint-odd-{i}", "constraint", greedy + extra, "either"))
     return cases
 
 

@@ -205,6 +205,7 @@ def test_inspector_names_the_tokens_the_constraint_removed(story):
     (Constraint("regex", "[a-"), "regular expression cannot be compiled"),
     (Constraint("grammar", 'root ::= "yes |'), "grammar cannot be read"),
     (Constraint("grammar", "start: undefined_rule"), "grammar cannot be compiled"),
+    (Constraint("grammar", "start: start"), "grammar allows no output"),  # compiles, matches nothing
     (Constraint("regex", ""), "is empty"),
     (Constraint("xml", "<a/>"), "unknown constraint kind"),
 ])
@@ -297,3 +298,25 @@ def test_cli_bad_constraint_exits_2_with_one_line(capsys, fixtures, args, words)
     rc, out, err = run_cli(capsys, "generate", fixtures / "stories260K.gguf", "--prompt", "Hi", *args)
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: ") and words in err, err
+
+
+def test_a_chat_reply_through_the_worker_is_held_and_a_bad_one_is_an_error_event(make_worker):
+    """The app's path: a chat request with the panel's constraint reaches the engine through
+    the worker; one that cannot compile comes back as one Error event, and the worker goes on."""
+    from core.worker import Error, GenerateRequest
+    w, col = make_worker()
+    w.load(str(DEMO))
+    schema = json.dumps(PERSON)
+    gid = w.generate(GenerateRequest(mode="chat", messages=[{"role": "user", "content": "Tell me about Max."}],
+                                     params=SamplingParams(temperature=1.0, seed=2, max_new_tokens=40,
+                                                           constraint=Constraint("json_schema", schema))))
+    done = col.finished(gid)[-1]
+    assert isinstance(done, Done) and done.stop_reason == "eos"
+    jsonschema.validate(json.loads(done.text), PERSON)
+    bad = w.generate(GenerateRequest(mode="chat", messages=[{"role": "user", "content": "Hi"}],
+                                     params=SamplingParams(constraint=Constraint("regex", "(a|b"))))
+    err = col.wait(lambda evs: [e for e in evs if e.request_id == bad and isinstance(e, Error)])[-1]
+    assert "regular expression cannot be compiled" in err.message and "\n" not in err.message
+    again = w.generate(GenerateRequest(mode="chat", messages=[{"role": "user", "content": "Hi"}],
+                                       params=SamplingParams(temperature=0, max_new_tokens=4)))
+    assert isinstance(col.finished(again)[-1], Done)
