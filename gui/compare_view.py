@@ -997,9 +997,11 @@ class CompareView(QWidget):
         from .bridge import BridgeError
 
         def fail(message: str) -> None:
-            where = ", ".join(str(i + 1) for i in idx)
-            failed.append(f"lane{'s' if len(idx) > 1 else ''} {where} ({model.name}): {message}")
-            for i in idx:
+            # Lanes of this model that finished before the failure keep their results.
+            hit = [i for i in idx if not cols[i].run.finished] or idx
+            where = ", ".join(str(i + 1) for i in hit)
+            failed.append(f"lane{'s' if len(hit) > 1 else ''} {where} ({model.name}): {message}")
+            for i in hit:
                 cols[i].run.fail(message)
                 cols[i].show_notice(message + " — press Run to try again.")
 
