@@ -49,19 +49,25 @@ def test_cli_extreme_values_exit_2_with_one_line(seeds, capsys):
         assert rc == 2 and len(err.strip().splitlines()) == 1 and "penalty" in err
 
 
-def test_non_finite_logits_stop_the_reply_with_error(lm, monkeypatch):
-    prompt = lm.tokenizer.encode("Once upon a time", bos=True)
+def poison(lm, monkeypatch, call: int, rows, value: float) -> None:
+    """The model's ``call``-th forward pass (1 = the prefill) returns ``value`` in one vocabulary
+    column of ``rows`` (an index or slice of the batch)."""
     calls = [0]
     forward = lm.model.forward
 
     def broken(x, *a, **k):
         out = forward(x, *a, **k)
         calls[0] += 1
-        if calls[0] == 4:  # the third decode step overflows
+        if calls[0] == call:
             out = out.clone()
-            out[..., 5] = float("nan")
+            out[rows, ..., 5] = value
         return out
     monkeypatch.setattr(lm.model, "forward", broken)
+
+
+def test_non_finite_logits_stop_the_reply_with_error(lm, monkeypatch):
+    prompt = lm.tokenizer.encode("Once upon a time", bos=True)
+    poison(lm, monkeypatch, 4, slice(None), float("nan"))  # the third decode step overflows
     evs = run(lm, prompt, temperature=0.7, max_new_tokens=20, seed=1)
     done = evs[-1]
     assert isinstance(done, Done) and done.stop_reason == "error"
@@ -71,17 +77,7 @@ def test_non_finite_logits_stop_the_reply_with_error(lm, monkeypatch):
 def test_non_finite_logits_in_one_lane_stop_only_that_lane(lm, monkeypatch):
     """The finite flag is read per row with the sampled ids: the healthy lane goes on."""
     prompt = lm.tokenizer.encode("Once upon a time", bos=True)
-    calls = [0]
-    forward = lm.model.forward
-
-    def broken(x, *a, **k):
-        out = forward(x, *a, **k)
-        calls[0] += 1
-        if calls[0] == 3 and out.shape[0] == 2:  # the second decode step, lane 1 only
-            out = out.clone()
-            out[1, ..., 7] = float("inf")
-        return out
-    monkeypatch.setattr(lm.model, "forward", broken)
+    poison(lm, monkeypatch, 3, 1, float("inf"))  # the second decode step, lane 1 only
     eng = Engine(lm.model, lm.tokenizer, stop_ids=set())
     lanes = [SamplingParams(temperature=0, max_new_tokens=6), SamplingParams(temperature=0.8, seed=2, max_new_tokens=6)]
     done = {e.lane: e for e in eng.generate_lanes(prompt, lanes) if isinstance(e, Done)}
