@@ -205,7 +205,16 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
     packed: dict[str, torch.nn.Module] = {}
     total = max(len(items), 1)
     for i, (name, load) in enumerate(items):
-        if name in ignore or (args.tie_word_embeddings and name == "output.weight"):
+        if name in ignore:
+            continue
+        if args.tie_word_embeddings and name == "output.weight":
+            # tied: the output layer is the embedding, unless a loader packed it from the
+            # embedding's quantized blocks (see gguf.holding)
+            if getattr(load, "packs_tied_output", False):
+                packed[name] = layer = load()
+                if packed_shape(layer) != (args.vocab_size, args.dim):
+                    raise CheckpointError(f"shape {packed_shape(layer)} does not fit the model's "
+                                          f"{(args.vocab_size, args.dim)}", file=where(name), tensor=shown(name))
             continue
         if name not in shapes:
             raise CheckpointError("unexpected tensor (not part of a Llama model)", file=where(name), tensor=shown(name))
@@ -247,7 +256,7 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
     for name, layer in packed.items():
         swap_linear(model, name, layer)
     model.load_state_dict(state, assign=True, strict=not args.tie_word_embeddings and not packed)
-    if args.tie_word_embeddings:
+    if args.tie_word_embeddings and "output.weight" not in packed:
         model.output.weight = model.tok_embeddings.weight
     model.eval().requires_grad_(False)
     return model
@@ -271,7 +280,8 @@ def model_info(fmt: str, path: Path, args: ModelArgs, model: Transformer, tokeni
     """The facts `info` and the GUI show about a loaded model."""
     w = model.tok_embeddings.weight
     nbytes = sum(p.numel() * p.element_size() for p in [*model.parameters(), *model.buffers()])
-    packed = [m for m in model.modules() if isinstance(m, Packed)]
+    packed = [m for m in model.modules() if isinstance(m, Packed)
+              and not (args.tie_word_embeddings and m is model.output)]  # tied: one matrix, counted once
     info = {
         "format": fmt,
         "path": str(path),

@@ -517,8 +517,10 @@ def holding(meta: str, kind: str, shape: tuple[int, ...], file_bytes: int, devic
     """
     why = quant.packable(kind, shape, device) if len(shape) == 2 else "not a matrix"
     if keep_packed and meta == "tok_embeddings.weight" and kind in quant.PACKED_TYPES and not tied:
-        # untied: only looked-up rows are read; tied, the output layer needs the float copy
-        return "embedding-blocks", file_bytes
+        return "embedding-blocks", file_bytes  # only looked-up rows are ever read
+    if keep_packed and meta == "tok_embeddings.weight" and tied and why is None:
+        # tied: the blocks serve the lookups and a packed copy of them the output layer
+        return "embedding-blocks", file_bytes + quant.packed_nbytes(kind, shape, device)
     if keep_packed and meta != "tok_embeddings.weight" and why is None:
         return quant.path_of(kind), quant.packed_nbytes(kind, shape, device)
     how = "float" if kind in FLOAT_TYPES else "dequantized" + (f" ({why})" if keep_packed and why else "")
@@ -570,6 +572,11 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
                               tied=args.tie_word_embeddings)
         if how == "embedding-blocks":
             load = embedding_loader(t, dev, dt)
+            if args.tie_word_embeddings:  # the output layer: the same blocks, packed
+                held += nbytes - int(t.n_bytes)
+                output = _named_errors(packed_loader(t, dev), name, source)
+                output.packs_tied_output = True  # build_model takes it instead of tying
+                items.append(("output.weight", output))
         elif how.startswith("int4"):  # int4-packed, int4x2-packed, int4x2-requantized
             load = packed_loader(t, dev)
             held += nbytes

@@ -56,7 +56,8 @@ def test_demo_model_to_q4_0_keeps_tokenizer_and_chat_format(tmp_path):
     assert a.tokenizer.encode(text, bos=True) == b.tokenizer.encode(text, bos=True)
     assert b.chat_format.name == a.chat_format.name == "llama3"
     assert b.args.tie_word_embeddings and "output.weight" not in {t.name for t in GGUFReader(str(dst)).tensors}
-    assert b.info["linear_paths"] == {"Q4_0 int4-packed": 28, "float": 1}
+    # tied: the Q4_0 embedding serves lookups as blocks and the output layer packed
+    assert b.info["linear_paths"] == {"Q4_0 int4-packed": 29, "Q4_0 embedding-blocks": 1}
     with torch.no_grad():
         x = torch.tensor([a.tokenizer.encode(text, bos=True)])
         la, lb = a.model(x), b.model(x)

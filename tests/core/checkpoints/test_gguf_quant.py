@@ -147,3 +147,25 @@ def test_the_tests_q6_k_writer_round_trips_through_gguf():
     x = np.random.default_rng(0).standard_normal((64, 512)).astype(np.float32)
     y = dequantize(q6_k_blocks(x), Q.Q6_K).reshape(x.shape)
     assert np.sqrt(((y - x) ** 2).mean() / (x ** 2).mean()) < 0.03  # a 6-bit quantizer's error
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_tied_quantized_embeddings_stay_packed(tmp_path, qtype):
+    """A tied model's quantized token_embd serves lookups as blocks and the output layer as a
+    packed copy: no float matrix is held, and the logits match the dequantized-float path."""
+    m = random_model(4, dim=128, n_heads=4, n_kv_heads=2, hidden_dim=192, tie_word_embeddings=True)
+    f = tmp_path / f"tied-{qtype}.gguf"
+    write_gguf(f, m, qtype=qtype)
+    packed = load(f, device="cpu")
+    floats = load(f, device="cpu", dtype="float32")
+    path = "int4x2-packed" if qtype == "Q8_0" else "int4-packed"
+    assert packed.info["linear_paths"] == {f"{qtype} {path}": 15, f"{qtype} embedding-blocks": 1}
+    assert not any(p.dim() == 2 and p.numel() >= 128 * 288 for p in packed.model.parameters())
+    assert packed.info["parameters"] == floats.info["parameters"]  # the tied matrix counted once
+    torch.testing.assert_close(packed.model.tok_embeddings(IDS), floats.model.tok_embeddings(IDS), atol=0, rtol=0)
+    with torch.no_grad():
+        a, b = packed.model(IDS), floats.model(IDS)
+    assert (a - b).abs().max() <= 0.04 * b.abs().max(), ((a - b).abs().max(), b.abs().max())
+    ids, _ = greedy(packed.model, [1, 5, 6], 64)
+    assert teacher_forced_agreement(packed.model, floats.model, torch.tensor([[1, 5, 6] + ids[:-1]])) >= 0.9
+    assert packed.info["memory_bytes"] < 0.4 * floats.info["memory_bytes"]
