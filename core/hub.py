@@ -220,7 +220,7 @@ class HubClient:
         """The files of ``repo_id`` this app can load: each .gguf file (split GGUFs are left
         out: the loader reads single files) and each safetensors folder as one entry."""
         with self._errors(repo_id):
-            info = self.api.model_info(repo_id, files_metadata=True)
+            info = self.api.model_info(repo_id, files_metadata=True, timeout=30)
         sib = {s.rfilename: s for s in info.siblings or []}
         out: list[HubFile] = []
         for name, s in sorted(sib.items()):
