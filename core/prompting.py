@@ -98,6 +98,13 @@ class Prompt:
     stop_ids: frozenset[int]
 
 
+
+def strips_reply_space(tok, chat_format) -> bool:
+    """Whether a new chat reply drops its first leading space: SentencePiece replies start
+    with the dummy-prefix space, except in the raw format, where the reply continues the
+    transcript's text. The app and ``serve`` share this rule, so both give the same text."""
+    return bool(getattr(tok, "add_dummy_prefix", False)) and chat_format.name != "raw"
+
 def build_prompt(request, chat_format, stop_ids, context: int, max_new_tokens: int) -> Prompt:
     """The prompt of a chat or completion request (``core.worker.GenerateRequest`` fields:
     mode, messages, prompt, continue_reply) for a ``context``-token model.
@@ -119,5 +126,5 @@ def build_prompt(request, chat_format, stop_ids, context: int, max_new_tokens: i
     ids, dropped = fit_dialog(chat_format, list(request.messages), budget, continue_reply=request.continue_reply)
     # SentencePiece replies start with the dummy-prefix space: drop it at a reply's
     # start, but not when continuing one (that space separates words).
-    strip = tok.add_dummy_prefix and not request.continue_reply and not prefix and chat_format.name != "raw"
+    strip = strips_reply_space(tok, chat_format) and not request.continue_reply and not prefix
     return Prompt(ids + prefix, dropped, strip, frozenset(stop_ids) | chat_format.stop_ids())

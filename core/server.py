@@ -30,7 +30,7 @@ from .engine import Done, Engine, Joining, Prefilled, Token
 from .compare import tokenizer_fingerprint
 from .constrain import Constraint
 from .errors import ConstraintError, LlamaDeskError, SettingsError
-from .prompting import render_chat
+from .prompting import render_chat, strips_reply_space
 from .sampling import SamplingParams
 
 MAX_TOP_LOGPROBS = 20
@@ -575,7 +575,7 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
                       context, what="the messages")
         lanes = sampling_from_request(body, default_max_tokens=context - len(ids),
                                       vocab=state.engine.model.args.vocab_size)
-        strip = bool(getattr(state.tokenizer, "add_dummy_prefix", False))
+        strip = strips_reply_space(state.tokenizer, state.loaded.chat_format)
         # The end of a chat turn stops this request only: a completion batched beside it
         # must run on past the same token.
         stops = frozenset(state.loaded.stop_ids) | frozenset(state.loaded.chat_format.stop_ids())
