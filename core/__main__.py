@@ -18,6 +18,7 @@ from .errors import LlamaDeskError, SettingsError
 LANE_KEYS = {
     "temperature": float, "top_p": float, "top_k": int, "min_p": float,
     "repetition_penalty": float, "seed": int, "max_new_tokens": int, "lookup": int, "draft": str,
+    "logit_bias": str,  # TEXT=BIAS, repeatable in a lane: logit_bias=girl=-inf,logit_bias=Lily=+5
 }
 SPEC_KEYS = ("lookup", "draft")  # speculative decoding: a lane that sets one ignores --lookup/--draft
 BACKEND_KEYS = ("model", "server")  # a lane's own model: a local path, or a model on a server
@@ -149,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated key=value over " + ", ".join((*LANE_KEYS, *BACKEND_KEYS))
                    + " (model=PATH: another local checkpoint; server=URL[,model=NAME]: a model on a server; "
                    "json_schema=@FILE, regex=RE|@FILE, grammar=@FILE, json_object=1 or constraint=none: the lane's "
-                   "constraint)")
+                   "constraint; logit_bias=TEXT=BIAS, repeatable: the lane's logit bias after --logit-bias's)")
     _add_bias_opts(c)
     _add_spec_opts(c)
     _add_constraint_opts(c, lanes=True)
@@ -222,10 +223,11 @@ def _prompt_ids(loaded, args) -> tuple[list[int], bool]:
 CONSTRAINT_KEYS = ("json_schema", "json_object", "regex", "grammar", "constraint")
 
 
-def _lane_spec(spec: str, default_max: int | None, spec_defaults: dict | None = None, constraint=None):
+def _lane_spec(spec: str, default_max: int | None, spec_defaults: dict | None = None, constraint=None,
+               bias: tuple[str, ...] = ()):
     from .constrain import from_argument
     from .sampling import SamplingParams
-    kw: dict = {"constraint": constraint}
+    kw: dict = {"constraint": constraint, "logit_bias_text": tuple(bias)}
     for part in filter(None, (s.strip() for s in spec.split(","))):
         key, eq, val = part.partition("=")
         key = key.strip().replace("-", "_")
@@ -236,6 +238,9 @@ def _lane_spec(spec: str, default_max: int | None, spec_defaults: dict | None = 
             continue
         if not eq or key not in LANE_KEYS:
             raise SettingsError(f"bad lane setting '{part}': use key=value with key one of {', '.join(LANE_KEYS)}")
+        if key == "logit_bias":  # after --logit-bias's items, so a lane's own win for the same tokens
+            kw["logit_bias_text"] = (*kw.get("logit_bias_text", ()), val)
+            continue
         try:
             kw[key] = LANE_KEYS[key](val.strip())
         except ValueError:
@@ -366,7 +371,11 @@ def cmd_compare(args) -> int:
     specs = [_split_lane(s) for s in args.lane]
     spec_defaults = {"lookup": args.lookup, "draft": args.draft or ""}
     every = _constraint(args)
-    lanes = [_lane_spec(sp, args.max_new_tokens, spec_defaults, every).resolved() for sp, _ in specs]
+    _check_bias(args)
+    # --logit-bias and a lane's logit_bias= items stay text: each lane's engine splits them
+    # with its own checkpoint's tokenizer (Engine.check_request).
+    lanes = [_lane_spec(sp, args.max_new_tokens, spec_defaults, every, tuple(args.logit_bias)).resolved()
+             for sp, _ in specs]
     if len(lanes) > 8:
         raise SettingsError(f"at most 8 lanes, got {len(lanes)}")
     where = [_lane_backend(b, args) for _, b in specs]
@@ -375,9 +384,9 @@ def cmd_compare(args) -> int:
             raise SettingsError(f"lane {i + 1}: lookup and draft need a local model: the server decodes on its own")
     if args.system and not args.chat:
         raise SettingsError("--system needs --chat")
-    _check_bias(args)
-    if args.logit_bias and any(w[0] is not None for w in where):
-        raise SettingsError("--logit-bias needs local models: a server's token ids are its own")
+    for i, (q, w) in enumerate(zip(lanes, where)):
+        if q.logit_bias_text and w[0] is not None:
+            raise SettingsError(f"lane {i + 1}: a logit bias needs a local model: a server's token ids are its own")
     load_s = local_load = 0.0
     remotes: dict[tuple, object] = {}
     for server, model in dict.fromkeys(w for w in where if w[0] is not None):
@@ -413,10 +422,6 @@ def cmd_compare(args) -> int:
             engine = _engine(loaded, args)
             engine.draft_loader = _draft_loader(args, engine)
             fp = tokenizer_fingerprint(loaded.tokenizer, loaded.model.args.vocab_size)
-            if args.logit_bias:  # each checkpoint's own ids for the text
-                bias = _logit_bias(args, loaded.tokenizer)
-                for i in idx:
-                    lanes[i] = replace(lanes[i], logit_bias=bias).validate()
             for ev in engine.generate_lanes(ids, [lanes[i] for i in idx], strip_leading_space=strip):
                 if isinstance(ev, Done):
                     i = idx[ev.lane]
@@ -448,6 +453,7 @@ def cmd_compare(args) -> int:
         print(f"── lane {i + 1}: {on} · temperature={p.temperature} top_p={p.top_p} top_k={p.top_k} "
               f"min_p={p.min_p} repetition_penalty={p.repetition_penalty} seed={p.seed} "
               + (f"· {p.constraint.describe()} " if p.constraint is not None else "")
+              + (f"· logit bias {', '.join(p.logit_bias_text)} " if p.logit_bias_text else "")
               + f"· {len(d.tokens)} tokens · {d.stop_reason}{_spec_note(d.stats)}")
         print(d.text)
         print()

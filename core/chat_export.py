@@ -128,6 +128,8 @@ def _settings_line(settings: dict | None, seed: int | None, model_id: str | None
             parts.append(f"{k} {_num(s[k])}")
     if s.get("stop"):
         parts.append("stop " + ", ".join(repr(x) for x in s["stop"]))
+    if s.get("logit_bias_text"):
+        parts.append("logit bias " + ", ".join(str(x) for x in s["logit_bias_text"]))
     if seed is None:
         seed = s.get("seed")
     if seed is not None:

@@ -31,7 +31,7 @@ SWEEP_PARAMS: dict[str, tuple[type, float, float | None]] = {
 
 # The per-lane settings a comparison shows and stores.
 LANE_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens", "lookup",
-             "constraint")
+             "constraint", "logit_bias_text")
 
 
 # --------------------------------------------------------------------------- divergence
@@ -293,7 +293,7 @@ def settings_label(settings: dict, differs_from: dict | None = None) -> str:
     from ``differs_from`` when given (falls back to temperature)."""
     names = {"temperature": "T", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p",
              "repetition_penalty": "rep", "seed": "seed", "max_new_tokens": "max", "lookup": "lookup",
-             "constraint": "format"}
+             "constraint": "format", "logit_bias_text": "bias"}
     keys = [k for k in LANE_KEYS if k in settings]
     if differs_from is not None:
         keys = [k for k in keys if settings.get(k) != differs_from.get(k)] or ["temperature"]
@@ -303,5 +303,7 @@ def settings_label(settings: dict, differs_from: dict | None = None) -> str:
         if k == "constraint":  # {"kind", "text"} or None: name the kind only
             from .constrain import LABELS
             v = LABELS.get(v.get("kind"), "?") if isinstance(v, dict) else "free"
+        elif k == "logit_bias_text":  # TEXT=BIAS items
+            v = ", ".join(v or ()) or "none"
         out.append(f"{names[k]} {v:g}" if isinstance(v, float) else f"{names[k]} {v}")
     return " · ".join(out)

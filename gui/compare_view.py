@@ -173,6 +173,7 @@ class LaneColumn(QFrame):
             grid.setColumnStretch(c, 1)
         lay.addLayout(grid)
         self._constraint_row(lay)
+        self._bias_row(lay)
         self.set_settings(settings)
         for w in self.fields.values():
             w.valueChanged.connect(lambda *_: self.settingsChanged.emit())
@@ -270,6 +271,47 @@ class LaneColumn(QFrame):
         self.constraint_text.editingFinished.connect(self._constraint_edited)
         self._show_constraint()
 
+    def _bias_row(self, lay) -> None:
+        """The lane's logit bias: TEXT=BIAS items as in the sampling panel's field (malformed
+        ones are left out and named in the line under it)."""
+        row = QHBoxLayout()
+        self.bias_edit = QLineEdit()
+        self.bias_edit.setObjectName("lane_logit_bias")
+        tip = ("Favour or ban words in this lane: TEXT=BIAS, comma-separated (\\, for a comma in TEXT). BIAS is "
+               "added to the logits of TEXT's tokens before the filters: -100 to 100, or -inf for never.")
+        self.bias_edit.setToolTip(tip)
+        self.bias_edit.setAccessibleName("Lane logit bias")
+        self.bias_edit.setPlaceholderText("e.g. dragon=+5, Once=-inf")
+        self.bias_edit.setClearButtonEnabled(True)
+        lab = QLabel("bias")
+        lab.setToolTip(tip)
+        lab.setBuddy(self.bias_edit)
+        row.addWidget(lab)
+        row.addWidget(self.bias_edit, 1)
+        lay.addLayout(row)
+        self.bias_notice = QLabel()
+        self.bias_notice.setObjectName("laneBiasNotice")
+        self.bias_notice.setWordWrap(True)
+        self.bias_notice.setStyleSheet(f"color: {theme.colors()['error']};")
+        self.bias_notice.hide()
+        lay.addWidget(self.bias_notice)
+        self._last_bias = ""
+        self.bias_edit.editingFinished.connect(self._bias_edited)
+
+    def logit_bias(self) -> list[str]:
+        """The lane's well-formed TEXT=BIAS items."""
+        from .sampling_panel import bias_items
+        return list(bias_items(self.bias_edit.text())[0])
+
+    def _bias_edited(self) -> None:
+        from .sampling_panel import bias_items
+        bad = bias_items(self.bias_edit.text())[1]
+        self.bias_notice.setText("Left out: " + "; ".join(bad) if bad else "")
+        self.bias_notice.setVisible(bool(bad))
+        if self.bias_edit.text() != self._last_bias:
+            self._last_bias = self.bias_edit.text()
+            self.settingsChanged.emit()
+
     def constraint(self) -> dict | None:
         kind = self.constraint_kind.currentData()
         text = self.constraint_text.text()
@@ -291,7 +333,7 @@ class LaneColumn(QFrame):
         self.settingsChanged.emit()
 
     def settings(self) -> dict:
-        d = {"constraint": self.constraint()}
+        d = {"constraint": self.constraint(), "logit_bias_text": self.logit_bias()}
         for key, w in self.fields.items():
             v = w.value()
             if key == "seed":
@@ -313,6 +355,11 @@ class LaneColumn(QFrame):
             for w in (self.constraint_kind, self.constraint_text):
                 w.blockSignals(False)
             self._show_constraint()
+        if "logit_bias_text" in d:
+            from .sampling_panel import format_stop_strings
+            self._last_bias = format_stop_strings([str(x) for x in d["logit_bias_text"] or ()])
+            self.bias_edit.setText(self._last_bias)
+            self.bias_notice.hide()
         for key, w in self.fields.items():
             if key not in d:
                 continue
@@ -337,6 +384,7 @@ class LaneColumn(QFrame):
         self.model_combo.setEnabled(on)
         self.constraint_kind.setEnabled(on)
         self.constraint_text.setEnabled(on)
+        self.bias_edit.setEnabled(on)
         for key, w in self.fields.items():
             w.setEnabled(on and not (key == "seed" and seed_locked and self.lane > 0))
         for b in (self.left_button, self.right_button, self.dup_button, self.remove_button):
@@ -944,6 +992,14 @@ class CompareView(QWidget):
             params = [SamplingParams.from_dict(s).validate() for s in self.lane_settings()]
         except LlamaDeskError as e:
             self.status.setText(f"Settings: {e}")
+            return None
+        remote_bias = [i for i, q in enumerate(params) if q.logit_bias_text and self.model_of(i).kind == "server"]
+        for i in remote_bias:
+            self.columns[i].show_notice("A logit bias by text needs the model's tokenizer, and a server's is not "
+                                        "known here: clear the lane's bias or run it on a local model.")
+        if remote_bias:
+            self.status.setText("Settings: lane " + ", ".join(str(i + 1) for i in remote_bias)
+                                + " sets a logit bias on a server")
             return None
         # Lanes on one model run as one request (one prefill, one batch); each model's
         # request runs beside the others' (servers in parallel with the local worker).

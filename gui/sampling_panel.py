@@ -107,6 +107,19 @@ def format_stop_strings(stop: tuple[str, ...] | list[str]) -> str:
     return ", ".join(out)
 
 
+def bias_items(text: str) -> tuple[tuple[str, ...], list[str]]:
+    """A logit bias field's text ('dragon=+5, Once=-inf', commas as in Stop at): its
+    well-formed TEXT=BIAS items, and a reason for each other one (they are left out)."""
+    good, bad = [], []
+    for spec in parse_stop_strings(text):
+        try:
+            parse_logit_bias(spec, lambda text: [0])
+            good.append(spec)
+        except SettingsError as e:
+            bad.append(str(e))
+    return tuple(good), bad
+
+
 # --------------------------------------------------------------------------- panel
 
 class SamplingPanel(QWidget):
@@ -464,15 +477,7 @@ class SamplingPanel(QWidget):
         ).validate()
 
     def _bias_specs(self) -> tuple[tuple[str, ...], list[str]]:
-        """(the logit bias field's well-formed TEXT=BIAS items, a reason for each other one)."""
-        good, bad = [], []
-        for spec in parse_stop_strings(self.logitBiasEdit.text()):
-            try:
-                parse_logit_bias(spec, lambda text: [0])
-                good.append(spec)
-            except SettingsError as e:
-                bad.append(str(e))
-        return tuple(good), bad
+        return bias_items(self.logitBiasEdit.text())
 
     def _bias_edited(self) -> None:
         _, bad = self._bias_specs()

@@ -511,6 +511,9 @@ def _cli_cases(seeds, out: Path) -> list[Case]:
     # --logit-bias TEXT=BIAS: a missing '=', no text, not a number, out of range, +inf
     for i, spec in enumerate(["girl", "=5", "girl=lots", "girl=+500", "girl=inf", "girl=nan"]):
         cases.append(Case(f"cli-bias-{i}", "logit bias", base + ["--logit-bias", spec], "error"))
+    lane = ["compare", g, "--prompt", "Once", "--max-new-tokens", "4", "--device", "cpu", "--lane"]
+    for i, spec in enumerate(["logit_bias=girl", "logit_bias==5", "temperature=0,logit_bias=girl=nan"]):
+        cases.append(Case(f"cli-lane-bias-{i}", "logit bias", lane + [spec], "error"))
     bad_utf8 = os.fsdecode(b"caf\xe9 \xff\xfe \xed\xa0\x80 end")
     for i, argv in enumerate([
         ["generate", g, "--prompt", bad_utf8, "--max-new-tokens", "4", "--device", "cpu", "--seed", "1"],

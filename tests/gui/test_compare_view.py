@@ -475,3 +475,53 @@ def test_lanes_with_output_formats_validate_save_and_show_what_the_constraint_re
     col.constraint_text.setText("(Tom|Amy")
     col.constraint_text.editingFinished.emit()
     assert not col.notice.isHidden() and "cannot be compiled" in col.notice.text()
+
+
+def test_lane_logit_bias_field_runs_saves_and_reopens(qtbot, loop, bridge, history, story, fixtures, tmp_path):
+    """A lane's logit bias field through the real worker: the lane with 'girl=-inf' never
+    uses girl's tokens while the greedy lane beside it does; a malformed item is left out
+    and named inline; the bias is saved, exported (JSON and Markdown) and reopened."""
+    from gui.compare_view import CompareView
+    girl = set(story.tokenizer.encode("girl"))
+    v = CompareView(bridge=bridge, history=history, prompt=PROMPT, mode="completion",
+                    lanes=[{"temperature": 0.0, "max_new_tokens": 16}] * 2, token_text=token_text_of(story.tokenizer))
+    qtbot.addWidget(v)
+    col = v.columns[1]
+    col.bias_edit.setText("girl=-inf, dragon=lots")
+    col.bias_edit.editingFinished.emit()
+    assert not col.bias_notice.isHidden() and "Left out" in col.bias_notice.text() \
+        and "not a number" in col.bias_notice.text()
+    assert col.settings()["logit_bias_text"] == ["girl=-inf"]
+    assert v.columns[0].settings()["logit_bias_text"] == []
+    assert "bias girl=-inf" in col.divergence.text()  # the summary against the baseline names it
+
+    async def scenario():
+        await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
+        v.run()
+        await until(lambda: not v.running, 60, "the comparison to finish")
+
+    run(loop, scenario(), 90)
+    plain, banned = (c.run for c in v.columns)
+    assert girl <= set(plain.ids) and not girl & set(banned.ids)
+    assert banned.params["logit_bias_text"] == ["girl=-inf"]
+    js = json.loads(Path(v.export("json", str(tmp_path / "c.json"))).read_text())
+    saved = js["conversation"]["meta"]["comparison"]["lanes"]
+    assert [ln["settings"]["logit_bias_text"] for ln in saved] == [[], ["girl=-inf"]]
+    assert "logit bias girl=-inf" in Path(v.export("md", str(tmp_path / "c.md"))).read_text()
+    v2 = CompareView(bridge=bridge, history=history, token_text=token_text_of(story.tokenizer))
+    qtbot.addWidget(v2)
+    v2.open_comparison(v.saved_id)
+    assert v2.columns[1].bias_edit.text() == "girl=-inf" and v2.columns[1].bias_notice.isHidden()
+    assert v2.columns[0].bias_edit.text() == ""
+
+
+def test_lane_logit_bias_on_a_server_is_refused_inline(qtbot, loop, history):
+    from gui.compare_model import LaneModel
+    from gui.compare_view import CompareView
+    v = CompareView(bridge=FakeBridge(), history=history, prompt=PROMPT,
+                    lanes=[{"temperature": 0.0}, {"temperature": 0.0, "logit_bias_text": ["girl=-inf"]}])
+    qtbot.addWidget(v)
+    v.set_lane_model(1, LaneModel("server", "remote-model", tokenizer=None, path="http://127.0.0.1:9/v1"))
+    assert v.run() is None and not v.running
+    assert "lane 2 sets a logit bias on a server" in v.status.text()
+    assert not v.columns[1].notice.isHidden() and "server" in v.columns[1].notice.text()
