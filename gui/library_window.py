@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import json
 import os
 import threading
 import time
@@ -267,11 +268,20 @@ class LibraryService(QObject):
         return job
 
     def resume_pending(self) -> bool:
-        """Start the download manager when a previous run left downloads (so they go on)."""
-        if self._manager is None and self.state_path.exists():
-            self.manager()
-            return True
-        return False
+        """Start the download manager when a previous run left downloads to finish (so they go
+        on); a queue of finished ones only costs nothing at start (no huggingface_hub import)."""
+        if self._manager is not None:
+            return False
+        try:
+            jobs = json.loads(self.state_path.read_text(encoding="utf-8")).get("jobs", [])
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError, AttributeError):
+            jobs = [{"state": "queued"}]  # unreadable: let the manager judge (it starts empty)
+        if not any(isinstance(j, dict) and j.get("state") in ("queued", "running", "paused", "failed") for j in jobs):
+            return False
+        self.manager()
+        return True
 
     def _on_event(self, event) -> None:
         if self._closed:

@@ -170,6 +170,11 @@ def test_download_goes_on_after_a_restart(qtbot, loop, bridge, settings, data_di
         await until(lambda: [e.name for e in w2.library.entries] == ["tiny-Q8_0"], 30, "the new folder listed")
 
     run(loop, second_run(), 60)
+    w2.close()
+    # a start with only finished downloads in the queue does not start the manager
+    w3 = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
+    qtbot.addWidget(w3)
+    assert (data_dir / "downloads.json").exists() and not w3.library.has_manager
 
 
 def test_network_drop_fails_inline_then_resumes(app, hub_server, hub_tree, qtbot, loop, data_dir, monkeypatch):
