@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import datetime as _dt
 import json
-import os
 import threading
 import time
 import weakref
