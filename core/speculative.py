@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -295,7 +295,6 @@ class _Spec:
     drafting_rounds: int = 0
     round_s: float = 0.0
     plain_s: float = 0.0  # what its tokens would have cost one step each (estimated)
-    extra: dict = field(default_factory=dict)
 
     def stats(self, params: SamplingParams) -> dict:
         kind = "lookup" if self.lookup is not None else ("draft" if self.draft is not None else "off")
