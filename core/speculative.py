@@ -29,7 +29,7 @@ from .compare import tokenizer_fingerprint
 from .errors import DraftModelError
 from .kv_cache import KVCache
 from .constrain import allowed_tokens, new_bitmask
-from .sampling import SamplingParams, apply_bitmask, draw, filter_rows, top_alternatives
+from .sampling import SamplingParams, apply_bitmask, choose_tokens, draw, filter_rows, top_alternatives
 
 LOOKUP_MAX_DRAFT = 8  # tokens prompt lookup proposes at most per step
 MODEL_MAX_DRAFT = 6  # tokens a draft model samples ahead at most per step
@@ -181,9 +181,15 @@ def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, para
 
     Returns:
         (the accepted drafts and, unless the last row is closed, one token more; how many
-        drafts were accepted; the filtered logits [k + 1, V]).
+        drafts were accepted; the filtered logits [k + 1, V], None when nothing was drafted).
     """
     k = len(drafts)
+    if k == 0:  # nothing drafted: plain decoding's own sampler (no vocabulary sort)
+        if not last_open:
+            return [], 0, None
+        prev = torch.tensor(context, device=logits.device) if params.repetition_penalty != 1.0 else None
+        choice = choose_tokens(logits[:1], [params], [prev], [generator], bitmask=bitmask)
+        return choice.ids, 0, None
     rows = apply_bitmask(logits[: k + 1], bitmask)
     if params.repetition_penalty != 1.0:
         prev = [torch.tensor(context + drafts[:i], device=rows.device) for i in range(k + 1)]
@@ -361,7 +367,8 @@ def speculative_loop(engine, joining) -> Iterator:
                 prev = (torch.tensor(lane.prompt + lane.tokens, device=dev)
                         if lane.params.repetition_penalty != 1.0 else None)
                 allowed = None if masks is None else allowed_tokens(masks[i], raw.shape[-1]).to(raw.device)
-                top = top_alternatives(raw[i], lane.params, prev, k=lane.inspect, filtered=filt[i], allowed=allowed)
+                top = top_alternatives(raw[i], lane.params, prev, k=lane.inspect,
+                                       filtered=None if filt is None else filt[i], allowed=allowed)
                 top["pieces"] = {t: engine._piece(t) for t, _ in top["raw"] + top["filtered"]}
             before = len(lane.tokens)
             ev = engine._accept(lane, tok, lp, top)
