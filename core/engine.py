@@ -253,6 +253,18 @@ class Engine:
             self.cache.tokens[row] = list(prompt[:pos])
         return logits, reuse
 
+    def _take_best_row(self, r0: int, prompt: list[int]) -> None:
+        """Copy into row ``r0`` the free row (r0 and after) that holds the longest start of
+        ``prompt``: after a comparison each surviving lane's row keeps its reply, so a
+        branch from any of them reuses its tokens, not only row 0's."""
+        best, most = r0, self.cache.reusable_prefix(r0, prompt)
+        for r in range(r0 + 1, self.cache.batch):
+            n = self.cache.reusable_prefix(r, prompt)
+            if n > most:
+                best, most = r, n
+        if best != r0:
+            self.cache.copy_row(best, r0, most)
+
     def _chunk_size(self) -> int:
         """Prompt tokens per prefill forward: what the measured speed runs in
         PREFILL_TARGET_S (so cancel lands within ~0.1 s), capped by ``prefill_chunk``;
@@ -397,6 +409,7 @@ class Engine:
                                forced=j.forced))
             stats.append(Stats(prompt_tokens=len(j.prompt)))
             positions.append(len(j.prompt))
+        self._take_best_row(r0, j.prompt)
         logits, reuse = self._prefill_row(r0, j.prompt, j.cancel)
         seconds = time.perf_counter() - t0
         for i in range(first, first + n):

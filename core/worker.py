@@ -637,7 +637,7 @@ class Worker:
         if eng.draft_loader is None:
             eng.draft_loader = _draft_loader(eng)
         if cmd.kind == "compare":
-            events = eng.generate_lanes(prompt.ids, lanes, **how)
+            events = eng.generate_lanes(prompt.ids, lanes, forced=list(getattr(req, "forced", ())), **how)
         else:
             events = eng.generate(prompt.ids, lanes[0], forced=list(getattr(req, "forced", ())), **how)
         self._emit(Prompted(rid, prompt.dropped_messages, eng.max_context))
@@ -670,6 +670,8 @@ def _model_info(loaded, key: str | None = None) -> dict:
     info.setdefault("context_length", loaded.args.max_seq_len)
     info.setdefault("name", loaded.name)
     info["tokenizer"] = tokenizer_fingerprint(loaded.tokenizer, loaded.args.vocab_size)
+    # SentencePiece's dummy prefix: a word-start token's text drops its space to encode alone.
+    info["dummy_prefix"] = bool(getattr(loaded.tokenizer, "add_dummy_prefix", False))
     if key is not None:
         info["key"] = key
     return info

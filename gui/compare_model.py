@@ -42,6 +42,7 @@ class LaneModel:
     remote: object = None
     tokenizer: str | None = None
     path: str = ""
+    dummy_prefix: bool = False  # SentencePiece: a word-start token's text drops its space to encode alone
 
     @property
     def server(self) -> str:
@@ -107,6 +108,7 @@ class LaneRun:
     first_at: float | None = None  # monotonic time of the first and last token (live rate)
     last_at: float | None = None
     error: str | None = None  # why the lane's request failed (what streamed before stays)
+    kept_text: str = ""  # a branch: the text of the tokens it kept from its source lane
     diff_cache: tuple | None = field(default=None, repr=False, compare=False)  # the view's last diff of it
 
     @property
@@ -133,7 +135,7 @@ class LaneRun:
 
     def finish(self, done) -> None:
         """Take a Done event's final text, reason, settings and stats."""
-        self.text = done.text
+        self.text = self.kept_text + done.text
         self.stop_reason = done.stop_reason
         self.params = done.params.to_dict()
         self.engine_stats = done.stats.to_dict()
@@ -191,6 +193,13 @@ class LaneRun:
                 "top": tops}
 
     @classmethod
+    def branch_of(cls, source: "LaneRun", at: int) -> "LaneRun":
+        """A branch's run before it starts: ``source``'s first ``at`` tokens, kept."""
+        run = cls(tokens=[TokenRec(t.token_id, t.text, t.piece, t.logprob, t.top) for t in source.tokens[:at]])
+        run.kept_text = run.text = "".join(t.text for t in run.tokens)
+        return run
+
+    @classmethod
     def from_dict(cls, d: dict) -> "LaneRun":
         ids = list(d.get("tokens") or [])
         n = len(ids)
@@ -213,7 +222,7 @@ class LaneRun:
         run.params = dict(d.get("settings") or {}) or None
         stats = dict(d.get("stats") or {})
         run.engine_stats = {k: stats[k] for k in ("decode_tok_s", "prompt_tokens", "generated_tokens",
-                                                  "prefill_s", "decode_s", "ttft_s") if k in stats}
+                                                  "prefill_s", "decode_s", "ttft_s", "cached_tokens") if k in stats}
         return run
 
 
@@ -253,7 +262,7 @@ def token_href(lane: int | None, index: int) -> str:
 
 
 def render_lane_html(lane: int | None, run: LaneRun, *, diff: TokenDiff | None = None, heatmap: bool = False,
-                     selected: int | None = None, colors: dict, lead: str = "") -> str:
+                     selected: int | None = None, colors: dict, lead: str = "", branch_at: int | None = None) -> str:
     """The lane's reply as HTML: one ``<a href="tok:LANE:I">`` per token (``tok:I`` when
     ``lane`` is None: a chat reply, which has no lanes). ``lead``: text before the first
     token that no token covers (a continued chat reply's older part), shown muted.
@@ -261,6 +270,7 @@ def render_lane_html(lane: int | None, run: LaneRun, *, diff: TokenDiff | None =
     Tokens the diff marks as changed get the diff colours (an underline only, when the
     heatmap is on and owns the background), the divergence point gets a marker; the
     heatmap shades each token by its surprise (1 - p) so unlikely picks stand out.
+    ``branch_at``: a branched lane's forced token, marked in the accent colour.
     """
     parts = [f'<div style="white-space: pre-wrap; color: {colors["text"]};">']
     if lead:
@@ -270,7 +280,9 @@ def render_lane_html(lane: int | None, run: LaneRun, *, diff: TokenDiff | None =
             continue  # held back (partial character / possible stop): shown with a later token
         style = [f"color: {colors['text']}", "text-decoration: none"]
         changed = diff is not None and i < len(diff.changed) and diff.changed[i]
-        if diff is not None and diff.divergence == i:
+        if i == branch_at:
+            parts.append(f'<span style="color: {colors["accent"]}; font-weight: 700;">\u2503</span>')
+        elif diff is not None and diff.divergence == i:
             parts.append(f'<span style="color: {colors["mark"]}; font-weight: 700;">\u2503</span>')
         if heatmap:
             style.append(f"background-color: {blend(colors['base'], colors['heat'], 0.6 * (1.0 - t.prob))}")

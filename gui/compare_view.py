@@ -91,6 +91,10 @@ class LaneColumn(QFrame):
         self.setMinimumWidth(300)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Expanding)
         self.run: LaneRun | None = None
+        # A branch from another lane's token: {"src": LaneColumn | None, "from": its lane
+        # number then, "at": token index, "token_id": the forced token, "kept": LaneRun of
+        # the source's tokens before it}.
+        self.branch: dict | None = None
         self.lane = 0
         self.model: LaneModel | None = None
         self._offered: list[LaneModel] = []
@@ -117,6 +121,12 @@ class LaneColumn(QFrame):
         for b in (self.left_button, self.right_button, self.dup_button, self.remove_button, self.adopt_button):
             head.addWidget(b)
         lay.addLayout(head)
+        self.branch_label = QLabel()
+        self.branch_label.setObjectName("laneBranch")
+        self.branch_label.setWordWrap(True)
+        self.branch_label.setStyleSheet(f"color: {theme.colors()['accent']};")
+        self.branch_label.hide()
+        lay.addWidget(self.branch_label)
 
         self.model_combo = QComboBox()
         self.model_combo.setObjectName("laneModelCombo")
@@ -375,10 +385,27 @@ class LaneColumn(QFrame):
         self.setObjectName(f"compareLane{lane}")
         self.setAccessibleName(f"Lane {lane + 1}")
         self.title.setText(f"Lane {lane + 1}" + ("  · baseline" if baseline else ""))
+        self.branch_label.setText(self.branch_note().strip(" ·").capitalize())
+        self.branch_label.setVisible(bool(self.branch))
         self.left_button.setEnabled(lane > 0)
         self.right_button.setEnabled(lane < count - 1)
         self.remove_button.setEnabled(count > 1)
         self.dup_button.setEnabled(count < MAX_LANES)
+
+    def branch_note(self) -> str:
+        """' · branched from lane N at token I' for a branch (N: its source's number now
+        while that lane is here, else as it was)."""
+        if not self.branch:
+            return ""
+        return f"  · branched from lane {self.branch_source()} at token {self.branch['at'] + 1}"
+
+    def branch_source(self) -> int:
+        """The number of the lane this one branched from (as it was, once that lane is gone)."""
+        cols = self.columns_now()
+        return cols.index(self.branch["src"]) + 1 if self.branch.get("src") in cols else self.branch["from"]
+
+    def columns_now(self) -> list:
+        return []  # the view sets this to its lane list
 
     def set_editable(self, on: bool, seed_locked: bool) -> None:
         self.model_combo.setEnabled(on)
@@ -637,6 +664,14 @@ class CompareView(QWidget):
         self.lanes_layout.setSpacing(6)
         self.scroll.setWidget(self.lanes_host)
         self.inspector = TokenInspector(token_text=token_text)
+        self.inspector.ban_label = "Ban “{}” in this lane"
+        self.inspector.ban_button.setToolTip("Add TEXT=-inf for the chosen token to this lane's logit bias "
+                                             "(it takes effect at the next Run)")
+        self.inspector.branch_button.setToolTip("A new lane with this lane's settings: its tokens up to here, "
+                                                "then the chosen alternative, and the model carries on")
+        self.inspector.set_can_branch(True)
+        self.inspector.branchRequested.connect(lambda lane, i, tok: self.branch_lane(lane, i, tok))
+        self.inspector.banRequested.connect(lambda lane, i, tok: self.ban_in_lane(lane, i, tok))
         self.splitter.addWidget(self.scroll)
         self.splitter.addWidget(self.inspector)
         self.splitter.setStretchFactor(0, 1)
@@ -672,6 +707,7 @@ class CompareView(QWidget):
             settings = self.columns[-1].settings() if self.columns else SamplingParams().to_dict()
         full = {**SamplingParams().to_dict(), **settings}  # unset keys: the sampler's defaults
         col = LaneColumn(settings={k: v for k, v in full.items() if k in LANE_KEYS})
+        col.columns_now = lambda: self.columns
         col.moveRequested.connect(lambda step, c=col: self.move_lane(self.columns.index(c), step))
         col.duplicateRequested.connect(lambda c=col: self.duplicate_lane(self.columns.index(c)))
         col.removeRequested.connect(lambda c=col: self.remove_lane(self.columns.index(c)))
@@ -742,14 +778,14 @@ class CompareView(QWidget):
     def _loaded_model_from(info: dict | None) -> LaneModel:
         info = info or {}
         return LaneModel("loaded", str(info.get("name") or "Loaded model"), tokenizer=info.get("tokenizer"),
-                         path=str(info.get("path") or ""))
+                         path=str(info.get("path") or ""), dummy_prefix=bool(info.get("dummy_prefix")))
 
     def _main_model_changed(self, info: dict) -> None:
         """The app loaded another model: lanes on "the loaded model" now run on it."""
         fresh = self._loaded_model_from(info)
         for m in self.models:
             if m.kind == "loaded":
-                m.name, m.tokenizer, m.path = fresh.name, fresh.tokenizer, fresh.path
+                m.name, m.tokenizer, m.path, m.dummy_prefix = fresh.name, fresh.tokenizer, fresh.path, fresh.dummy_prefix
         self._offer_models()
 
     def _offer_models(self) -> None:
@@ -850,9 +886,11 @@ class CompareView(QWidget):
         for m in self.models:
             if m.kind == "checkpoint" and (m.key == info["key"] or (not m.key and _same_path(m.path, info["key"]))):
                 m.key, m.tokenizer, m.name = info["key"], info.get("tokenizer"), str(info.get("name") or m.name)
+                m.dummy_prefix = bool(info.get("dummy_prefix"))
                 return m
         m = LaneModel("checkpoint", str(info.get("name") or Path(info["key"]).name), key=info["key"],
-                      tokenizer=info.get("tokenizer"), path=str(info.get("path") or info["key"]))
+                      tokenizer=info.get("tokenizer"), path=str(info.get("path") or info["key"]),
+                      dummy_prefix=bool(info.get("dummy_prefix")))
         self.models.append(m)
         return m
 
@@ -972,9 +1010,11 @@ class CompareView(QWidget):
             d["messages"] = msgs
         return d
 
-    def run(self, *, again: bool = False, new_seeds: bool = False) -> asyncio.Task | None:
+    def run(self, *, again: bool = False, new_seeds: bool = False,
+            only: list[LaneColumn] | None = None) -> asyncio.Task | None:
         """Start the comparison; ``again`` re-runs the shown results' exact settings,
-        ``new_seeds`` draws fresh seeds first. Returns the task (None if not started)."""
+        ``new_seeds`` draws fresh seeds first; ``only``: run just these lanes (the others
+        keep their results). Returns the task (None if not started)."""
         if self.running:
             return None
         if again and all(c.run is not None and c.run.params for c in self.columns):
@@ -993,7 +1033,8 @@ class CompareView(QWidget):
         except LlamaDeskError as e:
             self.status.setText(f"Settings: {e}")
             return None
-        remote_bias = [i for i, q in enumerate(params) if q.logit_bias_text and self.model_of(i).kind == "server"]
+        targets = [i for i, c in enumerate(self.columns) if only is None or c in only]
+        remote_bias = [i for i in targets if params[i].logit_bias_text and self.model_of(i).kind == "server"]
         for i in remote_bias:
             self.columns[i].show_notice("A logit bias by text needs the model's tokenizer, and a server's is not "
                                         "known here: clear the lane's bias or run it on a local model.")
@@ -1002,21 +1043,30 @@ class CompareView(QWidget):
                                 + " sets a logit bias on a server")
             return None
         # Lanes on one model run as one request (one prefill, one batch); each model's
-        # request runs beside the others' (servers in parallel with the local worker).
+        # request runs beside the others' (servers in parallel with the local worker). A
+        # branched lane is a request of its own: its kept tokens end the prompt (the KV
+        # cache still holds them) and its chosen token is forced.
+        cols = [self.columns[i] for i in targets]
+        params = [params[i] for i in targets]
         groups: dict[tuple, list[int]] = {}
-        for i in range(len(self.columns)):
-            groups.setdefault(self.model_of(i).group, []).append(i)
-        plan = [(self.model_of(idx[0]), idx) for idx in groups.values()]
+        for k, col in enumerate(cols):
+            groups.setdefault(("branch", id(col)) if col.branch else self.model_of(targets[k]).group, []).append(k)
+        plan = []
+        for idx in groups.values():
+            b = cols[idx[0]].branch
+            extra = {"reply_prefix": b["kept"].ids, "forced": [b["token_id"]]} if b else {}
+            plan.append((self.model_of(targets[idx[0]]), idx, extra))
         base = CompareRequest(messages=prompt.get("messages", []), mode=prompt["mode"], prompt=prompt["text"],
                               chat_format=self.chat_format, inspect=self.inspect)
-        for col in self.columns:
-            col.run = LaneRun()
+        for col in cols:
+            col.run = LaneRun.branch_of(col.branch["kept"], col.branch["at"]) if col.branch else LaneRun()
             col.show_notice("")
-        self.last_prompt = prompt
+        if only is None or self.last_prompt is None:
+            self.last_prompt = prompt
         self.saved_id = None
         self.selected = None
         self.inspector.clear()
-        self._running_columns = list(self.columns)
+        self._running_columns = cols
         self._stop_asked = False
         self._task = asyncio.ensure_future(self._run(base, plan, params))
         self._refresh()
@@ -1025,15 +1075,15 @@ class CompareView(QWidget):
         self.status.setText(f"Running {len(params)} lanes" + (f" on {models} models" if models > 1 else "") + "…")
         return self._task
 
-    async def _run(self, base: CompareRequest, plan: list[tuple[LaneModel, list[int]]],
+    async def _run(self, base: CompareRequest, plan: list[tuple[LaneModel, list[int], dict]],
                    params: list[SamplingParams]) -> None:
         from dataclasses import replace
         cols = self._running_columns
         failed: list[str] = []
         try:
             jobs = []
-            for model, idx in plan:
-                request = replace(base, lanes=[params[i] for i in idx], model="")
+            for model, idx, extra in plan:
+                request = replace(base, lanes=[params[i] for i in idx], model="", **extra)
                 jobs.append(self._run_group(model, idx, request, cols, failed))
             await asyncio.gather(*jobs)
         finally:
@@ -1044,8 +1094,9 @@ class CompareView(QWidget):
         if failed:
             self.status.setText("Error: " + " · ".join(failed))
         else:
-            reasons = [c.run.stop_reason or "?" for c in cols if c.run is not None]
-            self.status.setText("Done · " + " · ".join(f"lane {i + 1}: {r}" for i, r in enumerate(reasons)))
+            self.status.setText("Done · " + " · ".join(
+                f"lane {self.columns.index(c) + 1}: {c.run.stop_reason or '?'}"
+                for c in cols if c.run is not None and c in self.columns))
 
     async def _run_group(self, model: LaneModel, idx: list[int], request: CompareRequest,
                          cols: list[LaneColumn], failed: list[str]) -> None:
@@ -1148,9 +1199,14 @@ class CompareView(QWidget):
                     why = "different tokenizers" if match is False else "tokenizer not known"
                     label += (f"<br><span style='color: {colors['muted']};'>{why}: divergence and diff by text "
                               "only</span>")
+            if col.branch:
+                label += (("<br>" if label else "") + f"<span style='color: {colors['accent']}; font-weight: 600;'>"
+                          f"Branch</span> at token {col.branch['at'] + 1}: the tokens before it are "
+                          f"lane {col.branch_source()}'s, this token was forced")
             col.divergence.setText(label)
             sel = self.selected[1] if self.selected and self.selected[0] == i else None
-            col.set_html(render_lane_html(i, run, diff=diff, heatmap=heat, selected=sel, colors=colors),
+            col.set_html(render_lane_html(i, run, diff=diff, heatmap=heat, selected=sel, colors=colors,
+                                          branch_at=col.branch["at"] if col.branch else None),
                          follow=self.running)
             st = run.stats()
             col.stats.setText(format_stats({"stats": st, "stop_reason": st.get("stop_reason") or "…",
@@ -1209,6 +1265,55 @@ class CompareView(QWidget):
             self.render(all_lanes=True)
         return True
 
+    def branch_lane(self, lane: int, index: int, token_id: int) -> asyncio.Task | None:
+        """"Continue with X": a new lane with ``lane``'s settings (the seed it used) that
+        keeps its tokens before ``index``, takes ``token_id`` there and carries on. Runs
+        it at once (the other lanes keep their results); returns the task."""
+        col = self.columns[lane] if 0 <= lane < len(self.columns) else None
+        run = col.run if col is not None else None
+        why = ""
+        if self.running:
+            why = "wait for the lanes to finish"
+        elif run is None or not run.finished or not 0 <= index < len(run.tokens) or token_id < 0:
+            why = "this lane has no finished token there"
+        elif len(self.columns) >= MAX_LANES:
+            why = f"a comparison has at most {MAX_LANES} lanes: remove one first"
+        elif self.model_of(lane).kind == "server":
+            why = "a lane on a server cannot continue from a token (the server does not take a forced one)"
+        if why:
+            self.status.setText(f"Cannot branch: {why}.")
+            return None
+        settings = {k: v for k, v in (run.params or col.settings()).items() if k in LANE_KEYS}
+        new = self.add_lane(settings, model=self.model_of(lane))
+        new.branch = {"src": col, "from": lane + 1, "at": index, "token_id": int(token_id),
+                      "kept": LaneRun.branch_of(run, index)}
+        self._refresh()
+        task = self.run(only=[new])
+        name = self.inspector.text_of(int(token_id))
+        self.status.setText(f"Lane {len(self.columns)}: lane {lane + 1} up to token {index + 1}, then “{name}”…")
+        return task
+
+    def ban_in_lane(self, lane: int, index: int, token_id: int) -> bool:
+        """"Ban X": add TEXT=-inf for the token to ``lane``'s logit bias (its text as the
+        lane's tokenizer would encode it alone); it applies from the next Run."""
+        from .sampling_panel import format_stop_strings
+        if self.running or not 0 <= lane < len(self.columns) or token_id < 0:
+            return False
+        col = self.columns[lane]
+        rec = self.token(lane, index)
+        piece = ((rec.top or {}).get("pieces") or {}).get(int(token_id)) if rec is not None else None
+        piece = piece if piece is not None else self._names_for(self.model_of(lane)).get(int(token_id))
+        if self.model_of(lane).dummy_prefix and piece and piece.startswith(" ") and piece.strip():
+            piece = piece[1:]  # SentencePiece adds the word-start space itself
+        if not piece or not piece.strip():
+            self.status.setText("Cannot ban that token by text (it is only space or has no text).")
+            return False
+        items = [*col.logit_bias(), f"{piece}=-inf"]
+        col.bias_edit.setText(format_stop_strings(items))
+        col._bias_edited()
+        self.status.setText(f"Lane {lane + 1} now bans “{piece}” (press Run to see it).")
+        return True
+
     def _token_clicked(self, lane: int, index: int) -> None:
         if self.selected == (lane, index):
             self.selected = None
@@ -1234,6 +1339,10 @@ class CompareView(QWidget):
                 s = {**col.settings(), "stop": list(self.stop_strings)}
                 lanes.append({"settings": s, "seed": s.get("seed"), "text": "", "tokens": [], "logprobs": [],
                               "model": model.record(), "model_id": model.name})
+            if col.branch:  # its kept tokens are its first ``at`` tokens
+                b = col.branch
+                lanes[-1]["branch"] = {"from_lane": col.branch_source(), "at": b["at"], "token_id": b["token_id"],
+                                       "kept_tokens": b["kept"].ids}
         prompt["inspect"] = self.inspect
         return prompt, lanes
 
@@ -1293,11 +1402,26 @@ class CompareView(QWidget):
             if col.run is not None:
                 for t in col.run.tokens:
                     self.inspector.learn(t.token_id, t.piece)
+            col.branch = self._branch_from_record(lane, col.run)
         self.last_prompt = dict(prompt)
         self.saved_id = conv_id
         self._refresh()
         self.render(all_lanes=True)
         self.status.setText(f"Opened “{self.history.conversation(conv_id).title}” — Run repeats it exactly.")
+
+    def _branch_from_record(self, lane: dict, run: LaneRun | None) -> dict | None:
+        """A saved lane's branch (data, checked: whole numbers, and its kept tokens must be
+        the start of its own tokens); None when it was not one or does not hold together."""
+        b = lane.get("branch")
+        if not isinstance(b, dict) or run is None:
+            return None
+        at, tok, src = b.get("at"), b.get("token_id"), b.get("from_lane")
+        kept = b.get("kept_tokens")
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (at, tok, src)) \
+                or not 0 <= at < len(run.tokens) or not isinstance(kept, list) or kept != run.ids[:at]:
+            return None
+        return {"src": self.columns[src - 1] if 1 <= src <= len(self.columns) else None, "from": src,
+                "at": at, "token_id": tok, "kept": LaneRun.branch_of(run, at)}
 
     def _model_from_record(self, rec) -> LaneModel:
         """The open model a saved lane ran on, or a stand-in that says what to open (a

@@ -133,6 +133,7 @@ class TokenInspector(QFrame):
         self.note.setStyleSheet(f"color: {theme.colors()['muted']};")
         # Branching: pick a row, then continue with it or ban it (the chat sets can_branch).
         self.can_branch = False
+        self.ban_label = "Ban “{}” and retry"  # the comparison's ban edits a lane instead
         self.actions = QFrame(self)
         self.actions.setObjectName("inspectorActions")
         al = QHBoxLayout(self.actions)
@@ -188,7 +189,7 @@ class TokenInspector(QFrame):
         self.ban_button.setEnabled(ok)
         name = self.text_of(row["id"]) if ok else ""
         self.branch_button.setText(f"Continue with “{name}”" if ok and not row["chosen"] else "Continue with this")
-        self.ban_button.setText(f"Ban “{name}” and retry" if ok else "Ban and retry")
+        self.ban_button.setText(self.ban_label.format(name) if ok else self.ban_label.replace("“{}”", "this"))
 
     def _act(self, signal) -> None:
         row = self.selected_row()

@@ -58,3 +58,27 @@ def test_lanes_stop_independently_and_others_continue(story):
     assert streamed == done[2].text  # the stop string never reached the screen
     last_short = max(i for i, e in enumerate(evs) if isinstance(e, Token) and e.lane == 1)
     assert sum(isinstance(e, Token) and e.lane == 0 for e in evs[last_short:]) >= 30
+
+
+def test_a_branch_from_any_lane_reuses_that_lanes_row_of_the_kv_cache(story):
+    """After a comparison, a branch from the second lane (not the one in row 0) finds its
+    tokens in the cache: the engine takes the free row holding the longest start of the new
+    prompt, so only the last kept position runs; the forced token comes at the chosen
+    position and the rest equals an uncached engine's continuation."""
+    lm, _ = story
+    eng = Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids)
+    prompt = lm.tokenizer.encode("Once upon a time", bos=True)
+    settings = [SamplingParams(temperature=0, max_new_tokens=20), SamplingParams(temperature=0, max_new_tokens=20,
+                                                                                  logit_bias={int(t): float("-inf") for t in lm.tokenizer.encode("girl")})]
+    done, _ = lanes(eng, prompt, settings)
+    a, b = done
+    assert a.tokens[:5] == b.tokens[:5] and a.tokens != b.tokens and len(b.tokens) == 20
+    k = next(i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y) + 2  # past where they part
+    alt = a.tokens[0]  # any token other than b's at k
+    assert alt != b.tokens[k]
+    branch = [e for e in eng.generate(prompt + b.tokens[:k], settings[1], forced=[alt]) if isinstance(e, Done)][0]
+    assert branch.stats.cached_tokens == len(prompt) + k - 1  # row 0 held lane a's reply: b's row was taken
+    assert branch.tokens[0] == alt
+    fresh = Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids)
+    ref = [e for e in fresh.generate(prompt + b.tokens[:k], settings[1], forced=[alt]) if isinstance(e, Done)][0]
+    assert ref.stats.cached_tokens == 0 and ref.tokens == branch.tokens
