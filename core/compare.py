@@ -27,7 +27,12 @@ SWEEP_PARAMS: dict[str, tuple[type, float, float | None]] = {
     "repetition_penalty": (float, 1e-9, None),
     "seed": (int, 0, 2**63 - 1),
     "max_new_tokens": (int, 1, None),
+    "lookup": (int, 0, 8),  # speculative decoding by prompt lookup (0: off); sampling.MAX_LOOKUP
 }
+# Settings a sweep can vary that are not one number: a logit bias (one TEXT over several
+# biases: "girl=-inf, -5, 0, 5") and the output format (lane 1's, "on, off").
+SWEEP_OTHER = ("logit_bias_text", "constraint")
+SWEEP_KEYS = (*SWEEP_PARAMS, *SWEEP_OTHER)
 
 # The per-lane settings a comparison shows and stores.
 LANE_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens", "lookup",
@@ -233,30 +238,15 @@ def parse_sweep(text: str, param: str = "temperature") -> list[float | int]:
     order without duplicates. Raises SettingsError (one readable line) on bad input or
     more than MAX_LANES values.
     """
-    if param not in SWEEP_PARAMS:
-        raise SettingsError(f"cannot sweep {param!r}: choose one of {', '.join(SWEEP_PARAMS)}")
+    if param not in SWEEP_KEYS:
+        raise SettingsError(f"cannot sweep {param!r}: choose one of {', '.join(SWEEP_KEYS)}")
+    if param == "logit_bias_text":
+        return _bias_sweep(text)
+    if param == "constraint":
+        return _switch_sweep(text)
     kind, lo, hi = SWEEP_PARAMS[param]
-    text = (text or "").strip()
-    if not text:
-        raise SettingsError("enter values like 0.2, 0.7, 1.2 or a range like 0.2:1.4:0.4")
-    if ":" in text:
-        parts = [p.strip() for p in text.split(":")]
-        if len(parts) not in (2, 3) or not all(parts):
-            raise SettingsError("a range is start:stop:step, e.g. 0.2:1.4:0.4")
-        start, stop = _number(parts[0]), _number(parts[1])
-        step = _number(parts[2]) if len(parts) == 3 else 1.0
-        if step <= 0:
-            raise SettingsError("a range's step must be above 0")
-        if stop < start:
-            raise SettingsError("a range's stop must not be below its start")
-        count = int(math.floor((stop - start) / step + 1e-9)) + 1
-        if count > MAX_LANES:
-            raise SettingsError(f"that range has {count} values; a comparison has at most {MAX_LANES} lanes")
-        raw = [start + i * step for i in range(count)]
-    else:
-        raw = [_number(p) for p in text.replace(";", ",").split(",") if p.strip()]
     values: list[float | int] = []
-    for v in raw:
+    for v in _raw_values(text):
         if kind is int:
             if abs(v - round(v)) > 1e-9:
                 raise SettingsError(f"{param} takes whole numbers, got {v:g}")
@@ -275,10 +265,84 @@ def parse_sweep(text: str, param: str = "temperature") -> list[float | int]:
     return values
 
 
-def sweep_lanes(base: dict, param: str, values: Sequence[float | int]) -> list[dict]:
-    """One lane settings dict per value: ``base`` with ``param`` replaced."""
-    if param not in SWEEP_PARAMS:
+def _raw_values(text: str) -> list[float]:
+    """A list "0.2, 0.7, 1.2" or an inclusive range "start:stop:step" as numbers."""
+    text = (text or "").strip()
+    if not text:
+        raise SettingsError("enter values like 0.2, 0.7, 1.2 or a range like 0.2:1.4:0.4")
+    if ":" in text:
+        parts = [p.strip() for p in text.split(":")]
+        if len(parts) not in (2, 3) or not all(parts):
+            raise SettingsError("a range is start:stop:step, e.g. 0.2:1.4:0.4")
+        start, stop = _number(parts[0]), _number(parts[1])
+        step = _number(parts[2]) if len(parts) == 3 else 1.0
+        if step <= 0:
+            raise SettingsError("a range's step must be above 0")
+        if stop < start:
+            raise SettingsError("a range's stop must not be below its start")
+        count = int(math.floor((stop - start) / step + 1e-9)) + 1
+        if count > MAX_LANES:
+            raise SettingsError(f"that range has {count} values; a comparison has at most {MAX_LANES} lanes")
+        return [start + i * step for i in range(count)]
+    return [_number(p) for p in text.replace(";", ",").split(",") if p.strip()]
+
+
+def _bias_sweep(text: str) -> list[str]:
+    """'TEXT=B1, B2, …' or 'TEXT=start:stop:step' (biases -100..100, or -inf) as TEXT=B items."""
+    from .sampling import MAX_BIAS, parse_logit_bias
+    word, eq, rest = (text or "").partition("=")
+    if not eq or not word.strip() or not rest.strip():
+        raise SettingsError("a logit bias sweep is TEXT=biases, e.g. girl=-inf, -5, 0, 5 or girl=-10:10:5")
+    items = [p.strip() for p in rest.replace(";", ",").split(",")]
+    biases: list[float] = []
+    for item in filter(None, items):
+        if item.lower() == "-inf":
+            biases.append(-math.inf)
+        else:
+            biases += [round(b, 10) for b in _raw_values(item)]
+    out: list[str] = []
+    for b in biases:
+        if b != -math.inf and (b < -MAX_BIAS or b > MAX_BIAS):
+            raise SettingsError(f"a logit bias must be between -{MAX_BIAS:g} and {MAX_BIAS:g} (or -inf), got {b:g}")
+        spec = f"{word}={'-inf' if b == -math.inf else f'{b:g}'}"
+        parse_logit_bias(spec, lambda t: [0])
+        if spec not in out:
+            out.append(spec)
+    if not out:
+        raise SettingsError("no biases given")
+    if len(out) > MAX_LANES:
+        raise SettingsError(f"{len(out)} values; a comparison has at most {MAX_LANES} lanes")
+    return out
+
+
+def _switch_sweep(text: str) -> list[bool]:
+    """'on, off' (or 'off, on', or one of them) as [True, False]."""
+    words = {"on": True, "off": False}
+    out: list[bool] = []
+    for item in filter(None, (p.strip().lower() for p in (text or "").replace(";", ",").split(","))):
+        if item not in words:
+            raise SettingsError(f"the output format sweeps over on and off, got {item!r}")
+        if words[item] not in out:
+            out.append(words[item])
+    if not out:
+        raise SettingsError("enter on, off")
+    return out
+
+
+def sweep_lanes(base: dict, param: str, values: Sequence) -> list[dict]:
+    """One lane settings dict per value: ``base`` with ``param`` replaced. A logit bias
+    value (TEXT=B) replaces base's item for the same TEXT and keeps its others; the output
+    format's on/off keeps or drops base's constraint."""
+    if param not in SWEEP_KEYS:
         raise SettingsError(f"cannot sweep {param!r}")
+    if param == "logit_bias_text":
+        def text(item: str) -> str:
+            return str(item).rpartition("=")[0]
+        return [{**base, param: [x for x in base.get(param) or () if text(x) != text(v)] + [v]} for v in values]
+    if param == "constraint":
+        if True in values and not base.get("constraint"):
+            raise SettingsError("lane 1 has no output format to switch on: choose one for it first")
+        return [{**base, "constraint": base.get("constraint") if v else None} for v in values]
     return [{**base, param: v} for v in values]
 
 

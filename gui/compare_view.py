@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog
                                QVBoxLayout, QWidget)
 
 from core import chat_export
-from core.compare import (LANE_KEYS, MAX_LANES, SWEEP_PARAMS, parse_sweep, settings_label, sweep_lanes,
+from core.compare import (LANE_KEYS, MAX_LANES, SWEEP_KEYS, parse_sweep, settings_label, sweep_lanes,
                           text_diff, token_diff)
 from core.errors import LlamaDeskError
 from core.engine import Done, Prefilled
@@ -39,6 +39,12 @@ from .compare_model import LaneModel, LaneRun, lane_colors, parse_anchor, render
 from .token_inspector import TokenInspector
 
 DEFAULT_INSPECT = 5
+SWEEP_NAMES = {"lookup": "prompt lookup (speculative)", "logit_bias_text": "logit bias",
+               "constraint": "output format"}
+SWEEP_HINTS = {"temperature": "0.2, 0.7, 1.2   or a range   0.2:1.4:0.4",
+               "seed": "1, 2, 3   or a range   1:8", "lookup": "0, 2, 4   (0 = off)",
+               "logit_bias_text": "girl=-inf, -5, 0, 5   or   girl=-10:10:5",
+               "constraint": "on, off   (lane 1's output format)"}
 SEED_RANDOM = -1  # the seed spin's "random" value
 OPEN_CHECKPOINT, CONNECT_SERVER = -1, -2  # the lane model combo's two actions
 
@@ -632,12 +638,13 @@ class CompareView(QWidget):
         self.sweep_param = QComboBox()
         self.sweep_param.setObjectName("sweepParamCombo")
         self.sweep_param.setAccessibleName("Setting to sweep")
-        for key in SWEEP_PARAMS:
-            self.sweep_param.addItem(key.replace("_", " "), key)
+        for key in SWEEP_KEYS:
+            self.sweep_param.addItem(SWEEP_NAMES.get(key, key.replace("_", " ")), key)
+        self.sweep_param.currentIndexChanged.connect(self._sweep_param_chosen)
         self.sweep_values = QLineEdit()
         self.sweep_values.setObjectName("sweepValuesEdit")
         self.sweep_values.setAccessibleName("Sweep values")
-        self.sweep_values.setPlaceholderText("0.2, 0.7, 1.2   or a range   0.2:1.4:0.4")
+        self.sweep_values.setPlaceholderText(SWEEP_HINTS["temperature"])
         self.sweep_values.returnPressed.connect(self.apply_sweep)
         self.sweep_apply = self._button("Make lanes", "sweepApplyButton",
                                         "Replace the lanes: one per value, the rest copied from lane 1",
@@ -974,6 +981,11 @@ class CompareView(QWidget):
             self._refresh()
             self.render(all_lanes=True)
 
+    def _sweep_param_chosen(self, *_) -> None:
+        key = self.sweep_param.currentData()
+        self.sweep_values.setPlaceholderText(SWEEP_HINTS.get(key, SWEEP_HINTS["temperature"]))
+        self.sweep_error.setText("")
+
     def _toggle_sweep(self, on: bool) -> None:
         self.sweep_row.setVisible(on)
         if on:
@@ -994,9 +1006,17 @@ class CompareView(QWidget):
         base = self.lane_settings()[0] if self.columns else SamplingParams().to_dict()
         if param == "seed" and self.seed_lock.isChecked():
             self.seed_lock.setChecked(False)  # a seed sweep needs different seeds
-        self.set_lanes(sweep_lanes(base, param, vals))
-        self.status.setText(f"{len(vals)} lanes over {param.replace('_', ' ')}: "
-                            + ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in vals))
+        try:
+            lanes = sweep_lanes(base, param, vals)
+        except LlamaDeskError as e:
+            self.sweep_error.setText(str(e))
+            return False
+        self.set_lanes(lanes)
+
+        def shown(v) -> str:
+            return ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+        self.status.setText(f"{len(vals)} lanes over {SWEEP_NAMES.get(param, param.replace('_', ' '))}: "
+                            + ", ".join(shown(v) for v in vals))
         return True
 
     # ------------------------------------------------------------------ running

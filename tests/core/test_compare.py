@@ -115,6 +115,39 @@ def test_sweep_lanes_and_seed_lock():
     assert len(parse_sweep(":".join(["0", "0.7", "0.1"]))) == MAX_LANES
 
 
+def test_parse_sweep_every_knob():
+    """seed, lookup, a logit bias over one TEXT and the output format on/off sweep too."""
+    assert parse_sweep("1:4", "seed") == [1, 2, 3, 4]
+    assert parse_sweep("0, 2, 4", "lookup") == [0, 2, 4]
+    assert parse_sweep("girl=-inf, -5, 0, +5", "logit_bias_text") == ["girl=-inf", "girl=-5", "girl=0", "girl=5"]
+    assert parse_sweep("girl=-10:10:10", "logit_bias_text") == ["girl=-10", "girl=0", "girl=10"]
+    assert parse_sweep(" dragon=1.5; -inf; 1.5", "logit_bias_text") == [" dragon=1.5", " dragon=-inf"]
+    assert parse_sweep("on, off", "constraint") == [True, False]
+    assert parse_sweep("OFF", "constraint") == [False]
+    base = {"temperature": 0.5, "logit_bias_text": ["girl=2", "Lily=1"], "lookup": 0,
+            "constraint": {"kind": "regex", "text": "[a-z]+"}}
+    lanes = sweep_lanes(base, "logit_bias_text", ["girl=-inf", "girl=5"])
+    assert [ln["logit_bias_text"] for ln in lanes] == [["Lily=1", "girl=-inf"], ["Lily=1", "girl=5"]]
+    assert base["logit_bias_text"] == ["girl=2", "Lily=1"]  # not mutated
+    assert [ln["constraint"] for ln in sweep_lanes(base, "constraint", [True, False])] == [base["constraint"], None]
+    assert [ln["lookup"] for ln in sweep_lanes(base, "lookup", [0, 3])] == [0, 3]
+    with pytest.raises(SettingsError, match="no output format"):
+        sweep_lanes({**base, "constraint": None}, "constraint", [True, False])
+
+
+@pytest.mark.parametrize("text,param,needle", [
+    ("9", "lookup", "between 0 and 8"), ("-1", "lookup", "between"), ("1.5", "lookup", "whole"),
+    ("girl", "logit_bias_text", "TEXT=biases"), ("=5", "logit_bias_text", "TEXT=biases"),
+    ("girl=", "logit_bias_text", "TEXT=biases"), ("girl=lots", "logit_bias_text", "not a number"),
+    ("girl=500", "logit_bias_text", "between"), ("girl=inf", "logit_bias_text", "finite"),
+    ("girl=-100:100:10", "logit_bias_text", "at most 8"), ("maybe", "constraint", "on and off"),
+    ("", "constraint", "on, off"),
+])
+def test_parse_sweep_errors_for_the_other_knobs(text, param, needle):
+    with pytest.raises(SettingsError, match=needle):
+        parse_sweep(text, param)
+
+
 def test_settings_label():
     a = {"temperature": 0.7, "top_p": 0.9, "top_k": 0, "seed": 7}
     assert settings_label(a) == "T 0.7 · top-p 0.9 · top-k 0 · seed 7"

@@ -606,3 +606,42 @@ def test_branch_from_a_lane_token_adds_a_lane_and_ban_edits_the_lanes_bias(
     assert again.ids[:at] == base.ids[:at] and again.ids[at] == alt and again.ids == br.ids  # the same branch
     v.inspect_token(2, at)
     snapshot(v, "compare_branch")
+
+
+def test_sweep_every_knob_makes_those_lanes(qtbot, loop, bridge, history, story, fixtures):
+    """The Sweep row over seed, prompt lookup, a logit bias and the output format on/off:
+    the lanes it makes carry those settings (the rest copied from lane 1); a bias sweep runs
+    through the real worker with each lane biased as swept; bad values are named inline."""
+    from gui.compare_view import CompareView
+    girl = set(story.tokenizer.encode("girl"))
+    v = CompareView(bridge=bridge, history=history, prompt=PROMPT, mode="completion",
+                    lanes=[{"temperature": 0.0, "max_new_tokens": 16, "logit_bias_text": ["Lily=1"],
+                            "constraint": {"kind": "regex", "text": "[a-z ,]+"}}])
+    qtbot.addWidget(v)
+    keys = [v.sweep_param.itemData(i) for i in range(v.sweep_param.count())]
+    assert {"seed", "lookup", "logit_bias_text", "constraint"} <= set(keys)
+    v.sweep_param.setCurrentIndex(keys.index("logit_bias_text"))
+    assert "girl=-inf" in v.sweep_values.placeholderText()
+    assert v.apply_sweep("lookup", "0, 3")
+    assert [c.settings()["lookup"] for c in v.columns] == [0, 3]
+    assert v.apply_sweep("seed", "4:6")
+    assert [c.settings()["seed"] for c in v.columns] == [4, 5, 6]
+    assert v.apply_sweep("constraint", "on, off")
+    assert [c.settings()["constraint"] for c in v.columns] == [{"kind": "regex", "text": "[a-z ,]+"}, None]
+    assert "output format: on, off" in v.status.text()
+    assert not v.apply_sweep("logit_bias_text", "girl=lots") and "not a number" in v.sweep_error.text()
+    assert v.lane_count() == 2  # a bad sweep changes nothing
+    v.columns[0].set_settings({"constraint": None})
+    assert not v.apply_sweep("constraint", "on, off") and "no output format" in v.sweep_error.text()
+    assert v.apply_sweep("logit_bias_text", "girl=-inf, 0")
+    assert [c.settings()["logit_bias_text"] for c in v.columns] == [["Lily=1", "girl=-inf"], ["Lily=1", "girl=0"]]
+    assert [c.bias_edit.text() for c in v.columns] == ["Lily=1, girl=-inf", "Lily=1, girl=0"]
+
+    async def scenario():
+        await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
+        v.run()
+        await until(lambda: not v.running, 60, "the comparison to finish")
+
+    run(loop, scenario(), 90)
+    banned, kept = (c.run for c in v.columns)
+    assert not girl & set(banned.ids) and girl <= set(kept.ids)
