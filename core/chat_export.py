@@ -130,6 +130,9 @@ def _settings_line(settings: dict | None, seed: int | None, model_id: str | None
         parts.append("stop " + ", ".join(repr(x) for x in s["stop"]))
     if s.get("logit_bias_text"):
         parts.append("logit bias " + ", ".join(str(x) for x in s["logit_bias_text"]))
+    if isinstance(s.get("constraint"), dict):  # the output was held to a schema/regex/grammar
+        from .constrain import LABELS
+        parts.append("format " + LABELS.get(s["constraint"].get("kind"), "?"))
     if seed is None:
         seed = s.get("seed")
     if seed is not None:

@@ -322,6 +322,14 @@ def request_fields(constraint: Constraint | None) -> dict:
     return {constraint.kind: constraint.text}
 
 
+def from_editor(kind: str, text: str) -> Constraint | None:
+    """What a settings editor's kind (a KINDS entry, "" for off) and text ask for: None
+    when off or the text is still empty (nothing to hold the output to yet)."""
+    if not kind or (kind != "json_object" and not text.strip()):
+        return None
+    return Constraint(kind, "" if kind == "json_object" else text)
+
+
 def syntax_error(constraint: Constraint) -> str:
     """Why ``constraint`` cannot compile, checked without a vocabulary (for a settings
     panel, as the user types); "" when it can. A vocabulary may still refuse it

@@ -329,11 +329,9 @@ class LaneColumn(QFrame):
             self.settingsChanged.emit()
 
     def constraint(self) -> dict | None:
-        kind = self.constraint_kind.currentData()
-        text = self.constraint_text.text()
-        if not kind or (kind != "json_object" and not text.strip()):
-            return None
-        return {"kind": kind, "text": "" if kind == "json_object" else text}
+        from core.constrain import from_editor
+        c = from_editor(self.constraint_kind.currentData(), self.constraint_text.text())
+        return None if c is None else c.to_dict()
 
     def _show_constraint(self) -> None:
         kind = self.constraint_kind.currentData()

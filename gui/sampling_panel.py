@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSp
                                QSizePolicy, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from core.chat_format import FORMAT_NAMES
-from core.constrain import Constraint, syntax_error
+from core.constrain import Constraint, from_editor, syntax_error
 from core.errors import SettingsError
 from core.sampling import MAX_LOOKUP, SamplingParams, parse_logit_bias
 
@@ -489,11 +489,7 @@ class SamplingPanel(QWidget):
 
     def constraint(self) -> Constraint | None:
         """The chosen output constraint; None when off or its text is empty."""
-        kind = self.constraintCombo.currentData()
-        text = self.constraintText.toPlainText()
-        if not kind or (kind != "json_object" and not text.strip()):
-            return None
-        return Constraint(kind, "" if kind == "json_object" else text)
+        return from_editor(self.constraintCombo.currentData(), self.constraintText.toPlainText())
 
     def _speculative(self) -> dict:
         """lookup/draft for SamplingParams: only the chosen mode's (a draft with no path is off)."""

@@ -462,6 +462,8 @@ def test_lanes_with_output_formats_validate_save_and_show_what_the_constraint_re
     assert all(shown[2] == "constraint" for row, shown in zip(v.inspector.rows, v.inspector.shown_values())
                if row["constrained"])
     snapshot(v, "compare_constraints")
+    md = Path(v.export("md", str(tmp_path / "c.md"))).read_text()
+    assert "format JSON schema" in md and "format regular expression" in md
     js = json.loads(Path(v.export("json", str(tmp_path / "c.json"))).read_text())
     saved = js["conversation"]["meta"]["comparison"]["lanes"]
     assert saved[0]["settings"]["constraint"]["kind"] == "json_schema" and saved[2]["settings"]["constraint"] is None
