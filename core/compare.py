@@ -256,13 +256,18 @@ def parse_sweep(text: str, param: str = "temperature") -> list[float | int]:
         if v < lo or (hi is not None and v > hi):
             bound = f"at least {lo:g}" if hi is None else f"between {lo:g} and {hi:g}"
             raise SettingsError(f"{param} must be {bound}, got {v:g}")
-        if v not in values:
-            values.append(v)
-    if not values:
-        raise SettingsError("no values given")
-    if len(values) > MAX_LANES:
-        raise SettingsError(f"{len(values)} values; a comparison has at most {MAX_LANES} lanes")
-    return values
+        values.append(v)
+    return _lane_values(values, "values")
+
+
+def _lane_values(values: list, what: str) -> list:
+    """``values`` without repeats (first kept), one lane each: at least one, at most MAX_LANES."""
+    out = list(dict.fromkeys(values))
+    if not out:
+        raise SettingsError(f"no {what} given")
+    if len(out) > MAX_LANES:
+        raise SettingsError(f"{len(out)} values; a comparison has at most {MAX_LANES} lanes")
+    return out
 
 
 def _raw_values(text: str) -> list[float]:
@@ -306,13 +311,8 @@ def _bias_sweep(text: str) -> list[str]:
             raise SettingsError(f"a logit bias must be between -{MAX_BIAS:g} and {MAX_BIAS:g} (or -inf), got {b:g}")
         spec = f"{word}={'-inf' if b == -math.inf else f'{b:g}'}"
         parse_logit_bias(spec, lambda t: [0])
-        if spec not in out:
-            out.append(spec)
-    if not out:
-        raise SettingsError("no biases given")
-    if len(out) > MAX_LANES:
-        raise SettingsError(f"{len(out)} values; a comparison has at most {MAX_LANES} lanes")
-    return out
+        out.append(spec)
+    return _lane_values(out, "biases")
 
 
 def _switch_sweep(text: str) -> list[bool]:
