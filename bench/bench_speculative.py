@@ -26,6 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import fixture_tokenizer, random_model  # noqa: E402
 from core.engine import Done, Engine, Prefilled  # noqa: E402
 from core.model import ModelArgs, Transformer  # noqa: E402
 from core.sampling import SamplingParams  # noqa: E402
@@ -84,22 +85,11 @@ def random_llama(quick: bool, vocab: int, *, small: bool = False, seed: int = 0)
     else:  # ~100M parameters: 49M in the blocks, 25M output, 25M embedding (not read per token)
         a = ModelArgs(dim=768, n_layers=8, n_heads=12, n_kv_heads=4, vocab_size=vocab, hidden_dim=2048,
                       max_seq_len=2048)
-    torch.manual_seed(seed)
-    m = Transformer(a).eval()
-    with torch.no_grad():  # peaked distributions, like a trained model's (see bench.common.random_model)
-        m.output.weight.mul_(4.0 / (0.02 * a.dim ** 0.5))
-    return m
+    return random_model(a, seed=seed)
 
 
 def tokenizer():
-    import os
-
-    from core.tokenizer import load_tokenizer
-    fixtures = Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures"))
-    path = fixtures / "llama2-tokenizer.model"
-    if not path.exists():
-        raise SystemExit(f"bench_speculative needs the Llama 2 tokenizer fixture: {path} is missing")
-    return load_tokenizer(path)
+    return fixture_tokenizer("llama2-tokenizer.model")
 
 
 def tasks(tok, quick: bool) -> dict:

@@ -64,13 +64,13 @@ def llama_args(quick: bool, vocab: int):
                      max_seq_len=4096, rope_theta=500000.0)
 
 
-def random_model(args, dtype=torch.float32, logit_std: float = 4.0):
+def random_model(args, dtype=torch.float32, logit_std: float = 4.0, seed: int = 0):
     """A random Transformer whose next-token distributions are peaked like a trained model's
     (output weights scaled so logits have std ~logit_std: default init gives near-uniform
     distributions, which no trained model has and which would make top-p keep most of the
     vocabulary)."""
     from core.model import Transformer
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     m = Transformer(args).eval()
     with torch.no_grad():
         m.output.weight.mul_(logit_std / (0.02 * args.dim ** 0.5))
@@ -82,13 +82,18 @@ def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "tok_embeddings" not in n)
 
 
-def llama3_tokenizer():
+def fixture_tokenizer(name: str = "llama3-tokenizer.model"):
+    """A tokenizer from the shared fixtures (``$LLAMADESK_FIXTURES`` or ``../shared/fixtures``)."""
     from core.tokenizer import load_tokenizer
     fixtures = Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures"))
-    path = fixtures / "llama3-tokenizer.model"
+    path = fixtures / name
     if not path.exists():
-        raise SystemExit(f"bench needs the Llama 3 tokenizer fixture: {path} is missing")
+        raise SystemExit(f"bench needs the tokenizer fixture {name}: {path} is missing")
     return load_tokenizer(path)
+
+
+def llama3_tokenizer():
+    return fixture_tokenizer("llama3-tokenizer.model")
 
 
 def engine_run(engine: Engine, prompt: list[int], lanes: list[SamplingParams]) -> list[Done]:
