@@ -383,8 +383,6 @@ class Engine:
             j.lanes = self.check_request(j.prompt, j.lanes)
             if j.forced:
                 self._check_prompt(list(j.prompt) + list(j.forced))
-                if any(q.speculative for q in j.lanes):
-                    raise SettingsError("a forced token (a branch) does not combine with lookup or a draft model yet")
         if any(q.speculative for j in joining for q in j.lanes):
             from .speculative import speculative_loop
             return speculative_loop(self, joining)

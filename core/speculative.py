@@ -351,10 +351,10 @@ def speculative_loop(engine, joining) -> Iterator:
     V = engine.model.args.vocab_size
     limit = engine.sample_limit
 
-    def emit(li: int, toks: list[int], raw: torch.Tensor, filt: torch.Tensor, start: int,
+    def emit(li: int, toks: list[int], raw: torch.Tensor, filt: torch.Tensor | None, start: int,
              masks: torch.Tensor | None):
         """Accept toks (rows of raw/filt in order) into lane li; events out; returns how
-        many were appended to its reply."""
+        many were appended to its reply. ``filt`` None: the inspector filters itself."""
         lane, st = lanes[li], stats[li]
         if not toks:
             return 0
@@ -410,6 +410,16 @@ def speculative_loop(engine, joining) -> Iterator:
                             d.cache.copy_row(old_row, new_row, len(d.cache.tokens[old_row]))
         rows[:] = [rows[k] for k in keep]
 
+    def forced_left(lane) -> tuple[int, ...]:
+        return lane.forced[len(lane.tokens):]
+
+    def take_forced(lane, n: int) -> None:
+        """Plain decoding draws at a forced position too (then replaces the draw): use the
+        generator alike, so a lane's later draws see the same random stream."""
+        if not lane.params.greedy:
+            for _ in range(n):
+                torch.rand((), generator=lane.generator, dtype=torch.float32, device=dev)
+
     # The first token of every lane comes from its prefill's logits.
     for li in list(rows):
         raw = logits_by_lane.pop(li).unsqueeze(0)
@@ -425,6 +435,9 @@ def speculative_loop(engine, joining) -> Iterator:
                 masks, _, closed = constraint_masks(lane.constraint, [], lane.stop_ids, V)
             if closed is not None:
                 lane.done = engine._finish(lane, closed, None)
+            elif lane.forced:  # a branch: its first token is given
+                take_forced(lane, 1)
+                yield from emit(li, [lane.forced[0]], raw, None, positions[li], masks)
             else:
                 toks, _, filt = verify(raw, [], None, lane.params, lane.prompt, lane.generator, masks)
                 yield from emit(li, toks, raw, filt, positions[li], masks)
@@ -437,12 +450,18 @@ def speculative_loop(engine, joining) -> Iterator:
     measure = not engine.spec_step_s  # an undrafted step first, to estimate the speed-up
     while rows:
         plan: list[tuple[list[int], torch.Tensor | None, torch.Tensor | None, str | None]] = []
+        forcing: set[int] = set()  # rows whose drafts are a branch's forced tokens
         for li in rows:
             lane, sp = lanes[li], specs[li]
             k = 0 if measure else sp.pace.next()
-            k = min(k, engine.max_context - positions[li] - 1, lane.params.max_new_tokens - len(lane.tokens) - 1)
+            room = min(engine.max_context - positions[li] - 1, lane.params.max_new_tokens - len(lane.tokens) - 1)
+            k = min(k, room)
             drafts, q = [], None
-            if k > 0 and sp.lookup is not None:
+            forced = forced_left(lane)
+            if forced:  # the branch's remaining tokens run as drafts that are always kept
+                drafts = list(forced[: max(room, 0)])
+                forcing.add(len(plan))
+            elif k > 0 and sp.lookup is not None:
                 drafts = sp.lookup.propose(k)
             elif k > 0 and sp.draft is not None:
                 r = rows.index(li)
@@ -453,7 +472,6 @@ def speculative_loop(engine, joining) -> Iterator:
                 masks, drafts, closed = constraint_masks(lane.constraint, drafts, lane.stop_ids, V)
                 q = None if q is None else q[: len(drafts)]
             plan.append((drafts, q, masks, closed))
-        measure = False
         T = 1 + max(len(p[0]) for p in plan)
         B = len(rows)
         x = torch.tensor([[lanes[li].tokens[-1]] + p[0] + [0] * (T - 1 - len(p[0])) for li, p in zip(rows, plan)],
@@ -475,12 +493,26 @@ def speculative_loop(engine, joining) -> Iterator:
             if not all(finite[r][: len(drafts) + 1]):
                 results.append(None)
                 continue
+            if r in forcing:
+                forced = forced_left(lane)
+                # Rows 0..len(drafts) give the forced tokens' log-probs; the row after the
+                # last forced one draws, as plain decoding would there.
+                n = len(drafts)
+                # A constraint that allows nothing at row n ends the lane before it.
+                toks = list(forced[: n + (closed is None)])
+                take_forced(lane, len(toks))
+                if len(toks) == n and closed is None:
+                    toks += verify(out[r, n:n + 1], [], None, lane.params, lane.prompt + lane.tokens + toks,
+                                   lane.generator, None if masks is None else masks[n:n + 1])[0]
+                results.append((toks, n, None))
+                continue
             results.append(verify(out[r], drafts, q, lane.params, lane.prompt + lane.tokens, lane.generator,
                                   masks, last_open=closed is None))
         took = time.perf_counter() - t0
         plain = _plain_step(engine, B)
         if T == 1:  # nobody drafted: this is what a plain step costs
             engine.spec_step_s[B] = took if B not in engine.spec_step_s else 0.5 * (engine.spec_step_s[B] + took)
+            measure = False
         for r, li in enumerate(rows):
             lane, sp, res = lanes[li], specs[li], results[r]
             drafts, _, masks, closed = plan[r]
@@ -500,7 +532,7 @@ def speculative_loop(engine, joining) -> Iterator:
                 sp.round_s += took
                 if plain is not None:
                     sp.plain_s += appended * plain
-                if drafts:
+                if drafts and r not in forcing:
                     sp.drafting_rounds += 1
                     sp.drafted += len(drafts)
                     sp.accepted += n

@@ -175,6 +175,94 @@ def test_context_limit_and_stop_token_inside_accepted_drafts(stories):
     assert len(spec.tokens) < 10
 
 
+# -- a branch (forced tokens) drafts as well ------------------------------------------
+
+def reference_greedy(model, prompt, n, stop_ids=()):
+    """Greedy by full forward passes, no cache: the slow obviously-right way."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            t = int(model(torch.tensor([ids]))[0, -1].argmax())
+            if t in stop_ids:
+                break
+            ids.append(t)
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("which", ["fixture", "random"])
+def test_a_branch_drafts_and_gives_the_plain_branch(stories, tiny, which):
+    """A branch (the chosen alternative forced, the reply's prefix ending the prompt) with
+    prompt lookup or a draft model: the forced tokens come first with the plain branch's
+    log-probs and alternatives, the prefix comes from the KV cache (the speculative run
+    before it remembered it), and what follows is greedy by full forward passes."""
+    lm = stories if which == "fixture" else tiny
+    tok = lm.tokenizer
+    prompt = tok.encode(REPEAT, bos=True)
+    small = random_model(lm.model.args.vocab_size, dim=16, layers=1, heads=2, kv=1, seed=5)
+    i = 3
+    for spec in (dict(lookup=2), dict(draft="itself"), dict(draft="small")):
+        eng = Engine(lm.model, tok, stop_ids=lm.stop_ids)
+        eng.add_draft("itself", lm.model, tok)
+        eng.add_draft("small", small, tok)
+        first = tokens_of(eng, prompt, temperature=0, max_new_tokens=12, **spec)
+        with torch.no_grad():
+            runner_up = int(lm.model(torch.tensor([prompt + first.tokens[:i]]))[0, -1].topk(2).indices[1])
+        for forced in ([runner_up], [7, 11, 13]):  # several: more than one verification row
+            params = SamplingParams(temperature=0, max_new_tokens=16, **spec)
+            branch = list(eng.generate(prompt + first.tokens[:i], params, forced=forced, inspect=3))
+            pre, done = branch[0], branch[-1]
+            assert pre.cached_tokens == len(prompt) + i - 1, spec  # only the last prefix position ran
+            assert done.stats.cached_tokens == pre.cached_tokens
+            assert done.tokens[:len(forced)] == forced
+            assert done.tokens[len(forced):] == reference_greedy(lm.model, prompt + first.tokens[:i] + forced,
+                                                                 16 - len(forced), lm.stop_ids), (spec, forced)
+            ref = list(Engine(lm.model, tok, stop_ids=lm.stop_ids).generate(
+                prompt + first.tokens[:i], SamplingParams(temperature=0, max_new_tokens=16), forced=forced, inspect=3))
+            assert ref[-1].tokens == done.tokens and ref[-1].stop_reason == done.stop_reason
+            got = [e for e in branch if isinstance(e, Token)]
+            want = [e for e in ref if isinstance(e, Token)]
+            for g, w in zip(got, want):  # the same records as plain decoding, forced positions included
+                assert (g.token_id, g.index) == (w.token_id, w.index)
+                assert g.logprob == pytest.approx(w.logprob, abs=1e-4)
+                assert [t for t, _ in g.top["raw"]] == [t for t, _ in w.top["raw"]]
+                assert [t for t, _ in g.top["filtered"]] == [t for t, _ in w.top["filtered"]]
+            # Run the original reply again so the next branch finds its prefix in the cache.
+            tokens_of(eng, prompt, temperature=0, max_new_tokens=12, **spec)
+
+
+def test_forced_tokens_in_lanes_past_max_new_tokens_and_with_stop_tokens(stories):
+    """Comparison lanes that draft and lanes that do not all take the forced tokens; more
+    forced tokens than max_new_tokens end on "length" after max_new_tokens of them; a
+    forced stop token ends the reply, as in plain decoding."""
+    tok = stories.tokenizer
+    eng = Engine(stories.model, tok, stop_ids=stories.stop_ids)
+    eng.add_draft("itself", stories.model, tok)
+    prompt = tok.encode("Once upon a time", bos=True)
+    forced = [tok.encode(" there", bos=False)[0], 9, 40]
+    plain = tokens_of(eng, prompt, temperature=0, max_new_tokens=30)
+    ref = done_of(eng.generate(prompt, SamplingParams(temperature=0, max_new_tokens=30), forced=forced))
+    assert ref.tokens[:3] == forced and ref.tokens != plain.tokens
+    lanes = [SamplingParams(temperature=0, max_new_tokens=30, **spec)
+             for spec in (dict(), dict(lookup=1), dict(draft="itself"), dict(lookup=3))]
+    dones = [e for e in eng.generate_lanes(prompt, lanes, forced=forced) if isinstance(e, Done)]
+    assert [d.tokens for d in sorted(dones, key=lambda d: d.lane)] == [ref.tokens] * 4
+    for spec in (dict(lookup=2), dict(draft="itself")):
+        short = tokens_of(eng, prompt, temperature=0, max_new_tokens=2, **spec)
+        d = done_of(eng.generate(prompt, SamplingParams(temperature=0, max_new_tokens=2, **spec), forced=forced))
+        assert (d.tokens, d.stop_reason) == (forced[:2], "length") and short.tokens != d.tokens
+        stop = sorted(stories.stop_ids)[0]
+        d = done_of(eng.generate(prompt, SamplingParams(temperature=0, max_new_tokens=8, **spec),
+                                 forced=[forced[0], stop, 40]))
+        assert (d.tokens, d.stop_reason, d.stop_token) == ([forced[0]], "eos", stop)
+    # A forced position uses the lane's generator as plain decoding does (it draws, then
+    # takes the forced token): the undrafted draw after it is the plain one, seed by seed.
+    kw = dict(temperature=1.0, top_p=1.0, max_new_tokens=2)
+    plain = [done_of(eng.generate(prompt, SamplingParams(**kw, seed=s), forced=forced[:1])).tokens for s in range(12)]
+    spec = [done_of(eng.generate(prompt, SamplingParams(**kw, seed=s, lookup=2), forced=forced[:1])).tokens
+            for s in range(12)]
+    assert spec == plain and len({t[1] for t in plain}) > 1
+
+
 # -- sampling: the same distribution as plain sampling --------------------------------
 
 def chi_square_p(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
