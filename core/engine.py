@@ -22,7 +22,8 @@ import torch
 from .beam import beam_search
 from .constrain import ConstraintState, Vocabulary, allowed_tokens, fill_masks, new_bitmask
 from .errors import SettingsError
-from .kv_cache import KVCache
+from .decode_step import DecodeStep
+from .kv_cache import KVCache, static_capacity
 from .sampling import SamplingParams, choose_tokens, top_alternatives
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -69,6 +70,7 @@ class Stats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     ttft_s: float = 0.0
+    warmup_s: float = 0.0  # decode steps that compiled or recorded a graph (not in decode_s)
     speculative: dict | None = None  # drafted/accepted counts and speed-up (lanes that draft)
 
     @property
@@ -88,6 +90,7 @@ class Stats:
             "generated_tokens": self.generated_tokens, "prefill_s": self.prefill_s,
             "decode_s": self.decode_s, "ttft_s": self.ttft_s,
             "prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
+            **({"warmup_s": self.warmup_s} if self.warmup_s else {}),
             **({"speculative": dict(self.speculative)} if self.speculative is not None else {}),
         }
 
@@ -169,9 +172,13 @@ class Engine:
         preallocate: size the KV cache for prompt + max_new_tokens (bounded by max_context)
             when a request starts, so decode never reallocates; by default it grows with
             the conversation, so a huge max_new_tokens costs nothing until tokens exist.
-        compile: run decode steps through ``torch.compile`` (True: the default backend,
-            or a backend's name); where compiling fails the engine falls back to eager
-            and ``compile_status`` says why. Prefill stays eager (its length varies).
+        compile: run decode steps through ``torch.compile`` (True: inductor, or a backend's
+            name): on CUDA a static-cache step captured as CUDA graphs, on the CPU the
+            ordinary step with dynamic shapes (:mod:`core.decode_step`). Where compiling
+            fails the engine falls back to eager once and ``compile_status`` says why.
+            Prefill stays eager (its length varies).
+        static: decode on a preallocated static cache with fixed shapes (default: when
+            compiling on CUDA); the cache then grows in powers of two.
         stop_ids: the tokens that end a reply when a call names none (default: the
             tokenizer's); a request's own stop ids go with the request, never onto the engine.
         threads: (prefill, decode) torch threads, set around each phase
@@ -180,7 +187,7 @@ class Engine:
 
     def __init__(self, model, tokenizer: Tokenizer, *, max_context: int | None = None,
                  prefill_chunk: int = 512, stop_ids: Sequence[int] | None = None,
-                 preallocate: bool = False, compile: bool | str = False,
+                 preallocate: bool = False, compile: bool | str = False, static: bool | None = None,
                  threads: tuple[int, int] | None = None):
         self.model = model
         self.threads = threads
@@ -188,16 +195,7 @@ class Engine:
         self.max_context = int(max_context or model.args.max_seq_len)
         self.prefill_chunk = prefill_chunk
         self.preallocate = preallocate
-        self._decode_fn = None
-        self.compile_status = "off"
-        if compile:
-            backend = compile if isinstance(compile, str) else "inductor"
-            try:
-                # dynamic: the cache length grows every step; one graph serves them all.
-                self._decode_fn = torch.compile(model, dynamic=True, backend=backend)
-                self.compile_status = f"compiling ({backend})"
-            except Exception as e:  # no compiler on this platform, unknown backend, ...
-                self.compile_status = f"eager: torch.compile unavailable ({type(e).__name__}: {e})"[:300]
+        self._step = DecodeStep(model, compile, static)
         self.default_stop_ids = frozenset(stop_ids if stop_ids is not None else tokenizer.stop_ids)
         self.cache = KVCache.for_model(model)
         # Embedding rows past the tokenizer (padded vocabularies) cannot be decoded: never sample them.
@@ -217,6 +215,12 @@ class Engine:
         if self._vocabulary is None:
             self._vocabulary = Vocabulary(self.tokenizer, self.model.args.vocab_size)
         return self._vocabulary
+
+    @property
+    def compile_status(self) -> str:
+        """Which decode path runs: "compiled (inductor, CUDA graphs)", "compiled (inductor)",
+        "compiles at the first decode step (...)" before that step, or "eager: <why>"."""
+        return self._step.status
 
     @property
     def device(self) -> torch.device:
@@ -394,11 +398,11 @@ class Engine:
         t0 = time.perf_counter()
         first, r0, n = len(lanes), len(rows), len(j.lanes)
         stops = self._stops(j.stop_ids)
-        if self.preallocate:
+        if self.preallocate or self._step.static:
             need = max(min(len(j.prompt) + q.max_new_tokens, self.max_context) for q in j.lanes)
         else:
             need = len(j.prompt) + 1
-        self.cache.ensure(r0 + n, need)
+        self.cache.ensure(r0 + n, self._capacity(need))
         for q in j.lanes:
             lanes.append(_Lane(len(lanes), q, q.generator(self.device),
                                StreamDecoder(self.tokenizer, strip_leading_space=j.strip_leading_space),
@@ -439,12 +443,18 @@ class Engine:
                 # Run the token each row just drew.
                 x = torch.tensor(feed, device=dev).view(len(rows), 1)
                 pos_list = [positions[li] for li in rows]
-                self.cache.ensure(len(rows), max(pos_list) + 1)  # grows with the replies
+                self.cache.ensure(len(rows), self._capacity(max(pos_list) + 1))  # grows with the replies
                 if all(p == pos_list[0] for p in pos_list):
                     pos = pos_list[0]
                 else:
                     pos = torch.tensor(pos_list, device=dev)
+                warm = self._step.warmup_s
                 out = self._decode(x, pos)[:, -1]  # [B, V]
+                warm = self._step.warmup_s - warm
+                if warm:  # compiling or recording a graph is not decoding: keep it out of the speed
+                    for li in rows:
+                        lanes[li].t_decode += warm
+                        stats[li].warmup_s += warm
                 for r, li in enumerate(rows):
                     logits_by_lane[li] = out[r]
                     positions[li] += 1
@@ -545,15 +555,11 @@ class Engine:
     def _decode(self, x: torch.Tensor, pos) -> torch.Tensor:
         """One decode step: compiled when asked and it works, else eager."""
         self._use_threads(1)
-        if self._decode_fn is not None:
-            try:
-                out = self._decode_fn(x, pos, self.cache, last_only=True)
-                self.compile_status = self.compile_status.replace("compiling", "compiled")
-                return out
-            except Exception as e:  # compilation failed (raised before any kernel ran)
-                self._decode_fn = None
-                self.compile_status = f"eager: compiling failed ({type(e).__name__}: {e})"[:300]
-        return self.model(x, pos, self.cache, last_only=True)
+        return self._step(x, pos, self.cache)
+
+    def _capacity(self, positions: int) -> int:
+        """Cache positions to hold ``positions``: a static cache grows in powers of two."""
+        return static_capacity(positions, self.max_context) if self._step.static else positions
 
     def _remember(self, lanes, rows, positions) -> None:
         """Record what row 0 holds so the next turn can reuse it."""

@@ -11,6 +11,14 @@ def rounded_capacity(positions: int) -> int:
     return -(-positions // _GROW) * _GROW
 
 
+def static_capacity(positions: int, limit: int) -> int:
+    """The capacity of a static cache holding ``positions``: a power of two (at least one
+    growth step, at most ``limit`` rounded up), so a growing conversation changes the
+    shapes of a compiled step, and re-captures it, only O(log n) times."""
+    cap = max(_GROW, 1 << max(positions - 1, 1).bit_length())
+    return min(cap, rounded_capacity(limit))
+
+
 class KVCache:
     """Keys and values of every layer for ``batch`` rows of up to ``capacity`` positions.
 
@@ -27,6 +35,7 @@ class KVCache:
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.tokens: list[list[int]] = []
+        self.static_addresses = False  # see mark_static
         self.ensure(batch, capacity)
 
     @classmethod
@@ -60,6 +69,22 @@ class KVCache:
                     store.append(fresh)
         self.tokens += [[] for _ in range(new_b - len(self.tokens))]
         self.batch, self.capacity = new_b, new_c
+        if self.static_addresses:
+            self.mark_static()
+
+    def mark_static(self) -> None:
+        """Tell torch.compile that the K/V tensors keep their addresses between steps, now
+        and after every growth: CUDA graphs then write into them in place instead of copying
+        the whole cache in and out of a graph's own buffers. A growth allocates new tensors,
+        which CUDA graphs notice (and re-record for), so a longer conversation stays correct."""
+        self.static_addresses = True
+        for t in self.k + self.v:
+            if getattr(t, "_dynamo_static_input_type", None) is None:
+                torch._dynamo.mark_static_address(t)
+
+    def span(self, pos: torch.Tensor) -> int:
+        """How many positions the keys of a step at per-row positions ``pos`` cover."""
+        return int(pos.max()) + 1
 
     def reset(self) -> None:
         """Forget what every row holds (the memory stays allocated)."""
@@ -135,6 +160,33 @@ class KVCache:
     def row(self, index: int) -> "_RowView":
         """A view with the same ``update`` that reads and writes row ``index`` alone."""
         return _RowView(self, index)
+
+
+class StaticRows:
+    """The first rows of a KVCache at full capacity, for a decode step whose shapes never
+    change between steps (what CUDA graphs need): every step attends over all ``capacity``
+    slots with a mask from the positions, and writes its keys/values at positions read on
+    the device, so no step asks the host anything. Slots a row has not written hold zeros
+    or stale values; the mask (keys at or before the row's own position) hides them.
+
+    Built inside the compiled step from the cache's tensors (see core.decode_step), so it
+    carries nothing between steps.
+    """
+
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor]):
+        self.k, self.v = k, v
+
+    def span(self, pos: torch.Tensor) -> int:
+        return self.k[0].shape[2]
+
+    def update(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Write k, v [B, Hkv, T, D] at positions pos [B, T]; return every slot [B, Hkv, C, D]."""
+        B, H, T, D = k.shape
+        at = pos.view(B, 1, T, 1).expand(B, H, T, D)
+        kc, vc = self.k[layer], self.v[layer]
+        kc.scatter_(2, at, k)
+        vc.scatter_(2, at, v)
+        return kc, vc
 
 
 class _RowView:

@@ -287,7 +287,8 @@ class Transformer(nn.Module):
             tokens: token ids [B, T]; T > 1 prefills in one pass, T == 1 decodes.
             start_pos: the position of tokens[:, 0]: an int shared by all rows, or a
                 LongTensor [B] when rows sit at different positions (batched prompts).
-            cache: where keys/values of earlier positions live and these are written;
+            cache: where keys/values of earlier positions live and these are written
+                (a KVCache, one of its rows, or its StaticRows for a fixed-shape step);
                 None attends only among the T tokens (training, full forward).
             last_only: return logits for the last position only ([B, 1, V]).
 
@@ -301,7 +302,7 @@ class Transformer(nn.Module):
             if cache is None:
                 raise ValueError("per-row start positions need a KV cache")
             pos = start_pos.to(dev).view(B, 1) + torch.arange(T, device=dev)  # [B, T]
-            end = int(pos.max()) + 1
+            end = cache.span(pos)  # a static cache answers its capacity: no host sync
             rope = self.rope(end)[pos]  # [B, T, D/2, 2]
             # Each row sees only keys at or before its own position, so a row never reads
             # slots that a longer row wrote past its own end.

@@ -95,3 +95,57 @@ def test_quantized_layers_on_gpu_match_their_dequantized_weights(kind):
     torch.testing.assert_close(layer(x).float(), ref, atol=0.02, rtol=0.02)
     cpu = quant.quantizer(kind)(w, torch.device("cpu"))
     torch.testing.assert_close(layer.dequantize().cpu(), cpu.dequantize(), atol=1e-6, rtol=0)
+
+
+# -- the CUDA-graph decode path (Engine(compile=True) on CUDA) ---------------------------
+# The reference is transformers on the CPU in float32; the GPU may use TF32 matmuls.
+GPU_ATOL = 2e-3
+
+
+@pytest.fixture
+def gpu_lm(tiny_meta_dir):
+    from core.checkpoints import load
+    torch._dynamo.reset()
+    return load(tiny_meta_dir, device="cuda", dtype="float32")
+
+
+def test_cuda_graph_decode_matches_transformers_over_two_turns_with_two_lanes(gpu_lm):
+    from tests.core.test_decode_step import two_turns
+    from tests.helpers import TINY_META
+    hf = tiny_hf(**TINY_META)
+    eng = Engine(gpu_lm.model, gpu_lm.tokenizer, stop_ids=set(), compile=True)
+    done = two_turns(eng, gpu_lm, hf, n_new=10, atol=GPU_ATOL)
+    assert eng.compile_status == "compiled (inductor, CUDA graphs)"
+    assert eng.cache.static_addresses and eng.cache.capacity == 256
+    # Turn 1 compiled and recorded (kept out of decode_s); turn 2 replayed the same graph.
+    assert all(d.stats.warmup_s > 0 for d in done[:2])
+    assert all(d.stats.warmup_s == 0 for d in done[2:])
+
+
+def test_cuda_graphs_recapture_when_the_conversation_outgrows_the_static_cache(gpu_lm):
+    from tests.core.test_decode_step import assert_matches_hf, lanes_of
+    from tests.helpers import TINY_META
+    hf = tiny_hf(**TINY_META)
+    eng = Engine(gpu_lm.model, gpu_lm.tokenizer, stop_ids=set(), compile=True, max_context=512)
+    g = torch.Generator().manual_seed(8)
+    prompt = [1] + [int(t) for t in torch.randint(100, 31000, (250,), generator=g)]
+    _, (d1,) = lanes_of(eng, prompt[:100], 1, 8)
+    assert eng.cache.capacity == 256
+    _, (d2, d3) = lanes_of(eng, prompt, 2, 20)  # 271 positions: the cache moves to 512
+    assert eng.cache.capacity == 512
+    assert_matches_hf(hf, prompt[:100], d1, 8, GPU_ATOL)
+    for d in (d2, d3):
+        assert_matches_hf(hf, prompt, d, 20, GPU_ATOL)
+    assert eng.compile_status == "compiled (inductor, CUDA graphs)"
+
+
+def test_cuda_graph_capture_failure_falls_back_to_eager_with_right_tokens(gpu_lm):
+    from tests.core.test_decode_step import two_turns
+    from tests.helpers import TINY_META
+
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("capture failed")
+
+    eng = Engine(gpu_lm.model, gpu_lm.tokenizer, stop_ids=set(), compile=broken_backend, static=True)
+    two_turns(eng, gpu_lm, tiny_hf(**TINY_META), n_new=6, atol=GPU_ATOL)
+    assert eng.compile_status.startswith("eager: compiling failed") and "capture failed" in eng.compile_status
