@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from . import quant
 from .beam import beam_search
 from .constrain import ConstraintState, Vocabulary, allowed_tokens, fill_masks, new_bitmask
 from .errors import SettingsError
@@ -31,6 +32,8 @@ STOP_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")
 #: cancel should land within this many seconds of a prefill; chunks are sized to it
 PREFILL_TARGET_S = 0.08
 MIN_PREFILL_CHUNK = 16
+#: most prompt tokens one layer-by-layer prefill pass holds (its hidden states stay in memory)
+LAYERED_PASS = 4096
 
 
 @dataclass
@@ -202,6 +205,9 @@ class Engine:
         tv = int(getattr(tokenizer, "vocab_size", 0) or 0)
         self.sample_limit = tv if 0 < tv < model.args.vocab_size else None
         self._prefill_tok_s: float | None = None  # measured, sizes the next chunks
+        self._layer_tok_s: float | None = None  # the same for one layer (layered prefill)
+        # CPU-packed weights: a long prompt is prefilled layer by layer (_prefill_layered)
+        self._packed = bool(quant.packed_on_cpu(model))
         # Speculative decoding: draft models by name (draft_loader loads one on first use)
         # and the measured time of an undrafted step per batch size (for the speed-up).
         self.drafts: dict = {}
@@ -243,6 +249,14 @@ class Engine:
         while pos < len(prompt):
             if _check_cancel(cancel):
                 return None, reuse
+            if self._packed and len(prompt) - pos >= quant.DENSE_ROWS:
+                n = min(len(prompt) - pos, LAYERED_PASS)
+                logits = self._prefill_layered(prompt[pos:pos + n], pos, view, cancel)
+                if logits is None:
+                    return None, reuse
+                pos += n
+                self.cache.tokens[row] = list(prompt[:pos])
+                continue
             chunk = prompt[pos: pos + self._chunk_size()]
             x = torch.tensor([chunk], device=self.device)
             self._use_threads(0)
@@ -256,6 +270,45 @@ class Engine:
             pos += len(chunk)
             self.cache.tokens[row] = list(prompt[:pos])
         return logits, reuse
+
+    def _prefill_layered(self, tokens: list[int], start: int, view, cancel) -> torch.Tensor | None:
+        """Prefill ``tokens`` at ``start`` one layer at a time: each layer's packed weights
+        are dequantized to bfloat16 once (:func:`core.quant.dense_weights`) and run over
+        every chunk of the prompt, so chunks stay small enough for cancel to land within
+        ~PREFILL_TARGET_S (now one layer's share of a chunk) while each weight is unpacked
+        once per prompt instead of once per chunk, and multiplied by dense bfloat16 kernels
+        that run ~10x faster per row than the packed ones.
+
+        Returns the last position's logits [V], or None when cancelled (the rows' tokens
+        are then left as they were: the positions written are not counted as cached).
+        """
+        m = self.model
+        self._use_threads(0)
+        h = m.tok_embeddings(torch.tensor([tokens], device=self.device))
+        for layer in m.layers:
+            if _check_cancel(cancel):
+                return None
+            with quant.dense_weights(layer):
+                a = 0
+                while a < len(tokens):
+                    if _check_cancel(cancel):
+                        return None
+                    b = min(len(tokens), a + self._layer_chunk())
+                    t = time.perf_counter()
+                    rope, mask, pos = m.positions(h[:, a:b], start + a, view)
+                    h[:, a:b] = layer(h[:, a:b], rope, mask, view, pos)
+                    dt = time.perf_counter() - t
+                    if dt > 0:
+                        rate = (b - a) / dt
+                        self._layer_tok_s = rate if self._layer_tok_s is None else 0.5 * (self._layer_tok_s + rate)
+                    a = b
+        return m.output(m.norm(h[:, -1:])).float()[0, -1]
+
+    def _layer_chunk(self) -> int:
+        """Tokens per step of a layered prefill: what one layer runs in PREFILL_TARGET_S."""
+        if self._layer_tok_s is None:
+            return min(self.prefill_chunk, 4 * MIN_PREFILL_CHUNK)
+        return min(self.prefill_chunk, max(MIN_PREFILL_CHUNK, round(self._layer_tok_s * PREFILL_TARGET_S)))
 
     def _take_best_row(self, r0: int, prompt: list[int]) -> None:
         """Copy into row ``r0`` the free row (r0 and after) that holds the longest start of

@@ -273,6 +273,33 @@ class Transformer(nn.Module):
             self._rope = rope_table(self.args, length, dev)
         return self._rope
 
+    def positions(self, h: torch.Tensor, start_pos: int | torch.Tensor, cache):
+        """(rope, mask, start_pos) for hidden states h [B, T, D] at start_pos, as the layers
+        take them (see :meth:`forward`); a prefill that runs layer by layer calls it per chunk."""
+        B, T = h.shape[:2]
+        dev = h.device
+        if isinstance(start_pos, torch.Tensor):
+            if cache is None:
+                raise ValueError("per-row start positions need a KV cache")
+            pos = start_pos.to(dev).view(B, 1) + torch.arange(T, device=dev)  # [B, T]
+            end = cache.span(pos)  # a static cache answers its capacity: no host sync
+            rope = self.rope(end)[pos]  # [B, T, D/2, 2]
+            # Each row sees only keys at or before its own position, so a row never reads
+            # slots that a longer row wrote past its own end.
+            mask = torch.arange(end, device=dev).view(1, 1, 1, end) <= pos.view(B, 1, T, 1)
+            start_pos = pos  # the cache scatters row by row
+        else:
+            end = start_pos + T
+            rope = self.rope(end)[start_pos:end].unsqueeze(0)  # [1, T, D/2, 2]
+            if T == 1:
+                mask = None
+            elif cache is None or start_pos == 0:
+                mask = "causal"
+            else:  # a chunk after a cached prefix: causal within, all of the prefix
+                q = torch.arange(start_pos, end, device=dev).view(T, 1)
+                mask = torch.arange(end, device=dev).view(1, end) <= q  # [T, L]
+        return rope, mask, start_pos
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -295,29 +322,8 @@ class Transformer(nn.Module):
         Returns:
             float32 logits [B, T, V].
         """
-        B, T = tokens.shape
         h = self.tok_embeddings(tokens)
-        dev = h.device
-        if isinstance(start_pos, torch.Tensor):
-            if cache is None:
-                raise ValueError("per-row start positions need a KV cache")
-            pos = start_pos.to(dev).view(B, 1) + torch.arange(T, device=dev)  # [B, T]
-            end = cache.span(pos)  # a static cache answers its capacity: no host sync
-            rope = self.rope(end)[pos]  # [B, T, D/2, 2]
-            # Each row sees only keys at or before its own position, so a row never reads
-            # slots that a longer row wrote past its own end.
-            mask = torch.arange(end, device=dev).view(1, 1, 1, end) <= pos.view(B, 1, T, 1)
-            start_pos = pos  # the cache scatters row by row
-        else:
-            end = start_pos + T
-            rope = self.rope(end)[start_pos:end].unsqueeze(0)  # [1, T, D/2, 2]
-            if T == 1:
-                mask = None
-            elif cache is None or start_pos == 0:
-                mask = "causal"
-            else:  # a chunk after a cached prefix: causal within, all of the prefix
-                q = torch.arange(start_pos, end, device=dev).view(T, 1)
-                mask = torch.arange(end, device=dev).view(1, end) <= q  # [T, L]
+        rope, mask, start_pos = self.positions(h, start_pos, cache)
         for layer in self.layers:
             h = layer(h, rope, mask, cache, start_pos)
         if last_only:

@@ -23,9 +23,11 @@ the one value, q = 0, that clamps when the two scales are equal and opposite; pa
 Outputs are bfloat16 sums, cast back to the model's dtype. Everything else (Q2_K, Q3_K,
 IQ*, ...) is dequantized at load as before; :func:`path_of` names the path a tensor took.
 
-Decode (a few rows) runs the packed kernel; a prefill chunk of many rows dequantizes the
-weight to bfloat16 once and runs a dense bfloat16 matmul, which on CPU beats the int4
-kernel from ~256 rows on (see bench/bench_quant.py).
+Decode (a few rows) runs the packed kernel; a matmul of many rows dequantizes the weight
+to bfloat16 and runs a dense bfloat16 matmul, which on CPU beats the int4 kernel from
+~DENSE_ROWS rows on. A long prompt is prefilled layer by layer inside
+:func:`dense_weights` (``Engine``), so each weight is dequantized once per prompt however
+many chunks the prompt is cut into for cancel.
 
 CPU and CUDA pack 4-bit weights differently (``_convert_weight_to_int4pack_for_cpu`` vs
 ``_convert_weight_to_int4pack``); a layer is packed for one device and cannot move.
@@ -33,6 +35,7 @@ The CUDA branch follows PyTorch's documented signatures and is unmeasured here.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -41,12 +44,18 @@ import torch.nn.functional as F
 from torch import nn
 
 GROUP = 32
-#: Rows from which a matmul dequantizes to bfloat16 and runs dense (CPU): the int4 kernel
-#: costs ~1 ms per row of an 8192x2048 weight, dequantizing it ~0.2 s once.
-DENSE_ROWS = 256
+#: Rows from which a matmul dequantizes to bfloat16 and runs dense (CPU), and from which
+#: the Engine prefills layer by layer: the int4 kernel costs ~0.4 ms per row of a 5632x2048
+#: weight (0.8 ms with two planes), dequantizing it 25-60 ms once and the dense bf16 matmul
+#: ~0.07 ms per row: dense wins from 75-130 rows (bench/bench_quant.py --crossover).
+DENSE_ROWS = 96
+#: The same for Int8Linear (its dequantize is one multiply)
+INT8_DENSE_ROWS = 32
 CUDA_INNER_K_TILES = 8
 #: Rows packed at a time (a multiple of 64 and of 8: both kernels' row blocks).
 CHUNK_ROWS = 1024
+#: Weights dequantized at a time: 64-row blocks up to this many (float32 scratch of 2 MB)
+DEQUANT_CHUNK = 1 << 19
 #: GGUF types that stay packed (the rest are dequantized at load).
 PACKED_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K")
 #: ... of which these hold values wider than 4 bits: two 4-bit planes
@@ -97,11 +106,14 @@ class Int4Linear(nn.Module):
         self.register_buffer("scale_zeros", scale_zeros)
         self.in_features, self.out_features = in_features, out_features
         self.planes, self.source = planes, source
+        self.dense: torch.Tensor | None = None  # set within dense_weights()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         xb = x.reshape(rows, self.in_features).to(torch.bfloat16)
-        if rows >= DENSE_ROWS and xb.device.type == "cpu":
+        if self.dense is not None:
+            y = F.linear(xb, self.dense)
+        elif rows >= DENSE_ROWS and xb.device.type == "cpu":
             y = F.linear(xb, self.dequantize(torch.bfloat16))
         else:
             if self.planes > 1:
@@ -110,20 +122,25 @@ class Int4Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The weight [N, K] as ``dtype`` (computed in float32; exact, see tests)."""
+        """The weight [N, K] as ``dtype`` (computed in float32, then cast; exact, see tests)."""
         n, k = self.out_features, self.in_features * self.planes
-        if self.packed.device.type == "cpu":
-            npad = self.scale_zeros.shape[1]
-            q = _unpack_cpu(self.packed, npad, k)[:n].view(n, k // GROUP, GROUP).float()
-            sz = self.scale_zeros[:, :n].float()
-            scale, zero = sz[..., 0].t().unsqueeze(-1), sz[..., 1].t().unsqueeze(-1)
-            w = ((q - 8) * scale + zero).view(n, k)
-        else:  # the CUDA layout is opaque: multiply the identity (unmeasured)
+        if self.packed.device.type != "cpu":  # the CUDA layout is opaque: multiply the identity (unmeasured)
             eye = torch.eye(k, device=self.packed.device, dtype=torch.bfloat16)
             w = _int4_mm(eye, self.packed, self.scale_zeros)[:, :n].t().float()
-        if self.planes > 1:
-            w = w.view(n, self.planes, self.in_features).sum(1)
-        return w.to(dtype)
+            if self.planes > 1:
+                w = w.view(n, self.planes, self.in_features).sum(1)
+            return w.to(dtype)
+        out = torch.empty(n, self.in_features, dtype=dtype)
+        # A few 64-row blocks at a time, so the float32 temporaries (~2 MB) stay in cache:
+        # ~5x faster than unpacking the whole weight at once (see bench/bench_quant.py).
+        step = 64 * max(1, DEQUANT_CHUNK // (64 * k))
+        buf = torch.empty(step, k)  # reused: a fresh large tensor per step costs page faults
+        for r0 in range(0, n, step):
+            w = _dequantize_rows(self.packed, self.scale_zeros, r0, min(step, n - r0), k, buf)
+            if self.planes > 1:
+                w = w.view(-1, self.planes, self.in_features).sum(1)
+            out[r0:r0 + step] = w
+        return out
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, source={self.source}"
@@ -138,11 +155,14 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", scales)
         self.out_features, self.in_features = qweight.shape
         self.source = source
+        self.dense: torch.Tensor | None = None  # set within dense_weights()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         xb = x.reshape(rows, self.in_features).to(torch.bfloat16)
-        if rows >= DENSE_ROWS // 8 and xb.device.type == "cpu":
+        if self.dense is not None:
+            y = F.linear(xb, self.dense)
+        elif rows >= INT8_DENSE_ROWS and xb.device.type == "cpu":
             # _weight_int8pack_mm runs ~2 ms per row of an 8192x2048 weight on CPU
             y = F.linear(xb, self.dequantize(torch.bfloat16))
         else:
@@ -184,6 +204,29 @@ QuantLinear = (Int4Linear, Int8Linear)
 Packed = (Int4Linear, Int8Linear, GGUFEmbedding)
 
 
+def packed_on_cpu(module: nn.Module) -> list[nn.Module]:
+    """The packed linear layers of ``module`` that live on the CPU."""
+    return [m for m in module.modules() if isinstance(m, QuantLinear) and m.dense is None
+            and next(m.buffers()).device.type == "cpu"]
+
+
+@contextmanager
+def dense_weights(module: nn.Module):
+    """Within the block, the CPU-packed linears of ``module`` multiply a bfloat16 copy of
+    their weight, dequantized on entry and freed on exit. A prefill that runs a long prompt
+    through one layer in several chunks (``Engine``) so pays the dequantize once per layer,
+    where each chunk alone would be too short to repay it; memory grows by one layer's
+    weights in bfloat16 meanwhile."""
+    layers = packed_on_cpu(module)
+    try:
+        for m in layers:
+            m.dense = m.dequantize(torch.bfloat16)
+        yield
+    finally:
+        for m in layers:
+            m.dense = None
+
+
 def packed_shape(m: nn.Module) -> tuple[int, int]:
     """The [rows, cols] of the weight a packed module stands for."""
     if isinstance(m, GGUFEmbedding):
@@ -195,6 +238,23 @@ def _int4_mm(xb: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) 
     if packed.device.type == "cpu":
         return torch._weight_int4pack_mm_for_cpu(xb, packed, GROUP, scale_zeros)
     return torch._weight_int4pack_mm(xb, packed, GROUP, scale_zeros)
+
+
+def _dequantize_rows(packed: torch.Tensor, scale_zeros: torch.Tensor, r0: int, rows: int,
+                     k: int, buf: torch.Tensor) -> torch.Tensor:
+    """Rows [r0, r0+rows) of a CPU-packed weight as float32 [rows, k]: ``(q - 8) * scale +
+    zero``, the same float32 operations in the same order as on :func:`_unpack_cpu`'s
+    output, so bit for bit the same values. r0 is a multiple of 64 (the layout's blocks);
+    ``buf`` is float32 scratch of at least ``rows`` (rounded up to 64) x k."""
+    b0, b1 = r0 // 64, -(-(r0 + rows) // 64)
+    v = packed.view(-1, k, 32)[b0:b1].transpose(1, 2).contiguous()  # [blocks, 32, K]: byte j = rows j, j+32
+    q = buf.view(-1)[:(b1 - b0) * 64 * k].view(b1 - b0, 64, k)
+    q[:, :32] = v & 15
+    q[:, 32:] = v >> 4
+    q = q.view(-1, k)[:rows].sub_(8).view(rows, k // GROUP, GROUP)
+    sz = scale_zeros[:, r0:r0 + rows].float().permute(2, 1, 0).unsqueeze(-1).contiguous()  # [2, rows, K/32, 1]
+    q.mul_(sz[0]).add_(sz[1])
+    return q.view(rows, k)
 
 
 def _unpack_cpu(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:

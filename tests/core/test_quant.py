@@ -163,3 +163,40 @@ def test_packing_in_row_chunks_equals_packing_at_once(kind, monkeypatch):
     assert torch.equal(chunked.dequantize(), whole.dequantize())
     x = torch.randn(2, K)
     assert torch.equal(chunked(x), whole(x))
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
+def test_dequantize_in_row_blocks_equals_unpacking_the_whole_weight(kind, monkeypatch):
+    """dequantize() works a few 64-row blocks at a time; bit for bit what unpacking the whole
+    kernel layout at once and applying (q - 8) * scale + zero in float32 gives, in float32
+    and (after one rounding) in bfloat16, the dense prefill weight."""
+    data = gguf_blocks(kind, n=200)
+    layer = quant.pack_gguf(as_raw(data), kind, 200, K, CPU)
+    k = K * layer.planes
+    q = quant._unpack_cpu(layer.packed, layer.scale_zeros.shape[1], k)[:200].view(200, k // 32, 32).float()
+    sz = layer.scale_zeros[:, :200].float()
+    ref = ((q - 8) * sz[..., 0].t().unsqueeze(-1) + sz[..., 1].t().unsqueeze(-1)).view(200, layer.planes, K).sum(1)
+    monkeypatch.setattr(quant, "DEQUANT_CHUNK", 64 * k)  # one 64-row block a step, the last one short
+    assert torch.equal(layer.dequantize(), ref)
+    assert torch.equal(layer.dequantize(torch.bfloat16), ref.bfloat16())
+    monkeypatch.setattr(quant, "DEQUANT_CHUNK", 1 << 30)  # all at once
+    assert torch.equal(layer.dequantize(), ref)
+
+
+def test_dense_weights_are_set_inside_the_block_only():
+    data = gguf_blocks("Q4_0")
+    seq = torch.nn.Sequential(quant.pack_gguf(as_raw(data), "Q4_0", N, K, CPU),
+                              quant.quantize_int8(torch.randn(K, N), CPU))
+    x = torch.randn(5, K)
+    few_rows = seq(x)  # the packed kernels
+    with quant.dense_weights(seq):
+        assert seq[0].dense.dtype == torch.bfloat16 and torch.equal(seq[0].dense, seq[0].dequantize(torch.bfloat16))
+        assert torch.equal(seq[1].dense, seq[1].dequantize(torch.bfloat16))
+        dense = seq(x)
+        ref = x.bfloat16().float() @ seq[0].dense.float().t()
+        assert ((seq[0](x) - ref).abs() <= 2 ** -7 * ref.abs().max()).all()
+    assert seq[0].dense is None and seq[1].dense is None
+    assert ((dense - few_rows).abs() <= 2 ** -6 * few_rows.abs().max()).all()
+    with pytest.raises(RuntimeError), quant.dense_weights(seq):
+        raise RuntimeError("freed on the way out of an error too")
+    assert seq[0].dense is None and seq[1].dense is None
