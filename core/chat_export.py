@@ -130,6 +130,10 @@ def _settings_line(settings: dict | None, seed: int | None, model_id: str | None
         parts.append("stop " + ", ".join(repr(x) for x in s["stop"]))
     if s.get("logit_bias_text"):
         parts.append("logit bias " + ", ".join(str(x) for x in s["logit_bias_text"]))
+    if s.get("lookup"):  # speculative decoding: the same reply, drafted
+        parts.append(f"prompt lookup {_num(s['lookup'])}")
+    if s.get("draft"):
+        parts.append(f"draft model {s['draft']}")
     if isinstance(s.get("constraint"), dict):  # the output was held to a schema/regex/grammar
         from .constrain import LABELS
         parts.append("format " + LABELS.get(s["constraint"].get("kind"), "?"))

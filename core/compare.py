@@ -30,13 +30,14 @@ SWEEP_PARAMS: dict[str, tuple[type, float, float | None]] = {
     "lookup": (int, 0, 8),  # speculative decoding by prompt lookup (0: off); sampling.MAX_LOOKUP
 }
 # Settings a sweep can vary that are not one number: a logit bias (one TEXT over several
-# biases: "girl=-inf, -5, 0, 5") and the output format (lane 1's, "on, off").
-SWEEP_OTHER = ("logit_bias_text", "constraint")
+# biases: "girl=-inf, -5, 0, 5"), the output format (lane 1's, "on, off") and the draft model
+# of speculative decoding ("off, /models/a.gguf, /models/b.gguf").
+SWEEP_OTHER = ("logit_bias_text", "constraint", "draft")
 SWEEP_KEYS = (*SWEEP_PARAMS, *SWEEP_OTHER)
 
 # The per-lane settings a comparison shows and stores.
 LANE_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens", "lookup",
-             "constraint", "logit_bias_text")
+             "draft", "constraint", "logit_bias_text")
 
 
 # --------------------------------------------------------------------------- divergence
@@ -244,6 +245,8 @@ def parse_sweep(text: str, param: str = "temperature") -> list[float | int]:
         return _bias_sweep(text)
     if param == "constraint":
         return _switch_sweep(text)
+    if param == "draft":
+        return _draft_sweep(text)
     kind, lo, hi = SWEEP_PARAMS[param]
     values: list[float | int] = []
     for v in _raw_values(text):
@@ -329,10 +332,20 @@ def _switch_sweep(text: str) -> list[bool]:
     return out
 
 
+def _draft_sweep(text: str) -> list[str]:
+    """'off, /models/a.gguf, /models/b' as ["", "/models/a.gguf", "/models/b"] (a path each,
+    "" for no draft model); whether a path loads is found out when its lane runs."""
+    out = ["" if p.lower() == "off" else p for p in (p.strip() for p in (text or "").split(",")) if p]
+    if not out:
+        raise SettingsError("enter off and draft models' paths, e.g. off, /models/small.gguf")
+    return _lane_values(out, "draft models")
+
+
 def sweep_lanes(base: dict, param: str, values: Sequence) -> list[dict]:
     """One lane settings dict per value: ``base`` with ``param`` replaced. A logit bias
     value (TEXT=B) replaces base's item for the same TEXT and keeps its others; the output
-    format's on/off keeps or drops base's constraint."""
+    format's on/off keeps or drops base's constraint. Prompt lookup and a draft model
+    exclude each other: a lane swept to one turns the other off."""
     if param not in SWEEP_KEYS:
         raise SettingsError(f"cannot sweep {param!r}")
     if param == "logit_bias_text":
@@ -343,7 +356,17 @@ def sweep_lanes(base: dict, param: str, values: Sequence) -> list[dict]:
         if True in values and not base.get("constraint"):
             raise SettingsError("lane 1 has no output format to switch on: choose one for it first")
         return [{**base, "constraint": base.get("constraint") if v else None} for v in values]
+    if param == "draft":
+        return [{**base, "draft": v, **({"lookup": 0} if v else {})} for v in values]
+    if param == "lookup":
+        return [{**base, "lookup": v, **({"draft": ""} if v else {})} for v in values]
     return [{**base, param: v} for v in values]
+
+
+def draft_name(path: str | None) -> str:
+    """How a lane's draft model is named where space is short: its file or folder name ("off": none)."""
+    path = str(path or "").strip().rstrip("/\\")
+    return re.split(r"[/\\]", path)[-1] if path else "off"
 
 
 def lock_seeds(lanes: Sequence[dict], seed: int) -> list[dict]:
@@ -359,7 +382,7 @@ def settings_label(settings: dict, differs_from: dict | None = None) -> str:
     from ``differs_from`` when given (falls back to temperature)."""
     names = {"temperature": "T", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p",
              "repetition_penalty": "rep", "seed": "seed", "max_new_tokens": "max", "lookup": "lookup",
-             "constraint": "format", "logit_bias_text": "bias"}
+             "draft": "draft", "constraint": "format", "logit_bias_text": "bias"}
     keys = [k for k in LANE_KEYS if k in settings]
     if differs_from is not None:
         keys = [k for k in keys if settings.get(k) != differs_from.get(k)] or ["temperature"]
@@ -371,5 +394,9 @@ def settings_label(settings: dict, differs_from: dict | None = None) -> str:
             v = LABELS.get(v.get("kind"), "?") if isinstance(v, dict) else "free"
         elif k == "logit_bias_text":  # TEXT=BIAS items
             v = ", ".join(v or ()) or "none"
+        elif k == "draft":  # a model's path: its file or folder name says enough
+            v = draft_name(v)
+        elif k == "lookup" and not v:
+            v = "off"
         out.append(f"{names[k]} {v:g}" if isinstance(v, float) else f"{names[k]} {v}")
     return " · ".join(out)

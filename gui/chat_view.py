@@ -29,7 +29,7 @@ from PySide6.QtGui import (QDesktopServices, QGuiApplication, QTextBlockFormat, 
 from PySide6.QtWidgets import (QCheckBox, QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy,
                                QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
-from core.compare import settings_label
+from core.compare import draft_name, settings_label
 
 from . import theme
 from .compare_model import LaneRun, lane_colors, parse_token_index, render_lane_html
@@ -319,7 +319,8 @@ def format_stats(m: dict) -> str:
     lines = [" · ".join(parts)]
     sp = s.get("speculative")
     if sp and sp.get("kind") in ("lookup", "draft"):
-        how = f"lookup {sp.get('lookup')}" if sp["kind"] == "lookup" else "draft model"
+        how = f"lookup {sp.get('lookup')}" if sp["kind"] == "lookup" else \
+            f"draft {draft_name(sp['draft'])}" if isinstance(sp.get("draft"), str) and sp["draft"] else "draft model"
         line = f"speculative ({how}): {sp.get('acceptance', 0.0) * 100:.0f}% of {sp.get('drafted', 0)} drafted accepted"
         if sp.get("mean_draft"):
             line += f", {sp['mean_draft']:.1f} a step"

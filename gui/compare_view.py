@@ -25,8 +25,8 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog
                                QVBoxLayout, QWidget)
 
 from core import chat_export
-from core.compare import (LANE_KEYS, MAX_LANES, SWEEP_KEYS, parse_sweep, settings_label, sweep_lanes,
-                          text_diff, token_diff)
+from core.compare import (LANE_KEYS, MAX_LANES, SWEEP_KEYS, draft_name, parse_sweep, settings_label,
+                          sweep_lanes, text_diff, token_diff)
 from core.errors import LlamaDeskError
 from core.engine import Done, Prefilled
 from core.sampling import SamplingParams
@@ -39,10 +39,11 @@ from .compare_model import LaneModel, LaneRun, lane_colors, parse_anchor, render
 from .token_inspector import TokenInspector
 
 DEFAULT_INSPECT = 5
-SWEEP_NAMES = {"lookup": "prompt lookup (speculative)", "logit_bias_text": "logit bias",
-               "constraint": "output format"}
+SWEEP_NAMES = {"lookup": "prompt lookup (speculative)", "draft": "draft model (speculative)",
+               "logit_bias_text": "logit bias", "constraint": "output format"}
 SWEEP_HINTS = {"temperature": "0.2, 0.7, 1.2   or a range   0.2:1.4:0.4",
                "seed": "1, 2, 3   or a range   1:8", "lookup": "0, 2, 4   (0 = off)",
+               "draft": "off, /models/small.gguf, /models/tiny.gguf   (… adds a file)",
                "logit_bias_text": "girl=-inf, -5, 0, 5   or   girl=-10:10:5",
                "constraint": "on, off   (lane 1's output format)"}
 SEED_RANDOM = -1  # the seed spin's "random" value
@@ -63,8 +64,6 @@ FIELDS = {
     "min_p": ("min-p", "Min-p (0 = off)", 0.0, 0.99, 0.01, 2),
     "repetition_penalty": ("rep", "Repetition penalty (1 = off)", 0.5, 2.0, 0.05, 2),
     "max_new_tokens": ("max", "Most new tokens", 1, 8192, 16, None),
-    "lookup": ("lookup", "Prompt lookup: draft what followed the last n tokens earlier in the text (0 = off; "
-               "the same reply, faster when it repeats the prompt)", 0, 8, 1, None),
     "seed": ("seed", "Seed (random: a new one each run; the one used is saved)", SEED_RANDOM, 2**31 - 1, 1, None),
 }
 
@@ -155,7 +154,7 @@ class LaneColumn(QFrame):
         grid.setHorizontalSpacing(4)
         grid.setVerticalSpacing(2)
         self.fields: dict[str, QSpinBox | QDoubleSpinBox] = {}
-        order = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens", "lookup", "seed"]
+        order = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens", "seed"]
         for n, key in enumerate(order):
             label, tip, lo, hi, step, dec = FIELDS[key]
             if dec is None:
@@ -172,15 +171,13 @@ class LaneColumn(QFrame):
             w.setKeyboardTracking(False)
             if key == "seed":
                 w.setSpecialValueText("random")
-            elif key == "lookup":
-                w.setSpecialValueText("off")
             lab = QLabel(label)
             lab.setToolTip(tip)
             lab.setBuddy(w)
-            r, c = divmod(n, 3) if key != "seed" else (2, 1)
+            r, c = divmod(n, 3)
             if key == "seed":
-                grid.addWidget(lab, 2, 2)
-                grid.addWidget(w, 2, 3, 1, 3)
+                grid.addWidget(lab, 2, 0)
+                grid.addWidget(w, 2, 1, 1, 5)
             else:
                 grid.addWidget(lab, r, 2 * c)
                 grid.addWidget(w, r, 2 * c + 1)
@@ -188,6 +185,7 @@ class LaneColumn(QFrame):
         for c in (1, 3, 5):
             grid.setColumnStretch(c, 1)
         lay.addLayout(grid)
+        self._speculative_row(lay)
         self._constraint_row(lay)
         self._bias_row(lay)
         self.set_settings(settings)
@@ -259,6 +257,34 @@ class LaneColumn(QFrame):
         self.notice.setVisible(bool(text))
 
     # -- settings ------------------------------------------------------------------------
+
+    def _speculative_row(self, lay) -> None:
+        """Speculative decoding, as in the sampling panel (its controls and logic): off,
+        prompt lookup with its n beside the mode, or a draft model, whose path and "…"
+        take the line under it. Only one mode at a time: lookup and a draft never meet."""
+        from .sampling_panel import SpeculativeControls
+        sc = self.speculative = SpeculativeControls(self, hide_unused=True)
+        names = {sc.combo: ("lane_speculative", "Lane speculative decoding"),
+                 sc.lookup: ("lane_lookup", "Lane prompt lookup n"),
+                 sc.draft: ("lane_draft", "Lane draft model"),
+                 sc.browse_button: ("lane_draft_browse", "Choose the lane's draft model")}
+        for w, (name, acc) in names.items():
+            w.setObjectName(name)
+            w.setAccessibleName(acc)
+        sc.combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+        sc.lookup.setButtonSymbols(QSpinBox.NoButtons)
+        sc.lookup.setPrefix("n ")
+        row = QHBoxLayout()
+        lab = QLabel("speculative")
+        lab.setToolTip(sc.combo.toolTip())
+        lab.setBuddy(sc.combo)
+        row.addWidget(lab)
+        row.addWidget(sc.combo)
+        row.addWidget(sc.lookup)
+        row.addStretch(1)
+        lay.addLayout(row)
+        lay.addWidget(sc.draft_row)  # the whole width: a model's path is long
+        sc.changed.connect(self.settingsChanged.emit)
 
     def _constraint_row(self, lay) -> None:
         """The lane's output format: a kind and its text (a JSON schema, regex or grammar
@@ -347,7 +373,7 @@ class LaneColumn(QFrame):
         self.settingsChanged.emit()
 
     def settings(self) -> dict:
-        d = {"constraint": self.constraint(), "logit_bias_text": self.logit_bias()}
+        d = {"constraint": self.constraint(), "logit_bias_text": self.logit_bias(), **self.speculative.values()}
         for key, w in self.fields.items():
             v = w.value()
             if key == "seed":
@@ -369,6 +395,13 @@ class LaneColumn(QFrame):
             for w in (self.constraint_kind, self.constraint_text):
                 w.blockSignals(False)
             self._show_constraint()
+        spec = {k: d[k] for k in ("lookup", "draft") if k in d}
+        if not isinstance(spec.get("lookup", 0), int) or isinstance(spec.get("lookup"), bool):
+            spec["lookup"] = 0  # saved data is data: a lookup is a whole number or nothing
+        if spec:
+            if spec.get("lookup") and "draft" not in spec:
+                spec["draft"] = ""  # lookup named alone: it replaces a draft model
+            self.speculative.apply({**self.speculative.values(), **spec})  # a draft wins over lookup
         if "logit_bias_text" in d:
             from .sampling_panel import format_stop_strings
             self._last_bias = format_stop_strings([str(x) for x in d["logit_bias_text"] or ()])
@@ -416,6 +449,7 @@ class LaneColumn(QFrame):
         self.constraint_kind.setEnabled(on)
         self.constraint_text.setEnabled(on)
         self.bias_edit.setEnabled(on)
+        self.speculative.enable(on)
         for key, w in self.fields.items():
             w.setEnabled(on and not (key == "seed" and seed_locked and self.lane > 0))
         for b in (self.left_button, self.right_button, self.dup_button, self.remove_button):
@@ -647,12 +681,17 @@ class CompareView(QWidget):
         self.sweep_apply = self._button("Make lanes", "sweepApplyButton",
                                         "Replace the lanes: one per value, the rest copied from lane 1",
                                         self.apply_sweep)
+        self.sweep_browse = self._button("…", "sweepBrowseButton", "Add a draft model's file (or a model folder's) "
+                                         "to the values", self._sweep_add_model)
+        self.sweep_browse.setMaximumWidth(self.sweep_browse.fontMetrics().horizontalAdvance("…") + 24)
+        self.sweep_browse.hide()
         self.sweep_error = QLabel()
         self.sweep_error.setObjectName("sweepError")
         self.sweep_error.setStyleSheet(f"color: {theme.colors()['error']};")
         srow.addWidget(QLabel("Sweep"))
         srow.addWidget(self.sweep_param)
         srow.addWidget(self.sweep_values, 1)
+        srow.addWidget(self.sweep_browse)
         srow.addWidget(self.sweep_apply)
         srow.addWidget(self.sweep_error)
         self.sweep_row.setVisible(False)
@@ -843,11 +882,8 @@ class CompareView(QWidget):
 
     def ask_checkpoint_path(self) -> str | None:
         """Which checkpoint a lane should run on (a file dialog; tests replace this)."""
-        path, _ = QFileDialog.getOpenFileName(self, "Open a checkpoint for this lane", "",
-                                              "Models (*.gguf *.safetensors *.json *.pth *.model);;All files (*)")
-        if path and not path.endswith(".gguf"):
-            path = str(Path(path).parent)  # any file of a model folder names the folder
-        return path or None
+        from .sampling_panel import choose_model_path
+        return choose_model_path(self, "Open a checkpoint for this lane")
 
     def open_checkpoint(self, lane: int, path: str) -> asyncio.Task | None:
         """Load ``path`` beside the app's model (memory checked as for a load) and run
@@ -951,6 +987,7 @@ class CompareView(QWidget):
         self.add_button.setEnabled(not running and n < MAX_LANES)
         self.sweep_button.setEnabled(not running)
         self.sweep_apply.setEnabled(not running)
+        self.sweep_browse.setEnabled(not running)
         self.save_button.setEnabled(not running and has_results)
         self.export_button.setEnabled(not running and has_results)
         self.seed_lock.setEnabled(not running)
@@ -982,7 +1019,16 @@ class CompareView(QWidget):
     def _sweep_param_chosen(self, *_) -> None:
         key = self.sweep_param.currentData()
         self.sweep_values.setPlaceholderText(SWEEP_HINTS.get(key, SWEEP_HINTS["temperature"]))
+        self.sweep_browse.setVisible(key == "draft")
         self.sweep_error.setText("")
+
+    def _sweep_add_model(self) -> None:
+        """"…" of a draft model sweep: a chosen model's path joins the values."""
+        from .sampling_panel import choose_model_path
+        path = choose_model_path(self, "Add a draft model to the sweep")
+        if path:
+            text = self.sweep_values.text().strip().rstrip(",")
+            self.sweep_values.setText(f"{text}, {path}" if text else f"off, {path}")
 
     def _toggle_sweep(self, on: bool) -> None:
         self.sweep_row.setVisible(on)
@@ -1012,6 +1058,8 @@ class CompareView(QWidget):
         self.set_lanes(lanes)
 
         def shown(v) -> str:
+            if param == "draft":
+                return draft_name(v)
             return ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
         self.status.setText(f"{len(vals)} lanes over {SWEEP_NAMES.get(param, param.replace('_', ' '))}: "
                             + ", ".join(shown(v) for v in vals))
@@ -1052,13 +1100,21 @@ class CompareView(QWidget):
             self.status.setText(f"Settings: {e}")
             return None
         targets = [i for i, c in enumerate(self.columns) if only is None or c in only]
-        remote_bias = [i for i in targets if params[i].logit_bias_text and self.model_of(i).kind == "server"]
+        remote = [i for i in targets if self.model_of(i).kind == "server"]
+        remote_bias = [i for i in remote if params[i].logit_bias_text]
         for i in remote_bias:
             self.columns[i].show_notice("A logit bias by text needs the model's tokenizer, and a server's is not "
                                         "known here: clear the lane's bias or run it on a local model.")
-        if remote_bias:
-            self.status.setText("Settings: lane " + ", ".join(str(i + 1) for i in remote_bias)
-                                + " sets a logit bias on a server")
+        remote_spec = [i for i in remote if params[i].speculative and i not in remote_bias]
+        for i in remote_spec:
+            self.columns[i].show_notice("Prompt lookup and draft models run in this app's engine; a server decodes "
+                                        "on its own: set the lane's speculative decoding to Off, or run it on a "
+                                        "local model.")
+        if remote_bias or remote_spec:
+            self.status.setText("Settings: " + " · ".join(
+                f"lane {', '.join(str(i + 1) for i in lanes)} {what} on a server"
+                for lanes, what in ((remote_bias, "sets a logit bias"), (remote_spec, "drafts (speculative)"))
+                if lanes))
             return None
         # Lanes on one model run as one request (one prefill, one batch); each model's
         # request runs beside the others' (servers in parallel with the local worker). A
@@ -1117,22 +1173,40 @@ class CompareView(QWidget):
                 for c in cols if c.run is not None and c in self.columns))
 
     async def _run_group(self, model: LaneModel, idx: list[int], request: CompareRequest,
-                         cols: list[LaneColumn], failed: list[str]) -> None:
-        """One model's lanes (``idx``): its request's events go to those columns."""
+                         cols: list[LaneColumn], failed: list[str], split: bool = True,
+                         hint: str = " — press Run to try again.") -> None:
+        """One model's lanes (``idx``): its request's events go to those columns.
+
+        A lane's draft model is loaded (and checked) when its request starts, and one that
+        fails fails the whole request: so a request whose lanes name different draft models
+        that fails before anything streamed is run again split by draft model (``split``),
+        and only the lanes of the draft model at fault fail."""
+        from dataclasses import replace
+
         from .bridge import BridgeError
 
-        def fail(message: str) -> None:
+        def fail(message: str, lanes: list[int] | None = None, hint: str = hint) -> None:
             # Lanes of this model that finished before the failure keep their results.
-            hit = [i for i in idx if not cols[i].run.finished] or idx
-            where = ", ".join(str(i + 1) for i in hit)
+            hit = lanes if lanes is not None else [i for i in idx if not cols[i].run.finished] or idx
+            where = ", ".join(str(self.columns.index(cols[i]) + 1 if cols[i] in self.columns else "?") for i in hit)
             failed.append(f"lane{'s' if len(hit) > 1 else ''} {where} ({model.name}): {message}")
             for i in hit:
                 cols[i].run.fail(message)
-                cols[i].show_notice(message + " — press Run to try again.")
+                cols[i].show_notice(message + hint)
 
         if model.kind == "server" and model.remote is None:
             fail(f"not connected to {model.record().get('server') or 'its server'}: choose the lane's model again")
             return
+        if model.kind != "server":  # a draft model that is not there: its lanes fail, the others run
+            gone = [k for k, q in enumerate(request.lanes) if q.draft and not Path(q.draft).expanduser().exists()]
+            for k in gone:
+                fail(f"draft model not found: {request.lanes[k].draft}", [idx[k]],
+                     " — choose another one (…) or turn speculative decoding off.")
+            if gone:
+                keep = [k for k in range(len(idx)) if k not in gone]
+                if not keep:
+                    return
+                idx, request = [idx[k] for k in keep], replace(request, lanes=[request.lanes[k] for k in keep])
         if model.kind == "checkpoint" and not model.key:  # a saved comparison's checkpoint: open it again
             try:
                 self._held_model(await self.bridge.hold(model.path))
@@ -1145,35 +1219,53 @@ class CompareView(QWidget):
                 return
         if model.kind == "checkpoint":
             request.model = model.key
+        drafts = list(dict.fromkeys(q.draft for q in request.lanes))  # "" first when a lane has none
+        drafts.sort(key=bool)
+        split = split and len(drafts) > 1
         names = self._names_for(model)
         dropped = 0
+        streamed = False
+        error: Error | None = None
         stream = self.bridge.compare(request, backend=model.remote) if model.kind == "server" \
             else self.bridge.compare(request)
         self._streams.append(stream)
         async for ev in stream:
             match ev:
                 case Chunk() if 0 <= ev.lane < len(idx):
+                    streamed = True
                     cols[idx[ev.lane]].run.add(ev.tokens)
                     for t in ev.tokens:
                         names.setdefault(int(t.token_id), t.piece)
                 case Done() if 0 <= ev.lane < len(idx):
+                    streamed = True
                     cols[idx[ev.lane]].run.finish(ev)
                 case Prompted():
                     dropped = ev.dropped_messages
                 case Prefilled():
+                    streamed = True
                     self.status.setText(f"Prompt: {ev.prompt_tokens} tokens"
                                         + (f" on {model.name}" if len(self._streams) > 1 else "")
                                         + (f" ({dropped} oldest messages left out to fit)" if dropped else "")
                                         + " · generating…")
                 case Error() if not ev.cancelled:
-                    message = ev.message
-                    if ev.kind:
-                        from core.remote import describe_error
-                        message = describe_error(ev.kind, ev.message)
-                    fail(message)
+                    error = ev
+                    if not (split and not streamed):
+                        message = ev.message
+                        if ev.kind:
+                            from core.remote import describe_error
+                            message = describe_error(ev.kind, ev.message)
+                        fail(message)
             # The bridge delivers a frame's events together: render once they are in.
             if not stream.pending:
                 self.render()
+        if error is not None and split and not streamed and not self._stop_asked:
+            # Lanes without a draft model first: when they run, the fault is a draft model's.
+            for d in drafts:
+                part = [k for k, q in enumerate(request.lanes) if q.draft == d]
+                await self._run_group(model, [idx[k] for k in part],
+                                      replace(request, lanes=[request.lanes[k] for k in part]), cols, failed,
+                                      split=False, hint=" — choose another draft model (…) or turn "
+                                      "speculative decoding off." if d else hint)
 
     def stop(self) -> None:
         if self.running:
@@ -1203,6 +1295,8 @@ class CompareView(QWidget):
             label = ""
             if i == self.baseline:
                 label = "Baseline: the other lanes are compared with this one."
+            elif run.error and not run.tokens:
+                label = ""  # it never started: its notice says why, there is nothing to compare
             elif base is not None:
                 match = tokenizers_match(base_model, self.model_of(i))
                 diff = self._diff(base, run, match)

@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from PySide6.QtCore import QCoreApplication, QSettings, QSignalBlocker, Qt, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QObject, QSettings, QSignalBlocker, Qt, QTimer, Signal
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSpinBox,
                                QFormLayout, QFrame, QGroupBox, QHBoxLayout, QInputDialog,
@@ -118,6 +118,160 @@ def bias_items(text: str) -> tuple[tuple[str, ...], list[str]]:
         except SettingsError as e:
             bad.append(str(e))
     return tuple(good), bad
+
+
+# --------------------------------------------------------------------------- speculative decoding
+
+MODEL_FILES = "Models (*.gguf *.safetensors *.json *.pth *.model);;All files (*)"
+
+
+def choose_model_path(parent: QWidget, title: str, start: str = "") -> str | None:
+    """A model the user picks in a file dialog: a .gguf file, or a model folder named by
+    any of its files (config.json, a .safetensors or .pth shard, tokenizer.model)."""
+    from pathlib import Path
+
+    from PySide6.QtWidgets import QFileDialog
+    path, _ = QFileDialog.getOpenFileName(parent, title, start, MODEL_FILES)
+    if path and not path.endswith(".gguf"):
+        path = str(Path(path).parent)
+    return path or None
+
+
+class SpeculativeControls(QObject):
+    """Speculative decoding's controls and their logic: a mode (off, prompt lookup, draft
+    model), lookup's n, and the draft model's path with a "…" chooser. The sampling panel
+    and each comparison lane lay the widgets out their own way. One mode is chosen, so
+    lookup and a draft model are never both on (SamplingParams refuses that).
+
+    Signals:
+        changed(): the mode, n or the path was edited (not when set by :meth:`apply`).
+
+    ``hide_unused``: the field the mode does not use is hidden (a lane, where room is
+    short) instead of disabled (the panel, which shows both).
+    """
+
+    changed = Signal()
+
+    def __init__(self, parent: QWidget, *, hide_unused: bool = False):
+        super().__init__(parent)
+        self.hide_unused = hide_unused
+        self.available = True
+        self.combo = QComboBox(parent)
+        self.combo.setToolTip("Speculative decoding: draft tokens cheaply and check them in one pass. The reply is "
+                              "the same as without; it comes faster when the drafts are often right.")
+        for key, label in SPECULATIVE_MODES:
+            self.combo.addItem(label, key)
+        self.lookup = QSpinBox(parent)
+        self.lookup.setToolTip("Prompt lookup: draft what followed the last n tokens earlier in the text "
+                               "(editing, quoting).")
+        self.lookup.setRange(1, MAX_LOOKUP)
+        self.lookup.setValue(DEFAULT_LOOKUP)
+        self.lookup.setKeyboardTracking(False)
+        self.draft = QLineEdit(parent)
+        self.draft.setToolTip("A smaller model with the same tokenizer (a .gguf file or a model folder) that "
+                              "drafts for the model.")
+        self.draft.setPlaceholderText("draft model: .gguf or folder")
+        self.draft.setClearButtonEnabled(True)
+        self.browse_button = QPushButton("…", parent)
+        self.browse_button.setToolTip("Choose the draft model: a .gguf file, or any file of a model folder.")
+        self.browse_button.setMaximumWidth(self.browse_button.fontMetrics().horizontalAdvance("…") + 24)
+        self.draft_row = QWidget(parent)  # the path and its "…", side by side
+        row = QHBoxLayout(self.draft_row)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.draft, 1)
+        row.addWidget(self.browse_button)
+        for w in (self.combo, self.lookup, self.draft, self.browse_button):
+            w.setAccessibleDescription(w.toolTip())
+        self._last_draft = ""
+        self.combo.currentIndexChanged.connect(self._mode_changed)
+        self.lookup.valueChanged.connect(lambda *_: self.changed.emit())
+        self.draft.editingFinished.connect(self._draft_edited)
+        self.browse_button.clicked.connect(self.browse)
+        self.enable()
+
+    def mode(self) -> str:
+        """"off", "lookup" or "draft"."""
+        return self.combo.currentData()
+
+    def values(self) -> dict:
+        """lookup/draft for SamplingParams: only the chosen mode's (a draft with no path is off)."""
+        mode = self.mode()
+        return {"lookup": self.lookup.value() if mode == "lookup" else 0,
+                "draft": self.draft.text().strip() if mode == "draft" else ""}
+
+    def state(self) -> dict:
+        """The mode, n and path as shown (values kept while their mode is off)."""
+        return {"speculative": self.mode(), "lookup_n": self.lookup.value(), "draft_path": self.draft.text().strip()}
+
+    def apply(self, d: dict) -> None:
+        """lookup/draft (a SamplingParams dict) choose the mode; speculative, lookup_n and
+        draft_path (:meth:`state`) restore it exactly. A draft wins over lookup (a saved
+        lane may hold both). Emits nothing."""
+        mode = None
+        if "lookup_n" in d:
+            with QSignalBlocker(self.lookup):
+                self.lookup.setValue(max(1, min(MAX_LOOKUP, int(d["lookup_n"]))))
+        if "draft_path" in d:
+            self._set_draft(d["draft_path"])
+        if "lookup" in d or "draft" in d:
+            if d.get("draft"):
+                mode = "draft"
+                self._set_draft(d["draft"])
+            elif d.get("lookup"):
+                mode = "lookup"
+                with QSignalBlocker(self.lookup):
+                    self.lookup.setValue(max(1, min(MAX_LOOKUP, int(d["lookup"]))))
+            else:
+                mode = "off"
+        if d.get("speculative") in {k for k, _ in SPECULATIVE_MODES}:
+            mode = d["speculative"]
+        if mode is not None:
+            with QSignalBlocker(self.combo):
+                self.combo.setCurrentIndex(max(0, self.combo.findData(mode)))
+        self.enable()
+
+    def _set_draft(self, path) -> None:
+        with QSignalBlocker(self.draft):
+            self.draft.setText(path if isinstance(path, str) else "")  # saved data: a path or nothing
+        self._last_draft = self.draft.text()
+        self._show_path()
+
+    def _show_path(self) -> None:
+        # A narrow field shows the path's end: its tooltip has all of it.
+        path = self.draft.text().strip()
+        self.draft.setToolTip(f"{path}\n\n{self.draft.accessibleDescription()}" if path
+                              else self.draft.accessibleDescription())
+
+    def enable(self, available: bool | None = None) -> None:
+        """Enable (or show) what the mode uses; ``available`` False: speculative decoding
+        cannot run here (a server decodes on its own), everything off."""
+        if available is not None:
+            self.available = available
+        mode, on = self.mode(), self.available
+        self.combo.setEnabled(on)
+        self.lookup.setEnabled(on and mode == "lookup")
+        self.draft.setEnabled(on and mode == "draft")
+        self.browse_button.setEnabled(on and mode == "draft")
+        if self.hide_unused:
+            self.lookup.setVisible(mode == "lookup")
+            self.draft_row.setVisible(mode == "draft")
+
+    def _mode_changed(self, *_) -> None:
+        self.enable()
+        self.changed.emit()
+
+    def _draft_edited(self) -> None:
+        if self.draft.text() != self._last_draft:
+            self._last_draft = self.draft.text()
+            self._show_path()
+            self.changed.emit()
+
+    def browse(self) -> None:
+        """"…": choose the draft model's file (or folder), which turns the mode to draft."""
+        path = choose_model_path(self.parent(), "Choose a draft model", self.draft.text())
+        if path:
+            self.apply({"speculative": "draft", "draft_path": path})
+            self.changed.emit()
 
 
 # --------------------------------------------------------------------------- panel
@@ -321,34 +475,15 @@ class SamplingPanel(QWidget):
 
         # --- speed: speculative decoding (the reply is the same, only faster or not)
         speed, f = self._form("Speed")
-        self.speculativeCombo = self._name(
-            QComboBox(), "speculativeCombo",
-            "Speculative decoding: draft tokens cheaply and check them in one pass. The reply is the "
-            "same as without; it comes faster when the drafts are often right.")
-        for key, label in SPECULATIVE_MODES:
-            self.speculativeCombo.addItem(label, key)
+        self.speculative = SpeculativeControls(self)
+        sc = self.speculative
+        self.speculativeCombo = self._name(sc.combo, "speculativeCombo", sc.combo.toolTip())
         self._row(f, "Spec&ulative", self.speculativeCombo)
-        self.lookupSpin = self._name(
-            QSpinBox(), "lookupSpin",
-            "Prompt lookup: draft what followed the last n tokens earlier in the text (editing, quoting).")
-        self.lookupSpin.setRange(1, MAX_LOOKUP)
-        self.lookupSpin.setValue(DEFAULT_LOOKUP)
-        self.lookupSpin.setKeyboardTracking(False)
+        self.lookupSpin = self._name(sc.lookup, "lookupSpin", sc.lookup.toolTip())
         self._row(f, "Lookup &n", self.lookupSpin)
-        self.draftPath = self._name(
-            QLineEdit(), "draftPath",
-            "A smaller model with the same tokenizer (a .gguf file or a model folder) that drafts for the loaded one.")
-        self.draftPath.setPlaceholderText("draft model: .gguf or folder")
-        self.draftPath.setClearButtonEnabled(True)
-        self.draftBrowseButton = self._name(QPushButton("…"), "draftBrowseButton",
-                                            "Choose the draft model's .gguf file.")
-        self.draftBrowseButton.setMaximumWidth(self.draftBrowseButton.fontMetrics().horizontalAdvance("…") + 24)
-        draft_row = QWidget()
-        dh = QHBoxLayout(draft_row)
-        dh.setContentsMargins(0, 0, 0, 0)
-        dh.addWidget(self.draftPath, 1)
-        dh.addWidget(self.draftBrowseButton)
-        self._row(f, "&Draft model", draft_row, self.draftPath)
+        self.draftPath = self._name(sc.draft, "draftPath", sc.draft.toolTip())
+        self.draftBrowseButton = self._name(sc.browse_button, "draftBrowseButton", sc.browse_button.toolTip())
+        self._row(f, "&Draft model", sc.draft_row, self.draftPath)
 
         # --- output constraint: JSON schema, regex or grammar (checked as it is typed)
         constraint, f = self._form("Output format")
@@ -433,15 +568,10 @@ class SamplingPanel(QWidget):
         self._last_bias = ""
         self.systemPrompt.textChanged.connect(self._edited)
         self.chatFormatCombo.currentIndexChanged.connect(self._edited)
-        self.speculativeCombo.currentIndexChanged.connect(self._speculative_changed)
-        self.lookupSpin.valueChanged.connect(self._edited)
-        self.draftPath.editingFinished.connect(self._draft_edited)
-        self.draftBrowseButton.clicked.connect(self._browse_draft)
-        self._last_draft = ""
+        self.speculative.changed.connect(self._edited)
         self.constraintCombo.currentIndexChanged.connect(self._constraint_changed)
         self.constraintText.textChanged.connect(self._constraint_changed)
         self._enable_constraint()
-        self._enable_speculative()
         self.presetCombo.currentIndexChanged.connect(self._preset_chosen)
         # clicked(bool) would arrive as the name argument; drop it.
         self.savePresetButton.clicked.connect(lambda: self.save_preset())
@@ -472,7 +602,7 @@ class SamplingPanel(QWidget):
             num_beams=self._hidden["num_beams"],
             length_penalty=self._hidden["length_penalty"],
             logit_bias_text=self._bias_specs()[0] if has("logit_bias") else (),
-            **(self._speculative() if self.caps is None else {}),
+            **(self.speculative.values() if self.caps is None else {}),
             constraint=self.constraint(),
         ).validate()
 
@@ -490,12 +620,6 @@ class SamplingPanel(QWidget):
     def constraint(self) -> Constraint | None:
         """The chosen output constraint; None when off or its text is empty."""
         return from_editor(self.constraintCombo.currentData(), self.constraintText.toPlainText())
-
-    def _speculative(self) -> dict:
-        """lookup/draft for SamplingParams: only the chosen mode's (a draft with no path is off)."""
-        mode = self.speculativeCombo.currentData()
-        return {"lookup": self.lookupSpin.value() if mode == "lookup" else 0,
-                "draft": self.draftPath.text().strip() if mode == "draft" else ""}
 
     def set_params(self, p: SamplingParams) -> None:
         """Show ``p`` (seed None ticks "random seed")."""
@@ -545,7 +669,7 @@ class SamplingPanel(QWidget):
         self.chatFormatCombo.setToolTip(
             self.chatFormatCombo.accessibleDescription() if caps is None
             else f"Not available with {where}: the server wraps messages in its own chat template.")
-        self._enable_speculative()
+        self.speculative.enable(caps is None)  # speculative decoding happens in this app's engine only
         self.speculativeCombo.setToolTip(
             self.speculativeCombo.accessibleDescription() if caps is None
             else f"Not available with {where}: speculative decoding runs in this app's engine; "
@@ -572,8 +696,7 @@ class SamplingPanel(QWidget):
         d.update(random_seed=self.randomSeedCheck.isChecked(), seed_value=self.seedSpin.value(),
                  max_new_tokens=self._wanted_max_tokens,
                  system_prompt=self.system_prompt(), chat_format=self.chat_format(),
-                 speculative=self.speculativeCombo.currentData(), lookup_n=self.lookupSpin.value(),
-                 draft_path=self.draftPath.text().strip(),
+                 **self.speculative.state(),
                  constraint_kind=self.constraintCombo.currentData(), constraint_text=self.constraintText.toPlainText())
         return d
 
@@ -756,7 +879,7 @@ class SamplingPanel(QWidget):
             for k in self._hidden:
                 if k in d:
                     self._hidden[k] = type(self._hidden[k])(d[k])
-            self._apply_speculative(d)
+            self.speculative.apply(d)
             self._apply_constraint(d)
         finally:
             self._loading -= 1
@@ -798,60 +921,6 @@ class SamplingPanel(QWidget):
         msg = syntax_error(c) if c is not None else ""
         self.constraintNotice.setText(msg[:1].upper() + msg[1:])
         self.constraintNotice.setVisible(bool(msg))
-    def _apply_speculative(self, d: dict) -> None:
-        """lookup/draft (a SamplingParams dict) choose the mode; speculative, lookup_n and
-        draft_path (the panel's own state) restore it exactly, values kept while off."""
-        mode = None
-        if "lookup_n" in d:
-            with QSignalBlocker(self.lookupSpin):
-                self.lookupSpin.setValue(max(1, min(MAX_LOOKUP, int(d["lookup_n"]))))
-        if "draft_path" in d:
-            with QSignalBlocker(self.draftPath):
-                self.draftPath.setText(str(d["draft_path"] or ""))
-            self._last_draft = self.draftPath.text()
-        if "lookup" in d or "draft" in d:
-            if d.get("draft"):
-                mode = "draft"
-                with QSignalBlocker(self.draftPath):
-                    self.draftPath.setText(str(d["draft"]))
-                self._last_draft = self.draftPath.text()
-            elif d.get("lookup"):
-                mode = "lookup"
-                with QSignalBlocker(self.lookupSpin):
-                    self.lookupSpin.setValue(max(1, min(MAX_LOOKUP, int(d["lookup"]))))
-            else:
-                mode = "off"
-        if d.get("speculative") in {k for k, _ in SPECULATIVE_MODES}:
-            mode = d["speculative"]
-        if mode is not None:
-            with QSignalBlocker(self.speculativeCombo):
-                self.speculativeCombo.setCurrentIndex(max(0, self.speculativeCombo.findData(mode)))
-        self._enable_speculative()
-
-    def _enable_speculative(self) -> None:
-        mode = self.speculativeCombo.currentData()
-        local = self.caps is None  # speculative decoding happens in this app's engine only
-        self.speculativeCombo.setEnabled(local)
-        self.lookupSpin.setEnabled(local and mode == "lookup")
-        self.draftPath.setEnabled(local and mode == "draft")
-        self.draftBrowseButton.setEnabled(local and mode == "draft")
-
-    def _speculative_changed(self, *_: Any) -> None:
-        self._enable_speculative()
-        self._edited()
-
-    def _draft_edited(self) -> None:
-        if self.draftPath.text() != self._last_draft:
-            self._last_draft = self.draftPath.text()
-            self._edited()
-
-    def _browse_draft(self) -> None:
-        from PySide6.QtWidgets import QFileDialog
-        path, _ = QFileDialog.getOpenFileName(self, "Choose a draft model", self.draftPath.text(),
-                                              "GGUF models (*.gguf);;All files (*)")
-        if path:
-            self.from_dict({"speculative": "draft", "draft_path": path})
-
     def _after_change(self) -> None:
         # A setting that no longer matches the selected preset turns the combo to "Custom".
         name = self.current_preset()

@@ -135,6 +135,29 @@ def test_parse_sweep_every_knob():
         sweep_lanes({**base, "constraint": None}, "constraint", [True, False])
 
 
+def test_draft_model_sweep_and_its_exclusion_with_prompt_lookup():
+    """A draft model sweeps over paths ("off" is none); every lane it makes validates as
+    SamplingParams, since a lane with a draft turns lookup off and a lookup lane the draft."""
+    from core.sampling import SamplingParams
+    assert parse_sweep("off, /m/a.gguf, ~/m/b folder/, /m/a.gguf", "draft") == ["", "/m/a.gguf", "~/m/b folder/"]
+    assert parse_sweep("OFF", "draft") == [""]
+    for bad, needle in (("", "draft models' paths"), (" , ,", "draft models' paths"),
+                        (", ".join(f"/m/{i}.gguf" for i in range(9)), "at most 8")):
+        with pytest.raises(SettingsError, match=needle):
+            parse_sweep(bad, "draft")
+    base = {"temperature": 0.0, "lookup": 3, "draft": ""}
+    lanes = sweep_lanes(base, "draft", ["", "/m/a.gguf"])
+    assert [(ln["lookup"], ln["draft"]) for ln in lanes] == [(3, ""), (0, "/m/a.gguf")]
+    lanes = sweep_lanes({**base, "lookup": 0, "draft": "/m/a.gguf"}, "lookup", [0, 2])
+    assert [(ln["lookup"], ln["draft"]) for ln in lanes] == [(0, "/m/a.gguf"), (2, "")]
+    for ln in lanes:
+        SamplingParams.from_dict(ln).validate()
+    assert settings_label({"draft": "/m/small.gguf"}) == "draft small.gguf"
+    assert settings_label({"temperature": 0.0, "draft": "/m/llama-1b/"}, differs_from={"temperature": 0.0}) \
+        == "draft llama-1b"
+    assert settings_label({"draft": ""}) == "draft off"
+
+
 @pytest.mark.parametrize("text,param,needle", [
     ("9", "lookup", "between 0 and 8"), ("-1", "lookup", "between"), ("1.5", "lookup", "whole"),
     ("girl", "logit_bias_text", "TEXT=biases"), ("=5", "logit_bias_text", "TEXT=biases"),

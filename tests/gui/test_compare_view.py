@@ -53,6 +53,27 @@ def story(fixtures):
     return load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
 
 
+@pytest.fixture(scope="module")
+def random_draft(story, tmp_path_factory):
+    """A small random model with the fixture's own tokenizer, written as a GGUF file: a
+    draft model whose drafts are mostly wrong (the tokens stay those of plain decoding)."""
+    import torch
+    from core.checkpoints.common import LoadedModel
+    from core.checkpoints.gguf_write import save_gguf
+    from core.model import ModelArgs, Transformer
+    torch.manual_seed(3)
+    model = Transformer(ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=story.args.vocab_size,
+                                  multiple_of=16, max_seq_len=512)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.15)
+    path = tmp_path_factory.mktemp("draft") / "random-draft.gguf"
+    save_gguf(LoadedModel(model, story.tokenizer, story.chat_format, model.args, story.stop_ids,
+                          {**story.info, "name": "random draft"}), path, "F32")
+    return path
+
+
 class FakeBridge:
     """Enough bridge for layout tests that never run."""
 
@@ -63,6 +84,15 @@ class FakeBridge:
         pass
 
 
+
+
+def load_and_run(loop, bridge, fixtures, view, timeout: float = 60) -> None:
+    """Load the fixture model, then run every lane of ``view`` until all have finished."""
+    async def scenario():
+        await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
+        view.run()
+        await until(lambda: not view.running, timeout, "the comparison to finish")
+    run(loop, scenario(), timeout + 30)
 
 
 def snapshot(widget, name: str, *, in_coroutine: bool = False) -> Path:
@@ -399,25 +429,126 @@ def test_lane_summaries_follow_edits_before_a_run(qtbot, loop, history):
 
 
 
-def test_a_lane_sets_prompt_lookup_and_shows_how_drafting_went(qtbot, loop, history):
+def test_a_lane_sets_prompt_lookup_or_a_draft_model_never_both(qtbot, loop, history, monkeypatch, tmp_path):
+    """The lane editor's speculative row (the sampling panel's controls): off, prompt lookup
+    with its n, or a draft model's path with a "…" chooser. One mode at a time, so what a
+    lane sends always validates; the summary names the draft model; a lane on a server that
+    drafts is refused inline; the stats line names the draft model that drafted."""
     from core.sampling import SamplingParams
+    from gui import sampling_panel
+    from gui.compare_model import LaneModel
     from gui.compare_view import CompareView
     v = CompareView(bridge=FakeBridge(), history=history, prompt=PROMPT,
-                    lanes=[{"temperature": 0.0, "lookup": 3}, {"temperature": 0.0}])
+                    lanes=[{"temperature": 0.0, "lookup": 3}, {"temperature": 0.0},
+                           {"temperature": 0.0, "draft": "/models/small.gguf"}])
     qtbot.addWidget(v)
-    field = v.columns[0].findChild(QWidget, "lane_lookup")
-    assert field is not None and field.value() == 3 and "lookup" in field.toolTip().lower()
-    assert v.columns[0].settings()["lookup"] == 3 and v.columns[1].settings()["lookup"] == 0
-    assert v.columns[1].fields["lookup"].text() == "off"
-    # What a run sends: every lane's settings validate, lookup included.
-    assert [SamplingParams.from_dict(s).validate().lookup for s in v.lane_settings()] == [3, 0]
+    v.resize(1000, 700)
+    v.show()
+    look, plain, drafted = v.columns
+    field = look.findChild(QWidget, "lane_lookup")
+    assert field is not None and field.value() == 3 and "lookup" in field.toolTip().lower() and field.isVisible()
+    assert look.speculative.mode() == "lookup" and not look.speculative.draft_row.isVisible()
+    assert plain.speculative.mode() == "off" and plain.speculative.combo.currentText() == "Off"
+    assert not plain.findChild(QWidget, "lane_lookup").isVisible() and not plain.speculative.draft_row.isVisible()
+    assert drafted.findChild(QWidget, "lane_draft").text() == "/models/small.gguf"
+    assert drafted.speculative.draft_row.isVisible() and drafted.findChild(QWidget, "lane_draft_browse").isVisible()
+    assert [(s["lookup"], s["draft"]) for s in v.lane_settings()] == [(3, ""), (0, ""), (0, "/models/small.gguf")]
+    assert drafted.divergence.text() == "lookup off · draft small.gguf"  # the summary against the baseline
+
+    # "…" chooses a draft model: the lane switches from lookup to that draft, never both.
+    chosen = tmp_path / "tiny draft.gguf"
+    chosen.write_bytes(b"GGUF")
+    asked = []
+    monkeypatch.setattr(sampling_panel, "choose_model_path", lambda parent, title, start="": asked.append(title)
+                        or str(chosen))
+    look.speculative.combo.setCurrentIndex(look.speculative.combo.findData("draft"))
+    assert look.settings()["lookup"] == 0 and look.settings()["draft"] == ""  # a draft with no path yet: off
+    qtbot.mouseClick(look.findChild(QWidget, "lane_draft_browse"), Qt.LeftButton)
+    assert asked == ["Choose a draft model"]
+    assert (look.settings()["lookup"], look.settings()["draft"]) == (0, str(chosen))
+    assert plain.divergence.text() == "draft off"  # lane 1 is the baseline: the others say how they differ
+    # Back to lookup: its n was kept, the draft is off (and its path kept for later).
+    look.speculative.combo.setCurrentIndex(look.speculative.combo.findData("lookup"))
+    assert (look.settings()["lookup"], look.settings()["draft"]) == (3, "")
+    # Typing a path (then leaving the field) is an edit the summary follows.
+    drafted.speculative.draft.setText("/models/other.gguf")
+    drafted.speculative.draft.editingFinished.emit()
+    assert drafted.divergence.text() == "lookup off · draft other.gguf"
+    # Settings that name both (a hand-edited save): the draft wins, the lane stays valid.
+    plain.set_settings({"lookup": 4, "draft": "/models/x.gguf"})
+    assert (plain.settings()["lookup"], plain.settings()["draft"]) == (0, "/models/x.gguf")
+    plain.set_settings({"lookup": 2})  # lookup alone replaces the draft
+    assert (plain.settings()["lookup"], plain.settings()["draft"]) == (2, "")
+    plain.set_settings({"lookup": "many", "draft": 7})  # not a number, not a path: off
+    assert (plain.settings()["lookup"], plain.settings()["draft"]) == (0, "")
+    for s in v.lane_settings():
+        SamplingParams.from_dict(s).validate()
+
+    # A lane on a server decodes there: lookup or a draft is refused inline, nothing runs.
+    v.set_lane_model(2, LaneModel("server", "remote-model", tokenizer=None, path="http://127.0.0.1:9/v1"))
+    assert v.run() is None and not v.running
+    assert "lane 3 drafts (speculative) on a server" in v.status.text()
+    assert not drafted.notice.isHidden() and "speculative decoding to Off" in drafted.notice.text()
+
     from core.compare import lane_stats
-    st = lane_stats([5, 6, 7], [-0.1, -0.2, -0.3], {"decode_tok_s": 10.0, "speculative": {
-        "kind": "lookup", "lookup": 3, "drafted": 10, "accepted": 7, "acceptance": 0.7, "mean_draft": 2.5,
-        "speedup": 1.6}})
     from gui.chat_view import format_stats
+    st = lane_stats([5, 6, 7], [-0.1, -0.2, -0.3], {"decode_tok_s": 10.0, "speculative": {
+        "kind": "lookup", "lookup": 3, "draft": "", "drafted": 10, "accepted": 7, "acceptance": 0.7,
+        "mean_draft": 2.5, "speedup": 1.6}})
     text = format_stats({"stats": st, "stop_reason": "length"})
     assert "speculative (lookup 3): 70% of 10 drafted accepted, 2.5 a step · ≈1.60× plain" in text
+    st["speculative"] = {**st["speculative"], "kind": "draft", "lookup": 0, "draft": "/models/small.gguf"}
+    assert "speculative (draft small.gguf): 70% of 10 drafted accepted" in format_stats({"stats": st})
+
+
+def test_draft_model_lanes_run_save_export_and_reopen_and_a_bad_draft_fails_only_its_lane(
+        qtbot, loop, bridge, history, story, fixtures, random_draft, tmp_path):
+    """Draft-model lanes through the real worker: a lane drafting with a random model of
+    the same tokenizer gives the greedy lane's tokens (speculative decoding is exact) and
+    says how drafting went; a lane whose draft file is missing and one whose draft model
+    has another tokenizer each get an inline notice, and the other lanes still run. The
+    draft model is saved, exported (JSON and Markdown) and reopened with the comparison."""
+    from gui.compare_view import CompareView
+    demo = ROOT / "assets" / "models" / "llamadesk-demo"
+    missing = tmp_path / "gone.gguf"
+    lanes = [{"temperature": 0.0, "max_new_tokens": 24},
+             {"temperature": 0.0, "max_new_tokens": 24, "draft": str(random_draft)},
+             {"temperature": 0.0, "max_new_tokens": 24, "draft": str(missing)},
+             {"temperature": 0.0, "max_new_tokens": 24, "draft": str(demo)},
+             {"temperature": 0.0, "max_new_tokens": 24, "lookup": 2}]
+    v = CompareView(bridge=bridge, history=history, prompt=PROMPT, mode="completion", lanes=lanes,
+                    token_text=token_text_of(story.tokenizer))
+    qtbot.addWidget(v)
+    v.resize(1600, 800)
+    v.show()
+
+    load_and_run(loop, bridge, fixtures, v, 90)
+    plain, drafted, gone, foreign, lookup = (c.run for c in v.columns)
+    assert plain.stop_reason == "length" and len(plain.ids) == 24
+    assert drafted.error is None and drafted.ids == plain.ids and lookup.ids == plain.ids
+    sp = drafted.engine_stats["speculative"]
+    assert sp["kind"] == "draft" and sp["draft"] == str(random_draft) and sp["drafted"] > 0
+    assert "speculative (draft random-draft.gguf)" in v.columns[1].stats.text()
+    assert gone.error and "draft model not found" in gone.error and not gone.ids
+    assert "draft model not found" in v.columns[2].notice.text() and not v.columns[2].notice.isHidden()
+    assert foreign.error and "another vocabulary" in foreign.error and not foreign.ids
+    assert "another vocabulary" in v.columns[3].notice.text() and "draft model" in v.columns[3].notice.text()
+    assert all(v.columns[i].notice.isHidden() for i in (0, 1, 4))
+    assert "lane 3" in v.status.text() and "lane 4" in v.status.text()
+    snapshot(v, "compare_draft_lanes")
+
+    md = Path(v.export("md", str(tmp_path / "c.md"))).read_text()
+    assert f"draft model {random_draft}" in md and "prompt lookup 2" in md
+    js = json.loads(Path(v.export("json", str(tmp_path / "c.json"))).read_text())
+    saved = js["conversation"]["meta"]["comparison"]["lanes"]
+    assert [ln["settings"]["draft"] for ln in saved] == ["", str(random_draft), str(missing), str(demo), ""]
+    assert [ln["settings"]["lookup"] for ln in saved] == [0, 0, 0, 0, 2]
+    v2 = CompareView(bridge=bridge, history=history, token_text=token_text_of(story.tokenizer))
+    qtbot.addWidget(v2)
+    v2.open_comparison(v.saved_id)
+    assert [(c.settings()["lookup"], c.settings()["draft"]) for c in v2.columns] == \
+        [(0, ""), (0, str(random_draft)), (0, str(missing)), (0, str(demo)), (2, "")]
+    assert v2.columns[1].speculative.mode() == "draft" and v2.columns[1].run.ids == plain.ids
 
 
 def test_lanes_with_output_formats_validate_save_and_show_what_the_constraint_removed(
@@ -445,12 +576,7 @@ def test_lanes_with_output_formats_validate_save_and_show_what_the_constraint_re
     assert v.columns[0].constraint_kind.currentData() == "json_schema"
     assert not v.columns[1].constraint_text.isHidden() and v.columns[2].constraint_text.isHidden()
 
-    async def scenario():
-        await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
-        v.run()
-        await until(lambda: not v.running, 60, "the comparison to finish")
-
-    run(loop, scenario(), 90)
+    load_and_run(loop, bridge, fixtures, v, 60)
     runs = [c.run for c in v.columns]
     assert [r.stop_reason for r in runs[:2]] == ["eos", "eos"], [r.stop_reason for r in runs]
     jsonschema.validate(json.loads(runs[0].text), schema)
@@ -497,12 +623,7 @@ def test_lane_logit_bias_field_runs_saves_and_reopens(qtbot, loop, bridge, histo
     assert v.columns[0].settings()["logit_bias_text"] == []
     assert "bias girl=-inf" in col.divergence.text()  # the summary against the baseline names it
 
-    async def scenario():
-        await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
-        v.run()
-        await until(lambda: not v.running, 60, "the comparison to finish")
-
-    run(loop, scenario(), 90)
+    load_and_run(loop, bridge, fixtures, v, 60)
     plain, banned = (c.run for c in v.columns)
     assert girl <= set(plain.ids) and not girl & set(banned.ids)
     assert banned.params["logit_bias_text"] == ["girl=-inf"]
@@ -546,12 +667,7 @@ def test_branch_from_a_lane_token_adds_a_lane_and_ban_edits_the_lanes_bias(
     v.resize(1500, 800)
     v.show()
 
-    async def scenario():
-        await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
-        v.run()
-        await until(lambda: not v.running, 60, "the comparison to finish")
-
-    run(loop, scenario(), 90)
+    load_and_run(loop, bridge, fixtures, v, 60)
     base = v.columns[0].run
     at = 3
     assert v.inspect_token(0, at)
@@ -639,11 +755,79 @@ def test_sweep_every_knob_makes_those_lanes(qtbot, loop, bridge, history, story,
     assert [c.settings()["logit_bias_text"] for c in v.columns] == [["Lily=1", "girl=-inf"], ["Lily=1", "girl=0"]]
     assert [c.bias_edit.text() for c in v.columns] == ["Lily=1, girl=-inf", "Lily=1, girl=0"]
 
-    async def scenario():
-        await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
-        v.run()
-        await until(lambda: not v.running, 60, "the comparison to finish")
-
-    run(loop, scenario(), 90)
+    load_and_run(loop, bridge, fixtures, v, 60)
     banned, kept = (c.run for c in v.columns)
     assert not girl & set(banned.ids) and girl <= set(kept.ids)
+
+
+SWEEPS = [  # setting, values typed in the Sweep row, the lane values they make, how Markdown shows one
+    ("temperature", "0, 0.7", [0.0, 0.7], "temperature {}"),
+    ("top_p", "0.5, 0.9", [0.5, 0.9], "top_p {}"),
+    ("top_k", "1, 40", [1, 40], "top_k {}"),
+    ("min_p", "0, 0.1", [0.0, 0.1], "min_p {}"),
+    ("repetition_penalty", "1, 1.3", [1.0, 1.3], "repetition_penalty {}"),
+    ("seed", "4, 5", [4, 5], "seed {}"),
+    ("max_new_tokens", "3, 5", [3, 5], "max_new_tokens {}"),
+    ("lookup", "0, 2", [0, 2], "prompt lookup {}"),
+    ("draft", None, ["", "DRAFT"], "draft model {}"),  # the "…" button fills it in
+    ("constraint", "on, off", [{"kind": "regex", "text": "[a-z ,.]+"}, None], None),
+    ("logit_bias_text", "girl=-inf, 0", [["girl=-inf"], ["girl=0"]], "logit bias {}"),
+]
+
+
+def test_every_knob_sweeps_from_the_sweep_row_and_its_lanes_run_save_and_export(
+        qtbot, loop, bridge, history, story, fixtures, random_draft, monkeypatch, tmp_path):
+    """Each setting the Sweep row offers, driven as a user would (choose it, type the values
+    or pick a draft model with "…", Make lanes): the lanes carry the values, the worker runs
+    them with exactly those settings (its Done echoes them), and the saved comparison's JSON
+    and Markdown export name each lane's value."""
+    from gui import sampling_panel
+    from gui.compare_view import CompareView
+    monkeypatch.setattr(sampling_panel, "choose_model_path", lambda *a, **k: str(random_draft))
+    base = {"temperature": 0.8, "seed": 1, "max_new_tokens": 6}
+    v = CompareView(bridge=bridge, history=history, prompt=PROMPT, mode="completion", lanes=[base])
+    qtbot.addWidget(v)
+    v.resize(1300, 760)
+    v.show()
+    qtbot.mouseClick(v.sweep_button, Qt.LeftButton)
+    keys = [v.sweep_param.itemData(i) for i in range(v.sweep_param.count())]
+    assert sorted(keys) == sorted(k for k, *_ in SWEEPS)  # every knob, and nothing is left out here
+    run(loop, bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32"), 60)
+
+    for key, typed, values, md_form in SWEEPS:
+        values = [str(random_draft) if x == "DRAFT" else x for x in values]
+        v.set_lanes([{**base, **({"constraint": values[0]} if key == "constraint" else {})}])
+        v.sweep_param.setCurrentIndex(keys.index(key))
+        assert v.sweep_browse.isVisible() == (key == "draft")
+        v.sweep_values.clear()
+        if typed is None:
+            qtbot.mouseClick(v.sweep_browse, Qt.LeftButton)
+            assert v.sweep_values.text() == f"off, {random_draft}"
+        else:
+            qtbot.keyClicks(v.sweep_values, typed)
+        qtbot.mouseClick(v.sweep_apply, Qt.LeftButton)
+        assert v.sweep_error.text() == "", (key, v.sweep_error.text())
+        assert [c.settings()[key] for c in v.columns] == values, key
+        if key == "draft":
+            snapshot(v, "compare_draft_sweep")
+
+        async def go():
+            v.run()
+            await until(lambda: not v.running, 60, f"the {key} sweep to run")
+        run(loop, go(), 90)
+        runs = [c.run for c in v.columns]
+        assert all(r.finished and r.error is None for r in runs), (key, [r.error for r in runs])
+        assert [r.params[key] for r in runs] == values, key  # what the worker ran
+        js = json.loads(Path(v.export("json", str(tmp_path / f"{key}.json"))).read_text())
+        saved = js["conversation"]["meta"]["comparison"]["lanes"]
+        assert [ln["settings"][key] for ln in saved] == values, key
+        md = Path(v.export("md", str(tmp_path / f"{key}.md"))).read_text()
+        sections = md.split("## Lane ")[1:]
+        for section, value in zip(sections, values):
+            if key == "constraint":
+                assert ("format regular expression" in section) == (value is not None)
+            elif value or key not in ("lookup", "draft"):  # speculative decoding off: not named
+                shown = ", ".join(value) if isinstance(value, list) else f"{value:g}" if isinstance(value, float) \
+                    else value
+                assert md_form.format(shown) in section, (key, value, section)
+    assert [len(c.run.ids) for c in v.columns] == [6, 6]
