@@ -39,7 +39,9 @@ def _add_model_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="int8/int4: quantize linear weights at load (weight-only)")
     p.add_argument("--compile", action="store_true",
-                   help="decode through torch.compile (minutes to compile; eager if it fails)")
+                   help="decode through torch.compile: on CUDA a static KV cache captured as CUDA graphs, "
+                        "on the CPU inductor's C++ kernels (the first reply waits minutes for the compiler; "
+                        "eager if it fails)")
 
 
 def _add_spec_opts(p: argparse.ArgumentParser) -> None:
@@ -323,7 +325,9 @@ def cmd_generate(args) -> int:
             "text": done.text, "prompt_tokens": meta.get("prompt_token_ids"), "tokens": done.tokens,
             "logprobs": done.logprobs, "stop_reason": done.stop_reason, "seed": params.seed,
             "timings": {"load_s": load_s, "prefill_s": st.prefill_s, "decode_s": st.decode_s,
-                        "prefill_tok_s": st.prefill_tok_s, "decode_tok_s": st.decode_tok_s},
+                        "prefill_tok_s": st.prefill_tok_s, "decode_tok_s": st.decode_tok_s,
+                        **({"warmup_s": st.warmup_s} if st.warmup_s else {})},
+            **({"decode": st.decode} if st.decode else {}),
             **({"speculative": st.speculative} if st.speculative else {}),
             **extra,
         }, ensure_ascii=False))
@@ -543,6 +547,7 @@ def cmd_info(args) -> int:
     plan = _threads(loaded)
     if plan is not None:
         info["threads"] = plan.reason
+    info["decode"] = _engine(loaded, args).compile_status  # "compiles at the first decode step (...)" with --compile
     if args.quality:
         from .quality import compare
         from .checkpoints import load

@@ -74,6 +74,7 @@ class Stats:
     decode_s: float = 0.0
     ttft_s: float = 0.0
     warmup_s: float = 0.0  # decode steps that compiled or recorded a graph (not in decode_s)
+    decode: str = ""  # the compiled decode path that ran, when compiling was asked (compile_status)
     speculative: dict | None = None  # drafted/accepted counts and speed-up (lanes that draft)
 
     @property
@@ -94,6 +95,7 @@ class Stats:
             "decode_s": self.decode_s, "ttft_s": self.ttft_s,
             "prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
             **({"warmup_s": self.warmup_s} if self.warmup_s else {}),
+            **({"decode": self.decode} if self.decode else {}),
             **({"speculative": dict(self.speculative)} if self.speculative is not None else {}),
         }
 
@@ -571,6 +573,8 @@ class Engine:
                 if lane.done is not None:
                     st.generated_tokens = len(lane.tokens)
                     st.decode_s = now - lane.t_decode
+                    if self._step.backend is not None:
+                        st.decode = self.compile_status
                     lane.done.stats = st
                     yield lane.done
                 feed.append(lane.tokens[-1] if lane.tokens else 0)

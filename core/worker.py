@@ -273,15 +273,17 @@ class Worker:
             self._thread = threading.Thread(target=self._run, name="llamadesk-worker", daemon=True)
             self._thread.start()
 
-    def load(self, path, *, device: str = "auto", dtype: str = "auto", max_seq_len: int | None = None) -> int:
-        """Load a checkpoint, cancelling whatever runs or waits first.
+    def load(self, path, *, device: str = "auto", dtype: str = "auto", max_seq_len: int | None = None,
+             compile: bool = False) -> int:
+        """Load a checkpoint, cancelling whatever runs or waits first. ``compile``: decode
+        through torch.compile (CUDA graphs on a GPU; :mod:`core.decode_step`).
 
         The current model stays if the path is not a model at all; otherwise it is
         unloaded (Unloaded event) before the new one loads, so two models never need
         memory at once. Events: LoadProgress…, then Loaded or Error.
         """
         return self._submit("load", cancel_all=True, path=path, device=device, dtype=dtype,
-                            max_seq_len=max_seq_len)
+                            max_seq_len=max_seq_len, compile=bool(compile))
 
     def adopt(self, loaded) -> int:
         """Use an already built :class:`~core.checkpoints.LoadedModel` (tests, benchmarks)."""
@@ -444,18 +446,19 @@ class Worker:
                 torch.cuda.empty_cache()
         return had
 
-    def _install(self, loaded, rid: int) -> None:
+    def _install(self, loaded, rid: int, compile: bool = False) -> None:
         from .tuning import plan_for
         args = loaded.args
         plan = plan_for(loaded.model.tok_embeddings.weight.device, self.torch_threads, self._threads_override)
         self._engine = _engine.Engine(loaded.model, loaded.tokenizer, max_context=args.max_seq_len,
                                       prefill_chunk=self._prefill_chunk, stop_ids=loaded.stop_ids,
-                                      threads=(plan.prefill, plan.decode) if plan else None)
+                                      threads=(plan.prefill, plan.decode) if plan else None, compile=compile)
         self._loaded = loaded
         self._formats = {}
         info = _model_info(loaded)
         if plan is not None:
             info["threads"] = plan.reason
+        info["decode"] = self._engine.compile_status
         with self._lock:
             self._info = info
         self._emit(Loaded(rid, dict(info)))
@@ -536,7 +539,7 @@ class Worker:
         if self._drop_model():  # the new model was built beside the old one
             self._emit(Unloaded(rid))
         self._emit(LoadProgress(rid, 1.0, "ready"))
-        self._install(loaded, rid)
+        self._install(loaded, rid, a.get("compile", False))
 
     def _do_adopt(self, cmd: _Command) -> None:
         if self._drop_model():
@@ -643,6 +646,11 @@ class Worker:
         self._emit(Prompted(rid, prompt.dropped_messages, eng.max_context))
         try:
             for ev in events:
+                if isinstance(ev, _engine.Done) and eng is self._engine:
+                    # The first step may have compiled, or fallen back: info() says so by now.
+                    with self._lock:
+                        if self._info is not None:
+                            self._info["decode"] = eng.compile_status
                 self._emit(Reply(rid, ev))
         except BaseException:
             # The cache may hold a half-written step: never reuse it.

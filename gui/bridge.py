@@ -216,14 +216,14 @@ class Bridge(QObject):
     # -- commands ----------------------------------------------------------------------
 
     async def load(self, path, *, device: str = "auto", dtype: str = "auto",
-                   max_seq_len: int | None = None) -> dict:
+                   max_seq_len: int | None = None, compile: bool = False) -> dict:
         """Load a model (cancelling any generation first); returns its info.
 
         Progress comes through ``loadProgress``. Raises BridgeError (``cancelled`` set
         when cancelled); cancelling the awaiting task cancels the load too.
         """
         fut = asyncio.get_running_loop().create_future()
-        rid = self._worker.load(path, device=device, dtype=dtype, max_seq_len=max_seq_len)
+        rid = self._worker.load(path, device=device, dtype=dtype, max_seq_len=max_seq_len, compile=compile)
         return await self._await(rid, fut)
 
     async def unload(self) -> None:

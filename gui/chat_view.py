@@ -310,6 +310,9 @@ def format_stats(m: dict) -> str:
     rate = s.get("decode_tok_s") or s.get("tokens_per_s")
     if rate:
         parts.append(f"{rate:.1f} tok/s")
+    if s.get("decode"):  # which compiled path decoded it (only when compiling was asked for)
+        from .model_dialog import decode_label
+        parts.append(decode_label(s["decode"]))
     if s.get("cached_tokens") and s.get("prompt_tokens"):  # the prompt's start came from the KV cache
         parts.append(f"{s['cached_tokens']}/{s['prompt_tokens']} prompt tokens cached")
     if m.get("stop_reason"):

@@ -116,6 +116,7 @@ class MainWindow(QMainWindow):
         self._retry_parent: int | None = None  # the message a failed remote reply answered
         self.device = device or str(self.settings.value(model_dialog.DEVICE_KEY, "auto"))
         self.dtype = dtype or str(self.settings.value(model_dialog.DTYPE_KEY, "auto"))
+        self.compile = str(self.settings.value(model_dialog.COMPILE_KEY, "false")).lower() == "true"
         self._tasks: set[asyncio.Task] = set()
         self._load_task: asyncio.Task | None = None
         self._loading_path: str | None = None
@@ -409,6 +410,12 @@ class MainWindow(QMainWindow):
             a.setObjectName(f"dtype_{d}")
             self.dtype_group.addAction(a)
             a.triggered.connect(lambda checked=False, d=d: self.set_dtype(d))
+        self.compile_action = QAction("&Compile Decoding (torch.compile)", self, checkable=True, checked=self.compile)
+        self.compile_action.setObjectName("compileDecode")
+        self.compile_action.setToolTip("Decode through torch.compile: CUDA graphs on a GPU, C++ kernels on the CPU "
+                                       "(the first reply waits for the compiler; eager if it fails)")
+        self.compile_action.toggled.connect(self.set_compile)
+        m.addAction(self.compile_action)
         self.reload_action = self._action("&Reload Model", self.reload_model)
         self.unload_action = self._action("&Unload Model", self.unload_model)
         self.info_action = self._action("Model &Info…", self.show_model_info, "Ctrl+I")
@@ -526,7 +533,7 @@ class MainWindow(QMainWindow):
         self.prompt.set_model_ready(False, f"Loading {name}…")
         self.chat.set_empty_hint(f"Loading {name}…")
         try:
-            info = await self.bridge.load(path, device=self.device, dtype=self.dtype)
+            info = await self.bridge.load(path, device=self.device, dtype=self.dtype, compile=self.compile)
         except asyncio.CancelledError:
             self._loading_path = None
             self._set_model(self._current_info())
@@ -646,6 +653,12 @@ class MainWindow(QMainWindow):
         self.dtype = dtype
         self.settings.setValue(model_dialog.DTYPE_KEY, dtype)
         self.statusBar().showMessage(f"Data type {dtype}: used for the next load (Model → Reload Model)", 4000)
+
+    def set_compile(self, on: bool) -> None:
+        self.compile = bool(on)
+        self.settings.setValue(model_dialog.COMPILE_KEY, "true" if on else "false")
+        self.statusBar().showMessage(f"Compiled decoding {'on' if on else 'off'}: used for the next load "
+                                     "(Model → Reload Model)", 4000)
 
     def _set_model(self, info: dict | None) -> None:
         self.info = dict(info) if info else None
@@ -966,6 +979,11 @@ class MainWindow(QMainWindow):
         self.stats_label.setText(format_stats(view))
         s = view["stats"]
         self._update_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
+        if s.get("decode") and self.info is not None and self.backend is None and s["decode"] != self.info.get("decode"):
+            # The first reply compiled (or fell back): the model's status says which path runs now.
+            self.info["decode"] = s["decode"]
+            self.model_status.setText(info_summary(self.info))
+            self.model_status.setToolTip("\n".join(f"{k}: {v}" for k, v in model_dialog.info_rows(self.info)))
         self.replyFinished.emit(view)
 
     def _set_busy(self, busy: bool) -> None:

@@ -19,6 +19,7 @@ RECENT_KEY = "models/recent"
 LAST_KEY = "models/last"
 DEVICE_KEY = "models/device"
 DTYPE_KEY = "models/dtype"
+COMPILE_KEY = "models/compile"
 RECENT_MAX = 8
 DTYPES = DTYPE_CHOICES  # auto, float32, bfloat16, float16, int8, int4 (quantized at load)
 
@@ -144,6 +145,19 @@ def human_count(n: float) -> str:
     return str(int(n))
 
 
+def decode_label(status: str) -> str:
+    """A few words for the status bar from the engine's ``compile_status``: "CUDA graphs",
+    "compiled", "compiling…" (before the first step), "eager (compile failed)"; "" when
+    compiling was not asked for."""
+    if not status or status.startswith("eager: compile is off"):
+        return ""
+    if status.startswith("compiled"):
+        return "CUDA graphs" if "CUDA graphs)" in status else "compiled"
+    if status.startswith("compiles"):
+        return "compiling…"
+    return "eager (compile failed)"
+
+
 def info_rows(info: dict) -> list[tuple[str, str]]:
     """The model facts shown to the user, as (label, value)."""
     rows = [("Name", str(info.get("name", "?"))), ("Format", str(info.get("format", "?")))]
@@ -151,7 +165,7 @@ def info_rows(info: dict) -> list[tuple[str, str]]:
         rows.append(("Parameters", f"{human_count(info['parameters'])} ({info['parameters']:,})"))
     for key, label in (("context_length", "Context length"), ("dtype", "Data type"),
                        ("dtype_reason", "Why this data type"), ("device", "Device"),
-                       ("threads", "Threads")):
+                       ("threads", "Threads"), ("decode", "Decode")):
         if key in info:
             rows.append((label, str(info[key])))
     if "memory_bytes" in info:
@@ -173,6 +187,8 @@ def info_summary(info: dict) -> str:
     for k in ("dtype", "device"):
         if k in info:
             parts.append(str(info[k]))
+    if decode_label(info.get("decode", "")):
+        parts.append(decode_label(info["decode"]))
     if "memory_bytes" in info:
         parts.append(human_bytes(info["memory_bytes"]))
     return " · ".join(parts)

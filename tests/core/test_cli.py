@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from core.__main__ import main
 from tests.helpers import ROOT
@@ -73,6 +74,28 @@ def test_info(capsys, tiny_meta_dir):
     assert rc == 0
     assert info["format"] == "meta" and info["vocab_size"] == 32000 and info["n_kv_heads"] == 2
     assert info["parameters"] > 0 and info["context_length"] > 0 and info["chat_format"] in ("raw", "llama2", "llama3")
+
+
+def test_info_and_generate_say_which_decode_path_runs(capsys, tiny_meta_dir, monkeypatch):
+    rc, out, _ = run_cli(capsys, "info", tiny_meta_dir)
+    assert rc == 0 and json.loads(out)["decode"] == "eager: compile is off"
+    rc, out, _ = run_cli(capsys, "info", tiny_meta_dir, "--compile")
+    assert rc == 0 and json.loads(out)["decode"] == "compiles at the first decode step (inductor)"
+    rc, out, _ = run_cli(capsys, "generate", tiny_meta_dir, "--prompt", "Hello", "--max-new-tokens", "6",
+                         "--temperature", "0", "--json")
+    plain = json.loads(out)
+    assert rc == 0 and "decode" not in plain
+
+    def no_compiler(fn, **kw):  # as where no C++ compiler is installed
+        def compiled(*a, **k):
+            raise RuntimeError("no C++ compiler here")
+        return compiled
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    rc, out, _ = run_cli(capsys, "generate", tiny_meta_dir, "--prompt", "Hello", "--max-new-tokens", "6",
+                         "--temperature", "0", "--json", "--compile")
+    fell_back = json.loads(out)
+    assert rc == 0 and fell_back["decode"].startswith("eager: compiling failed (RuntimeError: no C++ compiler")
+    assert fell_back["tokens"] == plain["tokens"] and len(plain["tokens"]) == 6
 
 
 def test_compare_json(capsys, tiny_meta_dir):

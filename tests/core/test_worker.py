@@ -478,3 +478,26 @@ def test_lanes_draft_with_lookup_or_a_draft_model_the_worker_loads(make_worker, 
     bad = GenerateRequest(mode="completion", prompt="x", params=SamplingParams(draft=str(demo)))
     assert "another vocabulary" in _error(col, w.generate(bad))
     assert col.finished(w.generate(completion(max_new=3)))[-1].stop_reason in ("length", "eos")
+
+
+def test_compiled_load_says_its_decode_path_before_and_after_the_first_reply(make_worker, gguf, monkeypatch):
+    """load(compile=True) reaches the engine; info()["decode"] says what will run, then what
+    ran: here torch.compile fails (as without a C++ compiler) and the reply, decoded
+    eagerly instead, is the one an uncompiled load gives."""
+    import torch
+    w, col = make_worker()
+    loaded_ok(col, w.load(gguf))
+    assert w.info["decode"] == "eager: compile is off"
+    plain = col.finished(w.generate(completion(temperature=0)))[-1]
+
+    def no_compiler(fn, **kw):
+        def compiled(*a, **k):
+            raise RuntimeError("no C++ compiler here")
+        return compiled
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    loaded_ok(col, w.load(gguf, compile=True))
+    assert w.info["decode"] == "compiles at the first decode step (inductor)"
+    done = col.finished(w.generate(completion(temperature=0)))[-1]
+    assert done.tokens == plain.tokens and done.stop_reason == plain.stop_reason
+    assert w.info["decode"].startswith("eager: compiling failed (RuntimeError: no C++ compiler")
+    assert done.stats.decode == w.info["decode"] and plain.stats.decode == ""

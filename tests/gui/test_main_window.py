@@ -721,3 +721,38 @@ def test_a_reply_with_prompt_lookup_shows_its_drafting_in_the_stats(qtbot, windo
     assert spec["text"] == plain["text"]
     assert "speculative" not in format_stats({"stats": plain["stats"]})
     snapshot(window, "reply_with_prompt_lookup")
+
+
+def test_compiled_decoding_menu_reaches_the_engine_and_the_status_bar_says_what_ran(
+        qtbot, window, loop, gguf, settings, monkeypatch):
+    """Model → Compile Decoding is kept in the settings and used by the next load; the
+    status bar says the decode path (here torch.compile fails, as on a machine without a
+    compiler: the reply falls back to eager, is the same text, and the bar says so)."""
+    import torch
+
+    def no_compiler(fn, **kw):
+        def compiled(*a, **k):
+            raise RuntimeError("no C++ compiler here")
+        return compiled
+
+    async def scenario():
+        await load(window, gguf)
+        window.panel.from_dict({"temperature": 0.0})
+        plain = await send(qtbot, window, "Once upon a time", max_tokens=16)
+        assert "decode" not in plain["stats"] and "eager" not in window.model_status.text()
+        window.findChild(QAction, "compileDecode").trigger()
+        assert window.compile and settings.value("models/compile") == "true"
+        monkeypatch.setattr(torch, "compile", no_compiler)
+        await window.load_model(gguf)
+        assert window.info["decode"] == "compiles at the first decode step (inductor)"
+        assert "compiling…" in window.model_status.text()
+        window.new_chat()
+        compiled = await send(qtbot, window, "Once upon a time", max_tokens=16)
+        return plain, compiled
+
+    plain, compiled = run(loop, scenario(), 90)
+    assert compiled["text"] == plain["text"]
+    assert compiled["stats"]["decode"].startswith("eager: compiling failed (RuntimeError: no C++ compiler")
+    assert "eager (compile failed)" in window.stats_label.text()
+    assert "eager (compile failed)" in window.model_status.text()
+    assert "no C++ compiler" in window.model_status.toolTip()
