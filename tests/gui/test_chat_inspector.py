@@ -249,25 +249,32 @@ def greedy_reference(model, ids, n):
     return out[len(ids):]
 
 
-def test_branch_from_a_token_and_ban_it(qtbot, loop, bridge, settings, data_dir, story, gguf):
-    """Click an alternative in the inspector and "Continue with": a new version of the
-    reply that keeps the tokens before it (from the KV cache: one prompt position run),
-    has the alternative at that position and continues as the model would; "Ban and
-    retry" on it gives a third version that never uses that token again."""
+def recorded_reply(qtbot, loop, bridge, settings, data_dir, gguf, params: SamplingParams):
+    """A main window on the fixture model, with token records on, and its first reply to
+    PROMPT under ``params``: (window, the requests it sent, its finished replies, the reply)."""
     w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
     qtbot.addWidget(w)
     requests = record_requests(w)
     w.record_probs_action.setChecked(True)
-    w.panel.set_params(SamplingParams(temperature=0, max_new_tokens=24))
+    w.panel.set_params(params)
     w.panel.set_system_prompt("")
     done = []
     w.replyFinished.connect(done.append)
 
     async def first():
         await load(w, gguf)
-        return await send(qtbot, w, PROMPT, max_tokens=24)
+        return await send(qtbot, w, PROMPT, max_tokens=params.max_new_tokens)
 
-    view = run(loop, first())
+    return w, requests, done, run(loop, first())
+
+
+def test_branch_from_a_token_and_ban_it(qtbot, loop, bridge, settings, data_dir, story, gguf):
+    """Click an alternative in the inspector and "Continue with": a new version of the
+    reply that keeps the tokens before it (from the KV cache: one prompt position run),
+    has the alternative at that position and continues as the model would; "Ban and
+    retry" on it gives a third version that never uses that token again."""
+    w, requests, done, view = recorded_reply(qtbot, loop, bridge, settings, data_dir, gguf,
+                                             SamplingParams(temperature=0, max_new_tokens=24))
     old = w.history.message(view["id"])
     ids = old.meta["tokens"]["tokens"]
     prompt_ids = story.chat_format.encode_dialog(requests[-1].messages)
@@ -317,4 +324,42 @@ def test_branch_from_a_token_and_ban_it(qtbot, loop, bridge, settings, data_dir,
     biased = story.model(torch.tensor([prompt_ids + ids[:i]]))[0, -1].detach().clone()
     biased[alt] = float("-inf")
     assert t3[i] == int(biased.argmax())  # greedy under the ban: the best other token
+    close(loop, w)
+
+
+@pytest.mark.parametrize("spec", ["lookup", "draft"])
+def test_branch_from_a_token_of_a_reply_that_drafts(qtbot, loop, bridge, settings, data_dir, story, gguf,
+                                                     random_draft, spec):
+    """A reply decoded speculatively (prompt lookup, or a draft model of the same tokenizer)
+    offers "Continue with" like any other: the new version keeps the tokens before the
+    chosen position, has the alternative there, continues as plain greedy decoding would
+    (speculative decoding is exact), and still drafts with the same setting."""
+    drafting = {"lookup": 2} if spec == "lookup" else {"draft": str(random_draft)}
+    w, requests, done, view = recorded_reply(qtbot, loop, bridge, settings, data_dir, gguf,
+                                             SamplingParams(temperature=0, max_new_tokens=24, **drafting))
+    assert w.panel.speculativeCombo.currentData() == spec
+    old = w.history.message(view["id"])
+    assert old.stats["speculative"]["kind"] == spec
+    ids = old.meta["tokens"]["tokens"]
+    prompt_ids = story.chat_format.encode_dialog(requests[-1].messages)
+    i = 3
+    assert w.chat.show_tokens(view["id"]) and w.chat.inspect_token(view["id"], i)
+    insp = w.inspector
+    alt = next(r["id"] for r in insp.rows if not r["chosen"])
+    assert insp.select_row(alt) and insp.branch_button.isEnabled()
+
+    done.clear()
+    qtbot.mouseClick(insp.branch_button, Qt.LeftButton)
+    branched = run(loop, until(lambda: done, 30, "the branch"))[0]
+    req = requests[-1]
+    assert req.reply_prefix == ids[:i] and req.forced == [alt]
+    assert {k: getattr(req.params, k) for k in drafting} == drafting
+    new = w.history.message(branched["id"])
+    assert new.stop_reason in ("length", "eos") and branched["version"] == (2, 2), w.statusBar().currentMessage()
+    toks = new.meta["tokens"]["tokens"]
+    assert toks[:i] == ids[:i] and toks[i] == alt  # the forced token at the chosen position
+    assert toks[i + 1:] == greedy_reference(story.model, prompt_ids + ids[:i] + [alt], len(toks) - i - 1)
+    assert {k: new.settings[k] for k in drafting} == drafting  # the branch drafts as its reply did
+    assert new.stats["speculative"]["kind"] == spec
+    assert new.stats["prompt_tokens"] == len(prompt_ids) + i and new.stats["cached_tokens"] == len(prompt_ids) + i - 1
     close(loop, w)

@@ -53,27 +53,6 @@ def story(fixtures):
     return load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
 
 
-@pytest.fixture(scope="module")
-def random_draft(story, tmp_path_factory):
-    """A small random model with the fixture's own tokenizer, written as a GGUF file: a
-    draft model whose drafts are mostly wrong (the tokens stay those of plain decoding)."""
-    import torch
-    from core.checkpoints.common import LoadedModel
-    from core.checkpoints.gguf_write import save_gguf
-    from core.model import ModelArgs, Transformer
-    torch.manual_seed(3)
-    model = Transformer(ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=story.args.vocab_size,
-                                  multiple_of=16, max_seq_len=512)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.normal_(0, 0.15)
-    path = tmp_path_factory.mktemp("draft") / "random-draft.gguf"
-    save_gguf(LoadedModel(model, story.tokenizer, story.chat_format, model.args, story.stop_ids,
-                          {**story.info, "name": "random draft"}), path, "F32")
-    return path
-
-
 class FakeBridge:
     """Enough bridge for layout tests that never run."""
 
@@ -549,6 +528,62 @@ def test_draft_model_lanes_run_save_export_and_reopen_and_a_bad_draft_fails_only
     assert [(c.settings()["lookup"], c.settings()["draft"]) for c in v2.columns] == \
         [(0, ""), (0, str(random_draft)), (0, str(missing)), (0, str(demo)), (2, "")]
     assert v2.columns[1].speculative.mode() == "draft" and v2.columns[1].run.ids == plain.ids
+
+
+def test_branch_from_a_lane_that_drafts_keeps_drafting_with_the_token_forced(
+        qtbot, loop, bridge, history, story, fixtures, random_draft, tmp_path):
+    """'Continue with X' from a lane with prompt lookup and from a lane with a draft model,
+    through the real worker: each branch lane keeps its source's lookup or draft setting
+    (shown in its editor, used by the worker, saved), keeps the source's tokens before the
+    position, has X there, and continues as plain greedy decoding from X does."""
+    from core.engine import Done as EngineDone, Engine
+    from gui.compare_view import CompareView
+    tok = story.tokenizer
+    lanes = [{"temperature": 0.0, "max_new_tokens": 20, "lookup": 2},
+             {"temperature": 0.0, "max_new_tokens": 20, "draft": str(random_draft)}]
+    v = CompareView(bridge=bridge, history=history, prompt=PROMPT, mode="completion", lanes=lanes,
+                    token_text=token_text_of(tok))
+    qtbot.addWidget(v)
+    v.resize(1500, 800)
+    v.show()
+    load_and_run(loop, bridge, fixtures, v)
+    prompt_ids = tok.encode(PROMPT, bos=True)
+    plain = Engine(story.model, tok, stop_ids=story.stop_ids)
+
+    async def wait():
+        await until(lambda: not v.running, 60, "the branch to finish")
+
+    assert v.columns[1].run.ids == v.columns[0].run.ids
+    for lane, at, drafting in ((0, 3, {"lookup": 2}), (1, 5, {"draft": str(random_draft)})):
+        source = v.columns[lane].run
+        assert source.error is None and source.engine_stats["speculative"]["kind"] == next(iter(drafting))
+        assert v.inspect_token(lane, at)
+        alt = next(r["id"] for r in v.inspector.rows if not r["chosen"] and r["id"] >= 0)
+        assert v.inspector.select_row(alt) and v.inspector.branch_button.isEnabled()
+        qtbot.mouseClick(v.inspector.branch_button, Qt.LeftButton)
+        assert v.running
+        run(loop, wait(), 90)
+        col = v.columns[-1]
+        br = col.run
+        assert br.finished and br.error is None and col.notice.isHidden(), v.status.text()
+        assert {k: col.settings()[k] for k in drafting} == drafting  # the editor shows the setting kept
+        assert {k: br.params[k] for k in drafting} == drafting  # and the worker drafted with it
+        assert br.engine_stats["speculative"]["kind"] == next(iter(drafting))
+        assert br.ids[:at] == source.ids[:at] and br.ids[at] == alt  # the forced token at the position
+        ref = [e for e in plain.generate(prompt_ids + source.ids[:at], SamplingParams(temperature=0.0,
+               max_new_tokens=20), forced=[alt]) if isinstance(e, EngineDone)][0]
+        assert br.ids[at:] == ref.tokens  # greedy from the forced token, as plain decoding without drafts
+        # The prefix came from the KV cache: all of it after the comparison; after the first
+        # branch, what that branch's request shared (both lanes are greedy: the same tokens).
+        assert br.engine_stats["cached_tokens"] == len(prompt_ids) + (at - 1 if lane == 0 else 3)
+        assert col.branch_label.text() == f"Branched from lane {lane + 1} at token {at + 1}"
+    assert v.lane_count() == 4
+    snapshot(v, "compare_branch_drafting")
+    js = json.loads(Path(v.export("json", str(tmp_path / "c.json"))).read_text())
+    saved = js["conversation"]["meta"]["comparison"]["lanes"]
+    assert [(ln["settings"]["lookup"], ln["settings"]["draft"]) for ln in saved] == \
+        [(2, ""), (0, str(random_draft)), (2, ""), (0, str(random_draft))]
+    assert [ln["branch"]["from_lane"] for ln in saved[2:]] == [1, 2]
 
 
 def test_lanes_with_output_formats_validate_save_and_show_what_the_constraint_removed(
