@@ -534,6 +534,12 @@ def _cli_cases(seeds, out: Path) -> list[Case]:
                                ["--draft", str(seeds["tokenizer.json"])], ["--draft", str(seeds["meta"] / "params.json")],
                                ["--draft", ""], ["--lookup", "2", "--num-beams", "2"]]):
         cases.append(Case(f"cli-spec-{i}", "speculative decoding", greedy + extra, "error"))
+    # A comparison lane's own draft model (the app's lane editor sends the same): missing, no
+    # model, or beside prompt lookup; an empty one is no draft.
+    for i, spec in enumerate([f"draft={out / 'no-such-draft.gguf'}", f"draft={seeds['tokenizer.json']}",
+                              f"lookup=2,draft={g}"]):
+        cases.append(Case(f"cli-lane-draft-{i}", "speculative decoding", lane + [f"temperature=0,{spec}"], "error"))
+    cases.append(Case("cli-lane-draft-empty", "speculative decoding", lane + ["temperature=0,draft="], "ok"))
     cases += _constraint_cases(g, out, greedy)
     # Comparison lanes that name their own model: a missing path, a file that is no model,
     # a damaged checkpoint, a server that refuses, a URL that is not HTTP.
