@@ -284,7 +284,17 @@ class LaneColumn(QFrame):
         row.addStretch(1)
         lay.addLayout(row)
         lay.addWidget(sc.draft_row)  # the whole width: a model's path is long
-        sc.changed.connect(self.settingsChanged.emit)
+        sc.changed.connect(self._speculative_edited)
+
+    def _speculative_edited(self) -> None:
+        # A draft model path that names nothing is said at once (Run would refuse the lane).
+        path = self.speculative.values()["draft"]
+        gone = bool(path) and not Path(path).expanduser().exists()
+        if gone:
+            self.show_notice(f"Draft model not found: {path}")
+        elif self.notice.text().startswith("Draft model not found"):
+            self.show_notice("")
+        self.settingsChanged.emit()
 
     def _constraint_row(self, lay) -> None:
         """The lane's output format: a kind and its text (a JSON schema, regex or grammar

@@ -449,10 +449,15 @@ def test_a_lane_sets_prompt_lookup_or_a_draft_model_never_both(qtbot, loop, hist
     # Back to lookup: its n was kept, the draft is off (and its path kept for later).
     look.speculative.combo.setCurrentIndex(look.speculative.combo.findData("lookup"))
     assert (look.settings()["lookup"], look.settings()["draft"]) == (3, "")
-    # Typing a path (then leaving the field) is an edit the summary follows.
+    # Typing a path (then leaving the field) is an edit the summary follows; a path that
+    # names nothing is said inline at once, and goes when the path is right.
     drafted.speculative.draft.setText("/models/other.gguf")
     drafted.speculative.draft.editingFinished.emit()
     assert drafted.divergence.text() == "lookup off · draft other.gguf"
+    assert drafted.notice.isVisible() and drafted.notice.text() == "Draft model not found: /models/other.gguf"
+    drafted.speculative.draft.setText(str(chosen))
+    drafted.speculative.draft.editingFinished.emit()
+    assert drafted.notice.isHidden()
     # Settings that name both (a hand-edited save): the draft wins, the lane stays valid.
     plain.set_settings({"lookup": 4, "draft": "/models/x.gguf"})
     assert (plain.settings()["lookup"], plain.settings()["draft"]) == (0, "/models/x.gguf")
