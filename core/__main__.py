@@ -78,13 +78,11 @@ def _logit_bias(args, tokenizer) -> dict[int, float]:
     return out
 
 
-def _draft_loader(args, engine):
-    """Loads a draft model the first time a lane names it, on the main model's device and dtype."""
-    def load_draft(path: str):
-        from .checkpoints import load
-        d = load(path, device=args.device, dtype=args.dtype)
-        return engine.add_draft(path, d.model, d.tokenizer)
-    return load_draft
+def _app_draft_loader(engine):
+    """The app's own draft loader (core.worker.draft_loader): one path for the app, the CLI
+    and serve."""
+    from .worker import draft_loader
+    return draft_loader(engine)
 
 
 def _add_server_opts(p: argparse.ArgumentParser) -> None:
@@ -167,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="most requests waiting; more get 503")
     s.add_argument("--model-name", default=None, help="the model id clients use (default: the folder or file name)")
+    s.add_argument("--lookup", type=int, default=0, metavar="N",
+                   help="requests draft by prompt lookup over the last N tokens (1-8) unless they say otherwise "
+                        "(request field lookup; same output, faster when replies repeat their prompt)")
+    s.add_argument("--draft", default=None, metavar="MODEL",
+                   help="load a smaller draft MODEL of the same vocabulary; requests draft with it unless they say "
+                        "otherwise (request field draft: true, false or its name)")
     _add_model_opts(s)
 
     t = sub.add_parser("tokenize", help="print the token ids of a text as a JSON array")
@@ -309,7 +313,7 @@ def cmd_generate(args) -> int:
         if args.logit_bias:
             params = replace(params, logit_bias=_logit_bias(args, loaded.tokenizer)).validate()
         engine = _engine(loaded, args)
-        engine.draft_loader = _draft_loader(args, engine)
+        engine.draft_loader = _app_draft_loader(engine)
         events = engine.generate(ids, params, strip_leading_space=strip)
         meta["prompt_token_ids"] = ids
     done = None
@@ -424,7 +428,7 @@ def cmd_compare(args) -> int:
             local_load += took
             ids, strip = _prompt_ids(loaded, args)
             engine = _engine(loaded, args)
-            engine.draft_loader = _draft_loader(args, engine)
+            engine.draft_loader = _app_draft_loader(engine)
             fp = tokenizer_fingerprint(loaded.tokenizer, loaded.model.args.vocab_size)
             for ev in engine.generate_lanes(ids, [lanes[i] for i in idx], strip_leading_space=strip):
                 if isinstance(ev, Done):
@@ -512,9 +516,14 @@ def cmd_serve(args) -> int:
         raise SettingsError(f"--max-batch must be 1 to 256, got {args.max_batch}")
     if args.max_queue < 0:
         raise SettingsError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    from .sampling import MAX_LOOKUP
+    if not 0 <= args.lookup <= MAX_LOOKUP:
+        raise SettingsError(f"--lookup must be a whole number from 0 (off) to {MAX_LOOKUP}, got {args.lookup}")
+    if args.lookup and args.draft:
+        raise SettingsError("choose --lookup or --draft, not both")
     loaded, load_s = _load(args)
     state = ServerState(loaded, model_id=args.model_name, api_key=args.api_key,
-                        max_batch=args.max_batch, max_queue=args.max_queue)
+                        max_batch=args.max_batch, max_queue=args.max_queue, lookup=args.lookup, draft=args.draft)
 
     def announce(url: str) -> None:
         print(f"serving {state.model_id} at {url} (loaded in {load_s:.1f} s; Ctrl+C stops)", file=sys.stderr, flush=True)

@@ -3,7 +3,10 @@
 Starlette on uvicorn, streaming as server-sent events. One scheduler thread owns the
 engine and runs :meth:`core.engine.Engine.serve`, so a request that arrives while others
 decode joins their batch at the next step (continuous batching); ``n > 1`` is one request
-whose lanes share a prefill. A client that goes away sets its request's cancel event,
+whose lanes share a prefill. Requests that speculate (prompt lookup or the server's draft
+model: ``lookup`` / ``draft``, defaults ``serve --lookup N`` / ``--draft MODEL``) run in
+batches of their own, through the engine's speculative loop: they join no running plain
+batch and no plain request joins theirs, and one waits for the other's batch to end. A client that goes away sets its request's cancel event,
 which the engine checks every decode step.
 
 Requests and replies follow OpenAI's shapes (``/v1/models``, ``/v1/completions``,
@@ -31,7 +34,7 @@ from .compare import tokenizer_fingerprint
 from .constrain import Constraint
 from .errors import ConstraintError, LlamaDeskError, SettingsError
 from .prompting import render_chat, strips_reply_space
-from .sampling import SamplingParams
+from .sampling import MAX_LOOKUP, SamplingParams
 
 MAX_TOP_LOGPROBS = 20
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort"}
@@ -84,6 +87,11 @@ class Job:
     events: asyncio.Queue | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     done: list[Done | None] = field(default_factory=list)
+
+    @property
+    def speculative(self) -> bool:
+        """Whether any lane drafts (prompt lookup or a draft model)."""
+        return any(q.speculative for q in self.lanes)
 
     def emit(self, item) -> None:
         """Hand (choice, event), an exception, or None (finished) to the request's coroutine."""
@@ -152,8 +160,13 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping:
                     return
+                speculative = self._waiting[0].speculative
             try:
-                for ev in self.engine.serve(self._admit, max_rows=self.max_batch):
+                if speculative:
+                    events = self._speculative_batch()
+                else:
+                    events = self.engine.serve(self._admit, max_rows=self.max_batch)
+                for ev in events:
                     self._dispatch(ev)
             except Exception as e:  # a bug or out of memory: fail the requests, keep serving
                 self.engine.cache.reset()  # it may hold a half-written step: never reuse it
@@ -163,7 +176,17 @@ class Scheduler:
                 for job in jobs:
                     job.emit(e)
 
-    def _admit(self, free: int, next_lane: int) -> list[Joining]:
+    def _speculative_batch(self):
+        """The speculative jobs at the head of the queue (as many lanes as fit), decoded
+        together from the start by the engine's speculative loop; nobody joins later."""
+        from .speculative import speculative_loop
+        joining = self._admit(self.max_batch, 0, speculative=True)
+        return speculative_loop(self.engine, joining) if joining else iter(())
+
+    def _admit(self, free: int, next_lane: int, *, speculative: bool = False) -> list[Joining]:
+        """Start the jobs at the head of the queue that fit in ``free`` lanes and are of the
+        kind asked for: a speculative job at the head waits for the plain batch to end
+        (then it runs, with the speculative jobs behind it), and the other way round."""
         out = []
         with self._cond:
             while self._waiting and not self._stopping:
@@ -172,7 +195,7 @@ class Scheduler:
                     self._waiting.popleft()
                     job.emit(None)
                     continue
-                if len(job.lanes) > free:
+                if len(job.lanes) > free or job.speculative != speculative:
                     break
                 self._waiting.popleft()
                 for c in range(len(job.lanes)):
@@ -281,10 +304,46 @@ def _logit_bias(body: dict, vocab: int | None) -> dict[int, float]:
     return out
 
 
-def sampling_from_request(body: dict, *, default_max_tokens: int, vocab: int | None = None) -> list[SamplingParams]:
+def speculation_from_request(body: dict, *, lookup: int = 0, draft: str = "") -> tuple[int, str]:
+    """(lookup, draft) for a request: its ``lookup`` (0 to MAX_LOOKUP) and ``draft`` (true,
+    false, or the server's draft model's name) extension fields over the server's defaults
+    ``lookup`` / ``draft`` (the draft model's name, "" for none). A field left out keeps
+    the server's default, except that turning one kind on turns the other's default off.
+    APIError 400 naming the field."""
+    given_lookup, given_draft = body.get("lookup"), body.get("draft")
+    if given_lookup is not None:
+        if isinstance(given_lookup, bool) or not isinstance(given_lookup, int) or not 0 <= given_lookup <= MAX_LOOKUP:
+            raise APIError(400, f"lookup must be a whole number from 0 (off) to {MAX_LOOKUP}, "
+                           f"got {json.dumps(given_lookup)[:40]}", param="lookup")
+    want = None
+    if given_draft is not None:
+        if given_draft is False or given_draft == "":
+            want = ""
+        elif given_draft is True or (isinstance(given_draft, str) and given_draft == draft):
+            if not draft:
+                raise APIError(400, "this server has no draft model (start it with serve --draft MODEL)", param="draft")
+            want = draft
+        elif isinstance(given_draft, str):
+            has = f"its draft model is '{draft}'" if draft else "it has none (serve --draft MODEL)"
+            raise APIError(400, f"draft: this server has no draft model '{given_draft[:80]}': {has}", param="draft")
+        else:
+            raise APIError(400, f"draft must be true, false or the server's draft model's name, "
+                           f"got {json.dumps(given_draft)[:40]}", param="draft")
+    if given_lookup and want:
+        raise APIError(400, "choose lookup or draft, not both", param="draft")
+    if given_lookup:
+        return given_lookup, ""
+    if want:
+        return 0, want
+    return (lookup if given_lookup is None else 0), (draft if want is None else "")
+
+
+def sampling_from_request(body: dict, *, default_max_tokens: int, vocab: int | None = None,
+                          lookup: int = 0, draft: str = "") -> list[SamplingParams]:
     """One SamplingParams per choice (``n``) of an OpenAI request body; APIError 400 naming
     the first bad field. Validation is SamplingParams.validate, the same as the CLI's.
-    ``vocab``: the model's vocabulary size, to refuse logit_bias ids past it."""
+    ``vocab``: the model's vocabulary size, to refuse logit_bias ids past it; ``lookup`` /
+    ``draft``: the server's speculative defaults (:func:`speculation_from_request`)."""
     for key, ok in UNSUPPORTED.items():
         if key in body and body[key] is not None and body[key] not in ok:
             raise APIError(400, f"{key} is not supported by this server", param=key)
@@ -308,6 +367,7 @@ def sampling_from_request(body: dict, *, default_max_tokens: int, vocab: int | N
         min_p=_get(body, "min_p", num, 0.0), repetition_penalty=_get(body, "repetition_penalty", num, 1.0),
         seed=_get(body, "seed", (int,), None, what="a whole number"), max_new_tokens=max_tokens, stop=tuple(stop),
         constraint=constraint_from_request(body)[0], logit_bias=_logit_bias(body, vocab))
+    params.lookup, params.draft = speculation_from_request(body, lookup=lookup, draft=draft)
     try:
         params.validate()
     except SettingsError as e:
@@ -413,8 +473,16 @@ class _Reply:
     def usage(self) -> dict:
         done = [d for d in self.job.done if d is not None]
         completion = sum(len(d.tokens) + (d.stop_token is not None) for d in done)
-        return {"prompt_tokens": len(self.job.prompt), "completion_tokens": completion,
-                "total_tokens": len(self.job.prompt) + completion}
+        out = {"prompt_tokens": len(self.job.prompt), "completion_tokens": completion,
+               "total_tokens": len(self.job.prompt) + completion}
+        spec = [s for s in (speculative_stats(d) for d in done) if s is not None]
+        if spec:  # all choices together; each choice's own are on the choice
+            drafted, accepted = sum(s["drafted"] for s in spec), sum(s["accepted"] for s in spec)
+            out["speculative"] = {"kind": spec[0]["kind"], "lookup": spec[0]["lookup"], "draft": spec[0]["draft"],
+                                  "drafted": drafted, "accepted": accepted,
+                                  "acceptance_rate": accepted / drafted if drafted else 0.0,
+                                  "forwards": sum(s["forwards"] for s in spec)}
+        return out
 
     def whole(self, tokens: list[list[Token]]) -> dict:
         choices = []
@@ -427,6 +495,8 @@ class _Reply:
             c["logprobs"] = self.logprobs(tokens[i], i)
             c["finish_reason"] = FINISH[d.stop_reason]
             c["stop_reason"] = self.stop_reason(d)
+            if (spec := speculative_stats(d)) is not None:
+                c["speculative"] = spec
             if self.token_ids:
                 c["token_ids"] = list(d.tokens)
                 c["prompt_token_ids"] = list(self.job.prompt)
@@ -447,6 +517,8 @@ class _Reply:
         c["finish_reason"] = FINISH[done.stop_reason] if done is not None else None
         if done is not None:
             c["stop_reason"] = self.stop_reason(done)
+            if (spec := speculative_stats(done)) is not None:
+                c["speculative"] = spec
         if self.token_ids:
             c["token_ids"] = [tok.token_id] if tok is not None else []
             if first:
@@ -454,19 +526,46 @@ class _Reply:
         return {**self.head(), "object": self.object + ".chunk" if self.chat else self.object, "choices": [c]}
 
 
+def speculative_stats(d: Done) -> dict | None:
+    """How one choice's drafting went (None when it did not draft): the kind (lookup or
+    draft), drafted and accepted tokens, the acceptance rate, verification forwards and
+    the engine's speed-up estimate."""
+    sp = d.stats.speculative if d.stats is not None else None
+    if not sp:
+        return None
+    return {"kind": sp["kind"], "lookup": sp["lookup"], "draft": sp["draft"] or None, "drafted": sp["drafted"],
+            "accepted": sp["accepted"], "acceptance_rate": sp["acceptance"], "mean_draft": sp["mean_draft"],
+            "forwards": sp["forwards"], "speedup": sp["speedup"]}
+
+
 # -- the app --------------------------------------------------------------------------------
 
 
 class ServerState:
-    """What the app serves: one loaded model behind a scheduler."""
+    """What the app serves: one loaded model behind a scheduler.
+
+    ``lookup``: requests' default prompt lookup (0: off). ``draft``: a draft model's path,
+    loaded now by the app's own draft loader and listed by its name; requests draft with it
+    by default (DraftModelError when its vocabulary differs from the model's, a
+    CheckpointError when it cannot be read). Requests never load models of their own.
+    """
 
     def __init__(self, loaded, *, model_id: str | None = None, api_key: str | None = None,
-                 max_batch: int = 16, max_queue: int = 64, on_done: Callable[[Job], None] | None = None):
+                 max_batch: int = 16, max_queue: int = 64, on_done: Callable[[Job], None] | None = None,
+                 lookup: int = 0, draft: str | None = None):
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.model_id = model_id or loaded.name
         self.api_key = api_key or None
         self.engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids)
+        if (isinstance(lookup, bool) or not isinstance(lookup, int) or not 0 <= lookup <= MAX_LOOKUP):
+            raise SettingsError(f"--lookup must be a whole number from 0 (off) to {MAX_LOOKUP}, got {lookup!r}")
+        if lookup and draft:
+            raise SettingsError("choose --lookup or --draft, not both")
+        self.lookup, self.draft = int(lookup), ""
+        if draft:
+            from .worker import draft_loader
+            self.draft = draft_loader(self.engine, named=True)(draft).name
         self.scheduler = Scheduler(self.engine, max_batch=max_batch, max_queue=max_queue, on_done=on_done)
         info = loaded.info
         self.fingerprint = "fp_llamadesk_" + "_".join(
@@ -477,7 +576,9 @@ class ServerState:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llamadesk",
                 "max_model_len": self.engine.max_context,
                 "llamadesk": {"chat_format": self.loaded.chat_format.name, "vocab_size": self.loaded.model.args.vocab_size,
-                              "tokenizer": tokenizer_fingerprint(self.tokenizer, self.loaded.model.args.vocab_size)}}
+                              "tokenizer": tokenizer_fingerprint(self.tokenizer, self.loaded.model.args.vocab_size),
+                              # the defaults of the lookup / draft request fields
+                              "speculative": {"lookup": self.lookup, "draft": self.draft or None}}}
 
 
 def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = None):
@@ -550,7 +651,8 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
             raise APIError(400, f"logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}", param="logprobs")
         if len(ids) >= state.engine.max_context:
             check_context(len(ids), None, state.engine.max_context, what="the prompt")
-        lanes = sampling_from_request(body, default_max_tokens=16, vocab=state.engine.model.args.vocab_size)
+        lanes = sampling_from_request(body, default_max_tokens=16, vocab=state.engine.model.args.vocab_size,
+                                      lookup=state.lookup, draft=state.draft)
         # A completion stops only on the model's own stop tokens: no chat turn to end.
         return Job(ids, lanes, False, lp or 0, frozenset(state.loaded.stop_ids)), lp
 
@@ -574,7 +676,7 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
         check_context(len(ids), asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None,
                       context, what="the messages")
         lanes = sampling_from_request(body, default_max_tokens=context - len(ids),
-                                      vocab=state.engine.model.args.vocab_size)
+                                      vocab=state.engine.model.args.vocab_size, lookup=state.lookup, draft=state.draft)
         strip = strips_reply_space(state.tokenizer, state.loaded.chat_format)
         # The end of a chat turn stops this request only: a completion batched beside it
         # must run on past the same token.

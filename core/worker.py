@@ -638,7 +638,7 @@ class Worker:
         how = dict(cancel=cmd.cancel, strip_leading_space=prompt.strip_leading_space, inspect=int(req.inspect),
                    stop_ids=prompt.stop_ids)
         if eng.draft_loader is None:
-            eng.draft_loader = _draft_loader(eng)
+            eng.draft_loader = draft_loader(eng)
         if cmd.kind == "compare":
             events = eng.generate_lanes(prompt.ids, lanes, forced=list(getattr(req, "forced", ())), **how)
         else:
@@ -660,13 +660,15 @@ class Worker:
             events.close()
 
 
-def _draft_loader(eng):
-    """Loads a lane's draft model (on the worker thread) the first time a lane names it:
-    on the engine's device, its own dtype; the engine keeps it and checks its vocabulary."""
+def draft_loader(eng, *, named: bool = False):
+    """Loads a draft model (the app: on the worker thread, the first time a lane names it;
+    the CLI and ``serve`` use the same): on the engine's device, its own dtype; the engine
+    keeps it under its path (``named``: under the checkpoint's own name, which ``serve``
+    lists) and checks its vocabulary (DraftModelError when it differs from the engine's)."""
     def load_draft(path: str):
         from . import checkpoints
         d = checkpoints.load(path, device=eng.device.type, dtype="auto")
-        return eng.add_draft(path, d.model, d.tokenizer)
+        return eng.add_draft(d.name if named else path, d.model, d.tokenizer)
     return load_draft
 
 
@@ -687,5 +689,5 @@ def _model_info(loaded, key: str | None = None) -> dict:
 
 __all__ = [
     "GenerateRequest", "CompareRequest", "LoadProgress", "Loaded", "Held", "Unloaded", "Prompted", "Reply",
-    "Error", "WorkerEvent", "Worker", "default_torch_threads", "resolve_torch_threads",
+    "Error", "WorkerEvent", "Worker", "default_torch_threads", "resolve_torch_threads", "draft_loader",
 ]
