@@ -126,6 +126,15 @@ def _status_kb(key: str) -> int | None:
     return None
 
 
+def _rss_growth(before_kb: int | None, load_kb: int | None) -> dict:
+    """Resident memory the load added, and what it had grown by after the runs (both MB;
+    read the same way in both engines' processes, after their imports)."""
+    now = _status_kb("VmRSS")
+    if before_kb is None or load_kb is None or now is None:
+        return {"load_rss_growth_mb": None, "run_rss_growth_mb": None}
+    return {"load_rss_growth_mb": (load_kb - before_kb) / 1024, "run_rss_growth_mb": (now - before_kb) / 1024}
+
+
 def prompt_ids(vocab: int, n: int) -> list[int]:
     """The same prompt for every engine: BOS then n-1 random ids past the specials."""
     import torch
@@ -142,6 +151,7 @@ def measure(file: Path, dtype: str, prompt: int, decode: int, threads: int = 1) 
     from core.engine import Done, Engine
     from core.sampling import SamplingParams
 
+    rss_before = _status_kb("VmRSS")
     t0 = time.perf_counter()
     lm = load(file, device="cpu", dtype=dtype)
     load_s = time.perf_counter() - t0
@@ -157,6 +167,7 @@ def measure(file: Path, dtype: str, prompt: int, decode: int, threads: int = 1) 
     return {"load_s": load_s, "ttft_after_load_s": first.stats.ttft_s, "prefill_tok_s": done.stats.prefill_tok_s,
             "decode_tok_s": done.stats.decode_tok_s, "tokens": done.tokens,
             "rss_after_load_mb": rss_load / 1024 if rss_load else None,
+            **_rss_growth(rss_before, rss_load),
             "peak_rss_mb": (_status_kb("VmHWM") or 0) / 1024 or None,
             "tensor_mb": gguf_tensor_bytes(file) / 2 ** 20, "paths": lm.info.get("linear_paths"),
             "dtype": lm.info.get("dtype")}
@@ -178,6 +189,7 @@ def measure_llama_cpp(file: Path, prompt: int, decode: int, threads: int) -> dic
         p.use_extra_bufts = False
         return p
     lc.llama_cpp.llama_model_default_params = params  # Llama() reads its model params from here
+    rss_before = _status_kb("VmRSS")
     t0 = time.perf_counter()
     llm = Llama(model_path=str(file), n_threads=threads, n_threads_batch=threads, n_ctx=prompt + decode + 16,
                 n_batch=512, verbose=False)
@@ -207,6 +219,7 @@ def measure_llama_cpp(file: Path, prompt: int, decode: int, threads: int) -> dic
     out = {"load_s": load_s, "ttft_after_load_s": ttft, "prefill_tok_s": prompt / prefill_s,
            "decode_tok_s": (decode - 1) / decode_s, "tokens": tokens,
            "rss_after_load_mb": rss_load / 1024 if rss_load else None,
+           **_rss_growth(rss_before, rss_load),
            "peak_rss_mb": (_status_kb("VmHWM") or 0) / 1024 or None,
            "tensor_mb": gguf_tensor_bytes(file) / 2 ** 20, "paths": None, "dtype": "llama.cpp"}
     llm.close() if hasattr(llm, "close") else None
@@ -223,7 +236,7 @@ def _child(file: Path, dtype: str, prompt: int, decode: int, threads: int) -> di
 
 
 KEYS = ("load_s", "ttft_after_load_s", "prefill_tok_s", "decode_tok_s", "rss_after_load_mb", "peak_rss_mb",
-        "tensor_mb")
+        "tensor_mb", "load_rss_growth_mb", "run_rss_growth_mb")
 
 
 def bench(files: dict[str, Path], prompt: int, decode: int, repeats: int, threads: int, paths: dict[str, str],
@@ -243,7 +256,7 @@ def bench(files: dict[str, Path], prompt: int, decode: int, repeats: int, thread
                 try:
                     if in_process:  # one process holds every case: its RSS says nothing per case
                         r = {**measure(f, dtype, prompt, decode, threads), "rss_after_load_mb": None,
-                             "peak_rss_mb": None}
+                             "peak_rss_mb": None, "load_rss_growth_mb": None, "run_rss_growth_mb": None}
                     else:
                         r = _child(f, dtype, prompt, decode, threads)
                 except Exception as e:  # a failing case (the peer on a type) is reported, not fatal
@@ -280,16 +293,18 @@ def markdown(rows: list[dict], meta: dict, bw: float | None) -> str:
            "machine. LlamaDesk runs through `Engine.generate` (filters, log-probs, stream decoding); llama.cpp "
            "through llama-cpp-python's eval/sample loop.", "",
            "| file | engine | compute | decode tok/s | × llama.cpp | share of floor | prefill tok/s | × llama.cpp | "
-           "TTFT after load | load s | peak RSS MB | peak RSS / tensor bytes | greedy prefix = llama.cpp |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "TTFT after load | load s | peak RSS MB | peak RSS / tensor bytes | ΔRSS load / tensor bytes | "
+           "ΔRSS after run / tensor bytes | greedy prefix = llama.cpp |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["type"], r["path"]): r for r in rows}
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['type']} | {r['path']} | failed: {r['error'][:120]} |" + " |" * 10)
+            out.append(f"| {r['type']} | {r['path']} | failed: {r['error'][:120]} |" + " |" * 12)
             continue
         peer = by.get((r["type"], PEER))
         peer = peer if peer is not None and "error" not in peer else None
         ratio = lambda k: (r[k] / peer[k]) if peer and r[k] and peer[k] else None  # noqa: E731
+        per_tensor = lambda k: r[k] / r["tensor_mb"] if r.get(k) is not None else None  # noqa: E731
         floor = bw * 1e9 / (r["floor_bytes"]) if bw and r.get("floor_bytes") else None
         share = r["decode_tok_s"] / floor if floor else None
         agree = r.get(f"greedy_prefix_vs_{PEER}")
@@ -298,14 +313,55 @@ def markdown(rows: list[dict], meta: dict, bw: float | None) -> str:
                    f"{f(ratio('prefill_tok_s'), '{:.2f}×')} | {f(r['ttft_after_load_s'], '{:.2f} s')} | "
                    f"{f(r['load_s'], '{:.2f}')} | {f(r['peak_rss_mb'], '{:.0f}')} | "
                    f"{f(r['peak_rss_mb'] / r['tensor_mb'] if r['peak_rss_mb'] else None, '{:.2f}')} | "
+                   f"{f(per_tensor('load_rss_growth_mb'), '{:.2f}')} | {f(per_tensor('run_rss_growth_mb'), '{:.2f}')} | "
                    f"{'—' if agree is None else f'{agree}/' + str(len(r['tokens']))} |")
     if any(r["path"] == PEER for r in rows):
         out += ["", LLAMA_CPP_NOTE]
     if bw:
         out += ["", f"Share of floor: decode tok/s × the file's tensor bytes read per token (all but the token "
-                f"embedding) ÷ the best read bandwidth measured between rounds ({bw:.1f} GB/s). Greedy prefix: "
+                f"embedding) ÷ the best read bandwidth measured between rounds ({bw:.1f} GB/s). ΔRSS: resident "
+                "memory (VmRSS) after load, and after the timed runs, minus before load, in the same process after "
+                "its imports, ÷ the file's tensor bytes (llama.cpp maps the file and reads pages as its first "
+                "evaluation touches them, so its after-load figure leaves out what it has not read yet). Greedy prefix: "
                 "how many of the greedy tokens equal llama.cpp's on the same file (random weights make near-ties "
                 "common, so a short prefix is rounding, not a bug)."]
+    return "\n".join(out)
+
+
+def dense_crossover(n: int = 5632, k: int = 2048, rows: int = 64, repeats: int = 5) -> list[dict]:
+    """Where core.quant.DENSE_ROWS comes from: per packed kind, the int4 kernel's time per
+    row, dequantize-to-bfloat16's time once and the dense bf16 matmul's time per row (at
+    ``rows`` rows) on an [n, k] weight; dense wins from dequantize / (kernel - dense) rows."""
+    import torch
+
+    from core import quant
+    from core.tuning import median_seconds
+    from tests.core.test_quant import as_raw, gguf_blocks
+
+    def best(fn):
+        return median_seconds(fn, repeats)
+    out = []
+    for kind in ("Q4_0", "Q8_0", "Q4_K"):
+        layer = quant.pack_gguf(as_raw(gguf_blocks(kind, n=n, k=k)), kind, n, k, torch.device("cpu"))
+        x = torch.randn(rows, k).bfloat16()
+        xx = x.repeat(1, layer.planes)
+        kernel = best(lambda: quant._int4_mm(xx, layer.packed, layer.scale_zeros)) / rows
+        deq = best(lambda: layer.dequantize(torch.bfloat16))
+        w = layer.dequantize(torch.bfloat16)
+        dense = best(lambda: torch.nn.functional.linear(x, w)) / rows
+        out.append({"kind": kind, "kernel_ms_per_row": 1e3 * kernel, "dequantize_ms": 1e3 * deq,
+                    "dense_ms_per_row": 1e3 * dense, "crossover_rows": deq / max(kernel - dense, 1e-9)})
+    return out
+
+
+def crossover_markdown(rows: list[dict], n: int = 5632, k: int = 2048) -> str:
+    from core.quant import DENSE_ROWS
+    out = [f"Packed kernel against dequantize + dense bfloat16 on a {n}x{k} weight, one thread (core.quant."
+           f"DENSE_ROWS = {DENSE_ROWS}):", "",
+           "| kind | int4 kernel ms/row | dequantize to bf16 ms | dense bf16 ms/row (64 rows) | dense wins from |",
+           "|---|---|---|---|---|"]
+    out += [f"| {r['kind']} | {r['kernel_ms_per_row']:.3f} | {r['dequantize_ms']:.1f} | {r['dense_ms_per_row']:.3f} | "
+            f"{r['crossover_rows']:.0f} rows |" for r in rows]
     return "\n".join(out)
 
 
@@ -350,13 +406,23 @@ def run(quick: bool = False, bandwidth: float | None = None, **kw) -> dict:
         if "decode_tok_s" in r:
             r["floor_share"] = r["decode_tok_s"] * r["floor_bytes"] / (bw * 1e9)
     md = markdown(rows, meta, bw)
+    cross = None
+    if not quick:
+        before_cross = torch.get_num_threads()
+        torch.set_num_threads(meta["threads"])
+        try:
+            cross = dense_crossover()
+        finally:
+            torch.set_num_threads(before_cross)
+        md += "\n\n" + crossover_markdown(cross)
     if not peer:
         md += f"\n\nllama.cpp was **not measured** in this run: {why}."
     for r in rows:
         r.pop("tokens", None)
     return {"title": "GGUF files: LlamaDesk against llama.cpp on the same files",
             "markdown": md, "data": {"meta": meta, "llama_cpp": peer, "why_not": why, "bandwidth_gb_s": bws,
-                                     "floor_bandwidth_gb_s": bw, "rows": rows}}
+                                     "floor_bandwidth_gb_s": bw, "rows": rows,
+                                     "dense_crossover": cross}}
 
 
 def main() -> None:
@@ -375,7 +441,13 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="also write the data here")
+    ap.add_argument("--crossover", action="store_true", help="only measure where DENSE_ROWS comes from")
     a = ap.parse_args()
+    if a.crossover:
+        import torch
+        torch.set_num_threads(a.threads or 1)
+        print(crossover_markdown(dense_crossover()))
+        return
     if a.child:
         import torch
         torch.set_num_threads(a.threads or 1)

@@ -6,7 +6,8 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from .common import QUANT_DTYPES, LoadedModel, ProgressFn, auto_dtype, resolve_device, resolve_dtype
+from .common import (QUANT_DTYPES, LoadedModel, ProgressFn, auto_dtype, release_freed_heap, resolve_device,
+                     resolve_dtype)
 
 GGUF_MAGIC = b"GGUF"
 
@@ -63,6 +64,7 @@ def load(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | No
         if p.is_dir():
             p = next(iter(sorted(p.glob("*.gguf"))))
     loaded = loader(p, device=device, dtype=dtype, max_seq_len=max_seq_len, progress=progress)
+    release_freed_heap()
     if not isinstance(dtype, torch.dtype) and str(dtype or "auto") in ("auto", *QUANT_DTYPES):
         # info and the status bar's tooltip say what 'auto' chose and why.
         loaded.info["dtype_reason"] = auto_dtype(resolve_device(device), loaded.args)[1]
