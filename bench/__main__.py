@@ -74,7 +74,8 @@ def gpu_section(quick: bool, threads: int) -> dict:
     else:
         md = ("**Unmeasured**: no CUDA device on this machine. `python bench/gpu.py` measures decode "
               "tok/s of an 8B-shaped random model in bfloat16/int8/int4 against the GPU's measured "
-              "memory bandwidth, prefill tok/s, 4-lane cost and transformers on the same GPU.")
+              "memory bandwidth, bfloat16 decode with CUDA graphs (`--compile`) against eager in the "
+              "same run, prefill tok/s, 4-lane cost and transformers on the same GPU.")
     return {"title": "GPU", "markdown": md, "data": {"measured": False}}
 
 

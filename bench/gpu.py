@@ -6,6 +6,9 @@ vocabulary 128,256) on the first CUDA device, through the real Engine path:
 - the device's read bandwidth, measured here (sum of an 8 GiB buffer, CUDA events);
 - decode tok/s in bfloat16, int8 and int4 (weight-only, core.quant), each as a share of
   the bandwidth floor for the bytes its weights take;
+- bfloat16 decode again with CUDA graphs (Engine(compile=True): a static KV cache, the step
+  captured once by torch.compile's reduce-overhead mode and replayed every token), as a
+  ratio to the eager decode measured in the same run, with the compile/capture time;
 - prefill tok/s (512 tokens) in bfloat16;
 - the cost of 4 comparison lanes (top-p) against one lane;
 - transformers' LlamaForCausalLM (bfloat16, generate()) on the same GPU and shapes.
@@ -51,6 +54,9 @@ class IdTokenizer:
     stop_ids: set[int] = set()
     special_tokens: dict[str, int] = {}
     add_dummy_prefix = False
+
+    def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+        return []  # the bench sends ids, never text (the Engine asks only for logit-bias text)
 
     def token_bytes(self, i: int) -> bytes:
         return f"<{i}>".encode()
@@ -139,10 +145,14 @@ def decode(engine: Engine, prompt, lanes) -> list[Done]:
     return [e for e in engine.generate_lanes(prompt, lanes) if isinstance(e, Done)]
 
 
-def engine_figures(model, tok, prompt, n_new, floor_bw) -> dict:
-    eng = Engine(model, tok, stop_ids=set(), max_context=len(prompt) + n_new + 8)
+def engine_figures(model, tok, prompt, n_new, floor_bw, compile: bool = False) -> dict:
+    eng = Engine(model, tok, stop_ids=set(), max_context=len(prompt) + n_new + 8, compile=compile)
     greedy = SamplingParams(temperature=0, max_new_tokens=n_new)
-    decode(eng, prompt[:16], [SamplingParams(temperature=0, max_new_tokens=4)])  # warm-up
+    # Warm-up; compiled, with the whole prompt, so the static cache already has the size
+    # the measured runs use (each new size is a new capture).
+    t0 = time.perf_counter()
+    warm = decode(eng, prompt if compile else prompt[:16], [SamplingParams(temperature=0, max_new_tokens=4)])
+    warm_s = time.perf_counter() - t0
     runs = []
     for _ in range(3):
         eng.cache.reset()
@@ -151,6 +161,9 @@ def engine_figures(model, tok, prompt, n_new, floor_bw) -> dict:
     wb = weight_bytes(model)
     out = {"decode_tok_s": tps, "ttft_s": statistics.median(s.ttft_s for s in runs), "weight_gb": wb / GB,
            "floor_tok_s": floor_bw * GB / wb, "floor_share": tps * wb / (floor_bw * GB)}
+    if compile:
+        out.update(decode_path=eng.compile_status, warmup_s=warm_s, capture_s=warm[0].stats.warmup_s,
+                   recaptured_in_runs_s=sum(s.warmup_s for s in runs))
     del eng
     return out
 
@@ -160,6 +173,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="skip the CUDA-graphs decode stage (it compiles the model: a minute or more)")
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="a tiny model on the CPU: checks the script's plumbing without a GPU")
     a = ap.parse_args()
@@ -228,6 +243,18 @@ def main() -> int:
                 del q
         stage(kind, run_kind)
 
+    def graphs():
+        if dev.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device (skipped in the CPU dry run)")
+        import torch._dynamo
+        torch._dynamo.reset()
+        r = engine_figures(model, tok, prompt, a.new_tokens, bw, compile=True)
+        eager = res.get("bf16", {}).get("decode_tok_s")
+        r["vs_eager"] = r["decode_tok_s"] / eager if eager else None
+        return r
+    if not a.no_graphs:
+        stage("bf16_cuda_graphs", graphs)
+
     del model
     gc.collect()
     _empty_cache()
@@ -281,6 +308,14 @@ def main() -> int:
             md.append(f"| {kind} | failed: {errors.get(kind, '?')[:80]} | | | | |")
     if "bf16" in res and "int4" in res:
         md.append(f"\nint4 / bf16 decode: {res['int4']['decode_tok_s'] / res['bf16']['decode_tok_s']:.2f}x (goal >= 2.5x).")
+    g = res.get("bf16_cuda_graphs")
+    if g:
+        vs = f"{g['vs_eager']:.2f}x eager bf16 in this run" if g.get("vs_eager") else "no eager figure to compare"
+        md.append(f"\nbf16 with CUDA graphs ({g['decode_path']}): {g['decode_tok_s']:.1f} tok/s, {vs}, "
+                  f"{g['floor_share']:.0%} of the floor; compiling and capturing took {g['warmup_s']:.0f} s "
+                  f"before the first token.")
+    elif "bf16_cuda_graphs" in errors:
+        md.append(f"\nbf16 with CUDA graphs: failed: {errors['bf16_cuda_graphs'][:120]}")
     if "bf16_prefill_tok_s" in res:
         md.append(f"Prefill (bf16, {a.prompt_tokens} tokens): {res['bf16_prefill_tok_s']:.0f} tok/s.")
     if "lanes" in res:

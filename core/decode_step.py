@@ -80,9 +80,9 @@ class DecodeStep:
         if self._fn is not None:
             key = (x.shape[0], cache.capacity)
             seen = self._seen.get(key, 0)
-            graphs_before = _counter("stats", "unique_graphs")
-            skips_before = _counter("inductor", "cudagraph_skips")
             t0 = time.perf_counter()
+            graphs_before = _counter("stats", "unique_graphs")  # (the first call imports dynamo)
+            skips_before = _counter("inductor", "cudagraph_skips")
             try:
                 if self.graphs:
                     torch.compiler.cudagraph_mark_step_begin()
@@ -95,6 +95,7 @@ class DecodeStep:
             except Exception as e:  # compiling or capturing failed: the step runs eagerly below
                 self._fn = None
                 self.status = f"eager: compiling failed ({type(e).__name__}: {e})"[:300]
+                self.warmup_s += time.perf_counter() - t0  # the attempt was not decoding either
             else:
                 self._seen[key] = seen + 1
                 compiled = _counter("stats", "unique_graphs") > graphs_before

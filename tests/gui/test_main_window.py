@@ -756,3 +756,4 @@ def test_compiled_decoding_menu_reaches_the_engine_and_the_status_bar_says_what_
     assert "eager (compile failed)" in window.stats_label.text()
     assert "eager (compile failed)" in window.model_status.text()
     assert "no C++ compiler" in window.model_status.toolTip()
+    snapshot(window, "compiled_decoding_fell_back")
