@@ -333,11 +333,12 @@ def cmd_generate(args) -> int:
                         **({"warmup_s": st.warmup_s} if st.warmup_s else {})},
             **({"decode": st.decode} if st.decode else {}),
             **({"speculative": st.speculative} if st.speculative else {}),
+            **({"error": done.error} if done.error else {}),
             **extra,
         }, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
-    return 0
+    return _ended_in_error([done])
 
 
 def _split_lane(spec: str) -> tuple[str, dict]:
@@ -450,11 +451,11 @@ def cmd_compare(args) -> int:
             "prompt_tokens": prompt_ids[0],
             "lanes": [{"settings": d.params.to_dict(), "text": d.text, "tokens": d.tokens, "logprobs": d.logprobs,
                        "stop_reason": d.stop_reason, "stats": d.stats.to_dict(), "model": names[i][0],
-                       "server": names[i][1]} for i, d in enumerate(out)],
+                       "server": names[i][1], **({"error": d.error} if d.error else {})} for i, d in enumerate(out)],
             "tokenizers_match": match,
             "timings": {"load_s": load_s, "prefill_s": prefill_s, "decode_s": total - prefill_s, "total_s": total},
         }, ensure_ascii=False))
-        return 0
+        return _ended_in_error(out)
     for i, d in enumerate(out):
         p = d.params
         on = names[i][0] + (f" on {names[i][1]}" if names[i][1] else "")
@@ -468,6 +469,18 @@ def cmd_compare(args) -> int:
     if match is not True:
         print("note: " + ("the lanes' tokenizers differ" if match is False else "a server does not say its tokenizer")
               + ": compare their texts, not their token ids", file=sys.stderr)
+    return _ended_in_error(out)
+
+
+def _ended_in_error(dones) -> int:
+    """2 and one line on stderr when a reply (the first such lane) stopped on an error
+    mid-reply (its output format went past the grammar engine's limits, NaN logits);
+    what it generated before is printed already."""
+    for i, d in enumerate(dones):
+        if d.stop_reason == "error":
+            where = f"lane {i + 1}: " if len(dones) > 1 else ""
+            print(f"error: {where}{d.error or 'the reply stopped on an error'}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -34,6 +34,19 @@ KINDS = ("json_schema", "json_object", "regex", "grammar")
 LABELS = {"json_schema": "JSON schema", "json_object": "JSON object", "regex": "regular expression",
           "grammar": "grammar"}
 MAX_CONSTRAINT_CHARS = 100_000
+# A regular expression is a pattern, not a document: one longer than this is refused (a
+# 100,000-character literal costs 0.2 s for its first mask and 30 ms for every one after
+# at a 128k vocabulary, a decode step's worth of masking for nothing anyone writes).
+MAX_REGEX_CHARS = 10_000
+MAX_SCHEMA_DEPTH = 64  # objects and arrays nested in a JSON schema (llguidance's own recursion gives out near 500)
+# llguidance's resource limits (its defaults in brackets). What one constraint may cost is
+# bounded by counts, never by the clock: lexer states take 1-2 kB each (250,000 -> 100 MB at
+# most here), and the grammar's size in symbols (500,000).
+PARSER_LIMITS = {"max_lexer_states": 50_000, "max_grammar_size": 200_000}
+# A new constraint is walked this many tokens ahead before a reply starts (always the
+# lowest allowed token): a regex like a{99999999} compiles and gives its first mask, then
+# exhausts the lexer at the second token; this way it is a ConstraintError up front.
+DRY_RUN_TOKENS = 4
 _ANY_OBJECT = '{"type": "object"}'
 # One space after ":" and ",", none elsewhere: with llguidance's default (any whitespace
 # between tokens) small models wander in newlines until max tokens and never close the
@@ -57,9 +70,10 @@ class Constraint:
             raise ConstraintError(f"the {LABELS[self.kind]} must be text")
         if self.kind != "json_object" and not self.text.strip():
             raise ConstraintError(f"the {LABELS[self.kind]} is empty")
-        if len(self.text) > MAX_CONSTRAINT_CHARS:
+        most = MAX_REGEX_CHARS if self.kind == "regex" else MAX_CONSTRAINT_CHARS
+        if len(self.text) > most:
             raise ConstraintError(f"the {LABELS[self.kind]} is {len(self.text):,} characters; "
-                                  f"at most {MAX_CONSTRAINT_CHARS:,} are accepted")
+                                  f"at most {most:,} are accepted")
         return self
 
     @classmethod
@@ -84,6 +98,10 @@ class Constraint:
         self.validate()
         if self.kind in ("json_schema", "json_object"):
             text = self.text if self.kind == "json_schema" else _ANY_OBJECT
+            depth = json_depth(text)
+            if depth > MAX_SCHEMA_DEPTH:
+                raise ConstraintError(f"the JSON schema is nested {depth:,} levels deep; "
+                                      f"at most {MAX_SCHEMA_DEPTH} are accepted")
             try:
                 schema = json.loads(text)
             except (ValueError, RecursionError) as e:
@@ -91,7 +109,7 @@ class Constraint:
             if not isinstance(schema, (dict, bool)):
                 raise ConstraintError("a JSON schema must be a JSON object")
             try:
-                return llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=JSON_OPTIONS)
+                return llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
             except (ValueError, TypeError) as e:
                 raise ConstraintError(f"the JSON schema cannot be compiled: {one_line(e)}") from None
         if self.kind == "regex":
@@ -100,6 +118,41 @@ class Constraint:
             return llg.grammar_from("gbnf", self.text)
         except ValueError as e:
             raise ConstraintError(f"the grammar cannot be read: {one_line(e)}") from None
+
+
+def json_depth(text: str) -> int:
+    """How deeply objects and arrays nest in JSON ``text`` (brackets inside strings do not
+    count); counted without parsing, so a schema nested 100,000 deep costs nothing."""
+    depth = most = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            most = max(most, depth)
+        elif ch in "]}":
+            depth -= 1
+    return most
+
+
+_LIMITS = None
+
+
+def parser_limits():
+    """llguidance's LLParserLimits with PARSER_LIMITS (built once)."""
+    global _LIMITS
+    if _LIMITS is None:
+        import llguidance as llg
+        _LIMITS = llg.LLParserLimits(**PARSER_LIMITS)
+    return _LIMITS
 
 
 def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
@@ -137,6 +190,12 @@ class ConstraintState:
     @property
     def error(self) -> str:
         return self.matcher.get_error()
+
+    def failure(self) -> str:
+        """Why the grammar engine gave up on this lane, in one line ("" while it has not)."""
+        if not self.matcher.is_error():
+            return ""
+        return f"the {self.constraint.describe()} went past the grammar engine's limits mid-reply: {_first_lines(self.error)}"
 
     def mask(self, bitmask_row: torch.Tensor) -> None:
         """Write the tokens allowed next into ``bitmask_row`` (int32 [ceil(V/32)], CPU, contiguous)."""
@@ -213,17 +272,31 @@ class Vocabulary:
         import llguidance as llg
 
         grammar = constraint.grammar()
-        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.lltokenizer())
+        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, self.lltokenizer(),
+                                                                          limits=parser_limits())
         if is_error:
             raise ConstraintError(f"the {constraint.describe()} cannot be compiled: {_first_lines(messages[0])}")
-        # Some grammars compile yet allow nothing (a rule that only refers to itself, a
-        # repetition past the lexer's limits): the first mask says so before a reply starts.
-        first = llg.LLMatcher(self.lltokenizer(), grammar, log_level=0)
+        # Some grammars compile yet allow nothing (a rule that only refers to itself), or
+        # exhaust the lexer's limits a few tokens in (a{99999999}): a short walk ahead says
+        # so before a reply starts.
+        walk = llg.LLMatcher(self.lltokenizer(), grammar, log_level=0, limits=parser_limits())
         row = new_bitmask(1, self.size)
-        first.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
-        if first.is_error() or not (bool(row.any()) or first.is_accepting()):
-            why = _first_lines(first.get_error()) if first.get_error() else "no text matches it"
-            raise ConstraintError(f"the {constraint.describe()} allows no output: {why}")
+        for step in range(DRY_RUN_TOKENS):
+            row.fill_(-1)
+            walk.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+            if walk.is_error():
+                why = _first_lines(walk.get_error())
+                if step == 0:
+                    raise ConstraintError(f"the {constraint.describe()} allows no output: {why}")
+                raise ConstraintError(f"the {constraint.describe()} is too big for the grammar engine "
+                                      f"({step} tokens in): {why}")
+            allowed = allowed_tokens(row[0], self.size)
+            allowed[self.eos_ids] = False
+            if step == 0 and not (bool(allowed.any()) or walk.is_accepting()):
+                raise ConstraintError(f"the {constraint.describe()} allows no output: no text matches it")
+            if not bool(allowed.any()):
+                break
+            walk.consume_token(int(allowed.nonzero()[0, 0]))
         self._grammars[constraint] = grammar
         while len(self._grammars) > self.CACHE:
             self._grammars.popitem(last=False)
@@ -233,7 +306,7 @@ class Vocabulary:
         """A fresh state for one lane, at the start of its output."""
         import llguidance as llg
 
-        matcher = llg.LLMatcher(self.lltokenizer(), self.check(constraint), log_level=0)
+        matcher = llg.LLMatcher(self.lltokenizer(), self.check(constraint), log_level=0, limits=parser_limits())
         if matcher.is_error():
             raise ConstraintError(f"the {constraint.describe()} cannot be compiled: {_first_lines(matcher.get_error())}")
         return ConstraintState(self, matcher, constraint, stop_ids)
@@ -337,7 +410,7 @@ def syntax_error(constraint: Constraint) -> str:
     import llguidance as llg
 
     try:
-        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(constraint.grammar())
+        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(constraint.grammar(), limits=parser_limits())
     except ConstraintError as e:
         return str(e)
     return f"the {constraint.describe()} cannot be compiled: {_first_lines(messages[0])}" if is_error else ""

@@ -102,7 +102,8 @@ class Stats:
 
 @dataclass
 class Done:
-    """A lane finished; ``stop_reason`` is one of STOP_REASONS."""
+    """A lane finished; ``stop_reason`` is one of STOP_REASONS; for "error", ``error``
+    says why in one line."""
     lane: int
     stop_reason: str
     tokens: list[int]
@@ -111,6 +112,7 @@ class Done:
     params: SamplingParams
     stats: Stats
     stop_token: int | None = None
+    error: str = ""
 
 
 Event = Prefilled | Token | Done
@@ -677,8 +679,12 @@ class Engine:
     def _finish(self, lane: _Lane, reason: str, stats: Stats | None, stop_token: int | None = None) -> Done:
         if reason in ("eos", "context", "cancelled"):
             lane.text += lane.decoder.flush()
+        error = lane.constraint.failure() if reason == "error" and lane.constraint is not None else ""
+        if reason == "error" and not error:
+            error = "the model produced NaN or infinite logits: its weights or activations overflow (try float32)" + (
+                f", or the {lane.constraint.describe()} left no token to choose" if lane.constraint is not None else "")
         return Done(lane.index, reason, list(lane.tokens), lane.text, list(lane.logprobs),
-                    lane.params, stats, stop_token)
+                    lane.params, stats, stop_token, error)
 
     # -- beam search -----------------------------------------------------------------
 

@@ -241,6 +241,13 @@ def _get(body: dict, key: str, kinds: tuple, default=None, *, what: str = "a num
 _API_NAMES = {"max_new_tokens": "max_tokens"}
 
 
+def _schema_text(schema, field: str) -> str:
+    try:
+        return json.dumps(schema)
+    except RecursionError:  # the body's reader took it; the schema's depth bound says more
+        raise APIError(400, f"{field}: the JSON schema nests objects or arrays too deeply", param=field) from None
+
+
 def constraint_from_request(body: dict) -> tuple[Constraint | None, str | None]:
     """(the constraint a request asks for, the field that asked); APIError 400 naming the
     field for a malformed one or for more than one. Fields: OpenAI's response_format
@@ -260,11 +267,11 @@ def constraint_from_request(body: dict) -> tuple[Constraint | None, str | None]:
             if not isinstance(schema, (dict, bool)):
                 raise APIError(400, "response_format.json_schema.schema must be a JSON schema (an object)",
                                param="response_format")
-            found.append(("response_format", Constraint("json_schema", json.dumps(schema))))
+            found.append(("response_format", Constraint("json_schema", _schema_text(schema, "response_format"))))
     if body.get("json_schema") is not None:
         if not isinstance(body["json_schema"], (dict, bool)):
             raise APIError(400, "json_schema must be a JSON schema (an object)", param="json_schema")
-        found.append(("json_schema", Constraint("json_schema", json.dumps(body["json_schema"]))))
+        found.append(("json_schema", Constraint("json_schema", _schema_text(body["json_schema"], "json_schema"))))
     for key in ("regex", "grammar"):
         if body.get(key) is not None:
             if not isinstance(body[key], str):
@@ -423,7 +430,7 @@ class _Reply:
     """Builds one request's response objects (whole or as chunks) from engine events."""
 
     def __init__(self, server: "ServerState", body: dict, chat: bool, job: Job, top: int | None):
-        self.server, self.chat, self.job = server, chat, job
+        self.server, self.chat, self.job, self.body = server, chat, job, body
         self.top = top  # None: no logprobs; k: the chosen token plus the k most likely
         self.token_ids = bool(body.get("return_token_ids"))
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -469,6 +476,20 @@ class _Reply:
             hits = [(text.find(s), s) for s in d.params.stop if s in text]
             return min(hits)[1] if hits else None
         return None
+
+    def failure(self, done: Done | None = None) -> APIError | None:
+        """The error a choice that stopped on one (``done``, else the first such) answers
+        with: a constraint that went past the grammar engine's limits mid-reply is a 400
+        naming the request's constraint field; anything else (NaN logits) a 500."""
+        failed = [d for d in ([done] if done is not None else self.job.done) if d is not None and d.stop_reason == "error"]
+        if not failed:
+            return None
+        d = failed[0]
+        msg = d.error or "the reply stopped on an error"
+        if d.params.constraint is not None:
+            field = constraint_from_request(self.body)[1]
+            return APIError(400, f"{field}: {msg}", param=field)
+        return APIError(500, f"generation failed: {msg}", type="server_error")
 
     def usage(self) -> dict:
         done = [d for d in self.job.done if d is not None]
@@ -611,6 +632,8 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise APIError(400, f"the request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise APIError(400, "the request body nests objects or arrays too deeply to be read") from None
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")
         model = body.get("model")
@@ -731,6 +754,8 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
             job.cancel.set()
         if any(d is None for d in job.done):
             return error(APIError(503, "the server stopped before the reply was done", type="server_error"))
+        if (failed := reply.failure()) is not None:
+            return error(failed)
         return JSONResponse(reply.whole(tokens))
 
     async def _stream(reply: _Reply, include_usage: bool):
@@ -751,6 +776,9 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
                     if ev.text or reply.top is not None or reply.token_ids:
                         yield {"data": json.dumps(reply.chunk(choice, text=ev.text, tok=ev, first=first))}
                 elif isinstance(ev, Done):
+                    if (failed := reply.failure(ev)) is not None:  # what streamed stays; the error ends it
+                        yield {"data": json.dumps(failed.body())}
+                        return
                     yield {"data": json.dumps(reply.chunk(choice, done=ev, first=first))}
             if include_usage and all(d is not None for d in job.done):
                 yield {"data": json.dumps({**reply.head(), "object": reply.object + (".chunk" if reply.chat else ""),

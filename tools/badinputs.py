@@ -573,7 +573,8 @@ def _constraint_cases(g: str, out: Path, greedy: list[str]) -> list[Case]:
     files = {"deep.json": b"[" * 100_000 + b"]" * 100_000, "latin1.json": b'{"type": "string", "pattern": "caf\xe9"}',
              "huge.json": b'{"type": "object", "description": "' + b"x" * 600_000 + b'"}', "empty.gbnf": b"",
              "nul.gbnf": b'root ::= "a\x00b"', "cycle.json": b'{"$ref": "#/definitions/a", "definitions": '
-             b'{"a": {"$ref": "#/definitions/b"}, "b": {"$ref": "#/definitions/a"}}}'}
+             b'{"a": {"$ref": "#/definitions/b"}, "b": {"$ref": "#/definitions/a"}}}',
+             "long.re": b"(ab|cd)" * 2000, "nested.json": b'{"type": "array", "items": ' * 300 + b"{}" + b"}" * 300}
     for name, data in files.items():
         _put(d / name, data)
     cases = [Case("cli-constraint-ok", "constraint", greedy + ["--max-new-tokens", "40", "--json-schema",
@@ -584,12 +585,17 @@ def _constraint_cases(g: str, out: Path, greedy: list[str]) -> list[Case]:
            ["--grammar", "root ::= undefined"], ["--grammar", "start: start"], ["--regex", ""],
            ["--json-schema", "@" + str(d / "deep.json")], ["--json-schema", "@" + str(d / "huge.json")],
            ["--json-schema", "@" + str(d / "missing.json")], ["--grammar", "@" + str(d)],
-           ["--grammar", "@/dev/zero"], ["--grammar", "@" + str(d / "empty.gbnf")]]
+           ["--grammar", "@/dev/zero"], ["--grammar", "@" + str(d / "empty.gbnf")],
+           # too big or pathological (MAX_REGEX_CHARS, MAX_SCHEMA_DEPTH, llguidance's lexer limits a token in)
+           ["--regex", "a" * 100_000], ["--regex", "@" + str(d / "long.re")], ["--regex", "a{99999999}"],
+           ["--json-schema", "@" + str(d / "nested.json")]]
     for i, extra in enumerate(bad):
         cases.append(Case(f"cli-constraint-bad-{i}", "constraint", greedy + extra, "error"))
     for i, extra in enumerate([["--json-schema", "@" + str(d / "latin1.json")], ["--json-schema", "@" + str(d / "cycle.json")],
                                ["--grammar", "@" + str(d / "nul.gbnf")], ["--regex", "(a+)+$"],
-                               ["--regex", "(x|y){0,9999}"], ["--regex", "a{99999999}"], ["--json-schema", '{"type": "array", "minItems": 100000}']]):
+                               ["--regex", "(x|y){0,9999}"], ["--json-schema", '{"type": "array", "minItems": 100000}'],
+                               # the lexer's limits ~29 tokens in: past max-new-tokens here, else exit 2 saying so
+                               ["--regex", "((a{1,50}){1,50}){1,50}"]]):
         cases.append(Case(f"cli-constraint-odd-{i}", "constraint", greedy + extra, "either"))
     return cases
 
