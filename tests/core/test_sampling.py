@@ -298,3 +298,124 @@ def test_logit_bias_spec_by_text():
     for bad in ("cat", "=5", "cat=lots", "cat=+500", "cat=inf"):
         with pytest.raises(SettingsError, match="logit bias"):
             parse_logit_bias(bad, encode)
+
+
+# ---------------------------------------------------------------- the cut without a full sort
+
+from unittest import mock  # noqa: E402
+
+import core.sampling as sampling  # noqa: E402
+
+
+def _before64(row, p):
+    """The reference's ``before`` (mass strictly above each token, stable sorted order) in
+    float64, by token id: where it lies within float32 rounding of p, the reference's own
+    float32 and float64 cuts may differ, and so may ours."""
+    vals, order = row.double().sort(descending=True, stable=True)
+    probs = vals.softmax(-1)
+    before = probs.cumsum(-1) - probs
+    return torch.empty_like(before).scatter_(0, order, before)
+
+
+def _assert_same_cut(kept, row, p):
+    """kept equals the reference's kept set except for tokens whose float64 ``before`` is
+    within twice the reference's own float32 error of p (its softmax over the sorted row
+    sums to 1 +- that error: 2e-5 on a peaked 128k row)."""
+    want = torch.isfinite(top_p_filter(row, p))
+    differ = (kept != want).nonzero().view(-1)
+    if differ.numel():  # only where rounding alone decides
+        err = abs(1 - float(row.sort(descending=True, stable=True).values.softmax(-1).double().sum()))
+        band = 2 * max(err, 1e-6)
+        assert ((_before64(row, p)[differ] - p).abs() <= band).all(), differ[:10].tolist()
+    return differ.numel() == 0
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(_case(), st.sampled_from([2, 8, 64]))
+def test_window_cut_picks_what_the_reference_filters_pick(case, sample):
+    """candidates=1 sends every filtered row to the window; a small strided sample makes
+    the window miss and move (both ways, wider), and ties and -inf entries fall inside it."""
+    lg, params, prev, _ = case
+    with mock.patch.object(sampling, "SAMPLE", sample):
+        got = choose_tokens(lg, params, prev, [q.generator() for q in params], candidates=1)
+    want = [sample_(row, q, q.generator(), p) for row, q, p in zip(lg, params, prev)]
+    for r, (g, w) in enumerate(zip(got.ids, want)):
+        if g != w:
+            assert g == _reference_in_float64(lg[r], params[r], prev[r]) != w
+
+
+sample_ = sample
+
+
+@pytest.mark.parametrize("std", [0.05, 0.5, 2.0, 4.0])
+@pytest.mark.parametrize("p", [0.5, 0.9, 0.99])
+def test_window_cut_on_a_llama3_vocabulary(std, p):
+    """The window's kept set at 128,256 tokens, from flat (nearly every token kept) to peaked."""
+    row = torch.randn(128256, generator=torch.Generator().manual_seed(int(std * 100 + p * 1000))) * std
+    kept = sampling._top_p_kept(row, p)
+    assert kept is not None
+    _assert_same_cut(kept, row, p)
+
+
+@pytest.mark.parametrize("scale", [0.5, 4.0])
+def test_ties_across_the_top_p_cut_keep_the_lowest_ids(scale):
+    """A group of equal logits straddles the cut: the reference keeps its first tokens by
+    id (its sort is stable), and so must the window and the candidates. Each tie step
+    (1/2000 of the mass) is far above float32 rounding, so the cut is exact."""
+    V = 128256
+    g = torch.Generator().manual_seed(7)
+    row = torch.randn(V, generator=g) * scale - 3 * scale - 8  # below the group: about 2% of the mass
+    perm = torch.randperm(V, generator=g)
+    group = perm[:2000]
+    row[group] = 0.0  # above most of the row
+    row[perm[2000:2005]] = 2.0 + scale  # a few tokens above the group
+    probs = row.double().softmax(-1)
+    above = probs[row > 0].sum()
+    q = float(probs[group[0]])
+    for n_kept in (1, 700, 1999):
+        p = float(above + (n_kept - 0.5) * q)  # halfway through a tie step: no rounding decides
+        want = torch.isfinite(top_p_filter(row, p))
+        assert int(want[group].sum()) == n_kept
+        assert torch.equal(sampling._top_p_kept(row, p), want)
+        params = [SamplingParams(temperature=1.0, top_p=p, seed=s) for s in range(3)]
+        lg = row.expand(3, V).contiguous()
+        got = choose_tokens(lg, params, [None] * 3, [q.generator() for q in params])
+        assert got.ids == [sample(row, q, q.generator()) for q in params]
+
+
+@pytest.mark.parametrize("std", [0.5, 1.5, 4.0])
+def test_fast_sampler_on_a_llama3_vocabulary(std):
+    """Eight lanes at 128,256 tokens (candidates, window, min-p, top-k, greedy), each
+    row's token equal to the reference's wherever the reference's cut is not decided by
+    rounding alone, and inside its kept set."""
+    V = 128256
+    g = torch.Generator().manual_seed(int(std * 10))
+    lg = torch.randn(8, V, generator=g) * std
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=1), SamplingParams(temperature=1.0, top_p=0.5, seed=2),
+              SamplingParams(temperature=0.7, top_p=0.95, min_p=0.05, seed=3),
+              SamplingParams(temperature=1.0, top_p=1.0, min_p=0.2, seed=4),
+              SamplingParams(temperature=1.2, top_k=40, top_p=0.9, seed=5), SamplingParams(temperature=0),
+              SamplingParams(temperature=1.0, top_p=1.0, seed=7), SamplingParams(temperature=0.8, top_p=0.99, seed=8)]
+    got = choose_tokens(lg, params, [None] * 8, [q.generator() for q in params])
+    exact = 0
+    for r, q in enumerate(params):
+        x = lg[r] / q.temperature if not q.greedy else lg[r]
+        x = top_k_filter(x, q.top_k)
+        filt = filter_logits(lg[r], q)
+        assert torch.isfinite(filt[got.ids[r]])
+        if q.greedy or q.top_p >= 1.0 or _assert_same_cut(torch.isfinite(top_p_filter(x, q.top_p)) & torch.isfinite(x),
+                                                          x, q.top_p):
+            assert got.ids[r] == sample(lg[r], q, q.generator())
+            exact += 1
+    assert exact >= 6
+
+
+def test_fast_sampler_in_float64_uses_the_plain_torch_path():
+    """float64 logits take the torch (not numpy) branches, as an accelerator's would."""
+    g = torch.Generator().manual_seed(11)
+    lg = torch.randn(4, 3000, generator=g, dtype=torch.float64) * 3
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=1), SamplingParams(temperature=0),
+              SamplingParams(temperature=1.0, top_p=0.999, seed=3), SamplingParams(temperature=1.0, top_k=5, seed=4)]
+    for candidates in (1, 64, 1024):
+        got = choose_tokens(lg, params, [None] * 4, [q.generator() for q in params], candidates=candidates)
+        assert got.ids == [sample(row, q, q.generator()) for row, q in zip(lg, params)]
