@@ -19,6 +19,7 @@ LANE_KEYS = {
     "temperature": float, "top_p": float, "top_k": int, "min_p": float,
     "repetition_penalty": float, "seed": int, "max_new_tokens": int, "lookup": int, "draft": str,
     "logit_bias": str,  # TEXT=BIAS, repeatable in a lane: logit_bias=girl=-inf,logit_bias=Lily=+5
+    "logit_bias_id": str,  # ID=BIAS by token id, repeatable (ID=-inf bans it, as the chat's "Ban and retry")
 }
 SPEC_KEYS = ("lookup", "draft")  # speculative decoding: a lane that sets one ignores --lookup/--draft
 BACKEND_KEYS = ("model", "server")  # a lane's own model: a local path, or a model on a server
@@ -247,6 +248,9 @@ def _lane_spec(spec: str, default_max: int | None, spec_defaults: dict | None = 
         if key == "logit_bias":  # after --logit-bias's items, so a lane's own win for the same tokens
             kw["logit_bias_text"] = (*kw.get("logit_bias_text", ()), val)
             continue
+        if key == "logit_bias_id":
+            kw["logit_bias"] = {**kw.get("logit_bias", {}), **_id_bias(val.strip())}
+            continue
         try:
             kw[key] = LANE_KEYS[key](val.strip())
         except ValueError:
@@ -256,6 +260,18 @@ def _lane_spec(spec: str, default_max: int | None, spec_defaults: dict | None = 
     if spec_defaults and not any(k in kw for k in SPEC_KEYS):
         kw.update(spec_defaults)
     return SamplingParams(**kw).validate()
+
+
+def _id_bias(spec: str) -> dict[int, float]:
+    """A lane's ``logit_bias_id=ID=BIAS`` as {ID: BIAS}."""
+    from .sampling import parse_logit_bias
+
+    def one_id(text: str) -> list[int]:
+        try:
+            return [int(text.strip())]
+        except ValueError:
+            raise SettingsError(f"bad logit bias by id {spec!r}: {text.strip()!r} is not a token id (use ID=BIAS)") from None
+    return parse_logit_bias(spec, one_id)
 
 
 def _remote(url: str, args, model: str | None = None):
@@ -388,19 +404,21 @@ def cmd_compare(args) -> int:
     if len(lanes) > 8:
         raise SettingsError(f"at most 8 lanes, got {len(lanes)}")
     where = [_lane_backend(b, args) for _, b in specs]
-    for i, (q, w) in enumerate(zip(lanes, where)):
-        if q.speculative and w[0] is not None:
-            raise SettingsError(f"lane {i + 1}: lookup and draft need a local model: the server decodes on its own")
     if args.system and not args.chat:
         raise SettingsError("--system needs --chat")
-    for i, (q, w) in enumerate(zip(lanes, where)):
-        if q.logit_bias_text and w[0] is not None:
-            raise SettingsError(f"lane {i + 1}: a logit bias needs a local model: a server's token ids are its own")
     load_s = local_load = 0.0
     remotes: dict[tuple, object] = {}
     for server, model in dict.fromkeys(w for w in where if w[0] is not None):
         remotes[(server, model)], took = _remote(server, args, model)
         load_s += took
+    for i, (q, w) in enumerate(zip(lanes, where)):
+        # LlamaDesk's serve takes these (its own tokenizer splits a bias's TEXT; ids are its own);
+        # other servers do not: say so before any lane runs.
+        asked = [what for what, on in (("lookup", q.lookup), ("draft", q.draft), ("a logit bias by text", q.logit_bias_text))
+                 if on]
+        if asked and w[0] is not None and not remotes[w].is_llamadesk:
+            raise SettingsError(f"lane {i + 1}: {' and '.join(asked)} runs on a local model or LlamaDesk's serve "
+                                f"only, and {remotes[w].url} is another server")
     t0 = time.perf_counter()
     results: dict[int, Done] = {}
     prompt_ids: dict[int, list[int] | None] = {}

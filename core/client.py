@@ -31,7 +31,7 @@ class RemoteError(LlamaDeskError):
 
     ``kind`` is one of: connection (refused, DNS), timeout, auth (401/403), rate_limit
     (429), busy (503), bad_request (400/422), not_found (404), cut (the stream ended
-    mid-reply), http (anything else). ``status`` is the HTTP status when there was one.
+    mid-reply), unsupported (a setting only LlamaDesk's serve takes), http (anything else). ``status`` is the HTTP status when there was one.
     """
 
     def __init__(self, message: str, *, kind: str, status: int | None = None, param: str | None = None):
@@ -256,6 +256,14 @@ class RemoteModel:
         if self.is_llamadesk or (self.card or {}).get("owned_by") == "vllm":
             b["return_token_ids"] = True
         b.update(request_fields(p.constraint))
+        if p.logit_bias:  # token ids: the server's own (e.g. a ban picked from its replies' tokens)
+            b["logit_bias"] = {str(t): (v if math.isfinite(v) else "-inf") for t, v in p.logit_bias.items()}
+        extensions = {"logit_bias_text": list(p.logit_bias_text), "lookup": p.lookup, "draft": p.draft}
+        asked = {k: v for k, v in extensions.items() if v}
+        if asked and not self.is_llamadesk:
+            raise RemoteError(f"{self.url} is not a LlamaDesk server: {', '.join(asked)} need LlamaDesk's serve "
+                              "(or a local model)", kind="unsupported")
+        b.update(asked)
         return b
 
     def stream(self, params: SamplingParams, *, prompt: str | None = None, messages: list[dict] | None = None,

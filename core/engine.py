@@ -430,7 +430,11 @@ class Engine:
         lanes' settings validated, each with a concrete seed."""
         self._check_prompt(prompt)
         lanes = [q.validate().resolved().with_text_bias(self.tokenizer.encode).validate() for q in lanes]
+        vocab = self.model.args.vocab_size
         for q in lanes:
+            bad = [t for t in q.logit_bias if t >= vocab]
+            if bad:
+                raise SettingsError(f"logit_bias: token id {bad[0]} is outside the vocabulary (size {vocab})")
             if q.draft:
                 self.draft_model(q.draft)  # load and check it now: a bad one fails the request
             if q.constraint is not None:

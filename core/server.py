@@ -290,7 +290,7 @@ def constraint_from_request(body: dict) -> tuple[Constraint | None, str | None]:
 
 def _logit_bias(body: dict, vocab: int | None) -> dict[int, float]:
     """OpenAI's ``logit_bias``: {"token id": bias from -100 to 100}, added to the logits
-    before the filters (-100 all but bans the token)."""
+    before the filters (-100 all but bans the token; the string "-inf", an extension, bans it)."""
     lb = body.get("logit_bias")
     if lb is None:
         return {}
@@ -302,8 +302,11 @@ def _logit_bias(body: dict, vocab: int | None) -> dict[int, float]:
             tok = int(k)
         except (TypeError, ValueError):
             raise APIError(400, f"logit_bias: {json.dumps(k)[:40]} is not a token id", param="logit_bias") from None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
-            raise APIError(400, f"logit_bias for token {tok} must be a number from -100 to 100", param="logit_bias")
+        if isinstance(v, str) and v.strip().lower() in ("-inf", "-infinity"):
+            v = -math.inf
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise APIError(400, f'logit_bias for token {tok} must be a number from -100 to 100 (or "-inf")',
+                           param="logit_bias")
         if tok < 0 or (vocab is not None and tok >= vocab):
             raise APIError(400, f"logit_bias: token id {tok} is outside the vocabulary"
                            + (f" (size {vocab})" if vocab is not None else ""), param="logit_bias")
@@ -345,6 +348,26 @@ def speculation_from_request(body: dict, *, lookup: int = 0, draft: str = "") ->
     return (lookup if given_lookup is None else 0), (draft if want is None else "")
 
 
+def _logit_bias_text(body: dict) -> tuple[str, ...]:
+    """The ``logit_bias_text`` extension: ["TEXT=BIAS", ...] (BIAS -100 to 100, or -inf), each
+    TEXT split into tokens by the served model's tokenizer as plain text, as the app and the
+    CLI's --logit-bias do."""
+    from .sampling import parse_logit_bias
+    items = body.get("logit_bias_text")
+    if items is None:
+        return ()
+    if isinstance(items, str):
+        items = [items]
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise APIError(400, 'logit_bias_text must be a list of "TEXT=BIAS" strings', param="logit_bias_text")
+    for spec in items:
+        try:
+            parse_logit_bias(spec, lambda text: [0])  # the form; the ids come from the tokenizer
+        except SettingsError as e:
+            raise APIError(400, f"logit_bias_text: {e}", param="logit_bias_text") from None
+    return tuple(items)
+
+
 def sampling_from_request(body: dict, *, default_max_tokens: int, vocab: int | None = None,
                           lookup: int = 0, draft: str = "") -> list[SamplingParams]:
     """One SamplingParams per choice (``n``) of an OpenAI request body; APIError 400 naming
@@ -373,7 +396,8 @@ def sampling_from_request(body: dict, *, default_max_tokens: int, vocab: int | N
         top_k=0 if top_k == -1 else top_k,  # vLLM's "off"
         min_p=_get(body, "min_p", num, 0.0), repetition_penalty=_get(body, "repetition_penalty", num, 1.0),
         seed=_get(body, "seed", (int,), None, what="a whole number"), max_new_tokens=max_tokens, stop=tuple(stop),
-        constraint=constraint_from_request(body)[0], logit_bias=_logit_bias(body, vocab))
+        constraint=constraint_from_request(body)[0], logit_bias=_logit_bias(body, vocab),
+        logit_bias_text=_logit_bias_text(body))
     params.lookup, params.draft = speculation_from_request(body, lookup=lookup, draft=draft)
     try:
         params.validate()
@@ -723,8 +747,9 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
             except ConstraintError as e:  # the schema/regex/grammar does not compile
                 field = constraint_from_request(body)[1]
                 raise APIError(400, f"{field}: {e}", param=field) from None
-            except SettingsError as e:
-                raise APIError(400, str(e), param="messages" if chat else "prompt") from None
+            except SettingsError as e:  # the prompt, or a logit_bias_text TEXT the tokenizer makes nothing of
+                param = "logit_bias_text" if str(e).startswith("bad logit bias") else ("messages" if chat else "prompt")
+                raise APIError(400, str(e), param=param) from None
         except APIError as e:
             return error(e)
         reply = _Reply(state, body, chat, job, top)
