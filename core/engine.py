@@ -25,7 +25,7 @@ from .constrain import ConstraintState, Vocabulary, allowed_tokens, fill_masks, 
 from .errors import SettingsError
 from .decode_step import DecodeStep
 from .kv_cache import KVCache, static_capacity
-from .sampling import SamplingParams, choose_tokens, top_alternatives
+from .sampling import Choice, SamplingParams, choose_tokens, top_alternatives
 from .tokenizer import StreamDecoder, Tokenizer
 
 STOP_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")
@@ -162,6 +162,16 @@ class _Lane:
                     hold = n
                     break
         return hold
+
+
+@dataclass
+class _Step:
+    """One decode step's choice for every row (Engine._choose)."""
+    logits: torch.Tensor  # [B, V], masked as sampled
+    choice: Choice
+    previous: list[torch.Tensor | None]  # the repetition penalty's history per row
+    bitmask: torch.Tensor | None
+    stuck: dict[int, str]
 
 
 def _check_cancel(cancel: threading.Event | None) -> bool:
@@ -530,44 +540,11 @@ class Engine:
             # Every active lane picks its token in one batched pass (no vocabulary sort);
             # the ids and log-probs are the only thing read back from the device.
             feed = []
-            step_logits = torch.stack([logits_by_lane[i] for i in rows])  # [B, V]
-            # NaN/inf logits (overflowing activations, broken weights) would sample garbage
-            # with NaN log-probs: such a lane stops with the "error" reason instead. The flag
-            # stays on the device and comes back with the ids (one sync per step); zeroing
-            # non-finite entries is the identity on healthy rows, so it is done always.
-            finite = torch.isfinite(step_logits).all(-1)
-            torch.nan_to_num_(step_logits, nan=0.0, posinf=0.0, neginf=0.0)
-            if self.sample_limit is not None:
-                step_logits[:, self.sample_limit:] = float("-inf")
-            previous = [torch.tensor(lanes[i].prompt + lanes[i].tokens, device=dev)
-                        if lanes[i].params.repetition_penalty != 1.0 else None for i in rows]
-            bitmask, stuck = self._masks(lanes, rows, step_logits.shape[-1])
-            choice = choose_tokens(step_logits, [lanes[i].params for i in rows], previous,
-                                   [lanes[i].generator for i in rows], flags=finite,
-                                   bitmask=None if bitmask is None else bitmask.to(dev, non_blocking=True))
-            for r, li in enumerate(rows):  # a branch's forced tokens replace the draw
-                lane = lanes[li]
-                if len(lane.tokens) < len(lane.forced):
-                    tok = lane.forced[len(lane.tokens)]
-                    choice.ids[r] = tok
-                    choice.logprobs[r] = float(step_logits[r].log_softmax(-1)[tok])
-            broken = [not f for f in choice.flags]
+            step = self._choose(lanes, rows, torch.stack([logits_by_lane[i] for i in rows]))  # [B, V]
             now = time.perf_counter()
             for r, lane_idx in enumerate(rows):
                 lane, st = lanes[lane_idx], stats[lane_idx]
-                top = None
-                if broken[r]:
-                    lane.done, ev = self._finish(lane, "error", None), None
-                elif r in stuck:  # the constraint allows nothing more (and no stop token)
-                    lane.done, ev = self._finish(lane, stuck[r], None), None
-                else:
-                    if lane.inspect:
-                        allowed = None if lane.constraint is None else allowed_tokens(bitmask[r], step_logits.shape[-1])
-                        top = top_alternatives(step_logits[r], lane.params, previous[r], k=lane.inspect,
-                                               allowed=None if allowed is None else allowed.to(dev))
-                        # The UI has no tokenizer: name every alternative here.
-                        top["pieces"] = {i: self._piece(i) for i, _ in top["raw"] + top["filtered"]}
-                    ev = self._accept(lane, choice.ids[r], choice.logprobs[r], top)
+                ev = self._take(lane, r, step)
                 if st.ttft_s == 0.0:
                     st.ttft_s = time.perf_counter() - lane.t_join
                 if ev is not None:
@@ -596,6 +573,52 @@ class Engine:
                         self.cache.copy_row(old_row, new_row, positions[rows[old_row]])
                 feed = [feed[k] for k in keep]
                 rows[:] = [rows[k] for k in keep]
+
+    def _choose(self, lanes: list[_Lane], rows: list[int], step_logits: torch.Tensor) -> "_Step":
+        """Every row's next token in one batched pass (no vocabulary sort), a branch's
+        forced tokens in place of the draw; ``step_logits`` [B, V] is masked in place.
+        The ids and log-probs are the only thing read back from the device."""
+        dev = step_logits.device
+        # NaN/inf logits (overflowing activations, broken weights) would sample garbage
+        # with NaN log-probs: such a lane stops with the "error" reason instead. The flag
+        # stays on the device and comes back with the ids (one sync per step); zeroing
+        # non-finite entries is the identity on healthy rows, so it is done always.
+        finite = torch.isfinite(step_logits).all(-1)
+        torch.nan_to_num_(step_logits, nan=0.0, posinf=0.0, neginf=0.0)
+        if self.sample_limit is not None:
+            step_logits[:, self.sample_limit:] = float("-inf")
+        previous = [torch.tensor(lanes[i].prompt + lanes[i].tokens, device=dev)
+                    if lanes[i].params.repetition_penalty != 1.0 else None for i in rows]
+        bitmask, stuck = self._masks(lanes, rows, step_logits.shape[-1])
+        choice = choose_tokens(step_logits, [lanes[i].params for i in rows], previous,
+                               [lanes[i].generator for i in rows], flags=finite,
+                               bitmask=None if bitmask is None else bitmask.to(dev, non_blocking=True))
+        for r, li in enumerate(rows):  # a branch's forced tokens replace the draw
+            lane = lanes[li]
+            if len(lane.tokens) < len(lane.forced):
+                tok = lane.forced[len(lane.tokens)]
+                choice.ids[r] = tok
+                choice.logprobs[r] = float(step_logits[r].log_softmax(-1)[tok])
+        return _Step(step_logits, choice, previous, bitmask, stuck)
+
+    def _take(self, lane: _Lane, r: int, step: "_Step") -> Token | None:
+        """Row r's chosen token into its lane (with its alternatives when inspected); the
+        event, or None when the lane stopped (its ``done`` set)."""
+        if not step.choice.flags[r]:
+            lane.done = self._finish(lane, "error", None)
+            return None
+        if r in step.stuck:  # the constraint allows nothing more (and no stop token)
+            lane.done = self._finish(lane, step.stuck[r], None)
+            return None
+        top = None
+        if lane.inspect:
+            logits = step.logits[r]
+            allowed = None if lane.constraint is None else allowed_tokens(step.bitmask[r], logits.shape[-1])
+            top = top_alternatives(logits, lane.params, step.previous[r], k=lane.inspect,
+                                   allowed=None if allowed is None else allowed.to(logits.device))
+            # The UI has no tokenizer: name every alternative here.
+            top["pieces"] = {i: self._piece(i) for i, _ in top["raw"] + top["filtered"]}
+        return self._accept(lane, step.choice.ids[r], step.choice.logprobs[r], top)
 
     @staticmethod
     def _masks(lanes: list[_Lane], rows: list[int], vocab: int) -> tuple[torch.Tensor | None, dict[int, str]]:

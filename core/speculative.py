@@ -13,8 +13,10 @@ is, every token is distributed exactly as plain sampling's; greedy lanes keep a 
 only if it is the target's own choice. p and q are both taken after the lane's filters
 (repetition penalty over the context so far, temperature, top-k, top-p, min-p).
 
-Drafting costs a wider forward (and draft-model steps); a lane whose drafts keep being
-rejected drafts less and then pauses, so nothing accepted costs close to nothing.
+Drafting costs a wider forward (and draft-model steps). A step where no lane drafts is
+plain decoding's own step (the same operations, compiled when the engine compiles), and a
+lane whose drafts were all rejected sends drafts again only on evidence that its drafter
+is right now (:class:`Pace`), so nothing accepted costs close to nothing.
 """
 from __future__ import annotations
 
@@ -33,8 +35,9 @@ from .sampling import SamplingParams, apply_bitmask, choose_tokens, draw, filter
 
 LOOKUP_MAX_DRAFT = 8  # tokens prompt lookup proposes at most per step
 MODEL_MAX_DRAFT = 6  # tokens a draft model samples ahead at most per step
-MAX_PAUSE = 32  # steps a lane with nothing accepted waits at most before drafting again
+MAX_PAUSE = 32  # steps a draft model with nothing accepted waits at most before probing again
 DRAFT_PREFILL_CHUNK = 256  # draft-model catch-up tokens per forward (cancel lands between)
+PROBE_TOKENS = 32  # latest tokens a probing draft model is checked against at most
 
 
 class NgramIndex:
@@ -104,27 +107,46 @@ class DraftModel:
 
     @torch.inference_mode()
     def propose(self, row: int, ctx: list[int], k: int, params: SamplingParams, generator: torch.Generator,
-                vocab: int, limit: int | None, cancel: threading.Event | None = None
-                ) -> tuple[list[int], torch.Tensor | None]:
+                vocab: int, limit: int | None, cancel: threading.Event | None = None,
+                probe_from: int | None = None) -> tuple[list[int], torch.Tensor | None]:
         """Sample up to k tokens after ``ctx`` from the filtered draft distribution q.
+
+        ``probe_from``: the lane's last drafts failed; draft only if this model's own
+        greedy choices agree with at least half of the tokens of ``ctx`` from there on
+        that it catches up on now (the target's latest choices), read off the catch-up
+        forward's logits. So a draft model that keeps being wrong costs its catch-up,
+        not a verification forward.
 
         Returns:
             (drafts, q [len(drafts), vocab] or None for greedy lanes, whose q is the
-            point mass on each draft).
+            point mass on each draft); no drafts when cancelled or the probe failed.
         """
         cache, dev = self.cache, self.model.tok_embeddings.weight.device
         cache.ensure(row + 1, len(ctx) + k)
         done = cache.reusable_prefix(row, ctx)
+        # Catch up on what the target accepted since last time; a probe reads every
+        # position from probe_from - 1 on (up to PROBE_TOKENS), the rest only the last,
+        # and runs those again when the row holds them already (from an earlier reply).
+        probe_at = len(ctx) - 1 if probe_from is None else max(probe_from - 1, len(ctx) - 1 - PROBE_TOKENS)
+        done = min(done, probe_at)
         cache.rollback(row, done)
         view = cache.row(row)
         logits = None
-        while done < len(ctx):  # catch up on what the target accepted since last time
+        while done < len(ctx):
             if cancel is not None and cancel.is_set():
                 return [], None
-            chunk = ctx[done:done + DRAFT_PREFILL_CHUNK]
-            logits = self.model(torch.tensor([chunk], device=dev), done, view, last_only=True)[0, -1]
-            done += len(chunk)
+            all_rows = probe_from is not None and done >= probe_at
+            end = min(done + DRAFT_PREFILL_CHUNK, len(ctx) if all_rows or probe_from is None else probe_at)
+            chunk = ctx[done:end]
+            logits = self.model(torch.tensor([chunk], device=dev), done, view, last_only=not all_rows)[0]
+            done = end
             cache.tokens[row] = list(ctx[:done])
+            if all_rows and len(chunk) > 1:
+                seen = torch.tensor(ctx[done - len(chunk) + 1:done], device=dev)
+                agree = int((logits[:-1, :vocab].argmax(-1) == seen).sum())
+                if 2 * agree < len(chunk) - 1:
+                    return [], None
+        logits = logits[-1]
         drafts: list[int] = []
         qs: list[torch.Tensor] = []
         penalty = params.repetition_penalty != 1.0
@@ -259,23 +281,36 @@ def constraint_masks(state, drafts: list[int], stop_ids, vocab: int) -> tuple[to
 
 
 class Pace:
-    """How many tokens a lane drafts next: more while they are accepted, fewer when
-    not, and none for a while (doubling, up to MAX_PAUSE steps) after a step that
-    accepted nothing, so a useless drafter costs a wider forward only now and then."""
+    """How many tokens a lane drafts next, from how its drafts fared.
 
-    def __init__(self, most: int):
+    More while they are accepted, fewer when not. After a step that accepted nothing the
+    lane is *probing*: it sends drafts to the target again only on evidence that the
+    drafter is right now, since a verification forward wider than one token costs about
+    two plain steps on a CPU (a matrix product instead of a matrix-vector one) however
+    few tokens it checks. Prompt lookup's evidence is free (``guessed``: what it would
+    have drafted, against the token the step chose), so it waits for a right guess. A
+    draft model waits 1, 3, 7, ... up to MAX_PAUSE steps after each miss, then shows its
+    evidence on the tokens it catches up on (:meth:`DraftModel.propose`'s probe).
+    """
+
+    def __init__(self, most: int, *, guesses: bool = False):
         self.most = most
         self.k = max(1, most // 2)
         self.misses = 0
         self.wait = 0
+        self.guesses = guesses
+        self.probing = True  # nothing accepted yet, or the last drafts all failed
 
     def next(self) -> int:
+        if self.guesses and self.probing:
+            return 0
         if self.wait > 0:
             self.wait -= 1
             return 0
         return self.k
 
     def update(self, drafted: int, accepted: int) -> None:
+        """After a verification of ``drafted`` tokens, ``accepted`` of them kept."""
         if drafted == 0:
             return
         if accepted == drafted:
@@ -283,10 +318,21 @@ class Pace:
         else:
             self.k = max(1, accepted + 1)
         if accepted == 0:
-            self.misses += 1
-            self.wait = min(2 ** self.misses, MAX_PAUSE) - 1
+            self.miss()
         else:
             self.misses = 0
+            self.probing = False
+
+    def miss(self) -> None:
+        """The drafts failed, or the drafter's evidence says they would have."""
+        self.misses += 1
+        self.probing = True
+        self.wait = min(2 ** self.misses, MAX_PAUSE) - 1
+
+    def guessed(self, right: bool) -> None:
+        """What the drafter would have proposed at an undrafted step was ``right``."""
+        if right and self.probing:
+            self.probing, self.wait = False, 0
 
 
 @dataclass
@@ -294,6 +340,7 @@ class _Spec:
     """One lane's drafter and its counts."""
     pace: Pace
     lookup: NgramIndex | None = None
+    guess: int | None = None  # prompt lookup's first token at an undrafted step
     draft: DraftModel | None = None
     drafted: int = 0
     accepted: int = 0
@@ -345,7 +392,7 @@ def speculative_loop(engine, joining) -> Iterator:
             d = drafters[q.draft] = drafters.get(q.draft) or engine.draft_model(q.draft)
             specs[li] = _Spec(Pace(MODEL_MAX_DRAFT), draft=d)
         elif q.lookup:
-            specs[li] = _Spec(Pace(LOOKUP_MAX_DRAFT), lookup=NgramIndex(q.lookup, lanes[li].prompt))
+            specs[li] = _Spec(Pace(LOOKUP_MAX_DRAFT, guesses=True), lookup=NgramIndex(q.lookup, lanes[li].prompt))
         else:
             specs[li] = _Spec(Pace(0))
     V = engine.model.args.vocab_size
@@ -393,6 +440,8 @@ def speculative_loop(engine, joining) -> Iterator:
             sp = specs[li]
             if sp.lookup is not None or sp.draft is not None:
                 st.speculative = sp.stats(lane.params)
+            if engine._step.backend is not None:
+                st.decode = engine.compile_status
             lane.done.stats = st
             yield lane.done
 
@@ -420,69 +469,96 @@ def speculative_loop(engine, joining) -> Iterator:
             for _ in range(n):
                 torch.rand((), generator=lane.generator, dtype=torch.float32, device=dev)
 
+    def plain_step(step_logits: torch.Tensor, ran: list[int] | None, took: float):
+        """Plain decoding's own step for every row (its sampler, one read from the device):
+        the first tokens (from the prefill's logits) and every step nobody drafts in."""
+        step = engine._choose(lanes, rows, step_logits)
+        plain = _plain_step(engine, len(rows))
+        for r, li in enumerate(rows):
+            lane, st, sp = lanes[li], stats[li], specs[li]
+            if ran is not None:  # the row ran its last token at its position
+                cache.tokens[r].append(ran[r])
+                positions[li] += 1
+                sp.rounds += 1
+                sp.round_s += took
+                if plain is not None:
+                    sp.plain_s += plain
+            ev = engine._take(lane, r, step)
+            if st.ttft_s == 0.0:
+                st.ttft_s = time.perf_counter() - lane.t_join
+            if ev is not None:
+                yield ev
+                if sp.lookup is not None:
+                    sp.lookup.extend([ev.token_id])
+                    if sp.guess is not None:
+                        sp.pace.guessed(ev.token_id == sp.guess)
+            if lane.done is None and positions[li] >= engine.max_context:
+                lane.done = engine._finish(lane, "context", None)
+            yield from finish_if_done(li)
+
     # The first token of every lane comes from its prefill's logits.
-    for li in list(rows):
-        raw = logits_by_lane.pop(li).unsqueeze(0)
-        lane = lanes[li]
-        if not bool(torch.isfinite(raw).all()):
-            lane.done = engine._finish(lane, "error", None)
-        else:
-            if limit is not None:
-                raw = raw.clone()
-                raw[:, limit:] = float("-inf")
-            masks, closed = None, None
-            if lane.constraint is not None:
-                masks, _, closed = constraint_masks(lane.constraint, [], lane.stop_ids, V)
-            if closed is not None:
-                lane.done = engine._finish(lane, closed, None)
-            elif lane.forced:  # a branch: its first token is given
-                take_forced(lane, 1)
-                yield from emit(li, [lane.forced[0]], raw, None, positions[li], masks)
-            else:
-                toks, _, filt = verify(raw, [], None, lane.params, lane.prompt, lane.generator, masks)
-                yield from emit(li, toks, raw, filt, positions[li], masks)
-        yield from finish_if_done(li)
+    yield from plain_step(torch.stack([logits_by_lane.pop(li) for li in rows]), None, 0.0)
     compact()
-    for li in rows:
-        if specs[li].lookup is not None:
-            specs[li].lookup.extend(lanes[li].tokens)
 
     measure = not engine.spec_step_s  # an undrafted step first, to estimate the speed-up
     while rows:
         plan: list[tuple[list[int], torch.Tensor | None, torch.Tensor | None, str | None]] = []
         forcing: set[int] = set()  # rows whose drafts are a branch's forced tokens
-        for li in rows:
+        for r, li in enumerate(rows):
             lane, sp = lanes[li], specs[li]
-            k = 0 if measure else sp.pace.next()
             room = min(engine.max_context - positions[li] - 1, lane.params.max_new_tokens - len(lane.tokens) - 1)
-            k = min(k, room)
+            k = 0 if measure else min(sp.pace.next(), room)
             drafts, q = [], None
+            sp.guess = None
             forced = forced_left(lane)
             if forced:  # the branch's remaining tokens run as drafts that are always kept
                 drafts = list(forced[: max(room, 0)])
-                forcing.add(len(plan))
-            elif k > 0 and sp.lookup is not None:
-                drafts = sp.lookup.propose(k)
+                forcing.add(r)
+            elif sp.lookup is not None:
+                if k > 0:
+                    drafts = sp.lookup.propose(k)
+                else:  # what it would draft: free to check against the step's token
+                    guess = sp.lookup.propose(1)
+                    sp.guess = guess[0] if guess else None
             elif k > 0 and sp.draft is not None:
-                r = rows.index(li)
                 drafts, q = sp.draft.propose(r, lane.prompt + lane.tokens, k, lane.params, lane.generator,
-                                             V, limit, lane.cancel)
+                                             V, limit, lane.cancel,
+                                             probe_from=len(lane.prompt) if sp.pace.probing else None)
+                if not drafts:
+                    sp.pace.miss()  # its recent choices disagreed with the model's: not worth a check
             masks, closed = None, None
-            if lane.constraint is not None:
+            if drafts and lane.constraint is not None:
                 masks, drafts, closed = constraint_masks(lane.constraint, drafts, lane.stop_ids, V)
                 q = None if q is None else q[: len(drafts)]
             plan.append((drafts, q, masks, closed))
         T = 1 + max(len(p[0]) for p in plan)
         B = len(rows)
-        x = torch.tensor([[lanes[li].tokens[-1]] + p[0] + [0] * (T - 1 - len(p[0])) for li, p in zip(rows, plan)],
-                         device=dev)
         pos_list = [positions[li] for li in rows]
-        cache.ensure(B, max(pos_list) + T)
+        cache.ensure(B, engine._capacity(max(pos_list) + T))
         pos = pos_list[0] if all(p == pos_list[0] for p in pos_list) else torch.tensor(pos_list, device=dev)
+        if T == 1:  # nobody drafts: a plain decoding step (compiled, when the engine compiles)
+            last = [lanes[li].tokens[-1] for li in rows]
+            warm = engine._step.warmup_s
+            t0 = time.perf_counter()
+            out = engine._decode(torch.tensor(last, device=dev).view(B, 1), pos)[:, -1]  # [B, V]
+            took = time.perf_counter() - t0
+            warm = engine._step.warmup_s - warm
+            if warm:  # compiling or recording a graph is not decoding: keep it out of the speed
+                took -= warm
+                for li in rows:
+                    lanes[li].t_decode += warm
+                    stats[li].warmup_s += warm
+            engine.spec_step_s[B] = took if B not in engine.spec_step_s else 0.5 * (engine.spec_step_s[B] + took)
+            measure = False
+            yield from plain_step(out, last, took)
+            compact()
+            continue
+        inputs = [[lanes[li].tokens[-1]] + p[0] + [0] * (T - 1 - len(p[0])) for li, p in zip(rows, plan)]
         t0 = time.perf_counter()
-        out = engine.model(x, pos, cache)  # [B, T, V]
-        for r, li in enumerate(rows):
-            cache.tokens[r] = (lanes[li].prompt + lanes[li].tokens)[: positions[li]] + x[r].tolist()
+        engine._use_threads(1)
+        out = engine.model(torch.tensor(inputs, device=dev), pos, cache)  # [B, T, V]
+        for r in range(B):
+            cache.tokens[r].extend(inputs[r])
         finite = torch.isfinite(out).all(-1).tolist()  # [B][T]
         if limit is not None:
             out[..., limit:] = float("-inf")
@@ -493,6 +569,10 @@ def speculative_loop(engine, joining) -> Iterator:
             if not all(finite[r][: len(drafts) + 1]):
                 results.append(None)
                 continue
+            if not drafts and lane.constraint is not None:
+                masks, _, closed = constraint_masks(lane.constraint, [], lane.stop_ids, V)
+                plan[r] = (drafts, q, masks, closed)
+            context = lane.prompt + lane.tokens if lane.params.repetition_penalty != 1.0 else []  # read by the penalty only
             if r in forcing:
                 forced = forced_left(lane)
                 # Rows 0..len(drafts) give the forced tokens' log-probs; the row after the
@@ -502,17 +582,14 @@ def speculative_loop(engine, joining) -> Iterator:
                 toks = list(forced[: n + (closed is None)])
                 take_forced(lane, len(toks))
                 if len(toks) == n and closed is None:
-                    toks += verify(out[r, n:n + 1], [], None, lane.params, lane.prompt + lane.tokens + toks,
+                    toks += verify(out[r, n:n + 1], [], None, lane.params, context + toks,
                                    lane.generator, None if masks is None else masks[n:n + 1])[0]
                 results.append((toks, n, None))
                 continue
-            results.append(verify(out[r], drafts, q, lane.params, lane.prompt + lane.tokens, lane.generator,
+            results.append(verify(out[r], drafts, q, lane.params, context, lane.generator,
                                   masks, last_open=closed is None))
         took = time.perf_counter() - t0
         plain = _plain_step(engine, B)
-        if T == 1:  # nobody drafted: this is what a plain step costs
-            engine.spec_step_s[B] = took if B not in engine.spec_step_s else 0.5 * (engine.spec_step_s[B] + took)
-            measure = False
         for r, li in enumerate(rows):
             lane, sp, res = lanes[li], specs[li], results[r]
             drafts, _, masks, closed = plan[r]
@@ -537,6 +614,8 @@ def speculative_loop(engine, joining) -> Iterator:
                     sp.drafted += len(drafts)
                     sp.accepted += n
                     sp.pace.update(len(drafts), n)
+                elif sp.guess is not None and toks:
+                    sp.pace.guessed(toks[0] == sp.guess)
                 if sp.lookup is not None:
                     sp.lookup.extend(toks[:appended])
             yield from finish_if_done(li)

@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from core.checkpoints import load
-from core.engine import Done, Engine, Token
+from core.engine import Done, Engine, Prefilled, Token
 from core.errors import DraftModelError, SettingsError
 from core.kv_cache import KVCache
 from core.model import ModelArgs, Transformer
 from core.sampling import SamplingParams, filter_logits
-from core.speculative import LOOKUP_MAX_DRAFT, NgramIndex, verify
+from core import speculative
+from core.speculative import LOOKUP_MAX_DRAFT, NgramIndex, Pace, verify
 from tests.core.checkpoints.util import write_tiny_tokenizer
 
 
@@ -46,6 +47,37 @@ def done_of(events) -> Done:
 
 def tokens_of(engine, prompt, **kw):
     return done_of(engine.generate(prompt, SamplingParams(**kw)))
+
+
+class AlwaysDraft(Pace):
+    """Drafts as much as it may at every step, whatever happened before: how often a
+    lane drafts never changes what it emits, and this way every step is verified."""
+
+    def __init__(self, most: int, **kw):
+        super().__init__(most, **kw)
+        self.probing = False
+
+    def next(self) -> int:
+        return self.most
+
+    def miss(self) -> None:
+        pass
+
+
+class NeverDraft(Pace):
+    """A drafter that never finds it worth drafting (every step undrafted)."""
+
+    def next(self) -> int:
+        return 0
+
+
+@pytest.fixture(params=["paced", "always"])
+def pacing(request, monkeypatch):
+    """Run a test with the real pacing and with drafts at every step (every verification
+    path taken, rejections included, whatever the drafter's record)."""
+    if request.param == "always":
+        monkeypatch.setattr(speculative, "Pace", AlwaysDraft)
+    return request.param
 
 
 # -- the KV cache rolls back -----------------------------------------------------------
@@ -131,7 +163,7 @@ def test_greedy_draft_models_equal_plain_on_the_fixture(stories):
     assert same.stats.speculative["forwards"] < len(plain.tokens) // 2
 
 
-def test_greedy_equals_plain_on_random_checkpoints_with_penalty_and_lanes(tiny):
+def test_greedy_equals_plain_on_random_checkpoints_with_penalty_and_lanes(tiny, pacing):
     tok = tiny.tokenizer
     eng = Engine(tiny.model, tok, stop_ids=tiny.stop_ids)
     eng.add_draft("small", random_model(tiny.model.args.vocab_size, dim=16, layers=1, heads=2, kv=1, seed=5), tok)
@@ -156,7 +188,7 @@ def test_greedy_equals_plain_on_random_checkpoints_with_penalty_and_lanes(tiny):
     assert [d.tokens for d in sorted(batch, key=lambda d: d.lane)] == base
 
 
-def test_context_limit_and_stop_token_inside_accepted_drafts(stories):
+def test_context_limit_and_stop_token_inside_accepted_drafts(stories, pacing):
     tok = stories.tokenizer
     prompt = tok.encode(REPEAT, bos=True)
     eng = Engine(stories.model, tok, stop_ids=stories.stop_ids, max_context=len(prompt) + 23)
@@ -190,7 +222,7 @@ def reference_greedy(model, prompt, n, stop_ids=()):
 
 
 @pytest.mark.parametrize("which", ["fixture", "random"])
-def test_a_branch_drafts_and_gives_the_plain_branch(stories, tiny, which):
+def test_a_branch_drafts_and_gives_the_plain_branch(stories, tiny, which, pacing):
     """A branch (the chosen alternative forced, the reply's prefix ending the prompt) with
     prompt lookup or a draft model: the forced tokens come first with the plain branch's
     log-probs and alternatives, the prefix comes from the KV cache (the speculative run
@@ -333,9 +365,10 @@ def test_verified_first_token_is_distributed_as_plain_sampling(small_vocab, kw):
     assert chi_square_p(biased, p) < 1e-3
 
 
-def test_engine_samples_pairs_as_plain_decoding(small_vocab):
+def test_engine_samples_pairs_as_plain_decoding(small_vocab, monkeypatch):
     """End to end: the first two tokens of sampled replies (the second one verified after
     drafts) follow P(t1) P(t2 | t1) of the target, computed by full forward passes."""
+    monkeypatch.setattr(speculative, "Pace", AlwaysDraft)
     tok, target, draft = small_vocab
     eng = Engine(target, tok, stop_ids=())
     eng.add_draft("small", draft, tok)
@@ -412,7 +445,7 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
                          "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
 
 
-def test_constrained_lanes_draft_and_stay_exact(stories):
+def test_constrained_lanes_draft_and_stay_exact(stories, pacing):
     """Greedy constrained lanes give the plain constrained tokens with either drafter
     (drafts the grammar forbids are rejected, never emitted); sampled ones always match."""
     import json
@@ -443,3 +476,155 @@ def test_constrained_lanes_draft_and_stay_exact(stories):
     lanes = [SamplingParams(temperature=1.0, seed=s, max_new_tokens=20, constraint=regex, lookup=1) for s in range(4)]
     for d in (e for e in eng.generate_lanes(prompt, lanes) if isinstance(e, Done)):
         assert re.fullmatch(r"[A-Z][a-z]{2,6} (is|was) [0-9]{1,3}", d.text), d.text
+
+
+# -- what nothing accepted costs ----------------------------------------------------------
+
+def test_an_undrafted_step_is_a_plain_decoding_step(stories, monkeypatch):
+    """Lanes that may draft but do not at a step run exactly plain decoding's operations
+    there (the same aten ops in the same order, one read from the device), whatever the
+    drafter and sampler."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(speculative, "Pace", NeverDraft)
+    eng = Engine(stories.model, stories.tokenizer, stop_ids=())
+    eng.add_draft("itself", stories.model, stories.tokenizer)
+    prompt = stories.tokenizer.encode(REPEAT, bos=True)
+    kw = [dict(temperature=0), dict(temperature=0.9, top_p=0.9, top_k=40, seed=4, repetition_penalty=1.2)]
+
+    def per_step(spec):
+        lanes = [SamplingParams(max_new_tokens=8, **k, **spec) for k in kw]
+        steps, seen, done = [], 0, []
+        events = eng.generate_lanes(prompt, lanes)
+        first = next(events)  # the prefill, outside the recording
+        while True:
+            with Ops() as rec:
+                ev = next(events, None)
+            if ev is None:
+                break
+            if isinstance(ev, Token) and ev.lane == 0:
+                steps.append(rec.ops)
+            elif isinstance(ev, Done):
+                done.append(ev)
+        assert isinstance(first, Prefilled) and len(steps) == 8
+        return steps, sorted(done, key=lambda d: d.lane)
+
+    plain, plain_done = per_step({})
+    for spec in (dict(lookup=3), dict(draft="itself")):
+        steps, dones = per_step(spec)
+        assert [d.tokens for d in dones] == [d.tokens for d in plain_done]
+        for a, b in zip(steps[1:], plain[1:]):  # the first step in both: the prefill's logits
+            # The same ops in the same order; plain decoding stacks the rows' logits, the
+            # speculative loop samples the forward's output as it is.
+            extra = list(b)
+            for op in a:
+                assert op in extra, (spec, op)
+                del extra[:extra.index(op) + 1]
+            assert len(b) - len(a) <= 3, spec
+        assert all(d.stats.speculative["drafted"] == 0 for d in dones)
+
+
+def test_pace_backs_off_and_prompt_lookup_waits_for_a_right_guess():
+    look = Pace(8, guesses=True)
+    assert look.probing and look.next() == 0  # nothing drafted before a right guess
+    look.guessed(False)
+    assert look.next() == 0
+    look.guessed(True)
+    assert look.next() == 4
+    look.update(4, 4)
+    assert look.next() == 6 and not look.probing
+    look.update(6, 2)
+    assert look.next() == 3
+    look.update(3, 0)  # all rejected: back to guessing
+    assert look.probing and [look.next() for _ in range(40)] == [0] * 40
+    model = Pace(6)
+    assert model.probing and model.next() == 3  # a draft model probes at once (DraftModel.propose checks)
+    waits = []
+    for _ in range(7):
+        model.miss()
+        n = 0
+        while model.next() == 0:
+            n += 1
+        waits.append(n)
+    assert waits == [1, 3, 7, 15, 31, 31, 31]
+    model.update(3, 1)
+    assert not model.probing and model.next() == 2
+
+
+def test_a_drafter_that_is_never_right_costs_no_verification(stories, tiny):
+    """A random draft model never gets a draft verified: its probes (the tokens it
+    catches up on) disagree with the target, so every target step is one token wide, and
+    the draft model runs a handful of times in 60 tokens. Prompt lookup on a random
+    model's free text drafts only after it would have guessed right."""
+    tok = stories.tokenizer
+    eng = Engine(stories.model, tok, stop_ids=())
+    draft = random_model(stories.model.args.vocab_size, seed=3)
+    eng.add_draft("random", draft, tok)
+    prompt = tok.encode("Once upon a time", bos=True)
+    plain = tokens_of(eng, prompt, temperature=0, max_new_tokens=60)
+    widths, draft_calls = [], [0]
+    real, real_draft = stories.model.forward, draft.forward
+
+    def counting(x, *a, **kw):
+        widths.append(x.shape[1])
+        return real(x, *a, **kw)
+
+    def counting_draft(x, *a, **kw):
+        draft_calls[0] += 1
+        return real_draft(x, *a, **kw)
+    # Twice: the second time the draft model's cache holds the whole reply already, and
+    # its probes still look at its choices for the reply's tokens.
+    for _ in range(2):
+        widths.clear()
+        draft_calls[0] = 0
+        stories.model.forward, draft.forward = counting, counting_draft
+        try:
+            spec = tokens_of(eng, prompt, temperature=0, max_new_tokens=60, draft="random")
+        finally:
+            del stories.model.forward, draft.forward
+        assert spec.tokens == plain.tokens
+        assert widths[1:] == [1] * 59 and spec.stats.speculative["drafted"] == 0
+        assert 0 < draft_calls[0] <= 8  # probes after 1, 3, 7, 15, 31 steps (the first one two forwards)
+
+    eng = Engine(tiny.model, tiny.tokenizer, stop_ids=())
+    prompt = tiny.tokenizer.encode(REPEAT, bos=True)
+    plain = tokens_of(eng, prompt, temperature=0, max_new_tokens=60)
+    spec = tokens_of(eng, prompt, temperature=0, max_new_tokens=60, lookup=2)
+    assert spec.tokens == plain.tokens
+    # Each drafting round comes after a step whose token the lookup proposed first (a
+    # right guess, or an accepted draft): replay the lookup over the reply to count them.
+    idx, right = NgramIndex(2, prompt), 0
+    for t in plain.tokens:
+        guess = idx.propose(1)
+        right += bool(guess) and guess[0] == t
+        idx.extend([t])
+    s = spec.stats.speculative
+    rounds = round(s["drafted"] / s["mean_draft"]) if s["drafted"] else 0
+    assert rounds <= right
+
+
+def test_drafting_on_the_static_cache_step(stories, pacing):
+    """An engine whose decode step is the fixed-shape static-cache one (what CUDA graphs
+    replay; eager here) runs undrafted steps through it and verification forwards on the
+    same cache: greedy tokens equal plain decoding, the capacity stays a power of two."""
+    tok = stories.tokenizer
+    prompt = tok.encode(REPEAT, bos=True)
+    plain = tokens_of(Engine(stories.model, tok, stop_ids=stories.stop_ids), prompt, temperature=0,
+                      max_new_tokens=60)
+    eng = Engine(stories.model, tok, stop_ids=stories.stop_ids, static=True)
+    eng.add_draft("itself", stories.model, tok)
+    eng.add_draft("random", random_model(stories.model.args.vocab_size, seed=3), tok)
+    for spec in (dict(lookup=2), dict(draft="itself"), dict(draft="random")):
+        d = tokens_of(eng, prompt, temperature=0, max_new_tokens=60, **spec)
+        assert d.tokens == plain.tokens, spec
+    cap = eng.cache.capacity
+    assert cap & (cap - 1) == 0
