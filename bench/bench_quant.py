@@ -246,7 +246,7 @@ def bench(files: dict[str, Path], prompt: int, decode: int, repeats: int, thread
     runs: dict[tuple[str, str], list[dict]] = {}
     errors: dict[tuple[str, str], str] = {}
     bws = []
-    for _ in range(repeats):  # interleaved: every case once per round
+    for rnd in range(repeats):  # interleaved: every case once per round
         if bandwidth is not None:
             bws.append(bandwidth())
         for t, f in files.items():
@@ -262,7 +262,7 @@ def bench(files: dict[str, Path], prompt: int, decode: int, repeats: int, thread
                 except Exception as e:  # a failing case (the peer on a type) is reported, not fatal
                     errors[(t, path)] = f"{type(e).__name__}: {e}"[-300:]
                     continue
-                runs.setdefault((t, path), []).append(r)
+                runs.setdefault((t, path), []).append({**r, "round": rnd})
     rows = []
     for t in files:
         for path in paths:
@@ -272,8 +272,14 @@ def bench(files: dict[str, Path], prompt: int, decode: int, repeats: int, thread
                 continue
             med = {k: statistics.median(r[k] for r in rs) if rs[0][k] is not None else None for k in KEYS}
             rows.append({"type": t, "path": path, **med, "paths": rs[0]["paths"], "dtype": rs[0]["dtype"],
-                         "runs": len(rs), "tokens": rs[0]["tokens"]})
+                         "runs": len(rs), "tokens": rs[0]["tokens"],
+                         "rounds": [{k: r[k] for k in ("round", "prefill_tok_s", "decode_tok_s")} for r in rs]})
     by = {(r["type"], r["path"]): r for r in rows}
+    for r in rows:  # against the peer: the median of the ratios of runs in the same round (same load)
+        peer = {p["round"]: p for p in by.get((r["type"], PEER), {}).get("rounds", [])}
+        for k in ("prefill_tok_s", "decode_tok_s"):
+            same = [x[k] / peer[x["round"]][k] for x in r.get("rounds", []) if x["round"] in peer]
+            r[f"{k}_vs_peer"] = statistics.median(same) if same else None
     for r in rows:  # how long each engine's greedy reply agrees with the others' on the same file
         for other in ("llamadesk-f32", PEER):
             o = by.get((r["type"], other))
@@ -290,8 +296,9 @@ def markdown(rows: list[dict], meta: dict, bw: float | None) -> str:
     out = [f"Random Llama dim {meta['dim']}, {meta['layers']} layers, vocab {meta['vocab']}, written with `gguf`; "
            f"prompt {meta['prompt']} tokens, {meta['decode']} greedy tokens; {meta['threads']} thread(s) for every "
            f"engine; {'one process (quick)' if meta['quick'] else 'each case in its own process'}, medians of {meta['repeats']} interleaved round(s) on a shared "
-           "machine. LlamaDesk runs through `Engine.generate` (filters, log-probs, stream decoding); llama.cpp "
-           "through llama-cpp-python's eval/sample loop.", "",
+           "machine (× llama.cpp: the median of the ratios of runs in the same round). LlamaDesk runs through "
+           "`Engine.generate` (filters, log-probs, stream decoding); llama.cpp through llama-cpp-python's "
+           "eval/sample loop.", "",
            "| file | engine | compute | decode tok/s | × llama.cpp | share of floor | prefill tok/s | × llama.cpp | "
            "TTFT after load | load s | peak RSS MB | peak RSS / tensor bytes | ΔRSS load / tensor bytes | "
            "ΔRSS after run / tensor bytes | greedy prefix = llama.cpp |",
@@ -303,7 +310,7 @@ def markdown(rows: list[dict], meta: dict, bw: float | None) -> str:
             continue
         peer = by.get((r["type"], PEER))
         peer = peer if peer is not None and "error" not in peer else None
-        ratio = lambda k: (r[k] / peer[k]) if peer and r[k] and peer[k] else None  # noqa: E731
+        ratio = lambda k: r.get(f"{k}_vs_peer") if peer else None  # noqa: E731
         per_tensor = lambda k: r[k] / r["tensor_mb"] if r.get(k) is not None else None  # noqa: E731
         floor = bw * 1e9 / (r["floor_bytes"]) if bw and r.get("floor_bytes") else None
         share = r["decode_tok_s"] / floor if floor else None
