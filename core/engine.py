@@ -21,6 +21,7 @@ import torch
 
 from . import quant
 from .beam import beam_search
+from .checkpoints.common import release_freed_heap
 from .constrain import ConstraintState, Vocabulary, allowed_tokens, fill_masks, new_bitmask
 from .errors import SettingsError
 from .decode_step import DecodeStep
@@ -316,6 +317,7 @@ class Engine:
                         rate = (b - a) / dt
                         self._layer_tok_s = rate if self._layer_tok_s is None else 0.5 * (self._layer_tok_s + rate)
                     a = b
+            release_freed_heap()  # glibc would keep the layer's freed bf16 copies resident
         return m.output(m.norm(h[:, -1:])).float()[0, -1]
 
     def _layer_chunk(self) -> int:

@@ -147,7 +147,9 @@ def release_freed_heap() -> None:
     """Hand back to the OS the heap memory that loading freed. glibc keeps freed chunks
     mapped, so the temporaries of packing stayed resident: "RSS after load - RSS before"
     was 1.39x a Q8_0 file's tensor bytes and 1.18x a Q4_0's, 1.07x and 1.06x after this
-    (bench/bench_quant.py). glibc only (musl and other platforms: nothing to do)."""
+    (bench/bench_quant.py); the engine calls it after each layer of a layered prefill,
+    whose dequantized copies stayed resident the same way. glibc only (musl and other
+    platforms: nothing to do)."""
     trim = getattr(_libc, "malloc_trim", None)
     if trim is not None:
         trim(0)
