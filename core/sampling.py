@@ -459,6 +459,9 @@ def _scan(logits: torch.Tensor, x: torch.Tensor, sampled: Sequence[int], temps: 
     # ``candidates`` of them (ties included).
     s = max(1, min(16, V // (4 * candidates)))
     kc = min(-(-V // s), max(1, candidates // s))
+    # A fixed width, so that a row's arrays (and so its rounding) do not depend on the
+    # other rows of the batch; a row with more candidates than that goes to the window.
+    n = min(V, 2 * candidates)
     lse, m, total, c, found = [], [], [], [], []
     where = {r: k for k, r in enumerate(sampled)}
     for r in range(B):
@@ -475,19 +478,11 @@ def _scan(logits: torch.Tensor, x: torch.Tensor, sampled: Sequence[int], temps: 
         # exp of the gap to the max, summed: softmax's denominator, computed as it does
         total.append((torch.div(xr, t, out=buf) if t != 1.0 else buf.copy_(xr)).sub_(top).exp_().sum())
         c.append(xr[::s].topk(kc).values[-1])
-        found.append(_above(xr, c[-1]))
+        found.append(_above(xr, c[-1], n))
     lse = torch.stack(lse)
     if not S:
         return lse, None
-    # A fixed width, so that a row's arrays (and so its rounding) do not depend on the
-    # other rows of the batch; a row with more candidates than that goes to the window.
-    n = min(V, 2 * candidates)
-    found = [f if f.numel() <= n else f[:0] for f in found]
-    ids = torch.zeros(S, n, dtype=torch.long, device=dev)
-    cand = torch.zeros(S, n, dtype=torch.bool, device=dev)
-    for k, f in enumerate(found):
-        ids[k, :f.numel()] = f
-        cand[k, :f.numel()] = True
+    ids, cand = (torch.stack(v) for v in zip(*found))
     col = lambda vs: torch.stack(vs).view(S, 1)  # noqa: E731
     return lse, (col(m), col(total), col(c), ids, cand)
 
@@ -500,11 +495,21 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(-1)
 
 
-def _above(row: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """Where row [V] is above c (a 0-d tensor), ascending."""
+def _above(row: torch.Tensor, c: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where row [V] is above c (0-d), ascending, in a fixed width n: (ids [n], valid [n]),
+    padded with id 0 and False; none valid when more than n are above."""
     if row.device.type == "cpu" and row.dtype == torch.float32:  # numpy's compare and nonzero: ~10x torch's
-        return torch.from_numpy(np.flatnonzero(row.numpy() > c.numpy()))
-    return (row > c).nonzero().view(-1)
+        found = torch.from_numpy(np.flatnonzero(row.numpy() > c.numpy()))
+        ids = torch.zeros(n, dtype=torch.long)
+        valid = torch.zeros(n, dtype=torch.bool)
+        if found.numel() <= n:
+            ids[:found.numel()] = found
+            valid[:found.numel()] = True
+        return ids, valid
+    # Elsewhere without reading the device: the n largest, in id order, those above c.
+    top = row.topk(n)
+    ids = top.indices.sort().values
+    return ids, (row.gather(0, ids) > c) & (top.values[-1] <= c)
 
 
 def _between(x: torch.Tensor, lo: torch.Tensor | None, hi: torch.Tensor | None) -> torch.Tensor:
@@ -640,6 +645,19 @@ def _top_p_kept(x: torch.Tensor, p: float, tries: int = 4) -> torch.Tensor | Non
     return None
 
 
+def _filtered(row: torch.Tensor, q: SamplingParams, previous: torch.Tensor | None) -> torch.Tensor:
+    """filter_logits(row, q, previous) for one row [V] without sorting it: top-p's cut
+    from :func:`_top_p_kept`, the reference's sort only where that defers."""
+    x = _prepared(row.view(1, -1), [q], [previous], None)[0]
+    if q.greedy:
+        return x
+    x = top_k_filter(_tempered(x, q.temperature), q.top_k)
+    if q.top_p < 1.0:
+        kept = _top_p_kept(x, q.top_p) if bool(torch.isfinite(x.amax())) else None
+        x = top_p_filter(x, q.top_p) if kept is None else x.masked_fill(~kept, float("-inf"))
+    return min_p_filter(x, q.min_p)
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
            previous: torch.Tensor | None = None) -> int:
     """Choose one token from logits [V]."""
@@ -666,7 +684,7 @@ def top_alternatives(logits: torch.Tensor, params: SamplingParams, previous: tor
         filt_logits = filtered
     else:
         src = logits.float() if allowed is None else logits.float().masked_fill(~allowed, float("-inf"))
-        filt_logits = filter_logits(src, params, previous)
+        filt_logits = _filtered(src, params, previous)
     if params.greedy:
         filt = torch.zeros_like(raw)
         filt[filt_logits.argmax()] = 1.0

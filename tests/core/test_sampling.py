@@ -439,3 +439,24 @@ def test_fast_sampler_in_float64_uses_the_plain_torch_path():
     for candidates in (1, 64, 1024):
         got = choose_tokens(lg, params, [None] * 4, [q.generator() for q in params], candidates=candidates)
         assert got.ids == [sample(row, q, q.generator()) for row, q in zip(lg, params)]
+
+
+@pytest.mark.parametrize("sample_size", [8, 4096])
+def test_inspector_filters_without_the_sort_equal_the_reference(sample_size):
+    """top_alternatives' "after the filters" comes from the window's cut: the same
+    filtered logits as filter_logits, bit for bit, on flat and peaked rows."""
+    g = torch.Generator().manual_seed(13)
+    params = [SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=0),
+              SamplingParams(temperature=1.2, top_k=300, top_p=0.5, min_p=0.01, repetition_penalty=1.3),
+              SamplingParams(temperature=1.0, top_p=0.99, logit_bias={3: 5.0, 7: -math.inf}),
+              SamplingParams(temperature=0.5, top_p=1.0, min_p=0.1)]
+    with mock.patch.object(sampling, "SAMPLE", sample_size):
+        for std in (0.3, 1.0, 4.0):
+            for q in params:
+                row = torch.randn(20000, generator=g) * std
+                prev = torch.tensor([1, 5, 9, 9])
+                assert torch.equal(sampling._filtered(row, q, prev), filter_logits(row, q, prev))
+    row = torch.randn(20000, generator=g)
+    alt = top_alternatives(row, params[0], k=5)
+    ref = filter_logits(row, params[0]).softmax(-1)
+    assert [i for i, _ in alt["filtered"]] == torch.topk(ref, 5).indices.tolist()
