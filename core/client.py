@@ -224,7 +224,7 @@ class RemoteModel:
 
     # -- generation ----------------------------------------------------------------------------
 
-    def body(self, params: SamplingParams, *, prompt: str | None = None, messages: list[dict] | None = None,
+    def body(self, params: SamplingParams, *, prompt: str | list[int] | None = None, messages: list[dict] | None = None,
              logprobs: bool = True, top_logprobs: int = 0, stream: bool = True) -> dict:
         """The request body for one reply under ``params`` (fields left at their off value
         are not sent, so servers that lack them still answer)."""
@@ -266,20 +266,24 @@ class RemoteModel:
         b.update(asked)
         return b
 
-    def stream(self, params: SamplingParams, *, prompt: str | None = None, messages: list[dict] | None = None,
-               lane: int = 0, logprobs: bool = True, top_logprobs: int = 0,
-               cancel: threading.Event | None = None, meta: dict | None = None) -> Iterator[Token | Done]:
-        """Stream one reply (a completion of ``prompt`` or a chat reply to ``messages``) as
-        the engine's Token events and one Done; closing the generator or setting
-        ``cancel`` closes the connection, which cancels the reply on the server.
+    def stream(self, params: SamplingParams, *, prompt: str | list[int] | None = None,
+               messages: list[dict] | None = None, lane: int = 0, logprobs: bool = True, top_logprobs: int = 0,
+               cancel: threading.Event | None = None, meta: dict | None = None,
+               extra: dict | None = None) -> Iterator[Token | Done]:
+        """Stream one reply (a completion of ``prompt``, text or token ids, or a chat reply to
+        ``messages``) as the engine's Token events and one Done; closing the generator or
+        setting ``cancel`` closes the connection, which cancels the reply on the server.
 
-        ``meta``, when given, receives ``prompt_token_ids`` where the server reports them.
+        ``meta``, when given, receives ``prompt_token_ids`` where the server reports them and
+        ``cached_tokens`` where it says how much of the prompt its KV cache held; ``extra``
+        fields go into the request as they are.
         """
         if self.card is None:
             self.connect()
         params = params.resolved()
         chat = messages is not None
         body = self.body(params, prompt=prompt, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs)
+        body.update(extra or {})
         path = "/chat/completions" if chat else "/completions"
         t0 = time.perf_counter()
         text, tokens, lps = [], [], []
@@ -301,6 +305,9 @@ class RemoteModel:
                         raise RemoteError(f"{self.url} failed mid-reply: {err.get('message', err)}", kind="http")
                     if chunk.get("usage"):
                         usage = chunk["usage"]
+                        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                        if meta is not None and cached is not None:
+                            meta["cached_tokens"] = cached
                     for c in chunk.get("choices") or []:
                         if meta is not None and "prompt_token_ids" in c:
                             meta["prompt_token_ids"] = c["prompt_token_ids"]
@@ -331,12 +338,46 @@ class RemoteModel:
         else:
             reason = _FINISH.get(finish, "length")
         stats.prompt_tokens = (usage or {}).get("prompt_tokens", 0)
+        stats.cached_tokens = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         stats.generated_tokens = len(tokens)
         stats.ttft_s = stats.prefill_s = (first or end) - t0
         stats.decode_s = end - (first or end)
         ids = [t for t in tokens] if all(t >= 0 for t in tokens) else []
+        # vLLM-style stop_reason: the token id that ended it (a chat's end of turn: what a branch stops on)
+        stop_token = stop_reason if reason == "eos" and isinstance(stop_reason, int) else None
         yield Done(lane, reason, ids, "".join(text), lps if all(lp is not None for lp in lps) else [],
-                   params, stats, None)
+                   params, stats, stop_token)
+
+
+    def branch(self, params: SamplingParams, prompt_ids: list[int], forced: list[int], *,
+               stop_ids: list[int] = (), lane: int = 0, logprobs: bool = True, top_logprobs: int = 0,
+               cancel: threading.Event | None = None, meta: dict | None = None) -> Iterator[Token | Done]:
+        """Continue a reply from given token ids with ``forced`` taken as its next tokens (a
+        branch at one of a token's alternatives), on a LlamaDesk server: a completion whose
+        prompt is ``prompt_ids`` (the reply's prompt ids, BOS included, as the server reported
+        them in ``prompt_token_ids``, then the reply's tokens before the branch point) and
+        whose first tokens are ``forced`` (the ``forced_tokens`` extension: they come back as
+        the reply's first tokens, with their log-probabilities and alternatives, as a local
+        branch's do). ``stop_ids``: token ids that end it besides the model's own end of text
+        (a chat reply's end of turn: vLLM's ``stop_token_ids``). The server reuses the
+        prefix its KV cache holds (``meta["cached_tokens"]``). The events are those of
+        :meth:`stream`: Token events for the forced tokens and what follows, then Done.
+
+        Raises:
+            RemoteError: kind "unsupported" when the server is not LlamaDesk's serve.
+        """
+        if self.card is None:
+            self.connect()
+        if forced and not self.is_llamadesk:
+            raise RemoteError(f"{self.url} is not a LlamaDesk server: it cannot continue a reply with a forced token",
+                              kind="unsupported")
+        extra: dict = {}
+        if forced:
+            extra["forced_tokens"] = [int(t) for t in forced]
+        if stop_ids:
+            extra["stop_token_ids"] = [int(t) for t in stop_ids]
+        return self.stream(params, prompt=[int(t) for t in prompt_ids], lane=lane, logprobs=logprobs,
+                           top_logprobs=top_logprobs, cancel=cancel, meta=meta, extra=extra)
 
 
 @dataclass
@@ -385,8 +426,10 @@ def _chunk_tokens(c: dict, chat: bool, lane: int, index: int) -> Iterator[Token]
         pieces = [(e.get("token", ""), e.get("logprob"), _top(e.get("top_logprobs"))) for e in entries]
     elif lp:
         tops = lp.get("top_logprobs") or [None] * len(lp.get("tokens") or [])
-        pieces = [(t, l, _top([{"token": k, "logprob": v} for k, v in top.items()]) if top else None)
-                  for t, l, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], tops)]
+        top_ids = lp.get("top_token_ids") or [[] for _ in tops]  # LlamaDesk's serve names them by id too
+        pieces = [(t, l, _top([{"token": k, "logprob": v, **({"id": ids[j]} if j < len(ids) else {})}
+                               for j, (k, v) in enumerate(top.items())]) if top else None)
+                  for t, l, top, ids in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], tops, top_ids)]
     else:
         pieces = []
     n = max(len(ids), len(pieces))
@@ -403,9 +446,14 @@ def _chunk_tokens(c: dict, chat: bool, lane: int, index: int) -> Iterator[Token]
 
 def _top(entries) -> dict | None:
     """A server's top_logprobs in the engine's inspection shape. Servers name tokens by
-    text, not id, so each alternative gets a stand-in key (-1, -2, ...) named in "pieces";
-    "filtered" is empty: the server does not say what its filters kept."""
+    text, not id, so each alternative gets a stand-in key (-1, -2, ...) named in "pieces",
+    except where the server gives its id (LlamaDesk's serve: "id", what a branch at it
+    needs); "filtered" is empty: the server does not say what its filters kept."""
     if not entries:
         return None
-    raw = [(-1 - j, math.exp(e["logprob"])) for j, e in enumerate(entries) if e.get("logprob") is not None]
-    return {"raw": raw, "filtered": [], "pieces": {-1 - j: e.get("token", "") for j, e in enumerate(entries)}}
+
+    def key(j: int, e: dict) -> int:
+        tid = e.get("id")
+        return tid if isinstance(tid, int) and not isinstance(tid, bool) and tid >= 0 else -1 - j
+    raw = [(key(j, e), math.exp(e["logprob"])) for j, e in enumerate(entries) if e.get("logprob") is not None]
+    return {"raw": raw, "filtered": [], "pieces": {key(j, e): e.get("token", "") for j, e in enumerate(entries)}}

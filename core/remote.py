@@ -85,9 +85,14 @@ def describe_error(kind: str, message: str) -> str:
 
 def _chosen_top(tok: Token) -> Token:
     """Key the server's top alternative that is the chosen token by the chosen token's id,
-    so the inspector marks it; the others keep stand-in ids that cannot equal it."""
+    so the inspector marks it; the others keep stand-in ids that cannot equal it. A server
+    that names its alternatives by id (LlamaDesk's serve) keeps its ids: a branch at one of
+    them (RemoteModel.branch) forces that id."""
     top = tok.top
     if not top or not top.get("raw"):
+        return tok
+    if tok.token_id >= 0 and all(k >= 0 for k, _ in top["raw"]):
+        tok.top = {**top, "filtered": [], "remote": True}
         return tok
     pieces = top.get("pieces") or {}
     order = [(pieces.get(i, ""), p) for i, p in top["raw"]]

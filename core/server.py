@@ -83,6 +83,7 @@ class Job:
     strip_leading_space: bool = False
     inspect: int = 0
     stop_ids: frozenset[int] = frozenset()  # this request's: a chat adds its format's end of turn
+    forced: tuple[int, ...] = ()  # the reply's first tokens, given (a branch: forced_tokens)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -203,7 +204,7 @@ class Scheduler:
                 next_lane += len(job.lanes)
                 free -= len(job.lanes)
                 out.append(Joining(job.prompt, job.lanes, job.cancel, job.strip_leading_space, job.inspect,
-                                   job.stop_ids))
+                                   job.stop_ids, job.forced))
         return out
 
     def _dispatch(self, ev) -> None:
@@ -348,6 +349,21 @@ def speculation_from_request(body: dict, *, lookup: int = 0, draft: str = "") ->
     return (lookup if given_lookup is None else 0), (draft if want is None else "")
 
 
+MAX_FORCED = 64  # forced_tokens a request may give
+
+
+def _token_ids(body: dict, key: str, vocab: int, *, most: int) -> list[int]:
+    """A list of token ids of this vocabulary (``forced_tokens``, vLLM's ``stop_token_ids``);
+    APIError 400 naming ``key``."""
+    v = body.get(key)
+    if v is None:
+        return []
+    if (not isinstance(v, list) or len(v) > most
+            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in v)):
+        raise APIError(400, f"{key} must be a list of at most {most} token ids from 0 to {vocab - 1}", param=key)
+    return list(v)
+
+
 def _logit_bias_text(body: dict) -> tuple[str, ...]:
     """The ``logit_bias_text`` extension: ["TEXT=BIAS", ...] (BIAS -100 to 100, or -inf), each
     TEXT split into tokens by the served model's tokenizer as plain text, as the app and the
@@ -467,14 +483,16 @@ class _Reply:
                 "system_fingerprint": self.server.fingerprint}
 
     def _entry(self, tok: Token) -> dict:
-        def one(piece: str, lp: float) -> dict:
-            return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
-        e = one(tok.piece, tok.logprob)
+        # "id" (an extension) names each token by id, as a branch at an alternative needs:
+        # two tokens may spell the same text.
+        def one(piece: str, lp: float, tid: int) -> dict:
+            return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8")), "id": tid}
+        e = one(tok.piece, tok.logprob, tok.token_id)
         alts = []
         if self.top and tok.top:
             names = tok.top["pieces"]
-            alts = [(names[i], math.log(p)) for i, p in tok.top["raw"][: self.top]]
-        e["top_logprobs"] = [one(p, lp) for p, lp in alts]
+            alts = [(names[i], math.log(p), i) for i, p in tok.top["raw"][: self.top]]
+        e["top_logprobs"] = [one(p, lp, i) for p, lp, i in alts]
         return e
 
     def logprobs(self, toks: list[Token], choice: int) -> dict | None:
@@ -489,7 +507,9 @@ class _Reply:
             self.offsets[choice] += len(t.piece)
         return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
                 "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries]
-                if self.top else None, "text_offset": offsets}
+                if self.top else None, "text_offset": offsets,
+                # an extension: the alternatives' ids, in top_logprobs' order (a dict keyed by text cannot hold them)
+                **({"top_token_ids": [[a["id"] for a in e["top_logprobs"]] for e in entries]} if self.top else {})}
 
     def stop_reason(self, d: Done):
         """vLLM's stop_reason: the stop string or token id that ended the choice."""
@@ -520,6 +540,8 @@ class _Reply:
         completion = sum(len(d.tokens) + (d.stop_token is not None) for d in done)
         out = {"prompt_tokens": len(self.job.prompt), "completion_tokens": completion,
                "total_tokens": len(self.job.prompt) + completion}
+        if done and done[0].stats is not None:  # OpenAI's field: prompt tokens the KV cache held
+            out["prompt_tokens_details"] = {"cached_tokens": done[0].stats.cached_tokens}
         spec = [s for s in (speculative_stats(d) for d in done) if s is not None]
         if spec:  # all choices together; each choice's own are on the choice
             drafted, accepted = sum(s["drafted"] for s in spec), sum(s["accepted"] for s in spec)
@@ -696,14 +718,20 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
         lp = body.get("logprobs")
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS):
             raise APIError(400, f"logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}", param="logprobs")
-        if len(ids) >= state.engine.max_context:
-            check_context(len(ids), None, state.engine.max_context, what="the prompt")
-        lanes = sampling_from_request(body, default_max_tokens=16, vocab=state.engine.model.args.vocab_size,
-                                      lookup=state.lookup, draft=state.draft)
-        # A completion stops only on the model's own stop tokens: no chat turn to end.
-        return Job(ids, lanes, False, lp or 0, frozenset(state.loaded.stop_ids)), lp
+        vocab = state.engine.model.args.vocab_size
+        forced = _token_ids(body, "forced_tokens", vocab, most=MAX_FORCED)
+        stops = _token_ids(body, "stop_token_ids", vocab, most=256)
+        if len(ids) + len(forced) >= state.engine.max_context:
+            check_context(len(ids) + len(forced), None, state.engine.max_context, what="the prompt")
+        lanes = sampling_from_request(body, default_max_tokens=16, vocab=vocab, lookup=state.lookup, draft=state.draft)
+        # A completion stops only on the model's own stop tokens (and stop_token_ids: a chat
+        # reply continued as a completion ends at its turn's end): no chat turn to end.
+        return Job(ids, lanes, False, lp or 0, frozenset(state.loaded.stop_ids) | frozenset(stops), tuple(forced)), lp
 
     def chat_job(body: dict) -> tuple[Job, int | None]:
+        if body.get("forced_tokens") is not None:
+            raise APIError(400, "forced_tokens: branch a chat reply through /v1/completions, with the chat's "
+                           "prompt_token_ids and the reply's kept tokens as the prompt", param="forced_tokens")
         msgs = _messages(body)
         try:
             ids = render_chat(state.loaded.chat_format, msgs)
@@ -727,7 +755,8 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
         strip = strips_reply_space(state.tokenizer, state.loaded.chat_format)
         # The end of a chat turn stops this request only: a completion batched beside it
         # must run on past the same token.
-        stops = frozenset(state.loaded.stop_ids) | frozenset(state.loaded.chat_format.stop_ids())
+        stops = (frozenset(state.loaded.stop_ids) | frozenset(state.loaded.chat_format.stop_ids())
+                 | frozenset(_token_ids(body, "stop_token_ids", state.engine.model.args.vocab_size, most=256)))
         return Job(ids, lanes, strip, top or 0, stops), (top or 0) if lp else None
 
     async def generate(request: Request, chat: bool):

@@ -45,11 +45,13 @@ def test_a_remote_reply_is_the_workers_event_vocabulary_with_negative_ids(served
     assert done.text == KNOWN[:len(done.text)] and "".join(t.text for t in toks) == done.text
     assert done.stats.generated_tokens == 8 and done.stats.ttft_s > 0
     # The inspector's shape: the chosen token is keyed by its own id (greedy: the top one),
-    # the other alternatives by stand-ins that never equal it; no filtered list is made up.
+    # the other alternatives by the ids LlamaDesk's serve names them by (what a branch at one
+    # forces); no filtered list is made up.
     for t in toks:
         keys = [k for k, _ in t.top["raw"]]
         assert keys[0] == t.token_id and t.top["pieces"][t.token_id] == t.piece
-        assert all(k < 0 for k in keys[1:]) and len(set(keys)) == 3 and t.top["filtered"] == []
+        assert all(k >= 0 for k in keys) and len(set(keys)) == 3 and t.top["filtered"] == []
+        assert all(srv.state.engine._piece(k) == t.top["pieces"][k] for k in keys)
     assert runner.active == 0
 
 
