@@ -554,7 +554,8 @@ def cmd_serve(args) -> int:
         raise SettingsError("choose --lookup or --draft, not both")
     loaded, load_s = _load(args)
     state = ServerState(loaded, model_id=args.model_name, api_key=args.api_key,
-                        max_batch=args.max_batch, max_queue=args.max_queue, lookup=args.lookup, draft=args.draft)
+                        max_batch=args.max_batch, max_queue=args.max_queue, lookup=args.lookup, draft=args.draft,
+                        compile=args.compile)
 
     def announce(url: str) -> None:
         print(f"serving {state.model_id} at {url} (loaded in {load_s:.1f} s; Ctrl+C stops)", file=sys.stderr, flush=True)

@@ -58,6 +58,11 @@ class DecodeStep:
         what = name + (", CUDA graphs" if self.graphs else ", static cache" if self.static else "")
         try:
             if self.static:
+                import torch._dynamo.config as dynamo_config
+                # One graph per lanes count and cache size: serving up to 16 rows at a few
+                # sizes passes dynamo's default of 8 recompiles, after which it would
+                # quietly run the step eagerly.
+                dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
                 mode = {"mode": "reduce-overhead"} if self.graphs else {}
                 self._fn = torch.compile(static_step, dynamic=False, backend=self.backend, **mode)
             else:

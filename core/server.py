@@ -615,16 +615,17 @@ class ServerState:
     loaded now by the app's own draft loader and listed by its name; requests draft with it
     by default (DraftModelError when its vocabulary differs from the model's, a
     CheckpointError when it cannot be read). Requests never load models of their own.
+    ``compile``: decode through torch.compile (``serve --compile``; :mod:`core.decode_step`).
     """
 
     def __init__(self, loaded, *, model_id: str | None = None, api_key: str | None = None,
                  max_batch: int = 16, max_queue: int = 64, on_done: Callable[[Job], None] | None = None,
-                 lookup: int = 0, draft: str | None = None):
+                 lookup: int = 0, draft: str | None = None, compile: bool | str = False):
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.model_id = model_id or loaded.name
         self.api_key = api_key or None
-        self.engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids)
+        self.engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids, compile=compile)
         if (isinstance(lookup, bool) or not isinstance(lookup, int) or not 0 <= lookup <= MAX_LOOKUP):
             raise SettingsError(f"--lookup must be a whole number from 0 (off) to {MAX_LOOKUP}, got {lookup!r}")
         if lookup and draft:

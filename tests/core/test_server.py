@@ -468,3 +468,21 @@ def test_a_seeded_reply_is_the_same_alone_and_batched_beside_others(fixtures):
         for o in others:
             o.close()
     assert alone == batched == ref.text
+
+
+def test_serve_compile_decodes_through_torch_compile_with_the_same_tokens(fixtures):
+    """``serve --compile`` reaches the engine: a greedy request decodes through
+    torch.compile (dynamo's eager backend standing in for inductor, which takes minutes
+    here) and gives the uncompiled engine's tokens."""
+    torch._dynamo.reset()
+    lm = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
+    prompt = "Once upon a time"
+    plain = Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids)
+    want = [e for e in plain.generate(lm.tokenizer.encode(prompt, bos=True), SamplingParams(temperature=0, max_new_tokens=12))
+            if isinstance(e, Done)][0].tokens
+    with RunningServer(ServerState(lm, compile="eager")) as srv:
+        client = openai.OpenAI(base_url=srv.url, api_key="none", max_retries=0, timeout=120)
+        r = client.completions.create(model=srv.state.model_id, prompt=prompt, temperature=0, max_tokens=12,
+                                      extra_body={"return_token_ids": True})
+        assert srv.state.engine.compile_status == "compiled (eager)"
+    assert r.choices[0].model_extra["token_ids"] == want and len(want) == 12
