@@ -290,13 +290,12 @@ class Vocabulary:
                     raise ConstraintError(f"the {constraint.describe()} allows no output: {why}")
                 raise ConstraintError(f"the {constraint.describe()} is too big for the grammar engine "
                                       f"({step} tokens in): {why}")
-            allowed = allowed_tokens(row[0], self.size)
-            allowed[self.eos_ids] = False
-            if step == 0 and not (bool(allowed.any()) or walk.is_accepting()):
+            token = _lowest_token(row[0], self.eos_ids)
+            if step == 0 and token is None and not walk.is_accepting():
                 raise ConstraintError(f"the {constraint.describe()} allows no output: no text matches it")
-            if not bool(allowed.any()):
+            if token is None:
                 break
-            walk.consume_token(int(allowed.nonzero()[0, 0]))
+            walk.consume_token(token)
         self._grammars[constraint] = grammar
         while len(self._grammars) > self.CACHE:
             self._grammars.popitem(last=False)
@@ -310,6 +309,19 @@ class Vocabulary:
         if matcher.is_error():
             raise ConstraintError(f"the {constraint.describe()} cannot be compiled: {_first_lines(matcher.get_error())}")
         return ConstraintState(self, matcher, constraint, stop_ids)
+
+
+def _lowest_token(bitmask_row: torch.Tensor, but: Sequence[int]) -> int | None:
+    """The lowest token id a bitmask row allows, other than ``but``; None if there is none.
+    (On the words, in numpy: allowed_tokens' [V] bool tensor costs ~75 ms at 128k.)"""
+    words = bitmask_row.numpy().view(np.uint32).copy()
+    for t in but:
+        words[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
+    nz = np.flatnonzero(words)
+    if not len(nz):
+        return None
+    w = int(words[nz[0]])
+    return int(nz[0]) * 32 + ((w & -w).bit_length() - 1)
 
 
 def _first_lines(message: str) -> str:

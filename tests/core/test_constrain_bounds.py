@@ -150,3 +150,22 @@ def test_serve_refuses_a_body_nested_past_the_json_reader_with_400(server):
     raw = '{"prompt": "x", "regex": ' + "[" * 100_000 + "]" * 100_000 + "}"
     r = httpx.post(server.url + "/completions", content=raw, headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code == 400 and "too deeply" in r.json()["error"]["message"]
+
+
+def test_the_walk_ahead_picks_the_lowest_allowed_token_but_the_ones_left_out():
+    import random
+
+    from core.constrain import _lowest_token, allowed_tokens, new_bitmask
+    rng = random.Random(1)
+    for _ in range(200):
+        size = rng.choice([40, 512, 1000, 128256])
+        row = new_bitmask(1, size)[0]
+        row.zero_()
+        allowed = rng.sample(range(size), rng.randint(0, 5))
+        words = row.numpy().view("uint32")
+        for t in allowed:
+            words[t >> 5] |= 1 << (t & 31)  # bit 31 too: the words are int32 underneath
+        but = rng.sample(allowed, min(len(allowed), rng.randint(0, 2)))
+        want = allowed_tokens(row, size).clone()
+        want[but] = False
+        assert _lowest_token(row, but) == (int(want.nonzero()[0, 0]) if bool(want.any()) else None)
