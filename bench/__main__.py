@@ -27,43 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench import bench_quant  # noqa: E402
 from bench.bench_engine import engine_section  # noqa: E402
-from bench.common import LLAMA3_VOCAB, machine, median_of  # noqa: E402
-from core.sampling import SamplingParams, choose_tokens, draw, filter_rows  # noqa: E402
-
-# --------------------------------------------------------------------------- sampler
-
-def sampler(quick: bool, threads: int) -> dict:
-    V = 4096 if quick else LLAMA3_VOCAB
-    reps = 2 if quick else 15
-    g = torch.Generator().manual_seed(0)
-    rows = {}
-    data = {"vocab": V}
-    for shape, std in (("peaked (logit std 4)", 4.0), ("flat (logit std 0.5)", 0.5)):
-        for lanes in (1, 8):
-            lg = torch.randn(lanes, V, generator=g) * std
-            qs = [SamplingParams(temperature=0.8, top_p=0.9, seed=i) for i in range(lanes)]
-            gens = [q.generator() for q in qs]
-            fast = median_of(lambda: choose_tokens(lg, qs, [None] * lanes, gens), reps)
-
-            def ref():
-                f = filter_rows(lg, qs, [None] * lanes)
-                return [draw(f[i].softmax(-1), gens[i]) for i in range(lanes)]
-            slow = median_of(ref, max(2, reps // 3))
-            rows[(shape, lanes)] = (fast, slow)
-            data[f"{shape.split()[0]}_{lanes}_lanes_ms_per_lane"] = {"fast": fast * 1e3 / lanes,
-                                                                       "reference": slow * 1e3 / lanes}
-    md = [f"Top-p 0.9, temperature 0.8, vocabulary {V:,}; per lane per token, median of {reps}. "
-          "The reference is the full stable sort (kept in the tests as the definition).", "",
-          "| logits | lanes | fast sampler | reference sort | speed-up |", "|---|---|---|---|---|"]
-    for (shape, lanes), (fast, slow) in rows.items():
-        md.append(f"| {shape} | {lanes} | {fast * 1e3 / lanes:.3f} ms | {slow * 1e3 / lanes:.2f} ms | "
-                  f"{slow / fast:.1f}x |")
-    md.append("")
-    md.append("Flat rows need most of the vocabulary to reach p, so they take the fallback "
-              "(a 4096-candidate pass, then the sort); trained models' distributions are peaked.")
-    return {"title": "Sampler (goal: <= 1 ms per lane per token at 128k vocabulary)",
-            "markdown": "\n".join(md), "data": data}
-
+from bench.bench_sampler import sampler_section  # noqa: E402
+from bench.common import machine  # noqa: E402
 
 # --------------------------------------------------------------------------- GPU note and assembly
 
@@ -131,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     mach = machine(a.quick, a.threads)
     sections.append(mach)
     bw = mach["data"]["read_bandwidth_gb_s"]
-    sections.append(sampler(a.quick, a.threads))
+    sections.append(sampler_section(a.quick, a.threads))  # bench/bench_sampler.py
     sections.append(engine_section(a.quick, a.threads, bw))  # bench/bench_engine.py
     if "bench_quant" in a.skip:
         sections.append({"title": "GGUF files (skipped)", "markdown": "Skipped in this run (`--skip bench_quant`).",

@@ -386,6 +386,9 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
     """
     B, V = logits.shape
     dev = logits.device
+    # Row by row below: a decode step's [B, V] can be column-major (stride (1, B)), which
+    # makes every row pass strided; one copy is far cheaper.
+    logits = logits.contiguous()
     x_all = _prepared(logits, params, previous, bitmask)
     sampled = [i for i, q in enumerate(params) if not q.greedy]
     # greedy rows: the reference's argmax, first of ties

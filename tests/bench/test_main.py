@@ -40,3 +40,15 @@ def test_quick_bench_writes_markdown_and_json(tmp_path, meta_fixtures):
     assert gguf["llama_cpp"] or ("not measured" in md and gguf["why_not"])
     if not __import__("torch").cuda.is_available():
         assert "**Unmeasured**" in md
+
+
+@pytest.mark.timeout(300)
+def test_sampler_bench_runs_alone(meta_fixtures):
+    """bench/bench_sampler.py --quick: the interleaved sampler table and the decode-step
+    ratios print (plumbing only: no times asserted)."""
+    env = {**os.environ, "LLAMADESK_FIXTURES": str(meta_fixtures)}
+    run = subprocess.run([sys.executable, "bench/bench_sampler.py", "--quick"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "| flat (logit std 0.5) | top-p | 8 |" in run.stdout
+    assert "Top-p decode / greedy decode" in run.stdout and "eight top-p lanes" in run.stdout
