@@ -339,6 +339,7 @@ class RemoteModel:
             reason = _FINISH.get(finish, "length")
         stats.prompt_tokens = (usage or {}).get("prompt_tokens", 0)
         stats.cached_tokens = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        stats.speculative = _speculative((usage or {}).get("speculative"))
         stats.generated_tokens = len(tokens)
         stats.ttft_s = stats.prefill_s = (first or end) - t0
         stats.decode_s = end - (first or end)
@@ -398,6 +399,20 @@ class Capabilities:
     why: dict = field(default_factory=dict)
 
     FIELDS = ("streaming", "seed", "logprobs", "top_logprobs", "top_k", "min_p", "repetition_penalty", "n")
+
+
+def _speculative(sp) -> dict | None:
+    """A LlamaDesk server's ``usage.speculative`` (see core.server.speculative_stats) as the
+    engine's own Stats.speculative, so a lane on the server shows its drafting as a local one."""
+    if not isinstance(sp, dict) or not sp:
+        return None
+    try:
+        return {"kind": str(sp["kind"]), "lookup": int(sp.get("lookup") or 0), "draft": str(sp.get("draft") or ""),
+                "drafted": int(sp["drafted"]), "accepted": int(sp["accepted"]),
+                "acceptance": float(sp["acceptance_rate"]), "mean_draft": float(sp.get("mean_draft") or 0.0),
+                "forwards": int(sp.get("forwards") or 0), "speedup": sp.get("speedup")}
+    except (KeyError, TypeError, ValueError):
+        return None  # another shape: the reply stands, its drafting is just not shown
 
 
 def _sse_data(r: httpx.Response) -> Iterator[str]:

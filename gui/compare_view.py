@@ -1110,16 +1110,20 @@ class CompareView(QWidget):
             self.status.setText(f"Settings: {e}")
             return None
         targets = [i for i, c in enumerate(self.columns) if only is None or c in only]
-        remote = [i for i in targets if self.model_of(i).kind == "server"]
+        # LlamaDesk's own serve takes a bias by text and speculation (extension fields, split
+        # and run by its engine); another server has neither, nor a tokenizer known here.
+        remote = [i for i in targets if self.model_of(i).kind == "server"
+                  and not (self.model_of(i).remote is not None and self.model_of(i).remote.is_llamadesk)]
         remote_bias = [i for i in remote if params[i].logit_bias_text]
         for i in remote_bias:
-            self.columns[i].show_notice("A logit bias by text needs the model's tokenizer, and a server's is not "
-                                        "known here: clear the lane's bias or run it on a local model.")
+            self.columns[i].show_notice("A logit bias by text needs the model's tokenizer, and this server's is not "
+                                        "known here (LlamaDesk's serve takes it): clear the lane's bias or run it "
+                                        "on a local model.")
         remote_spec = [i for i in remote if params[i].speculative and i not in remote_bias]
         for i in remote_spec:
-            self.columns[i].show_notice("Prompt lookup and draft models run in this app's engine; a server decodes "
-                                        "on its own: set the lane's speculative decoding to Off, or run it on a "
-                                        "local model.")
+            self.columns[i].show_notice("Prompt lookup and draft models run in LlamaDesk's engine (here or in its "
+                                        "serve); this server decodes on its own: set the lane's speculative "
+                                        "decoding to Off, or run it on a local model.")
         if remote_bias or remote_spec:
             self.status.setText("Settings: " + " · ".join(
                 f"lane {', '.join(str(i + 1) for i in lanes)} {what} on a server"

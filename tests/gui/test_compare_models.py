@@ -295,3 +295,34 @@ def test_saved_lane_models_are_data_never_opened_or_connected_until_run(qtbot, l
     assert "could not open /dev/zero" in v.columns[1].notice.text()
     assert "not connected to http://127.0.0.1:9/v1" in v.columns[2].notice.text()
     assert v.columns[1].run.stop_reason == v.columns[2].run.stop_reason == "error"
+
+
+def test_lanes_on_a_llamadesk_server_take_prompt_lookup_and_a_bias_by_text(qtbot, loop, bridge, history, fixtures):
+    """LlamaDesk's serve runs a lane's prompt lookup and its logit bias by text (extension
+    fields): the lanes run there, not refused, and give what the same lanes give locally."""
+    story = fixtures / "stories260K.gguf"
+    banned = {**GREEDY, "logit_bias_text": ["girl=-inf"]}
+    with ServeProcess(story, key="cmp-key") as server:
+        remote = RemoteModel(server.url, api_key="cmp-key")
+        remote.connect()
+        remote.probe()
+        v = view_for(bridge, history, [GREEDY, {**GREEDY, "lookup": 2}, banned, banned])
+        qtbot.addWidget(v)
+        lane_model = v.add_server(remote)
+        v.set_lane_model(1, lane_model)
+        v.set_lane_model(2, lane_model)
+
+        async def scenario():
+            await bridge.load(str(story), device="cpu", dtype="float32")
+            assert v.run() is not None
+            await until(lambda: not v.running, 90, "the comparison to finish")
+
+        run(loop, scenario(), 150)
+    runs = [c.run for c in v.columns]
+    assert all(r.finished and not r.error for r in runs), [r.error for r in runs]
+    assert all(c.notice.isHidden() for c in v.columns)
+    assert runs[1].ids == runs[0].ids == direct(story, GREEDY).tokens  # lookup changes speed, never tokens
+    assert (runs[1].engine_stats.get("speculative") or {}).get("lookup") == 2
+    assert runs[2].ids == runs[3].ids != runs[0].ids  # the server split the bias as the app does
+    girl = set(load(story, device="cpu", dtype="float32").tokenizer.encode("girl", bos=False))
+    assert girl & set(runs[0].ids) and not girl & set(runs[2].ids)
