@@ -114,6 +114,7 @@ class Done:
     stats: Stats
     stop_token: int | None = None
     error: str = ""
+    prompt_ids: list[int] | None = None  # a server's reply: its prompt as the server tokenized it
 
 
 Event = Prefilled | Token | Done

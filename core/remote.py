@@ -186,6 +186,9 @@ class RemoteRunner:
             if request.continue_reply:
                 raise RemoteError("a server cannot carry on a reply (OpenAI's API has no way to ask): "
                                   "regenerate it, or continue it with a local model", kind="unsupported")
+            if (request.forced or request.reply_prefix) and not request.prompt_ids:
+                raise RemoteError("a branch on a server needs the prompt's token ids as the server reported them: "
+                                  "run the lane again, then branch", kind="unsupported")
             if request.mode not in ("chat", "completion"):
                 raise RemoteError(f"unknown mode {request.mode!r}: use chat or completion", kind="bad_request")
             if not 0 <= int(request.inspect) <= MAX_INSPECT:
@@ -216,8 +219,18 @@ class RemoteRunner:
         caps = model.caps
         top = int(request.inspect) if caps is None or caps.top_logprobs else 0
         kw = dict(messages=request.messages) if request.mode == "chat" else dict(prompt=request.prompt)
+        meta: dict = {}
         try:
-            for ev in model.stream(lane.params, lane=i, logprobs=True, top_logprobs=top, cancel=job.cancel, **kw):
+            if request.forced or request.reply_prefix:
+                # A branch of a reply this server gave: its prompt ids and the kept tokens, then the
+                # forced token (none for a ban: the lane's logit bias keeps the old one out).
+                events = model.branch(lane.params, list(request.prompt_ids) + list(request.reply_prefix),
+                                      list(request.forced), stop_ids=list(request.stop_ids), lane=i, logprobs=True,
+                                      top_logprobs=top, cancel=job.cancel, meta=meta)
+            else:
+                events = model.stream(lane.params, lane=i, logprobs=True, top_logprobs=top, cancel=job.cancel,
+                                      meta=meta, **kw)
+            for ev in events:
                 with job.lock:
                     if lane.closed or job.failed:
                         continue  # cancelled: the stream closes at this chunk
@@ -232,6 +245,12 @@ class RemoteRunner:
                         if caps is not None and not caps.seed:
                             # The server was sent no seed: record none rather than one it never saw.
                             ev.params = replace(ev.params, seed=None)
+                        # What a branch of this reply sends back: the prompt before the reply (a
+                        # branch's server prompt also holds the kept tokens, which its run starts with).
+                        if request.forced or request.reply_prefix:
+                            ev.prompt_ids = list(request.prompt_ids)
+                        elif meta.get("prompt_token_ids"):
+                            ev.prompt_ids = [int(t) for t in meta["prompt_token_ids"]]
                         ev = Reply(job.rid, ev)
                     self._emit(ev)
         except RemoteError as e:

@@ -50,7 +50,10 @@ class _PromptRequest:
     with no end-of-turn (``messages`` must not contain it). ``inspect`` > 0 attaches the
     top-k alternatives to every token. A branch from a token of an earlier reply gives
     that reply's tokens before it as ``reply_prefix`` (they end the prompt, so the KV cache
-    that still holds them is reused) and the chosen alternative as ``forced``.
+    that still holds them is reused) and the chosen alternative as ``forced``. A branch of
+    a reply that ran on a server also gives ``prompt_ids``, the prompt as that server
+    tokenized it, and ``stop_ids`` (a chat reply's end of turn): the server is sent token
+    ids, not messages (the local worker renders its own prompt and ignores both).
     """
     messages: list[dict] = field(default_factory=list)
     mode: str = "chat"
@@ -60,6 +63,8 @@ class _PromptRequest:
     inspect: int = 0
     reply_prefix: list[int] = field(default_factory=list)
     forced: list[int] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    stop_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -109,6 +109,11 @@ class LaneRun:
     last_at: float | None = None
     error: str | None = None  # why the lane's request failed (what streamed before stays)
     kept_text: str = ""  # a branch: the text of the tokens it kept from its source lane
+    # A lane on a server: its prompt as the server tokenized it and the token that ended
+    # the reply (a chat's end of turn), what a branch of it sends back (not saved: a
+    # reopened server lane is run again before it branches)
+    prompt_ids: list[int] = field(default_factory=list)
+    stop_token: int | None = None
     diff_cache: tuple | None = field(default=None, repr=False, compare=False)  # the view's last diff of it
 
     @property
@@ -139,6 +144,8 @@ class LaneRun:
         self.stop_reason = done.stop_reason
         self.params = done.params.to_dict()
         self.engine_stats = done.stats.to_dict()
+        self.prompt_ids = list(getattr(done, "prompt_ids", None) or [])
+        self.stop_token = getattr(done, "stop_token", None)
 
     def fail(self, message: str) -> None:
         """The lane's request failed: keep what streamed, stop with reason "error"."""

@@ -1142,7 +1142,8 @@ class CompareView(QWidget):
         plan = []
         for idx in groups.values():
             b = cols[idx[0]].branch
-            extra = {"reply_prefix": b["kept"].ids, "forced": [b["token_id"]]} if b else {}
+            extra = {"reply_prefix": b["kept"].ids, "forced": [b["token_id"]],
+                     "prompt_ids": b.get("prompt_ids", []), "stop_ids": b.get("stop_ids", [])} if b else {}
             plan.append((self.model_of(targets[idx[0]]), idx, extra))
         base = CompareRequest(messages=prompt.get("messages", []), mode=prompt["mode"], prompt=prompt["text"],
                               chat_format=self.chat_format, inspect=self.inspect)
@@ -1405,7 +1406,12 @@ class CompareView(QWidget):
         elif len(self.columns) >= MAX_LANES:
             why = f"a comparison has at most {MAX_LANES} lanes: remove one first"
         elif self.model_of(lane).kind == "server":
-            why = "a lane on a server cannot continue from a token (the server does not take a forced one)"
+            remote = self.model_of(lane).remote
+            if remote is None or not remote.is_llamadesk:
+                why = ("this lane's server cannot continue a reply from a token (LlamaDesk's serve can; "
+                       "OpenAI's API has no way to force one)")
+            elif not run.prompt_ids:
+                why = "the server did not report this lane's prompt as token ids: run the lane again, then branch"
         if why:
             self.status.setText(f"Cannot branch: {why}.")
             return None
@@ -1413,6 +1419,9 @@ class CompareView(QWidget):
         new = self.add_lane(settings, model=self.model_of(lane))
         new.branch = {"src": col, "from": lane + 1, "at": index, "token_id": int(token_id),
                       "kept": LaneRun.branch_of(run, index)}
+        if self.model_of(lane).kind == "server":  # the server is sent its own prompt ids, then the kept tokens
+            new.branch["prompt_ids"] = list(run.prompt_ids)
+            new.branch["stop_ids"] = [run.stop_token] if run.stop_token is not None else []
         self._refresh()
         task = self.run(only=[new])
         name = self.inspector.text_of(int(token_id))
@@ -1469,6 +1478,9 @@ class CompareView(QWidget):
                 b = col.branch
                 lanes[-1]["branch"] = {"from_lane": col.branch_source(), "at": b["at"], "token_id": b["token_id"],
                                        "kept_tokens": b["kept"].ids}
+                for key in ("prompt_ids", "stop_ids"):  # a branch on a server: what Run sends it again
+                    if key in b:
+                        lanes[-1]["branch"][key] = list(b[key])
         prompt["inspect"] = self.inspect
         return prompt, lanes
 
@@ -1546,8 +1558,13 @@ class CompareView(QWidget):
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in (at, tok, src)) \
                 or not 0 <= at < len(run.tokens) or not isinstance(kept, list) or kept != run.ids[:at]:
             return None
-        return {"src": self.columns[src - 1] if 1 <= src <= len(self.columns) else None, "from": src,
-                "at": at, "token_id": tok, "kept": LaneRun.branch_of(run, at)}
+        out = {"src": self.columns[src - 1] if 1 <= src <= len(self.columns) else None, "from": src,
+               "at": at, "token_id": tok, "kept": LaneRun.branch_of(run, at)}
+        for key in ("prompt_ids", "stop_ids"):  # a branch on a server
+            ids = b.get(key)
+            if isinstance(ids, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                out[key] = ids
+        return out
 
     def _model_from_record(self, rec) -> LaneModel:
         """The open model a saved lane ran on, or a stand-in that says what to open (a

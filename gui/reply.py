@@ -178,13 +178,27 @@ class ReplyController(QObject):
         prefix = target.text[:off] + "".join(texts[:index])
         kept = {k: list(rec.get(k) or [])[:index] for k in ("tokens", "token_texts", "pieces", "logprobs", "top")}
         kept = {**kept, **({"offset": off} if off else {})}
+        server: tuple[list[int], list[int]] = ([], [])
+        if self.backend is not None:  # the server is sent its own prompt ids, then the kept tokens
+            prompt_ids = rec.get("prompt_ids")
+            if off or not isinstance(prompt_ids, list) or not prompt_ids:
+                self.failed.emit("Could not branch the reply", "the server did not report this reply's prompt as "
+                                 "token ids (a reply from another server, or from before this version): "
+                                 "regenerate it on this server, then branch")
+                return False
+            stop = rec.get("stop_token")
+            server = ([int(t) for t in prompt_ids], [int(stop)] if isinstance(stop, int) else [])
+            kept["prompt_ids"] = server[0]
+            if server[1]:
+                kept["stop_token"] = server[1][0]
         self.conversation.show_branch_at(target.parent_id)
         return self._start(parent_id=target.parent_id, branch=(target.text[:off], ids[:index], prefix, kept),
                            forced=[] if ban else [int(token_id)], ban=int(token_id) if ban else None,
-                           inspect=max(self.inspect, int(rec.get("inspect") or 0)) or 5)
+                           inspect=max(self.inspect, int(rec.get("inspect") or 0)) or 5, server=server)
 
     def _start(self, *, parent_id: int, continue_of: Message | None = None, branch: tuple | None = None,
-               forced: list[int] = (), ban: int | None = None, inspect: int | None = None) -> bool:
+               forced: list[int] = (), ban: int | None = None, inspect: int | None = None,
+               server: tuple[list[int], list[int]] = ([], [])) -> bool:
         inspect = self.inspect if inspect is None else inspect
         try:
             # The seed is drawn here, so even a reply cut short by quitting records it.
@@ -199,7 +213,8 @@ class ReplyController(QObject):
             messages=self.conversation.request_messages(self.settings.system_prompt(), upto=parent_id),
             params=params, chat_format=self.settings.chat_format(),
             continue_reply=continue_of.text if continue_of is not None else lead, inspect=inspect,
-            reply_prefix=list(reply_prefix), forced=list(forced))
+            reply_prefix=list(reply_prefix), forced=list(forced), prompt_ids=list(server[0]),
+            stop_ids=list(server[1]))
         if continue_of is not None:
             view = self.conversation.view_message(continue_of)
         else:
@@ -302,6 +317,14 @@ class ReplyController(QObject):
             meta["error"] = st.error
         record = token_record(st)
         if record is not None:
+            if done is not None and getattr(done, "prompt_ids", None):
+                # A server's reply: its prompt as the server tokenized it and the token that
+                # ended it (a chat's end of turn), what a branch of it sends the server back.
+                record["prompt_ids"] = [int(t) for t in done.prompt_ids]
+                if done.stop_token is not None:
+                    record["stop_token"] = int(done.stop_token)
+                elif isinstance(st.prefix_record, dict) and st.prefix_record.get("stop_token") is not None:
+                    record["stop_token"] = int(st.prefix_record["stop_token"])
             meta["tokens"] = record
         if self.state is st:
             self.state = None

@@ -326,3 +326,73 @@ def test_lanes_on_a_llamadesk_server_take_prompt_lookup_and_a_bias_by_text(qtbot
     assert runs[2].ids == runs[3].ids != runs[0].ids  # the server split the bias as the app does
     girl = set(load(story, device="cpu", dtype="float32").tokenizer.encode("girl", bos=False))
     assert girl & set(runs[0].ids) and not girl & set(runs[2].ids)
+
+
+def test_a_lane_on_a_llamadesk_server_branches_at_a_token(qtbot, loop, bridge, history, fixtures, tmp_path):
+    """'Continue with X' on a lane served by LlamaDesk's serve: the new lane runs on the same
+    server (its prompt ids and the kept tokens, X forced), keeps the source's tokens before
+    X, reuses the server's KV cache and continues as a local engine's branch does; it is
+    saved with what Run sends again. On a server that is not LlamaDesk's, branching is
+    refused with a reason."""
+    from PySide6.QtCore import Qt
+    story = fixtures / "stories260K.gguf"
+    lm = load(story, device="cpu", dtype="float32")
+    prompt_ids = lm.tokenizer.encode(PROMPT, bos=True)
+    at = 5
+    with ServeProcess(story, key="cmp-key") as server:
+        remote = RemoteModel(server.url, api_key="cmp-key")
+        remote.connect()
+        remote.probe()
+        v = view_for(bridge, history, [GREEDY])
+        qtbot.addWidget(v)
+        v.resize(1400, 800)
+        v.show()
+        v.set_lane_model(0, v.add_server(remote))
+
+        async def first():
+            assert v.run() is not None
+            await until(lambda: not v.running, 90, "the lane to finish")
+
+        run(loop, first(), 120)
+        base = v.columns[0].run
+        assert base.finished and base.error is None and base.prompt_ids == prompt_ids
+        assert v.inspect_token(0, at)
+        alt = next(r["id"] for r in v.inspector.rows if not r["chosen"] and r["id"] >= 0)
+        assert v.inspector.select_row(alt) and v.inspector.branch_button.isEnabled()
+        qtbot.mouseClick(v.inspector.branch_button, Qt.LeftButton)
+        assert v.lane_count() == 2 and v.running
+
+        async def branch():
+            await until(lambda: not v.running, 90, "the branch to finish")
+
+        run(loop, branch(), 120)
+        col = v.columns[1]
+        br = col.run
+        assert br.finished and br.error is None, v.status.text()
+        assert v.model_of(1) is v.model_of(0)  # on the same server
+        ref = [e for e in Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids).generate(
+            prompt_ids + base.ids[:at], SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=24), forced=[alt])
+            if isinstance(e, Done)][0]
+        assert br.ids[:at] == base.ids[:at] and br.ids[at] == alt and br.ids[at:] == ref.tokens
+        assert br.engine_stats["cached_tokens"] > 0  # the server's cache held the prompt and kept tokens
+        assert col.branch_label.text() == f"Branched from lane 1 at token {at + 1}"
+        saved = json.loads(open(v.export("json", str(tmp_path / "c.json"))).read())
+        rec = saved["conversation"]["meta"]["comparison"]["lanes"][1]["branch"]
+        assert rec["prompt_ids"] == prompt_ids and rec["kept_tokens"] == base.ids[:at]
+
+        # A server that is not LlamaDesk's serve has no way to take a forced token.
+        plain = RemoteModel(server.url, api_key="cmp-key")
+        plain.connect()
+        plain.card.pop("llamadesk")
+        w = view_for(bridge, history, [GREEDY])
+        qtbot.addWidget(w)
+        w.set_lane_model(0, w.add_server(plain))
+
+        async def other():
+            assert w.run() is not None
+            await until(lambda: not w.running, 90, "the lane to finish")
+
+        run(loop, other(), 120)
+        assert w.columns[0].run.finished and w.columns[0].run.error is None
+        assert w.branch_lane(0, 2, 7) is None and w.lane_count() == 1
+        assert "Cannot branch" in w.status.text() and "LlamaDesk's serve can" in w.status.text()

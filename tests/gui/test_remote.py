@@ -8,6 +8,7 @@ import socket
 import threading
 
 import pytest
+import torch
 
 from core.client import RemoteModel
 from core.engine import Done
@@ -444,3 +445,51 @@ def test_the_dialog_says_what_is_wrong_with_an_address_in_place(qtbot, window, l
         dlg.close()
         return True
     assert run(loop, scenario(), 60)
+
+
+def test_a_reply_from_a_llamadesk_server_branches_and_bans_there(qtbot, window, loop, remote, fixtures):
+    """Continue with X and Ban on a reply that came from LlamaDesk's serve: the new versions
+    run on the server (its own prompt ids and the kept tokens as a token-id prompt, X forced;
+    or X banned), keep the tokens before X and continue as the local engine's branch does;
+    the server's KV cache holds the prefix."""
+    from core.checkpoints import load as load_model
+    from core.engine import Engine
+    lm = load_model(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
+    i = 3
+
+    async def scenario():
+        await load(window, str(fixtures / "stories260K.gguf"))
+        window.record_probs_action.setChecked(True)
+        greedy(window)
+        window.use_remote(remote)
+        first = await send(qtbot, window, "Tell me a story about a cat.")
+        rec = window.conversation.message(first["id"]).meta["tokens"]
+        ids = rec["tokens"]
+        alt = next(k for k, _ in rec["top"][i]["raw"] if k != ids[i])
+        done = []
+        window.replyFinished.connect(done.append)
+        assert window.reply.branch(first["id"], i, alt)
+        await until(lambda: done and not window.busy, 60, "the branch on the server")
+        branched = done.pop()
+        assert window.reply.branch(branched["id"], i, alt, ban=True)
+        await until(lambda: done and not window.busy, 60, "the ban on the server")
+        return first, rec, alt, branched, done.pop()
+
+    first, rec, alt, branched, banned = run(loop, scenario(), 150)
+    ids, prompt_ids = rec["tokens"], rec["prompt_ids"]
+    assert prompt_ids[0] == lm.tokenizer.bos_id and len(prompt_ids) > 5  # the server's own tokens
+    eng = Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids)
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=24)  # send() sets 24
+    ref = [e for e in eng.generate(prompt_ids + ids[:i], params, forced=[alt]) if isinstance(e, Done)][0]
+    new = window.conversation.message(branched["id"])
+    toks = new.meta["tokens"]["tokens"]
+    assert branched["version"] == (2, 2) and not branched.get("error")
+    assert toks[:i] == ids[:i] and toks[i] == alt and toks[i:] == ref.tokens
+    assert new.meta.get("server") and new.stats["cached_tokens"] > 0
+    assert new.meta["tokens"]["prompt_ids"] == prompt_ids  # a branch of the branch sends the same
+    third = window.conversation.message(banned["id"])
+    t3 = third.meta["tokens"]["tokens"]
+    assert banned["version"] == (3, 3) and t3[:i] == ids[:i] and alt not in t3[i:]
+    biased = lm.model(torch.tensor([prompt_ids + ids[:i]]))[0, -1].detach().clone()
+    biased[alt] = float("-inf")
+    assert t3[i] == int(biased.argmax())
