@@ -105,24 +105,11 @@ class DraftModel:
         self.model = model
         self.cache = KVCache.for_model(model)
 
-    @torch.inference_mode()
-    def propose(self, row: int, ctx: list[int], k: int, params: SamplingParams, generator: torch.Generator,
-                vocab: int, limit: int | None, cancel: threading.Event | None = None,
-                probe_from: int | None = None) -> tuple[list[int], torch.Tensor | None]:
-        """Sample up to k tokens after ``ctx`` from the filtered draft distribution q.
-
-        ``probe_from``: the lane's last drafts failed; draft only if this model's own
-        greedy choices agree with at least half of the tokens of ``ctx`` from there on
-        that it catches up on now (the target's latest choices), read off the catch-up
-        forward's logits. So a draft model that keeps being wrong costs its catch-up,
-        not a verification forward.
-
-        Returns:
-            (drafts, q [len(drafts), vocab] or None for greedy lanes, whose q is the
-            point mass on each draft); no drafts when cancelled or the probe failed.
-        """
+    def _catch_up(self, row: int, ctx: list[int], vocab: int, cancel: threading.Event | None,
+                  probe_from: int | None) -> torch.Tensor | None:
+        """Run row's cache up to the end of ``ctx``: the logits [V] after it, or None when
+        cancelled or a probe failed (see :meth:`propose`)."""
         cache, dev = self.cache, self.model.tok_embeddings.weight.device
-        cache.ensure(row + 1, len(ctx) + k)
         done = cache.reusable_prefix(row, ctx)
         # Catch up on what the target accepted since last time; a probe reads every
         # position from probe_from - 1 on (up to PROBE_TOKENS), the rest only the last,
@@ -134,7 +121,7 @@ class DraftModel:
         logits = None
         while done < len(ctx):
             if cancel is not None and cancel.is_set():
-                return [], None
+                return None
             all_rows = probe_from is not None and done >= probe_at
             end = min(done + DRAFT_PREFILL_CHUNK, len(ctx) if all_rows or probe_from is None else probe_at)
             chunk = ctx[done:end]
@@ -145,31 +132,88 @@ class DraftModel:
                 seen = torch.tensor(ctx[done - len(chunk) + 1:done], device=dev)
                 agree = int((logits[:-1, :vocab].argmax(-1) == seen).sum())
                 if 2 * agree < len(chunk) - 1:
-                    return [], None
-        logits = logits[-1]
-        drafts: list[int] = []
-        qs: list[torch.Tensor] = []
-        penalty = params.repetition_penalty != 1.0
-        for i in range(k):
-            row_logits = _fit(logits, vocab, limit)
-            if not bool(torch.isfinite(row_logits).all()):
-                break  # a draft model that overflows drafts nothing (the target decides alone)
-            prev = torch.tensor(ctx + drafts, device=dev) if penalty else None
-            filt = filter_rows(row_logits.unsqueeze(0), [params], [prev])[0]
-            if params.greedy:
-                d = int(filt.argmax())
-            else:
-                q = filt.softmax(-1)
-                d = draw(q, generator)
-                qs.append(q)
-            drafts.append(d)
-            if i < k - 1:
-                logits = self.model(torch.tensor([[d]], device=dev), done, view, last_only=True)[0, -1]
-                done += 1
-                cache.tokens[row].append(d)
-        if params.greedy or not drafts:
-            return drafts, None
-        return drafts, torch.stack(qs)
+                    return None
+        return logits[-1]
+
+    @torch.inference_mode()
+    def propose(self, asks: list["DraftAsk"], vocab: int, limit: int | None
+                ) -> list[tuple[list[int], torch.Tensor | None]]:
+        """Sample up to ``ask.k`` tokens after each ``ask.ctx`` from the filtered draft
+        distribution q, for several target rows at once: after each row's catch-up, one
+        forward per drafted position serves every row still drafting.
+
+        ``ask.probe_from``: the lane's last drafts failed; it drafts only if this model's
+        own greedy choices agree with at least half of the tokens of ``ctx`` from there
+        on that it catches up on now (the target's latest choices), read off the catch-up
+        forward's logits. So a draft model that keeps being wrong costs its catch-up,
+        not a verification forward.
+
+        Returns:
+            per ask, (drafts, q [len(drafts), vocab] or None for greedy lanes, whose q is
+            the point mass on each draft); no drafts when cancelled or the probe failed.
+        """
+        cache, dev = self.cache, self.model.tok_embeddings.weight.device
+        cache.ensure(max(a.row for a in asks) + 1, max(len(a.ctx) + a.k for a in asks))
+        logits = {i: self._catch_up(a.row, a.ctx, vocab, a.cancel, a.probe_from) for i, a in enumerate(asks)}
+        drafts: list[list[int]] = [[] for _ in asks]
+        qs: list[list[torch.Tensor]] = [[] for _ in asks]
+        live = [i for i in logits if logits[i] is not None and asks[i].k > 0]
+        step = 0
+        while live:
+            rows = torch.stack([_fit(logits[i], vocab, limit) for i in live])
+            finite = torch.isfinite(rows).all(-1).tolist()
+            prev = [torch.tensor(asks[i].ctx + drafts[i], device=dev) if asks[i].params.repetition_penalty != 1.0
+                    else None for i in live]
+            filt = filter_rows(rows, [asks[i].params for i in live], prev)
+            best = filt.argmax(-1).tolist()
+            for j, i in enumerate(live):
+                if not finite[j]:
+                    continue  # a draft model that overflows drafts no further (the target decides alone)
+                if asks[i].params.greedy:
+                    drafts[i].append(best[j])
+                else:
+                    q = filt[j].softmax(-1)
+                    drafts[i].append(draw(q, asks[i].generator))
+                    qs[i].append(q)
+            step += 1
+            live = [i for j, i in enumerate(live) if finite[j] and step < asks[i].k]
+            if live:
+                self._advance([asks[i].row for i in live], [drafts[i][-1] for i in live], logits, live)
+        return [(d, None if a.params.greedy or not d else torch.stack(q)) for a, d, q in zip(asks, drafts, qs)]
+
+    def _advance(self, rows: list[int], tokens: list[int], logits: dict, keys: list[int]) -> None:
+        """Run each row's newest draft (one forward for all of them); logits[key] after it."""
+        cache, dev = self.cache, self.model.tok_embeddings.weight.device
+        if len(rows) == 1:
+            r = rows[0]
+            at = len(cache.tokens[r])
+            logits[keys[0]] = self.model(torch.tensor([tokens], device=dev), at, cache.row(r), last_only=True)[0, -1]
+            cache.tokens[r].append(tokens[0])
+            return
+        # The first B rows run together, each at its own position; a row that drafts no
+        # further runs a placeholder just past what it holds (never read before it is
+        # written again, as a rejected draft's slot).
+        B = max(rows) + 1
+        x, pos = [0] * B, [len(cache.tokens[r]) for r in range(B)]
+        for r, t in zip(rows, tokens):
+            x[r] = t
+        cache.ensure(B, max(pos) + 1)
+        out = self.model(torch.tensor(x, device=dev).view(B, 1), torch.tensor(pos, device=dev), cache)[:, -1]
+        for r, t, key in zip(rows, tokens, keys):
+            logits[key] = out[r]
+            cache.tokens[r].append(t)
+
+
+@dataclass
+class DraftAsk:
+    """One lane's request to a draft model: k tokens after ctx, in cache row ``row``."""
+    row: int
+    ctx: list[int]
+    k: int
+    params: SamplingParams
+    generator: torch.Generator | None
+    cancel: threading.Event | None = None
+    probe_from: int | None = None
 
 
 def _fit(logits: torch.Tensor, vocab: int, limit: int | None) -> torch.Tensor:
@@ -504,6 +548,7 @@ def speculative_loop(engine, joining) -> Iterator:
     while rows:
         plan: list[tuple[list[int], torch.Tensor | None, torch.Tensor | None, str | None]] = []
         forcing: set[int] = set()  # rows whose drafts are a branch's forced tokens
+        asks: dict[DraftModel, list[tuple[int, DraftAsk]]] = {}
         for r, li in enumerate(rows):
             lane, sp = lanes[li], specs[li]
             room = min(engine.max_context - positions[li] - 1, lane.params.max_new_tokens - len(lane.tokens) - 1)
@@ -521,16 +566,20 @@ def speculative_loop(engine, joining) -> Iterator:
                     guess = sp.lookup.propose(1)
                     sp.guess = guess[0] if guess else None
             elif k > 0 and sp.draft is not None:
-                drafts, q = sp.draft.propose(r, lane.prompt + lane.tokens, k, lane.params, lane.generator,
-                                             V, limit, lane.cancel,
-                                             probe_from=len(lane.prompt) if sp.pace.probing else None)
+                asks.setdefault(sp.draft, []).append(
+                    (r, DraftAsk(r, lane.prompt + lane.tokens, k, lane.params, lane.generator, lane.cancel,
+                                 probe_from=len(lane.prompt) if sp.pace.probing else None)))
+            plan.append((drafts, q, None, None))
+        for d, rq in asks.items():  # every lane drafting with one draft model, together
+            for (r, _), (drafts, q) in zip(rq, d.propose([a for _, a in rq], V, limit)):
+                plan[r] = (drafts, q, None, None)
                 if not drafts:
-                    sp.pace.miss()  # its recent choices disagreed with the model's: not worth a check
-            masks, closed = None, None
+                    specs[rows[r]].pace.miss()  # its latest choices disagreed with the model's: no check
+        for r, li in enumerate(rows):
+            lane, (drafts, q, _, _) = lanes[li], plan[r]
             if drafts and lane.constraint is not None:
                 masks, drafts, closed = constraint_masks(lane.constraint, drafts, lane.stop_ids, V)
-                q = None if q is None else q[: len(drafts)]
-            plan.append((drafts, q, masks, closed))
+                plan[r] = (drafts, None if q is None else q[: len(drafts)], masks, closed)
         T = 1 + max(len(p[0]) for p in plan)
         B = len(rows)
         pos_list = [positions[li] for li in rows]

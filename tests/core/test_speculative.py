@@ -628,3 +628,40 @@ def test_drafting_on_the_static_cache_step(stories, pacing):
         assert d.tokens == plain.tokens, spec
     cap = eng.cache.capacity
     assert cap & (cap - 1) == 0
+
+
+def test_lanes_that_draft_with_one_draft_model_draft_together(stories, pacing):
+    """Comparison lanes (and side-by-side prompts, rows at different positions) drafting
+    with the same draft model run its steps in one batched forward, and every lane still
+    gives its plain greedy tokens; a twin of the target as draft is always right, which
+    shows each row drafted from its own context and cache positions."""
+    import copy
+    tok = stories.tokenizer
+    eng = Engine(stories.model, tok, stop_ids=stories.stop_ids)
+    twin = copy.deepcopy(stories.model)
+    eng.add_draft("twin", twin, tok)
+    eng.add_draft("random", random_model(stories.model.args.vocab_size, seed=3), tok)
+    batches = []
+    real = twin.forward
+
+    def counting(x, *a, **kw):
+        batches.append(x.shape[0])
+        return real(x, *a, **kw)
+    twin.forward = counting
+    prompt = tok.encode(REPEAT, bos=True)
+    settings = [dict(temperature=0), dict(temperature=0, repetition_penalty=1.3), dict(temperature=0, top_k=3)]
+    plain = [tokens_of(eng, prompt, max_new_tokens=40, **kw).tokens for kw in settings]
+    lanes = [SamplingParams(max_new_tokens=40, draft="twin", **kw) for kw in settings]
+    lanes += [SamplingParams(max_new_tokens=40, draft="random", temperature=0), SamplingParams(max_new_tokens=40, temperature=0)]
+    dones = sorted((e for e in eng.generate_lanes(prompt, lanes) if isinstance(e, Done)), key=lambda d: d.lane)
+    assert [d.tokens for d in dones] == plain + [plain[0], plain[0]]
+    assert max(batches) >= 3  # the twin lanes' draft steps ran together
+    for d in dones[:3]:
+        assert d.stats.speculative["acceptance"] == 1.0 and d.stats.speculative["drafted"] > 20
+    batches.clear()
+    prompts = [prompt, tok.encode("Once upon a time there was", bos=True)]
+    base = [tokens_of(eng, p, temperature=0, max_new_tokens=30).tokens for p in prompts]
+    batch = [e for e in eng.generate_batch(prompts, SamplingParams(temperature=0, max_new_tokens=30, draft="twin"))
+             if isinstance(e, Done)]
+    assert [d.tokens for d in sorted(batch, key=lambda d: d.lane)] == base
+    assert max(batches) == 2 and all(d.stats.speculative["acceptance"] == 1.0 for d in batch)
