@@ -456,7 +456,6 @@ def _scan(logits: torch.Tensor, x: torch.Tensor, sampled: Sequence[int], temps: 
     """
     B, V = logits.shape
     S = x.shape[0]
-    dev = logits.device
     buf = torch.empty_like(logits[0])
     # The candidates: values above the kc-th largest of every s-th value, about
     # ``candidates`` of them (ties included).
