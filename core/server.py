@@ -716,6 +716,7 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
             ids = list(prompt)
         else:
             raise APIError(400, "prompt must be one string or one list of token ids", param="prompt")
+        ids = ids + _token_ids(body, "reply_prefix", state.engine.model.args.vocab_size, most=state.engine.max_context)
         lp = body.get("logprobs")
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS):
             raise APIError(400, f"logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}", param="logprobs")
@@ -730,14 +731,17 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
         return Job(ids, lanes, False, lp or 0, frozenset(state.loaded.stop_ids) | frozenset(stops), tuple(forced)), lp
 
     def chat_job(body: dict) -> tuple[Job, int | None]:
-        if body.get("forced_tokens") is not None:
-            raise APIError(400, "forced_tokens: branch a chat reply through /v1/completions, with the chat's "
-                           "prompt_token_ids and the reply's kept tokens as the prompt", param="forced_tokens")
         msgs = _messages(body)
         try:
             ids = render_chat(state.loaded.chat_format, msgs)
         except SettingsError as e:
             raise APIError(400, str(e), param="messages") from None
+        vocab = state.engine.model.args.vocab_size
+        # A branch of a reply (extensions, as the app's own requests): the reply's tokens
+        # before the branch point end the prompt, the chosen alternative is forced.
+        prefix = _token_ids(body, "reply_prefix", vocab, most=state.engine.max_context)
+        forced = _token_ids(body, "forced_tokens", vocab, most=MAX_FORCED)
+        ids = ids + prefix
         lp = body.get("logprobs")
         if lp is not None and not isinstance(lp, bool):
             raise APIError(400, "logprobs must be true or false", param="logprobs")
@@ -749,16 +753,18 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
         context = state.engine.max_context
         asked = body.get("max_completion_tokens")
         asked = body.get("max_tokens") if asked is None else asked
-        check_context(len(ids), asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None,
+        check_context(len(ids) + len(forced),
+                      asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None,
                       context, what="the messages")
         lanes = sampling_from_request(body, default_max_tokens=context - len(ids),
                                       vocab=state.engine.model.args.vocab_size, lookup=state.lookup, draft=state.draft)
-        strip = strips_reply_space(state.tokenizer, state.loaded.chat_format)
+        # the reply's leading space is dropped at its start only, not after a kept prefix
+        strip = strips_reply_space(state.tokenizer, state.loaded.chat_format) and not prefix
         # The end of a chat turn stops this request only: a completion batched beside it
         # must run on past the same token.
         stops = (frozenset(state.loaded.stop_ids) | frozenset(state.loaded.chat_format.stop_ids())
                  | frozenset(_token_ids(body, "stop_token_ids", state.engine.model.args.vocab_size, most=256)))
-        return Job(ids, lanes, strip, top or 0, stops), (top or 0) if lp else None
+        return Job(ids, lanes, strip, top or 0, stops, tuple(forced)), (top or 0) if lp else None
 
     async def generate(request: Request, chat: bool):
         try:

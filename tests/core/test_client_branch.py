@@ -10,8 +10,10 @@ from core.client import RemoteError, RemoteModel
 from core.engine import Done, Engine
 from core.prompting import render_chat
 from core.sampling import SamplingParams
+from core.remote import RemoteRunner
 from core.server import RunningServer, ServerState
-from tests.helpers import ROOT
+from core.worker import CompareRequest
+from tests.helpers import ROOT, Collector
 
 DEMO = ROOT / "assets" / "models" / "llamadesk-demo"
 pytestmark = pytest.mark.timeout(180)
@@ -93,7 +95,8 @@ def test_bad_branch_fields_are_400s_and_other_servers_are_refused(fixtures):
                             ({"prompt": [1, 2], "forced_tokens": "5"}, "forced_tokens"),
                             ({"prompt": [1, 2], "forced_tokens": [1] * 65}, "forced_tokens"),
                             ({"prompt": [1, 2], "stop_token_ids": [-1]}, "stop_token_ids"),
-                            ({"messages": [{"role": "user", "content": "Hi"}], "forced_tokens": [5]}, "forced_tokens")):
+                            ({"prompt": [1, 2], "reply_prefix": [1, "2"]}, "reply_prefix"),
+                            ({"messages": [{"role": "user", "content": "Hi"}], "forced_tokens": [512]}, "forced_tokens")):
             path_ = "/chat/completions" if "messages" in body else "/completions"
             r = httpx.post(server.url + path_, json={**body, "max_tokens": 2}, timeout=30)
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
@@ -102,3 +105,47 @@ def test_bad_branch_fields_are_400s_and_other_servers_are_refused(fixtures):
         with pytest.raises(RemoteError) as e:
             list(other.branch(SamplingParams(temperature=0), [1, 2], [5]))
         assert e.value.kind == "unsupported"
+
+
+def test_the_remote_runner_branches_a_chat_lane_from_the_apps_own_request(fixtures):
+    """What the comparison window sends for a branch of a server lane (CompareRequest with
+    the server's prompt_ids, reply_prefix, forced and the turn's stop_ids) runs through
+    RemoteRunner as a local branch runs on the engine, for a greedy and a seeded lane."""
+    direct = load(DEMO, device="cpu", dtype="float32")
+    msgs = [{"role": "user", "content": "Tell me a story about a cat."}]
+    stops = set(direct.stop_ids) | set(direct.chat_format.stop_ids())
+    prompt = render_chat(direct.chat_format, msgs)
+    i = 4
+    reply, alt = branch_point(direct, prompt, i, stops)
+    eng = Engine(direct.model, direct.tokenizer, stop_ids=direct.stop_ids)
+    lanes = [SamplingParams(temperature=0, max_new_tokens=40), SamplingParams(temperature=0.8, seed=9, max_new_tokens=40)]
+    want = [e for e in eng.generate_lanes(prompt + reply[:i], lanes, forced=[alt], stop_ids=stops) if isinstance(e, Done)]
+    want.sort(key=lambda d: d.lane)
+    with RunningServer(ServerState(load(DEMO, device="cpu", dtype="float32"))) as server:
+        remote = RemoteModel(server.url)
+        remote.connect()
+        col = Collector()
+        eot = sorted(direct.chat_format.stop_ids())
+        rid = RemoteRunner(col).compare(CompareRequest(messages=msgs, mode="chat", lanes=lanes, reply_prefix=reply[:i],
+                                                       forced=[alt], prompt_ids=prompt, stop_ids=eot), remote)
+        got = sorted((e for e in col.finished(rid, lanes=2) if isinstance(e, Done)), key=lambda d: d.lane)
+    assert [d.tokens for d in got] == [d.tokens for d in want] and all(d.tokens[0] == alt for d in got)
+
+
+def test_serve_takes_the_branch_as_the_apps_own_fields_too(fixtures):
+    """reply_prefix (kept tokens after the rendered messages) with forced_tokens on the chat
+    endpoint: the same branch without sending the prompt's ids, ending at the turn's end."""
+    direct = load(DEMO, device="cpu", dtype="float32")
+    msgs = [{"role": "user", "content": "Tell me a story about a cat."}]
+    stops = set(direct.stop_ids) | set(direct.chat_format.stop_ids())
+    prompt = render_chat(direct.chat_format, msgs)
+    i = 4
+    reply, alt = branch_point(direct, prompt, i, stops)
+    eng = Engine(direct.model, direct.tokenizer, stop_ids=direct.stop_ids)
+    want = done_of(eng.generate(prompt + reply[:i], SamplingParams(temperature=0, max_new_tokens=40), forced=[alt],
+                                stop_ids=stops))
+    with RunningServer(ServerState(load(DEMO, device="cpu", dtype="float32"))) as server:
+        remote = RemoteModel(server.url)
+        got = done_of(remote.stream(SamplingParams(temperature=0, max_new_tokens=40), messages=msgs,
+                                    extra={"reply_prefix": reply[:i], "forced_tokens": [alt]}))
+    assert got.tokens == want.tokens and got.tokens[0] == alt and got.text == want.text
