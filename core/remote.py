@@ -186,7 +186,7 @@ class RemoteRunner:
             if request.continue_reply:
                 raise RemoteError("a server cannot carry on a reply (OpenAI's API has no way to ask): "
                                   "regenerate it, or continue it with a local model", kind="unsupported")
-            if (request.forced or request.reply_prefix) and not request.prompt_ids:
+            if request.is_branch and not request.prompt_ids:
                 raise RemoteError("a branch on a server needs the prompt's token ids as the server reported them: "
                                   "run the lane again, then branch", kind="unsupported")
             if request.mode not in ("chat", "completion"):
@@ -221,7 +221,7 @@ class RemoteRunner:
         kw = dict(messages=request.messages) if request.mode == "chat" else dict(prompt=request.prompt)
         meta: dict = {}
         try:
-            if request.forced or request.reply_prefix:
+            if request.is_branch:
                 # A branch of a reply this server gave: its prompt ids and the kept tokens, then the
                 # forced token (none for a ban: the lane's logit bias keeps the old one out).
                 events = model.branch(lane.params, list(request.prompt_ids) + list(request.reply_prefix),
@@ -247,7 +247,7 @@ class RemoteRunner:
                             ev.params = replace(ev.params, seed=None)
                         # What a branch of this reply sends back: the prompt before the reply (a
                         # branch's server prompt also holds the kept tokens, which its run starts with).
-                        if request.forced or request.reply_prefix:
+                        if request.is_branch:
                             ev.prompt_ids = list(request.prompt_ids)
                         elif meta.get("prompt_token_ids"):
                             ev.prompt_ids = [int(t) for t in meta["prompt_token_ids"]]

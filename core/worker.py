@@ -66,6 +66,12 @@ class _PromptRequest:
     prompt_ids: list[int] = field(default_factory=list)
     stop_ids: list[int] = field(default_factory=list)
 
+    @property
+    def is_branch(self) -> bool:
+        """A branch of an earlier reply: kept tokens, a forced one, or both (a ban keeps
+        the tokens and forces none)."""
+        return bool(self.forced or self.reply_prefix)
+
 
 @dataclass
 class GenerateRequest(_PromptRequest):
