@@ -1,7 +1,7 @@
 """One benchmark entry point: ``python -m bench [--quick] [--out DIR] [--threads N]``.
 
 Writes ``PERFORMANCE.md`` and ``performance.json`` (default: docs/). Every figure comes
-from this run on this machine, through the real :class:`core.engine.Engine` path
+from this run on this machine, through the real :class:`core.engine.engine.Engine` path
 (filters, log-probs, stream decoding, stop handling); peers run in the same process,
 interleaved, at the same thread count, and each decode figure is also given as a share of
 the machine's read bandwidth measured here. ``--quick`` uses tiny models so the suite

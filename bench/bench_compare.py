@@ -19,9 +19,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from core.engine import Done, Engine  # noqa: E402
-from core.model import ModelArgs, Transformer  # noqa: E402
-from core.sampling import SamplingParams  # noqa: E402
+from core.engine.engine import Done, Engine  # noqa: E402
+from core.model.transformer import ModelArgs, Transformer  # noqa: E402
+from core.engine.sampling import SamplingParams  # noqa: E402
 
 
 class _NoStopTokenizer:
@@ -47,7 +47,7 @@ def time_lanes(engine, prompt, n_lanes, tokens, repeats=3):
 
 @torch.inference_mode()
 def decode_step_ms(model, batch, steps=30):
-    from core.kv_cache import KVCache
+    from core.model.kv_cache import KVCache
     cache = KVCache.for_model(model, batch=batch, capacity=steps + 8)
     x = torch.randint(3, model.args.vocab_size, (batch, 1))
     for i in range(3):

@@ -3,7 +3,7 @@
     python bench/bench_download.py [--mb 200] [--rounds 3]
 
 Serves a generated random file (default 200 MB) from the tests' fake Hub (tests/hubserver.py)
-on loopback and fetches it, interleaved, with: ``curl -o FILE`` (the peer), core.downloads'
+on loopback and fetches it, interleaved, with: ``curl -o FILE`` (the peer), core.library.downloads'
 DownloadManager (transfer, sha256 verification against the Hub's checksum, move into the
 library: what a user waits for), curl followed by sha256sum (the same work by hand) and
 huggingface_hub's hf_hub_download (local_dir, which hashes too) for reference.
@@ -49,9 +49,9 @@ def main(argv=None) -> int:
 
     from huggingface_hub import hf_hub_download
 
-    from core.downloads import DownloadFailed, DownloadFinished, DownloadManager
-    from core.hub import HubClient
-    from core.library import LibraryState
+    from core.library.downloads import DownloadFailed, DownloadFinished, DownloadManager
+    from core.library.hub import HubClient
+    from core.library.library import LibraryState
 
     work = Path(tempfile.mkdtemp(prefix="bench_download_"))
     try:

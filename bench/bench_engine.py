@@ -1,6 +1,6 @@
 """LlamaDesk's Engine against transformers on the same random Llama 3-shaped checkpoint.
 
-Everything goes through the real :class:`core.engine.Engine` path (filters, log-probs,
+Everything goes through the real :class:`core.engine.engine.Engine` path (filters, log-probs,
 stream decoding, stop handling): decode tok/s is each request's own timed decode
 (``Done.stats``, one run, not a difference of two runs), for greedy, top-p 0.9 and eight
 top-p lanes; transformers runs ``generate()`` on the same weights, timed per token by a
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (GB, LLAMA3_VOCAB, Engine, engine_run, llama3_tokenizer, llama_args, machine,  # noqa: E402
                           median_of, weight_bytes)
-from core.sampling import SamplingParams  # noqa: E402
+from core.engine.sampling import SamplingParams  # noqa: E402
 
 def hf_decode_tok_s(hf, prompt: list[int], n: int) -> tuple[float, float]:
     """(decode tok/s from one generate() call, time to first token) with greedy search."""
@@ -121,7 +121,7 @@ def engine_section(quick: bool, threads: int, bandwidth: float) -> dict:
 def step_costs(model, eng: Engine, prompt: list[int], reps: int) -> dict:
     """Median seconds of one decode forward (1 and 8 rows at the prompt's end) and of the
     engine's token choice on those logits (greedy, top-p, eight top-p lanes)."""
-    from core.sampling import choose_tokens
+    from core.engine.sampling import choose_tokens
     eng.cache.reset()
     list(eng.generate_lanes(prompt, [SamplingParams(temperature=0, max_new_tokens=1)] * 8))
     pos = len(prompt)

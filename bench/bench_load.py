@@ -2,7 +2,7 @@
 
 One random Llama of ~245M parameters (~0.98 GB in float32) is written once into a work
 folder with the project's own writers: a Meta folder (float32, plus a bfloat16 copy made
-by ``core.convert``), a Hugging Face folder (safetensors, float32) and two GGUF files
+by ``core.checkpoints.convert``), a Hugging Face folder (safetensors, float32) and two GGUF files
 (F32, and F16 to show what dequantizing into float32 costs). Each is then loaded into
 float32 on the CPU in a fresh subprocess, so every peak RSS belongs to one load, and so
 is ``transformers.LlamaForCausalLM.from_pretrained`` on the same HF folder.
@@ -110,12 +110,12 @@ def build_work(work: Path) -> None:
     """Write every checkpoint the cases need that is not already in ``work``."""
     import torch
 
-    from core.chat_format import chat_format_for
+    from core.prompt.chat_format import chat_format_for
     from core.checkpoints.common import LoadedModel
     from core.checkpoints.hf import save_hf
     from core.checkpoints.meta import save_meta
-    from core.convert import convert
-    from core.model import ModelArgs, Transformer
+    from core.checkpoints.convert import convert
+    from core.model.transformer import ModelArgs, Transformer
     from core.tokenizer import load_tokenizer
 
     stamp = work / "bench-config.json"

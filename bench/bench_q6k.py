@@ -3,8 +3,8 @@
 One [5632, 2048] weight (an FFN projection of a 2048-wide Llama) quantized to Q6_K, then
 multiplied by one row (decode) and by 128 rows (a prefill chunk) four ways:
 
-- ``int4x2 requantized`` (what the loader does, :mod:`core.quant`): two 4-bit planes with
-  a scale per 32 weights; rounds one sub-block of each pair (see core.quant);
+- ``int4x2 requantized`` (what the loader does, :mod:`core.model.quant`): two 4-bit planes with
+  a scale per 32 weights; rounds one sub-block of each pair (see core.model.quant);
 - ``per-matmul dequantize``: only the file's blocks are held; every call decodes them
   (exactly, gguf's arithmetic) into bfloat16 in row chunks and multiplies each chunk;
 - ``float32`` / ``bfloat16`` dense: the dequantized copy the loader held before.
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import median_of  # noqa: E402
-from core import quant  # noqa: E402
+from core.model import quant  # noqa: E402
 
 N, K = 5632, 2048
 CHUNK = 512  # rows of the weight decoded at a time by the per-matmul path

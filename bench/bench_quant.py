@@ -4,7 +4,7 @@ For each file type (F16, Q8_0, Q4_0, Q4_K) of one random Llama, every engine run
 prompt ids and greedy decode on the same file at the same thread count:
 
 - ``llamadesk``: LlamaDesk with ``dtype=auto`` (quantized linears stay packed,
-  :mod:`core.quant`; a float file gets the probed compute dtype);
+  :mod:`core.model.quant`; a float file gets the probed compute dtype);
 - ``llamadesk-f32``: LlamaDesk with ``dtype=float32`` (every tensor dequantized at load,
   the path before packing; ``--engines`` to include it, python -m bench leaves it out);
 - ``llama.cpp``: llama-cpp-python (the ``bench`` extra) when it imports.
@@ -57,7 +57,7 @@ def peer_available() -> tuple[bool, str]:
 
 
 def model_args(dim: int, layers: int, vocab: int):
-    from core.model import ModelArgs
+    from core.model.transformer import ModelArgs
 
     heads = max(dim // 128, 2)
     return ModelArgs(dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=max(heads // 4, 1), vocab_size=vocab,
@@ -74,7 +74,7 @@ def write_files(work: Path, dim: int, layers: int, vocab: int, types=TYPES) -> d
 
     from core.checkpoints.gguf import gguf_name
     from core.checkpoints.gguf_write import add_llama_params
-    from core.model import Transformer
+    from core.model.transformer import Transformer
     from tests.core.checkpoints.util import _random_k_blocks, sp_vocab
 
     work.mkdir(parents=True, exist_ok=True)
@@ -148,8 +148,8 @@ def measure(file: Path, dtype: str, prompt: int, decode: int, threads: int = 1) 
         return measure_llama_cpp(file, prompt, decode, threads)
     from core.checkpoints import load
     from core.checkpoints.gguf_write import gguf_tensor_bytes
-    from core.engine import Done, Engine
-    from core.sampling import SamplingParams
+    from core.engine.engine import Done, Engine
+    from core.engine.sampling import SamplingParams
 
     rss_before = _status_kb("VmRSS")
     t0 = time.perf_counter()
@@ -336,13 +336,13 @@ def markdown(rows: list[dict], meta: dict, bw: float | None) -> str:
 
 
 def dense_crossover(n: int = 5632, k: int = 2048, rows: int = 64, repeats: int = 5) -> list[dict]:
-    """Where core.quant.DENSE_ROWS comes from: per packed kind, the int4 kernel's time per
+    """Where core.model.quant.DENSE_ROWS comes from: per packed kind, the int4 kernel's time per
     row, dequantize-to-bfloat16's time once and the dense bf16 matmul's time per row (at
     ``rows`` rows) on an [n, k] weight; dense wins from dequantize / (kernel - dense) rows."""
     import torch
 
-    from core import quant
-    from core.tuning import median_seconds
+    from core.model import quant
+    from core.model.tuning import median_seconds
     from tests.core.test_quant import as_raw, gguf_blocks
 
     def best(fn):
@@ -362,8 +362,8 @@ def dense_crossover(n: int = 5632, k: int = 2048, rows: int = 64, repeats: int =
 
 
 def crossover_markdown(rows: list[dict], n: int = 5632, k: int = 2048) -> str:
-    from core.quant import DENSE_ROWS
-    out = [f"Packed kernel against dequantize + dense bfloat16 on a {n}x{k} weight, one thread (core.quant."
+    from core.model.quant import DENSE_ROWS
+    out = [f"Packed kernel against dequantize + dense bfloat16 on a {n}x{k} weight, one thread (core.model.quant."
            f"DENSE_ROWS = {DENSE_ROWS}):", "",
            "| kind | int4 kernel ms/row | dequantize to bf16 ms | dense bf16 ms/row (64 rows) | dense wins from |",
            "|---|---|---|---|---|"]

@@ -64,14 +64,14 @@ def child(threads: int, seconds: float) -> dict:
     from PySide6.QtCore import Qt, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from core.chat_format import chat_format_for
+    from core.prompt.chat_format import chat_format_for
     from core.checkpoints.common import LoadedModel
     from core.checkpoints.meta import save_meta
-    from core.model import ModelArgs, Transformer
-    from core.sampling import SamplingParams
+    from core.model.transformer import ModelArgs, Transformer
+    from core.engine.sampling import SamplingParams
     from core.tokenizer import load_tokenizer
-    from core.engine import Done, Token
-    from core.worker import GenerateRequest, Reply, Worker
+    from core.engine.engine import Done, Token
+    from core.worker.worker import GenerateRequest, Reply, Worker
     from gui.bridge import Bridge, Chunk
 
     fixtures = Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures"))
@@ -196,10 +196,10 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
     from PySide6.QtCore import QSettings, Qt, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from core.engine import Done, Prefilled, Stats, Token
-    from core.history import History
-    from core.worker import Prompted, Reply
-    from gui import chat_view
+    from core.engine.engine import Done, Prefilled, Stats, Token
+    from core.history.store import History
+    from core.worker.worker import Prompted, Reply
+    from gui.chat import chat_view
     from gui.app import UiThreadCollector
     from gui.bridge import Bridge
     from gui.main_window import MainWindow

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import LLAMA3_VOCAB  # noqa: E402
-from core.sampling import SamplingParams, choose_tokens, draw, filter_rows  # noqa: E402
+from core.engine.sampling import SamplingParams, choose_tokens, draw, filter_rows  # noqa: E402
 
 GOAL_MS = 1.0  # issue 10: at most 1 ms per lane per token at a 128k vocabulary
 

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from core.checkpoints.common import LoadedModel  # noqa: E402
-from core.model import ModelArgs, Transformer  # noqa: E402
-from core.server import RunningServer, ServerState  # noqa: E402
+from core.model.transformer import ModelArgs, Transformer  # noqa: E402
+from core.serving.server import RunningServer, ServerState  # noqa: E402
 
 LEVELS = (1, 4, 16)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from core.engine import Done, Engine
-from core.sampling import SamplingParams
-from core.tuning import median_seconds as median_of  # noqa: F401  (the bench scripts' name)
+from core.engine.engine import Done, Engine
+from core.engine.sampling import SamplingParams
+from core.model.tuning import median_seconds as median_of  # noqa: F401  (the bench scripts' name)
 
 ROOT = Path(__file__).resolve().parent.parent
 GB = 1e9
@@ -55,7 +55,7 @@ def machine(quick: bool, threads: int) -> dict:
 # --------------------------------------------------------------------------- models
 
 def llama_args(quick: bool, vocab: int):
-    from core.model import ModelArgs
+    from core.model.transformer import ModelArgs
     if quick:
         return ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=vocab, hidden_dim=128,
                          max_seq_len=1024, rope_theta=500000.0)
@@ -69,7 +69,7 @@ def random_model(args, dtype=torch.float32, logit_std: float = 4.0, seed: int = 
     (output weights scaled so logits have std ~logit_std: default init gives near-uniform
     distributions, which no trained model has and which would make top-p keep most of the
     vocabulary)."""
-    from core.model import Transformer
+    from core.model.transformer import Transformer
     torch.manual_seed(seed)
     m = Transformer(args).eval()
     with torch.no_grad():

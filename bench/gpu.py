@@ -4,7 +4,7 @@ An 8B-shaped random Llama (Llama 3 8B's shapes: dim 4096, 32 layers, GQA 32/8, F
 vocabulary 128,256) on the first CUDA device, through the real Engine path:
 
 - the device's read bandwidth, measured here (sum of an 8 GiB buffer, CUDA events);
-- decode tok/s in bfloat16, int8 and int4 (weight-only, core.quant), each as a share of
+- decode tok/s in bfloat16, int8 and int4 (weight-only, core.model.quant), each as a share of
   the bandwidth floor for the bytes its weights take;
 - bfloat16 decode again with CUDA graphs (Engine(compile=True): a static KV cache, the step
   captured once by torch.compile's reduce-overhead mode and replayed every token), as a
@@ -34,10 +34,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from core.engine import Done, Engine  # noqa: E402
-from core.model import ModelArgs, Transformer  # noqa: E402
-from core.sampling import SamplingParams  # noqa: E402
-from core.tuning import median_seconds  # noqa: E402
+from core.engine.engine import Done, Engine  # noqa: E402
+from core.model.transformer import ModelArgs, Transformer  # noqa: E402
+from core.engine.sampling import SamplingParams  # noqa: E402
+from core.model.tuning import median_seconds  # noqa: E402
 
 GB = 1e9
 ARGS_8B = dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, hidden_dim=14336,
@@ -131,7 +131,7 @@ def build(dev) -> Transformer:
 
 
 def quantized(model: Transformer, kind: str, dev) -> Transformer:
-    from core.quant import packable, quantizer, swap_linear
+    from core.model.quant import packable, quantizer, swap_linear
     q = copy.deepcopy(model)
     for name, p in list(q.named_parameters()):
         if p.dim() == 2 and name != "tok_embeddings.weight" and packable(kind, tuple(p.shape), dev) is None:
@@ -213,7 +213,7 @@ def main() -> int:
     model = build(dev)
 
     def prefill():
-        from core.kv_cache import KVCache
+        from core.model.kv_cache import KVCache
         ids = torch.tensor([prompt], device=dev)
         cache = KVCache.for_model(model, capacity=len(prompt) + 1)
         with torch.inference_mode():

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from .errors import CheckpointError, LlamaDeskError, ResourceError
+from core.errors import CheckpointError, LlamaDeskError, ResourceError
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -83,14 +83,14 @@ def _err(error, message: str, file: str | None):
 
 
 def checked_args(kw: Mapping[str, Any], *, file: str, names: Mapping[str, str] | None = None):
-    """A :class:`~core.model.ModelArgs` from ``kw`` with every value range-checked first.
+    """A :class:`~core.model.transformer.ModelArgs` from ``kw`` with every value range-checked first.
 
     Args:
         kw: ModelArgs fields (Meta names) and their raw values from the file.
         file: the file named in errors.
         names: Meta field -> the key the file uses, so errors name what the user can find.
     """
-    from .model import ModelArgs
+    from core.model.transformer import ModelArgs
 
     names = names or {}
     key = lambda k: names.get(k, k)  # noqa: E731

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .chat_format import chat_format_for
-from .engine import Done, Engine
-from .errors import SettingsError
-from .sampling import SamplingParams
+from core.prompt.chat_format import chat_format_for
+from core.engine.engine import Done, Engine
+from core.errors import SettingsError
+from core.engine.sampling import SamplingParams
 
 
 class LLaMA:
@@ -31,13 +31,13 @@ class LLaMA:
             max_seq_len: cap the context (and so the KV cache) below the model's own.
             max_batch_size: most prompts per text_completion call.
         """
-        from .checkpoints import load
+        from core.checkpoints import load
         if not load_model:
             raise SettingsError("LLaMA.build(load_model=False) has nothing to generate with; "
                                 "use core.tokenizer.load_tokenizer for tokenization alone")
         loaded = load(checkpoints_dir, device=device, dtype=dtype, max_seq_len=max_seq_len)
         if tokenizer_path is not None:
-            from .tokenizer import load_tokenizer
+            from core.tokenizer import load_tokenizer
             tok = load_tokenizer(tokenizer_path)
             if tok.vocab_size > loaded.args.vocab_size:
                 raise SettingsError(f"{tokenizer_path} has {tok.vocab_size} tokens but the model only "

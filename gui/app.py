@@ -21,7 +21,7 @@ import qasync
 from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QApplication, QWidget
 
-from .bridge import Bridge
+from gui.bridge import Bridge
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ through the same call, naming the server's model as its backend; it streams the 
 events (no Prefilled; an Error's ``kind`` names a network failure) on a thread of its own
 (core/remote.py), so it never waits for local torch work::
 
-    remote = core.client.RemoteModel(url, api_key=key, model=name)
+    remote = core.remote.client.RemoteModel(url, api_key=key, model=name)
     remote.connect(); remote.probe()               # blocking: run them off the UI thread
     stream = bridge.generate(request, backend=remote)   # or bridge.compare(request, backend=remote)
     stream.cancel()                                # closes that request's HTTP stream
@@ -38,9 +38,9 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
-from core.engine import Done, Prefilled, Token
-from core.remote import RemoteRunner
-from core.worker import (CompareRequest, Error, GenerateRequest, Held, Loaded, LoadProgress, Prompted, Reply,
+from core.engine.engine import Done, Prefilled, Token
+from core.remote.runner import RemoteRunner
+from core.worker.worker import (CompareRequest, Error, GenerateRequest, Held, Loaded, LoadProgress, Prompted, Reply,
                          Unloaded, Worker)
 
 FRAME_S = 1 / 60
@@ -141,7 +141,7 @@ class Bridge(QObject):
 
     Args:
         worker_factory: ``factory(on_event) -> Worker`` (tests pass fakes); default builds
-            :class:`core.worker.Worker`.
+            :class:`core.worker.worker.Worker`.
         torch_threads: torch intra-op threads for the default worker (None: env
             LLAMADESK_THREADS, else the measured default).
     """
@@ -247,7 +247,7 @@ class Bridge(QObject):
     def generate(self, request: GenerateRequest, *, backend=None) -> _Stream:
         """Queue one reply; returns an async iterator of Prompted, Prefilled, Chunk…, Done (or Error).
 
-        ``backend``: None for the local model, or a connected :class:`core.client.RemoteModel`
+        ``backend``: None for the local model, or a connected :class:`core.remote.client.RemoteModel`
         (the reply then streams from that server, beside any local work)."""
         if backend is not None:
             return self._stream(self._remote.generate(request, backend), 1)

@@ -1,6 +1,6 @@
 """The main window: conversations | transcript + prompt | sampling settings, menus, status bar.
 
-It owns the widgets and the :class:`~gui.conversation.ConversationModel`, turns user
+It owns the widgets and the :class:`~gui.chat.conversation.ConversationModel`, turns user
 actions into bridge requests, and writes every finished message to the history store.
 The UI thread never waits on the worker: loads and replies are asyncio tasks on the
 qasync loop, and their events update the widgets as they arrive.
@@ -19,21 +19,23 @@ from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, Q
                                QProgressBar, QSizePolicy, QSplitter, QToolButton, QVBoxLayout,
                                QWidget)
 
-from core import chat_export
-from core.history import History, HistoryError
-from core.remote import context_length as remote_context_length
-from core.remote import public_url
+from core.history import export as chat_export
+from core.history.store import History, HistoryError
+from core.remote.runner import context_length as remote_context_length
+from core.remote.runner import public_url
 
-from . import library_window, model_dialog, theme
-from .chat_view import ChatView, format_stats, render_markdown
-from .conversation import ConversationModel
-from .conversation_list import ID_ROLE, ConversationFilter, ConversationListModel
-from .model_dialog import LoadProgress, ModelInfoDialog, RecentModels, info_summary
-from .prompt_editor import PromptEditor
-from .reply import ReplyController
-from .sampling_panel import SamplingPanel
-from .server_dialog import SavedServers, ServerDialog
-from .token_inspector import TokenInspector
+from gui.library import window as library_window
+from gui.dialogs import model_dialog
+from gui import theme
+from gui.chat.chat_view import ChatView, format_stats, render_markdown
+from gui.chat.conversation import ConversationModel
+from gui.chat.conversation_list import ID_ROLE, ConversationFilter, ConversationListModel
+from gui.dialogs.model_dialog import LoadProgress, ModelInfoDialog, RecentModels, info_summary
+from gui.chat.prompt_editor import PromptEditor
+from gui.chat.reply import ReplyController
+from gui.settings.panel import SamplingPanel
+from gui.dialogs.server_dialog import SavedServers, ServerDialog
+from gui.widgets.token_inspector import TokenInspector
 
 APP_NAME = "LlamaDesk"
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "assets" / "models" / "llamadesk-demo"
@@ -111,7 +113,7 @@ class MainWindow(QMainWindow):
         self.conversation = ConversationModel(history=self.history, parent=self)
         self.info: dict | None = None  # the model replies come from (local or remote)
         self.local_info: dict | None = None  # the local model loaded in the worker, if any
-        self.backend = None  # a connected core.client.RemoteModel while replies come from a server
+        self.backend = None  # a connected core.remote.client.RemoteModel while replies come from a server
         self.servers = SavedServers(self.settings)
         self._retry_parent: int | None = None  # the message a failed remote reply answered
         self.device = device or str(self.settings.value(model_dialog.DEVICE_KEY, "auto"))
@@ -582,7 +584,7 @@ class MainWindow(QMainWindow):
         return dlg
 
     def use_remote(self, remote) -> None:
-        """Replies come from ``remote`` (a connected, probed core.client.RemoteModel) from now on."""
+        """Replies come from ``remote`` (a connected, probed core.remote.client.RemoteModel) from now on."""
         if self.busy:
             self.stop()
         self.backend = remote
@@ -1148,7 +1150,7 @@ class MainWindow(QMainWindow):
 
     def _open_compare(self) -> None:
         """Open (or raise) the comparison window, seeded from the prompt, conversation and panel."""
-        from .compare_view import open_compare
+        from gui.compare.view import open_compare
         open_compare(self)
 
     def closeEvent(self, event):

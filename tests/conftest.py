@@ -72,7 +72,7 @@ def meta_fixtures() -> Path:
 @pytest.fixture(scope="session")
 def tiny_meta_dir(tmp_path_factory, meta_fixtures):
     """A tiny random Llama (GQA, vocab 32000) saved as a Meta folder with Llama 2's tokenizer."""
-    from core.chat_format import chat_format_for
+    from core.prompt.chat_format import chat_format_for
     from core.checkpoints.common import LoadedModel
     from core.checkpoints.meta import save_meta
     from core.tokenizer import load_tokenizer
@@ -91,7 +91,7 @@ def tiny_meta_dir(tmp_path_factory, meta_fixtures):
 def make_worker():
     """make(hook=None, **kw) -> (a started Worker on one torch thread, its Collector); all are
     shut down, and must have ended, after the test."""
-    from core.worker import Worker
+    from core.worker.worker import Worker
     from tests.helpers import Collector
 
     workers = []

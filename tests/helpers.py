@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 
 from core.checkpoints.hf import args_from_config, meta_name, to_meta_tensor
-from core.engine import Done, Token
-from core.kv_cache import KVCache
-from core.model import Transformer
-from core.sampling import SamplingParams
-from core.worker import Error, GenerateRequest, Loaded, Reply
+from core.engine.engine import Done, Token
+from core.model.kv_cache import KVCache
+from core.model.transformer import Transformer
+from core.engine.sampling import SamplingParams
+from core.worker.worker import Error, GenerateRequest, Loaded, Reply
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 
@@ -262,7 +262,7 @@ def free_port() -> int:
 
 
 def lacking(app):
-    """ASGI middleware for core.server.RunningServer(wrap=...): a server that refuses seed
+    """ASGI middleware for core.serving.server.RunningServer(wrap=...): a server that refuses seed
     and silently ignores top_k, repetition_penalty and n, as some real servers do."""
     import json
 

@@ -675,7 +675,7 @@ def _run_forked(case: Case, tmp: Path) -> Result:
             os.dup2(fe, 2)
             sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
             sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-            from core.__main__ import main
+            from core.cli.main import main
             rc = main(list(case.argv))
             sys.stdout.flush()
             sys.stderr.flush()
@@ -732,7 +732,7 @@ def judge(r: Result, by_name: dict[str, Result]) -> list[str]:
 
 def run(cases: list[Case], tmp: Path, *, progress=True) -> list[Result]:
     import torch  # noqa: F401 — imported once here, inherited by every forked child
-    import core.__main__  # noqa: F401
+    import core.cli.main  # noqa: F401
     import core.checkpoints.gguf, core.checkpoints.hf, core.checkpoints.meta  # noqa: F401,E401
     import gguf, safetensors, sentencepiece, tiktoken, tokenizers  # noqa: F401,E401
     torch.set_num_threads(1)

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         from PySide6.QtCore import QSettings, Qt
         from PySide6.QtWidgets import QApplication
 
-        from core.history import History
+        from core.history.store import History
         from gui import theme
         from gui.main_window import MainWindow
 

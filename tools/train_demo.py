@@ -8,7 +8,7 @@ Stages (each resumable, each reading the previous stage's files from the work fo
              story); topics are split so held-out topics never appear in training
   tokenizer  train a SentencePiece BPE model on the corpus, with byte fallback and the
              Llama 3 chat markers as control symbols
-  train      train a small Llama (core.model.Transformer) on the chat pairs, loss on the
+  train      train a small Llama (core.model.transformer.Transformer) on the chat pairs, loss on the
              assistant's tokens only; AdamW, warmup + cosine LR, periodic validation,
              checkpoints that `--resume` picks up
   export     write a Meta folder (params.json, consolidated.00.pth, tokenizer.model)
@@ -251,8 +251,8 @@ def read_jsonl(path: Path) -> list[dict]:
 def stage_corpus(cfg: Config, work: Path, log=print) -> Path:
     """Append chat pairs to work/corpus.jsonl until `stories` are kept or time runs out."""
     from core.checkpoints import load
-    from core.engine import Done, Engine
-    from core.sampling import SamplingParams
+    from core.engine.engine import Done, Engine
+    from core.engine.sampling import SamplingParams
 
     work.mkdir(parents=True, exist_ok=True)
     out = work / "corpus.jsonl"
@@ -339,7 +339,7 @@ def stage_tokenizer(cfg: Config, work: Path, log=print) -> Path:
 
 
 def load_chat_tokenizer(work: Path):
-    from core.chat_format import chat_format_for
+    from core.prompt.chat_format import chat_format_for
     from core.tokenizer import SentencePieceTokenizer
 
     tok = SentencePieceTokenizer(work / "tokenizer.model")
@@ -407,7 +407,7 @@ def batches_for_epoch(data, batch_size: int, rng: random.Random) -> list[list[in
 
 
 def model_args(cfg: Config, vocab: int):
-    from core.model import ModelArgs
+    from core.model.transformer import ModelArgs
 
     return ModelArgs(dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                      vocab_size=vocab, multiple_of=cfg.multiple_of, max_seq_len=cfg.max_seq_len,
@@ -456,7 +456,7 @@ def stage_train(cfg: Config, work: Path, resume: bool = True, log=print) -> Path
     machine still finishes with a fully decayed learning rate instead of being cut off
     at a high one.
     """
-    from core.model import Transformer
+    from core.model.transformer import Transformer
 
     tok, fmt = load_chat_tokenizer(work)
     train_recs, held_recs = split_corpus(work)
@@ -562,7 +562,7 @@ def stage_export(cfg: Config, work: Path, out: Path, log=print) -> Path:
     """The trained weights as a Meta folder that core.checkpoints.load opens."""
     from core.checkpoints.common import LoadedModel
     from core.checkpoints.meta import save_meta
-    from core.model import ModelArgs, Transformer
+    from core.model.transformer import ModelArgs, Transformer
 
     tok, fmt = load_chat_tokenizer(work)
     st = torch.load(work / "ckpt.pt", map_location="cpu", weights_only=True, mmap=True)
@@ -617,8 +617,8 @@ def on_topic(text: str, slots: dict) -> bool:
 def stage_eval(cfg: Config, work: Path, out: Path, log=print) -> dict:
     """The quality bar, measured on held-out topics through the app's own loader and engine."""
     from core.checkpoints import load
-    from core.engine import Done, Engine
-    from core.sampling import SamplingParams
+    from core.engine.engine import Done, Engine
+    from core.engine.sampling import SamplingParams
 
     lm = load(out, device="cpu", dtype="float32")
     tok, fmt = lm.tokenizer, lm.chat_format

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError
-from .common import (QUANT_DTYPES, LoadedModel, ProgressFn, auto_dtype, release_freed_heap, resolve_device,
+from core.errors import CheckpointError
+from core.checkpoints.common import (QUANT_DTYPES, LoadedModel, ProgressFn, auto_dtype, release_freed_heap, resolve_device,
                      resolve_dtype)
 
 GGUF_MAGIC = b"GGUF"
@@ -56,11 +56,11 @@ def load(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | No
     p = Path(path).expanduser()
     kind = detect(p)
     if kind == "meta":
-        from .meta import load_meta as loader
+        from core.checkpoints.meta import load_meta as loader
     elif kind == "hf":
-        from .hf import load_hf as loader
+        from core.checkpoints.hf import load_hf as loader
     else:
-        from .gguf import load_gguf as loader
+        from core.checkpoints.gguf import load_gguf as loader
         if p.is_dir():
             p = next(iter(sorted(p.glob("*.gguf"))))
     loaded = loader(p, device=device, dtype=dtype, max_seq_len=max_seq_len, progress=progress)

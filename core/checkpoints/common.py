@@ -12,9 +12,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from ..errors import CheckpointError, SettingsError
-from ..model import ModelArgs, Transformer
-from ..quant import QUANT_DTYPES, Packed, describe, packable, packed_shape, quantizer, swap_linear
+from core.errors import CheckpointError, SettingsError
+from core.model.transformer import ModelArgs, Transformer
+from core.model.quant import QUANT_DTYPES, Packed, describe, packable, packed_shape, quantizer, swap_linear
 
 ProgressFn = Callable[[float, str], None]
 
@@ -29,7 +29,7 @@ class LoadedModel:
     """A model ready to run, with everything needed to talk to it."""
     model: Transformer
     tokenizer: Any  # core.tokenizer.Tokenizer
-    chat_format: Any  # core.chat_format.ChatFormat
+    chat_format: Any  # core.prompt.chat_format.ChatFormat
     args: ModelArgs
     stop_ids: set[int]
     info: dict[str, Any] = field(default_factory=dict)
@@ -90,7 +90,7 @@ def auto_dtype(device: torch.device, args: ModelArgs | None = None) -> tuple[tor
     bfloat16 on CUDA (float16 without bf16 support), float16 on MPS. On CPU bfloat16 when
     float32 weights would take over half the machine's memory (an 8B model in float32 would
     not load on most laptops), else whichever a measured probe of this CPU's kernels found
-    faster (:mod:`core.tuning`; cached per machine).
+    faster (:mod:`core.model.tuning`; cached per machine).
     """
     if device.type == "cuda":
         bf = torch.cuda.is_bf16_supported()
@@ -102,7 +102,7 @@ def auto_dtype(device: torch.device, args: ModelArgs | None = None) -> tuple[tor
         n = sum(math.prod(s) for s in expected_shapes(args).values())
         if 4 * n > total // 2:
             return torch.bfloat16, "bfloat16: float32 weights would take over half of this machine's memory"
-    from ..tuning import cpu_choice
+    from core.model.tuning import cpu_choice
     choice = cpu_choice()
     return DTYPES[choice.dtype], choice.reason
 

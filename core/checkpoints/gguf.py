@@ -1,7 +1,7 @@
 """GGUF files (llama.cpp's format): metadata -> ModelArgs, tensors packed or dequantized.
 
 The file is memory-mapped by ``gguf.GGUFReader``. Linear weights of the types in
-:data:`core.quant.PACKED_TYPES` go from the mapped blocks straight into packed int4
+:data:`core.model.quant.PACKED_TYPES` go from the mapped blocks straight into packed int4
 layers (no float copy); other tensors are dequantized one at a time into the compute
 dtype. An explicit float dtype (``--dtype float32``) dequantizes everything, as before.
 GGUF "llama" tensors are already in Meta's interleaved RoPE layout: no permutation.
@@ -19,11 +19,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .. import limits
-from ..errors import CheckpointError, TokenizerError, one_line
-from ..model import ModelArgs, rope_frequencies
-from .. import quant
-from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info, quant_kind,
+from core import limits
+from core.errors import CheckpointError, TokenizerError, one_line
+from core.model.transformer import ModelArgs, rope_frequencies
+from core.model import quant
+from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info, quant_kind,
                      release_mapped_pages, resolve_device, resolve_dtype)
 
 # Types whose tensors are stored as plain floats; anything else is quantized blocks.
@@ -414,7 +414,7 @@ def tensor_loader(t, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
 
 
 def packed_loader(t, device: torch.device) -> Callable[[], torch.nn.Module]:
-    """A loader that repacks one quantized GGUF linear weight into a :mod:`core.quant` layer."""
+    """A loader that repacks one quantized GGUF linear weight into a :mod:`core.model.quant` layer."""
     n, k = (int(d) for d in reversed(t.shape.tolist()))
 
     def load() -> torch.nn.Module:
@@ -451,7 +451,7 @@ def embedding_loader(t, device: torch.device, dtype: torch.dtype) -> Callable[[]
 
 def tokenizer_from_gguf(md: Metadata, source: str):
     """The tokenizer embedded in a GGUF file, with its chat template (or None)."""
-    from .gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
+    from core.checkpoints.gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
 
     model = md.get("tokenizer.ggml.model")
     if model is None:
@@ -511,7 +511,7 @@ def holding(meta: str, kind: str, shape: tuple[int, ...], file_bytes: int, devic
     """How :func:`load_gguf` holds one tensor, and the bytes it then takes in memory.
 
     The path is 'embedding-blocks' (a quantized, untied token embedding stays as the file's
-    blocks), 'int4-packed' / 'int4x2-packed' / 'int4x2-requantized' (see :mod:`core.quant`), 'float', or
+    blocks), 'int4-packed' / 'int4x2-packed' / 'int4x2-requantized' (see :mod:`core.model.quant`), 'float', or
     'dequantized' (with the reason it could not stay packed). The hub's memory estimate
     uses the same rule, so what it promises is what a load takes.
     """
@@ -536,7 +536,7 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
         not fit: another architecture, a truncated file, a missing or misshapen tensor, an
         unsupported quantization, a vocabulary larger than the embedding.
     """
-    from ..chat_format import chat_format_for
+    from core.prompt.chat_format import chat_format_for
 
     path = Path(path)
     source = str(path)

@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
+from core.errors import CheckpointError
 
 Tensor = tuple[str, str, tuple[int, ...], int]  # name, type name, numpy-order shape, bytes
 
@@ -170,6 +170,6 @@ class HeaderMetadata:
 
 def header_args(meta: dict[str, Any], tensors: list[Tensor], source: str):
     """ModelArgs from a parsed header, by the loader's own rules (``args_from_gguf``)."""
-    from .gguf import args_from_gguf
+    from core.checkpoints.gguf import args_from_gguf
     shapes = {name: _Shape(list(reversed(shape))) for name, _, shape, _ in tensors}
     return args_from_gguf(HeaderMetadata(meta, source), shapes, None)

@@ -7,9 +7,9 @@ import json
 import re
 import struct
 
-from ..errors import TokenizerError
-from ..tokenizer import HFTokenizer, SentencePieceTokenizer
-from ..tokenizer.base import _B2U, LLAMA3_PATTERN
+from core.errors import TokenizerError
+from core.tokenizer import HFTokenizer, SentencePieceTokenizer
+from core.tokenizer.base import _B2U, LLAMA3_PATTERN
 
 # Minimal protobuf wire encoding for sentencepiece's ModelProto. The package's generated
 # sentencepiece_model_pb2 needs the protobuf runtime, which this project does not depend on;

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CheckpointError
-from ..model import ModelArgs, rope_frequencies
-from .common import LoadedModel
+from core.errors import CheckpointError
+from core.model.transformer import ModelArgs, rope_frequencies
+from core.checkpoints.common import LoadedModel
 
 #: Tensor types ``convert --to gguf --type`` can write.
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
@@ -27,7 +27,7 @@ def save_gguf(loaded: LoadedModel, dst: Path, qtype: str = "Q8_0") -> None:
     from gguf.constants import GGML_QUANT_SIZES
     from gguf.quants import quantize
 
-    from .gguf import gguf_name
+    from core.checkpoints.gguf import gguf_name
 
     if qtype not in GGUF_TYPES:
         raise CheckpointError(f"unknown GGUF tensor type '{qtype}' (use {', '.join(GGUF_TYPES)})")
@@ -94,7 +94,7 @@ def _write_tokenizer(w, loaded: LoadedModel) -> None:
     """A GGUF source's tokenizer fields are copied; a SentencePiece one is written out."""
     tok = loaded.tokenizer
     if loaded.info.get("format") == "gguf":
-        from .gguf import Metadata, open_reader
+        from core.checkpoints.gguf import Metadata, open_reader
 
         path = Path(loaded.info["path"])
         reader = open_reader(path)

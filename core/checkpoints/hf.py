@@ -9,10 +9,10 @@ from typing import Any, Callable
 
 import torch
 
-from .. import limits
-from ..errors import CheckpointError, one_line
-from ..model import ModelArgs
-from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info,
+from core import limits
+from core.errors import CheckpointError, one_line
+from core.model.transformer import ModelArgs
+from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info,
                      quant_kind, resolve_device, resolve_dtype)
 
 
@@ -224,7 +224,7 @@ def hf_tensors(path: Path) -> tuple[list[tuple[str, Path, Callable[[], torch.Ten
 
     Nothing is read here beyond headers: loaders fetch one tensor each from a memory map.
     """
-    from .meta import safe_torch_load
+    from core.checkpoints.meta import safe_torch_load
 
     kind, files = weight_files(path)
     out: list[tuple[str, Path, Callable[[], torch.Tensor]]] = []
@@ -297,8 +297,8 @@ def _eos_ids(*cfgs: dict[str, Any] | None) -> set[int]:
 
 def hf_tokenizer(path: Path, tcfg: dict[str, Any] | None):
     """The folder's tokenizer: tokenizer.json first, then tokenizer.model."""
-    from ..errors import TokenizerError
-    from ..tokenizer import HFTokenizer, load_tokenizer
+    from core.errors import TokenizerError
+    from core.tokenizer import HFTokenizer, load_tokenizer
 
     tj, tm = path / "tokenizer.json", path / "tokenizer.model"
     try:
@@ -322,7 +322,7 @@ def load_hf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int |
     Raises:
         CheckpointError naming the file (and tensor) for anything that does not fit.
     """
-    from ..chat_format import chat_format_for
+    from core.prompt.chat_format import chat_format_for
 
     path = Path(path)
     dev = resolve_device(device)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from ..chat_format import chat_format_for
-from .. import limits
-from ..errors import CheckpointError, TokenizerError, one_line
-from ..model import ModelArgs
-from ..tokenizer import load_tokenizer
-from .common import (LoadedModel, ProgressFn, build_model, expected_shapes, model_info, quant_kind, resolve_device,
+from core.prompt.chat_format import chat_format_for
+from core import limits
+from core.errors import CheckpointError, TokenizerError, one_line
+from core.model.transformer import ModelArgs
+from core.tokenizer import load_tokenizer
+from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expected_shapes, model_info, quant_kind, resolve_device,
                      resolve_dtype)
 
 # Meta's checkpoints carry precomputed RoPE frequencies (Llama 2); the model derives them.

@@ -10,12 +10,12 @@ Three kinds, one module each:
 generated ids into text one token at a time. GGUF vocabularies are built into these kinds
 by ``core.checkpoints.gguf_vocab``.
 """
-from .base import LLAMA3_PATTERN, LLAMA3_SPECIAL_TOKENS, Tokenizer, bytes_to_unicode
-from .hf import HFTokenizer
-from .loading import load_tokenizer
-from .sentencepiece import SentencePieceTokenizer
-from .stream import StreamDecoder
-from .tiktoken_bpe import TiktokenTokenizer
+from core.tokenizer.base import LLAMA3_PATTERN, LLAMA3_SPECIAL_TOKENS, Tokenizer, bytes_to_unicode
+from core.tokenizer.hf import HFTokenizer
+from core.tokenizer.loading import load_tokenizer
+from core.tokenizer.sentencepiece import SentencePieceTokenizer
+from core.tokenizer.stream import StreamDecoder
+from core.tokenizer.tiktoken_bpe import TiktokenTokenizer
 
 __all__ = [
     "LLAMA3_PATTERN",

@@ -2,7 +2,7 @@
 
 Whatever the kind, ``encode`` treats its input as ordinary text: a user who types
 ``<|eot_id|>`` gets the characters, never the control id. Chat formats insert special ids
-themselves (see ``core.chat_format``).
+themselves (see ``core.prompt.chat_format``).
 """
 from __future__ import annotations
 

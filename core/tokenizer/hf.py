@@ -7,7 +7,7 @@ from typing import Iterable
 
 from core.errors import TokenizerError, one_line
 
-from .base import _U2B, TokenizerBase, _read_bytes, _readable, native_call, valid_text
+from core.tokenizer.base import _U2B, TokenizerBase, _read_bytes, _readable, native_call, valid_text
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from core.errors import TokenizerError
 
-from .base import Tokenizer, _read_bytes
-from .hf import HFTokenizer
-from .sentencepiece import SentencePieceTokenizer
-from .tiktoken_bpe import TiktokenTokenizer
+from core.tokenizer.base import Tokenizer, _read_bytes
+from core.tokenizer.hf import HFTokenizer
+from core.tokenizer.sentencepiece import SentencePieceTokenizer
+from core.tokenizer.tiktoken_bpe import TiktokenTokenizer
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from core.errors import TokenizerError, one_line
 
-from .base import TokenizerBase, _read_bytes, native_call, valid_text
+from core.tokenizer.base import TokenizerBase, _read_bytes, native_call, valid_text
 
 
 class SentencePieceTokenizer(TokenizerBase):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import codecs
 
-from .base import Tokenizer
+from core.tokenizer.base import Tokenizer
 
 
 class StreamDecoder:

@@ -8,7 +8,7 @@ from typing import Iterator
 
 from core.errors import TokenizerError, one_line
 
-from .base import LLAMA3_PATTERN, LLAMA3_SPECIAL_TOKENS, TokenizerBase, _read_bytes, _readable, native_call, valid_text
+from core.tokenizer.base import LLAMA3_PATTERN, LLAMA3_SPECIAL_TOKENS, TokenizerBase, _read_bytes, _readable, native_call, valid_text
 
 # Meta cuts inputs this way because tiktoken slows down badly on huge inputs and on very
 # long runs without a whitespace/non-whitespace change.

@@ -1,7 +1,7 @@
 """Fixtures shared by the core tests."""
 import pytest
 
-from core.history import History
+from core.history.store import History
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from core.engine import Done, Prefilled, Stats, Token
-from core.sampling import SamplingParams
-from core.worker import CompareRequest, Error, GenerateRequest, Prompted, Reply, Worker
+from core.engine.engine import Done, Prefilled, Stats, Token
+from core.engine.sampling import SamplingParams
+from core.worker.worker import CompareRequest, Error, GenerateRequest, Prompted, Reply, Worker
 from gui.bridge import Bridge, BridgeError, Chunk
 from tests.gui.ui_helpers import loop  # noqa: F401  (the shared qasync loop fixture)
 
@@ -362,8 +362,8 @@ APP_SCRIPT = textwrap.dedent("""
     import asyncio, sys
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QWidget
-    from core.sampling import SamplingParams
-    from core.worker import GenerateRequest
+    from core.engine.sampling import SamplingParams
+    from core.worker.worker import GenerateRequest
     from gui import app
     from gui.bridge import Chunk, Done
 

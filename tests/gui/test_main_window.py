@@ -9,7 +9,7 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QSlider, QWidget
 
-from core.chat_export import export_json
+from core.history.export import export_json
 from tests.gui.ui_helpers import (bridge, close, data_dir, load, loop, make_window, run, send,  # noqa: F401
                                   settings, snapshot, until, window)
 
@@ -328,7 +328,7 @@ def test_context_bar_and_dropped_turns_notice(qtbot, window, loop, gguf):
 def test_model_info_dialog_and_device_choice(qtbot, window, loop, gguf, settings):
     run(loop, load(window, gguf), 30)
     window.show_model_info()
-    from gui.model_dialog import ModelInfoDialog
+    from gui.dialogs.model_dialog import ModelInfoDialog
     dlg = next(d for d in window.findChildren(ModelInfoDialog) if d.isVisible())
     text = " ".join(lbl.text() for lbl in dlg.findChildren(QLabel))
     for word in ("Parameters", "Context length", "Data type", "Device", "Memory", "float32", "cpu"):
@@ -479,7 +479,7 @@ def _chat_with_history(window, title, messages):
 
 
 def test_status_bar_follows_the_shown_version_the_model_and_unload(qtbot, window, loop, gguf):
-    from gui.chat_view import format_stats
+    from gui.chat.chat_view import format_stats
 
     async def scenario():
         await load(window, gguf)
@@ -700,7 +700,7 @@ def test_deleting_a_message_offers_undo_that_restores_it_and_its_branch(qtbot, w
 def test_a_reply_with_prompt_lookup_shows_its_drafting_in_the_stats(qtbot, window, loop, gguf):
     """The Speed setting reaches the engine; the reply's stats line says how drafting went,
     and the reply is the one plain greedy decoding gives."""
-    from gui.chat_view import format_stats
+    from gui.chat.chat_view import format_stats
 
     async def scenario():
         await load(window, gguf)

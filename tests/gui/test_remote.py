@@ -10,13 +10,13 @@ import threading
 import pytest
 import torch
 
-from core.client import RemoteModel
-from core.engine import Done
-from core.sampling import SamplingParams
-from core.worker import GenerateRequest, Prompted
-from core.worker import Worker
+from core.remote.client import RemoteModel
+from core.engine.engine import Done
+from core.engine.sampling import SamplingParams
+from core.worker.worker import GenerateRequest, Prompted
+from core.worker.worker import Worker
 from gui.bridge import Bridge, Chunk
-from gui.token_inspector import _visible
+from gui.widgets.token_inspector import _visible
 from tests.gui.ui_helpers import (_KEEP, bridge, close, data_dir, load, loop, make_window, run,  # noqa: F401
                                   send, settings, snapshot, until, window)
 from tests.helpers import ServeProcess, free_port
@@ -255,7 +255,7 @@ def test_refused_unresolvable_silent_and_429_servers_are_inline_notices(qtbot, w
     from starlette.responses import JSONResponse
 
     from core.checkpoints import load as load_model
-    from core.server import RunningServer, ServerState
+    from core.serving.server import RunningServer, ServerState
 
     def limited(app):
         async def wrapped(scope, receive, send):
@@ -348,7 +348,7 @@ def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot,
     off with the probe's reason, the reply records their off values (what the server did),
     and Use Local Model gives every control back."""
     from core.checkpoints import load as load_model
-    from core.server import RunningServer, ServerState
+    from core.serving.server import RunningServer, ServerState
     from tests.helpers import lacking
 
     panel = window.panel
@@ -453,7 +453,7 @@ def test_a_reply_from_a_llamadesk_server_branches_and_bans_there(qtbot, window, 
     or X banned), keep the tokens before X and continue as the local engine's branch does;
     the server's KV cache holds the prefix."""
     from core.checkpoints import load as load_model
-    from core.engine import Engine
+    from core.engine.engine import Engine
     lm = load_model(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
     i = 3
 

@@ -104,7 +104,7 @@ async def until(cond, timeout: float = 20.0, what: str = "condition"):
 
 
 def make_window(*, bridge, settings, data_dir, **kw):
-    from core.history import History
+    from core.history.store import History
     from gui.main_window import MainWindow
     history = History(data_dir / "history.sqlite3")
     w = MainWindow(bridge=bridge, history=history, settings=settings, autoload=kw.pop("autoload", False), **kw)
@@ -253,7 +253,7 @@ def anchor_point(browser, href):
 
 def reference_probs(lm, prompt_ids, generated, index, settings):
     """Raw and filtered probabilities at step ``index`` computed straight from the model,
-    with the filters written out here (not core.sampling's)."""
+    with the filters written out here (not core.engine.sampling's)."""
     import torch
     ids = list(prompt_ids) + list(generated[:index])
     with torch.inference_mode():

@@ -193,8 +193,8 @@ def test_messages_are_one_plain_line_cut_at_a_word():
 
 
 def test_embedding_larger_than_tokenizer_is_reported_and_never_sampled(tmp_path):
-    from core.engine import Done, Engine, Token
-    from core.sampling import SamplingParams
+    from core.engine.engine import Done, Engine, Token
+    from core.engine.sampling import SamplingParams
     from tests.core.checkpoints.util import random_model, sp_vocab, write_gguf as write_model_gguf
     m = random_model(3)  # vocab 288; the tokenizer below has 279 tokens
     with torch.no_grad():
@@ -213,7 +213,7 @@ def test_embedding_larger_than_tokenizer_is_reported_and_never_sampled(tmp_path)
 
 
 def test_symlinked_files_load_and_info_reports_them(seeds, tmp_path, capsys):
-    from core.__main__ import main
+    from core.cli.main import main
     d = tmp_path / "linked"
     d.mkdir()
     for f in seeds["meta"].iterdir():
@@ -224,7 +224,7 @@ def test_symlinked_files_load_and_info_reports_them(seeds, tmp_path, capsys):
 
 
 def test_tokenize_reads_only_the_magic_of_a_huge_file(tmp_path, capsys):
-    from core.__main__ import main
+    from core.cli.main import main
     f = tmp_path / "huge.model"
     with open(f, "wb") as fh:
         fh.write(b"\x0a\x05junk")

@@ -5,11 +5,11 @@ import threading
 import pytest
 import torch
 
-from core import engine as engine_mod
+from core.engine import engine as engine_mod
 from core.checkpoints import load
-from core.engine import Done, Engine, Token
+from core.engine.engine import Done, Engine, Token
 from core.errors import SettingsError
-from core.sampling import SamplingParams
+from core.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,7 +42,7 @@ def test_extreme_sampler_values_are_clean_errors(field, value):
 
 
 def test_cli_extreme_values_exit_2_with_one_line(seeds, capsys):
-    from core.__main__ import main
+    from core.cli.main import main
     for opt, v in (("--length-penalty", "1e308"), ("--repetition-penalty", "1e-45")):
         rc = main(["generate", str(seeds["gguf"]), "--prompt", "x", "--device", "cpu", opt, v])
         err = capsys.readouterr().err
@@ -109,7 +109,7 @@ def test_invalid_utf8_text_with_meta_tokenizers(meta_fixtures):
 
 def test_cli_invalid_utf8_prompt_warns_and_generates(seeds, capsys):
     import os
-    from core.__main__ import main
+    from core.cli.main import main
     rc = main(["generate", str(seeds["gguf"]), "--prompt", os.fsdecode(b"Once \xff upon"), "--device", "cpu",
                "--max-new-tokens", "3", "--seed", "1"])
     err = capsys.readouterr().err

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from core.history import INCOMPLETE, History, HistoryError, PartialReply
+from core.history.store import INCOMPLETE, History, HistoryError, PartialReply
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +171,7 @@ def test_two_processes_write_one_store(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
-        from core.history import History
+        from core.history.store import History
         h = History({str(path)!r})
         c = h.create_conversation(sys.argv[1])
         parent = None
@@ -190,7 +190,7 @@ def test_two_processes_write_one_store(tmp_path):
 CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, ROOT)
-    from core.history import History, PartialReply
+    from core.history.store import History, PartialReply
     h = History(PATH)
     c = h.create_conversation(f"run {RUN}")
     parent = None

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from core import limits
-from core.engine import Done
-from core.worker import Error, Loaded, Unloaded
+from core.engine.engine import Done
+from core.worker.worker import Error, Loaded, Unloaded
 from tests.helpers import completion, is_token, loaded_ok
 
 pytestmark = pytest.mark.timeout(120)

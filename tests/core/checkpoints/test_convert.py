@@ -6,9 +6,9 @@ import stat
 import pytest
 import torch
 
-from core.__main__ import main
+from core.cli.main import main
 from core.checkpoints import load
-from core.convert import convert
+from core.checkpoints.convert import convert
 from tests.core.checkpoints.util import (PROMPT, greedy, hf_greedy, random_model, write_gguf, write_llama3_gguf,
                                          write_tiny_tokenizer)
 from tests.helpers import tiny_hf

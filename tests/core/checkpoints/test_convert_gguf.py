@@ -8,10 +8,10 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf.quants import dequantize, quantize
 
-from core.__main__ import main
+from core.cli.main import main
 from core.checkpoints import load
 from core.checkpoints.gguf import gguf_name
-from core.convert import convert
+from core.checkpoints.convert import convert
 from tests.core.checkpoints.util import PROMPT
 from tests.helpers import greedy
 DEMO = Path(__file__).resolve().parents[3] / "assets" / "models" / "llamadesk-demo"

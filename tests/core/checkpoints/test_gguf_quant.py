@@ -42,7 +42,7 @@ def test_packed_forward_matches_dequantized_forward(tmp_path, qtype):
         a, b = packed.model(IDS), floats.model(IDS)
     # The packed path differs by bf16 activations/outputs in each linear and bf16 scales:
     # stated tolerance 4% of the logits' range on these deliberately wide random models.
-    # Q6_K also rounds one 16-weight sub-block of each pair (core.quant): 8%, and under half
+    # Q6_K also rounds one 16-weight sub-block of each pair (core.model.quant): 8%, and under half
     # of what Q6_K's own quantization moves the logits (measured 6.3% against 25%).
     tol = 0.08 if qtype == "Q6_K" else 0.04
     assert (a - b).abs().max() <= tol * b.abs().max(), ((a - b).abs().max(), b.abs().max())

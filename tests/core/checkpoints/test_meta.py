@@ -3,10 +3,10 @@ import json
 
 import torch
 
-from core.__main__ import main
+from core.cli.main import main
 from core.checkpoints import load
 from core.checkpoints.meta import load_meta
-from core.convert import convert
+from core.checkpoints.convert import convert
 
 # How Meta's model-parallel checkpoints split each weight (fairscale Column/RowParallelLinear).
 SPLIT_DIM = {"wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "output": 0, "wo": 1, "w2": 1}

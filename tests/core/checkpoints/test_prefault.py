@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from core.checkpoints import load
-from core.model import ModelArgs, Transformer
+from core.model.transformer import ModelArgs, Transformer
 from tests.core.checkpoints.util import write_gguf
 
 

@@ -152,7 +152,7 @@ def _random_k_blocks(shape, kind):
 
 def reference_model(args, tensors):
     """Our Transformer holding exactly ``tensors`` (float32)."""
-    from core.model import Transformer
+    from core.model.transformer import Transformer
 
     m = Transformer(args)
     m.load_state_dict(tensors, strict=not args.tie_word_embeddings)
@@ -163,7 +163,7 @@ def reference_model(args, tensors):
 
 def random_model(seed=0, **kw):
     """A random Transformer (vocab 288 unless told), weights widened so greedy choices are clear."""
-    from core.model import ModelArgs, Transformer
+    from core.model.transformer import ModelArgs, Transformer
     base = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=288, hidden_dim=160,
                 norm_eps=1e-5, max_seq_len=256)
     torch.manual_seed(seed)

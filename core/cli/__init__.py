@@ -1,0 +1,1 @@
+"""``python -m core``: one module per command family."""

@@ -1,0 +1,701 @@
+"""Token sampling: pure functions over logits plus a small settings object.
+
+Every filter takes float32 logits [..., V] and returns logits with the removed tokens
+set to -inf, so they compose in a fixed order: repetition penalty, temperature, top-k,
+top-p, min-p. Randomness comes only from the request's own ``torch.Generator``.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from core.engine.constrain import Constraint
+from core.errors import SettingsError
+
+
+GREEDY_TEMPERATURE = 1e-5  # temperatures below this behave as 0 (greedy)
+# Outside these a penalty overflows float32 logits (1e-45 makes every seen token +inf).
+MIN_PENALTY, MAX_PENALTY = 0.01, 1e6
+MAX_LENGTH_PENALTY = 10.0
+MAX_LOOKUP = 8  # longest n-gram prompt lookup matches  # beam scores divide by length ** penalty: 1e308 overflows
+MAX_BIAS = 100.0  # a logit bias is within ±100 (OpenAI's range), or -inf: never that token
+
+
+@dataclass
+class SamplingParams:
+    """How one reply (or one comparison lane) is sampled.
+
+    temperature 0 (or below 1e-5) means greedy; top_k 0, top_p 1, min_p 0 and repetition_penalty 1 are
+    off. seed None draws a fresh seed, which :meth:`resolved` records so the reply can
+    be reproduced.
+    """
+
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    # Speculative decoding changes the speed, never the distribution: lookup N drafts by
+    # matching the last N (down to 1) tokens earlier in the context; draft names a smaller
+    # model with the same vocabulary (a path). 0 / "" is off.
+    lookup: int = 0
+    draft: str = ""
+    constraint: Constraint | None = None  # JSON schema / regex / grammar the output must match
+    # Added to the raw logits before every filter: token id -> bias (-inf bans the token).
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    # The same by text, "TEXT=BIAS" each: the engine splits TEXT with its model's tokenizer
+    # (:meth:`with_text_bias`), so a lane on another checkpoint gets that vocabulary's ids.
+    logit_bias_text: tuple[str, ...] = ()
+
+    KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed",
+            "max_new_tokens", "num_beams", "length_penalty", "lookup", "draft")
+
+    def __post_init__(self) -> None:
+        self.stop = tuple(self.stop)
+        self.logit_bias_text = tuple(self.logit_bias_text)
+        if self.logit_bias:  # JSON keeps ids as strings; "-inf" as text stays readable there
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
+            except (TypeError, ValueError):
+                raise SettingsError(f"logit_bias maps token ids to numbers, got {self.logit_bias!r}") from None
+        if isinstance(self.constraint, dict):
+            self.constraint = Constraint.from_value(self.constraint)
+
+    def validate(self) -> "SamplingParams":
+        """Raise SettingsError naming the first invalid setting; return self."""
+        def bad(msg: str):
+            raise SettingsError(msg)
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
+            bad(f"temperature must be 0 or more, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            bad(f"top_p must be in (0, 1], got {self.top_p}")
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            bad(f"top_k must be a whole number ≥ 0, got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            bad(f"min_p must be in [0, 1), got {self.min_p}")
+        if not (isinstance(self.repetition_penalty, (int, float)) and
+                MIN_PENALTY <= self.repetition_penalty <= MAX_PENALTY):
+            bad(f"repetition_penalty must be between {MIN_PENALTY} and {MAX_PENALTY:g}, got {self.repetition_penalty}")
+        if not (isinstance(self.length_penalty, (int, float)) and -MAX_LENGTH_PENALTY <= self.length_penalty
+                <= MAX_LENGTH_PENALTY):
+            bad(f"length_penalty must be between -{MAX_LENGTH_PENALTY:g} and {MAX_LENGTH_PENALTY:g}, "
+                f"got {self.length_penalty}")
+        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
+            bad(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if int(self.num_beams) != self.num_beams or not 1 <= self.num_beams <= 16:
+            bad(f"num_beams must be between 1 and 16, got {self.num_beams}")
+        if self.seed is not None and (int(self.seed) != self.seed or not 0 <= self.seed < 2**63):
+            bad(f"seed must be a whole number ≥ 0, got {self.seed}")
+        if any(not s for s in self.stop):
+            bad("stop strings must not be empty")
+        if (isinstance(self.lookup, bool) or not isinstance(self.lookup, (int, float))
+                or not math.isfinite(self.lookup) or int(self.lookup) != self.lookup
+                or not 0 <= self.lookup <= MAX_LOOKUP):
+            bad(f"lookup must be a whole number from 0 (off) to {MAX_LOOKUP}, got {self.lookup!r}")
+        if not isinstance(self.draft, str):
+            bad(f"draft must be a model's path, got {self.draft!r}")
+        if self.lookup and self.draft:
+            bad("choose prompt lookup or a draft model, not both")
+        if self.speculative and self.num_beams > 1:
+            bad("speculative decoding (lookup or draft) does not combine with beam search")
+        for spec in self.logit_bias_text:
+            parse_logit_bias(spec, lambda text: [0])  # the form only; ids come from the model
+        if (self.logit_bias or self.logit_bias_text) and self.num_beams > 1:
+            bad("a logit bias does not combine with beam search")
+        for tok, b in self.logit_bias.items():
+            if tok < 0:
+                bad(f"logit_bias: token id {tok} is negative")
+            if not (b == -math.inf or (math.isfinite(b) and -MAX_BIAS <= b <= MAX_BIAS)):
+                bad(f"logit_bias for token {tok} must be between -{MAX_BIAS:g} and {MAX_BIAS:g} (or -inf), got {b}")
+        if self.constraint is not None:
+            Constraint.from_value(self.constraint).validate()
+            if self.num_beams > 1:
+                bad("a constraint (JSON schema, regex or grammar) cannot be combined with beam search")
+        return self
+
+    @property
+    def speculative(self) -> bool:
+        """Whether this lane drafts tokens (prompt lookup or a draft model)."""
+        return bool(self.lookup or self.draft)
+
+    @property
+    def greedy(self) -> bool:
+        # Below GREEDY_TEMPERATURE, logits / temperature overflow float32 to inf and the
+        # softmax turns to NaN; greedy is what such a temperature means anyway.
+        return self.temperature < GREEDY_TEMPERATURE
+
+    def resolved(self) -> "SamplingParams":
+        """A copy with a concrete seed (drawn now if None)."""
+        if self.seed is not None:
+            return self
+        return replace(self, seed=random.SystemRandom().randrange(2**31))
+
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        """A generator seeded with this request's seed, on ``device``."""
+        g = torch.Generator(device=device)
+        g.manual_seed(int(self.resolved().seed))
+        return g
+
+    def with_text_bias(self, encode) -> "SamplingParams":
+        """A copy whose logit_bias also holds logit_bias_text's tokens (``encode``: the
+        model's tokenizer, plain text); ids given directly win over text."""
+        if not self.logit_bias_text:
+            return self
+        bias: dict[int, float] = {}
+        for spec in self.logit_bias_text:
+            bias.update(parse_logit_bias(spec, encode))
+        return replace(self, logit_bias={**bias, **self.logit_bias})
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stop"] = list(self.stop)
+        d["logit_bias_text"] = list(self.logit_bias_text)
+        d["logit_bias"] = {str(k): (v if math.isfinite(v) else str(v)) for k, v in self.logit_bias.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SamplingParams":
+        known = set(cls.__dataclass_fields__)
+        kw = {k: v for k, v in d.items() if k in known}
+        if "stop" in kw:
+            kw["stop"] = tuple(kw["stop"])
+        if "logit_bias_text" in kw:
+            kw["logit_bias_text"] = tuple(kw["logit_bias_text"] or ())
+        if kw.get("constraint") is not None:
+            kw["constraint"] = Constraint.from_value(kw["constraint"])
+        return cls(**kw)
+
+
+def apply_repetition_penalty(logits: torch.Tensor, previous: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL-style penalty on tokens already seen: positive logits divided, negative multiplied.
+
+    Args:
+        logits: [V] or [B, V].
+        previous: token ids seen so far ([n] or [B, n]); may be empty.
+    """
+    if penalty == 1.0 or previous.numel() == 0:
+        return logits
+    squeeze = logits.dim() == 1
+    lg, prev = (logits.unsqueeze(0), previous.view(1, -1)) if squeeze else (logits, previous)
+    seen = lg.gather(-1, prev)
+    seen = torch.where(seen > 0, seen / penalty, seen * penalty)
+    out = lg.scatter(-1, prev, seen)
+    return out.squeeze(0) if squeeze else out
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return logits if temperature in (0, 1.0) else logits / temperature
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits (ties at the k-th value are kept too)."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: torch.Tensor, p: float | torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches p.
+
+    p is a float, or a tensor [B, 1] with one value per row of logits [B, V].
+    """
+    if not isinstance(p, torch.Tensor) and p >= 1.0:
+        return logits
+    if not isinstance(p, torch.Tensor):
+        p = torch.tensor(p, dtype=logits.dtype, device=logits.device)
+    # Stable, so a row sorts the same alone or in a batch of comparison lanes.
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    probs = sorted_logits.softmax(-1)
+    before = probs.cumsum(-1) - probs  # mass strictly above each token
+    drop_sorted = before >= p  # the top token always has 0 before it, so it stays
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the top token's."""
+    if min_p <= 0:
+        return logits
+    probs = logits.softmax(-1)
+    threshold = probs.max(-1, keepdim=True).values * min_p
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams, previous: torch.Tensor | None = None) -> torch.Tensor:
+    """All of a request's filters in order; the result's softmax is what is sampled."""
+    return filter_rows(logits.unsqueeze(0), [params], [previous])[0]
+
+
+def filter_rows(logits: torch.Tensor, params: list[SamplingParams],
+                previous: list[torch.Tensor | None]) -> torch.Tensor:
+    """filter_logits for each row of logits [B, V] with its own settings.
+
+    Rows are independent; the one expensive step, the top-p sort, runs once for all the
+    rows that need it (comparison lanes decode together, so they sample together).
+    """
+    logits = apply_logit_bias(logits, params)
+    out = []
+    for row, q, prev in zip(logits, params, previous):
+        if prev is not None:
+            row = apply_repetition_penalty(row, prev, q.repetition_penalty)
+        if not q.greedy:
+            row = top_k_filter(apply_temperature(row, q.temperature), q.top_k)
+        out.append(row)
+    rows = torch.stack(out)
+    nucleus = [i for i, q in enumerate(params) if not q.greedy and q.top_p < 1.0]
+    if nucleus:
+        idx = torch.tensor(nucleus, device=rows.device)
+        p = torch.tensor([params[i].top_p for i in nucleus], dtype=rows.dtype, device=rows.device).view(-1, 1)
+        rows[idx] = top_p_filter(rows[idx], p)
+    for i, q in enumerate(params):
+        if not q.greedy and q.min_p > 0:
+            rows[i] = min_p_filter(rows[i], q.min_p)
+    return rows
+
+
+_BYTE_BITS: dict = {}  # device -> bool [256, 8]: the bits of every byte value, lowest first
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor | None) -> torch.Tensor:
+    """Logits [B, V] with the tokens a constraint forbids set to -inf.
+
+    bitmask: int32 [B, ceil(V/32)] (bit i of word w allows token 32*w + i; see
+    core.engine.constrain), or None for no constraint. Applied before every other filter.
+    """
+    if bitmask is None:
+        return logits
+    B, V = logits.shape
+    words = bitmask.contiguous()
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        # numpy's unpackbits and masked copy: 1.5x (one lane at 128k) to 5x (a mostly
+        # allowed mask) faster than torch's masked_fill here; torch's is not vectorised.
+        forbid = np.unpackbits(~words.numpy().view(np.uint8), axis=-1, count=V, bitorder="little").view(bool)
+        out = logits.clone()
+        np.copyto(out.numpy(), np.float32(-np.inf), where=forbid)
+        return out
+    dev = logits.device
+    table = _BYTE_BITS.get(dev)
+    if table is None:
+        table = _BYTE_BITS[dev] = ((torch.arange(256, device=dev).unsqueeze(1) >> torch.arange(8, device=dev)) & 1).bool()
+    # On an accelerator: the packed mask crosses, then one lookup per byte (little-endian
+    # words: byte k of word w holds tokens 32w+8k..+7).
+    allowed = table[words.to(dev, non_blocking=True).view(torch.uint8).long()].view(B, -1)[:, :V]
+    return torch.where(allowed, logits, float("-inf"))
+
+
+def apply_logit_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Logits [B, V] plus each row's ``logit_bias`` (one scatter for all rows; ids past
+    the vocabulary are ignored). Returns ``logits`` itself when no row has a bias."""
+    pairs = [(r, t, b) for r, q in enumerate(params) for t, b in q.logit_bias.items() if t < logits.shape[-1]]
+    if not pairs:
+        return logits
+    rows, toks, bias = zip(*pairs)
+    dev = logits.device
+    return logits.index_put((torch.tensor(rows, device=dev), torch.tensor(toks, device=dev)),
+                            torch.tensor(bias, dtype=logits.dtype, device=dev), accumulate=True)
+
+
+def parse_logit_bias(spec: str, encode) -> dict[int, float]:
+    """``TEXT=BIAS`` (e.g. ``' cat=+5'``, ``'Once=-inf'``) as {token id: bias}: every token
+    of TEXT, as ``encode(text)`` gives them (plain text: never special tokens), gets BIAS.
+
+    Raises SettingsError for a spec without '=', an empty text or a bad number.
+    """
+    text, eq, value = spec.rpartition("=")
+    if not eq or not text:
+        raise SettingsError(f"bad logit bias {spec!r}: use TEXT=BIAS, e.g. 'cat=+5' or 'cat=-inf'")
+    try:
+        bias = float(value.strip())
+    except ValueError:
+        raise SettingsError(f"bad logit bias {spec!r}: {value.strip()!r} is not a number (or -inf)") from None
+    if not (bias == -math.inf or (math.isfinite(bias) and -MAX_BIAS <= bias <= MAX_BIAS)):
+        raise SettingsError(f"bad logit bias {spec!r}: use a number between -{MAX_BIAS:g} and {MAX_BIAS:g}, or -inf")
+    ids = list(encode(text))
+    if not ids:
+        raise SettingsError(f"bad logit bias {spec!r}: the text has no tokens")
+    return {int(t): bias for t in ids}
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from probabilities [V] by inverse CDF: one uniform from ``generator``.
+
+    torch.multinomial costs ~1 ms for a 32k vocabulary on CPU; this ~0.05 ms.
+    """
+    u = torch.rand((), generator=generator, dtype=probs.dtype, device=probs.device)
+    return int(_inverse_cdf(probs.unsqueeze(0), u.view(1))[0])
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Row-wise: the first index whose cumulative mass exceeds u [B] times the row's total."""
+    cdf = probs.cumsum(-1)
+    # right=True: the first token whose cumulative mass exceeds u, never a zero-mass one.
+    at = torch.searchsorted(cdf, (u * cdf[:, -1]).view(-1, 1), right=True)
+    return at.view(-1).clamp_max(probs.shape[-1] - 1)
+
+
+CANDIDATES = 512  # about how many of a row's largest logits the fast sampler looks at first
+SAMPLE = 4096  # strided sample of a row that places the top-p window when the candidates fall short
+# The reference sums softmax probabilities in sorted order; ours come from the same kernel
+# in id order and differ by up to ~4e-7 in that sum on flat rows (the most measured at 32k and
+# 128k, std 0.3-2, near p 0.9).
+# A window cut that close to p is left to the reference's sort.
+ROUNDING = 5e-7
+
+
+@dataclass
+class Choice:
+    """What :func:`choose_tokens` picked: ids and raw log-probs per row, read once."""
+    tokens: torch.Tensor  # [B] on the logits' device
+    ids: list[int]
+    logprobs: list[float]  # under the raw (unfiltered) distribution
+    flags: list[bool] | None = None  # the caller's ``flags`` [B], read with the ids
+
+
+def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
+                  previous: Sequence[torch.Tensor | None], generators: Sequence[torch.Generator | None],
+                  candidates: int = CANDIDATES, flags: torch.Tensor | None = None,
+                  bitmask: torch.Tensor | None = None) -> Choice:
+    """Each row's next token, as ``sample`` would choose it, without sorting the vocabulary.
+
+    The same tokens as filter_rows + argmax/draw with the same generators. Sampled rows
+    run top-p/min-p on their largest logits (:func:`_candidate_draw`, about ``candidates``
+    tokens gathered by block maxima, all rows in one pass) against the whole row's softmax
+    mass, and draw with one uniform per row. A row whose kept set might reach past its
+    candidates (flat distributions) is redone on the same uniform by :func:`_window_draw`,
+    which sorts only the values around the top-p cut, and by the reference's full sort in
+    the rare case the window misses. The device is read once (ids, log-probs, flags), again
+    only for redone rows.
+
+    Args:
+        logits: float32 [B, V]; previous: token ids per row for the repetition penalty.
+        flags: optional bool [B] on the device (the engine's "row was finite"), read back
+            in the same transfer as the ids so a step costs one host synchronisation.
+        bitmask: the step's constraint masks (:func:`apply_bitmask`), applied first; the
+            log-probs stay those of the raw distribution.
+    """
+    B, V = logits.shape
+    dev = logits.device
+    # Row by row below: a decode step's [B, V] can be column-major (stride (1, B)), which
+    # makes every row pass strided; one copy is far cheaper.
+    logits = logits.contiguous()
+    x_all = _prepared(logits, params, previous, bitmask)
+    sampled = [i for i, q in enumerate(params) if not q.greedy]
+    # greedy rows: the reference's argmax, first of ties
+    tokens = _argmax(x_all) if len(sampled) < B else torch.zeros(B, dtype=torch.long, device=dev)
+    ok = torch.ones(0, dtype=torch.bool, device=dev)
+    if sampled:
+        u = torch.stack([torch.rand((), generator=generators[i], dtype=logits.dtype, device=dev)
+                         for i in sampled])
+        sel = torch.tensor(sampled, device=dev)
+        x = x_all if len(sampled) == B else x_all.index_select(0, sel)  # [S, V]
+        qs = [params[i] for i in sampled]
+        x, temps = _top_k_rows(x, qs)
+        lse, scan = _scan(logits, x, sampled, temps, candidates)
+        fast, ok = _candidate_draw(x, temps, qs, u, *scan)
+        tokens = fast if len(sampled) == B else tokens.index_copy(0, sel, fast)
+    else:
+        lse, _ = _scan(logits, logits[:0], [], [], candidates)
+    logprob = logits.gather(-1, tokens.view(B, 1)).view(B) - lse
+    parts = [tokens.double(), logprob.double()] + ([] if flags is None else [flags.double()])
+    read = torch.cat(parts + [ok.double()]).tolist()
+    ids, lps = [int(t) for t in read[:B]], read[B:2 * B]
+    flag_list = None if flags is None else [bool(f) for f in read[2 * B:3 * B]]
+    bad = [k for k, good in enumerate(read[len(read) - ok.numel():]) if not good]
+    if bad:  # same uniforms, so the stream of draws does not depend on which path ran
+        slow = torch.stack([_window_draw(_tempered(x[k], temps[k]), qs[k], u[k]) for k in bad])
+        tokens = tokens.index_copy(0, sel.index_select(0, torch.tensor(bad, device=dev)), slow)
+        logprob = logits.gather(-1, tokens.view(B, 1)).view(B) - lse
+        read = torch.cat([tokens.double(), logprob.double()]).tolist()
+        ids, lps = [int(t) for t in read[:B]], read[B:]
+    return Choice(tokens, ids, lps, flag_list)
+
+
+def _prepared(logits: torch.Tensor, params: Sequence[SamplingParams], previous, bitmask) -> torch.Tensor:
+    """The rows with the constraint mask, logit bias and repetition penalty applied
+    (``logits`` itself when none applies). Temperature comes later, row by row: a
+    division of the whole batch writes a fresh [B, V] tensor, and at 128k x 8 rows its
+    page faults alone cost more than dividing each row in cache."""
+    masked = apply_logit_bias(apply_bitmask(logits, bitmask), params)
+    x = masked
+    for i, (q, prev) in enumerate(zip(params, previous)):
+        if prev is not None and q.repetition_penalty != 1.0 and prev.numel():
+            if x is logits:
+                x = logits.clone()
+            x[i] = apply_repetition_penalty(masked[i], prev, q.repetition_penalty)
+    return x
+
+
+def _tempered(row: torch.Tensor, temperature: float) -> torch.Tensor:
+    """apply_temperature's division (dividing by 1.0 is exact, so it is skipped)."""
+    return row if temperature == 1.0 else row / temperature
+
+
+def _scan(logits: torch.Tensor, x: torch.Tensor, sampled: Sequence[int], temps: Sequence[float],
+          candidates: int):
+    """Every pass over whole rows, one row at a time so that each row's passes run while
+    it is in cache (at 128k x 8 rows the batch does not fit; batched passes, with their
+    fresh [B, V] temporaries, cost 2-3x as much here).
+
+    Returns:
+        lse [B]: logsumexp of each raw row (torch.logsumexp is unfused: 2x slower even
+            for one row), and for the sampled rows x [S, V] with temperatures ``temps``:
+        (m [S, 1], the tempered row's maximum; total [S, 1], its softmax denominator
+        exp(x / T - m) summed; c [S, 1], the candidate threshold (untempered);
+        ids [S, n], cand [S, n]: the tokens above c, in id order).
+    """
+    B, V = logits.shape
+    S = x.shape[0]
+    buf = torch.empty_like(logits[0])
+    # The candidates: values above the kc-th largest of every s-th value, about
+    # ``candidates`` of them (ties included).
+    s = max(1, min(16, V // (4 * candidates)))
+    kc = min(-(-V // s), max(1, candidates // s))
+    # A fixed width, so that a row's arrays (and so its rounding) do not depend on the
+    # other rows of the batch; a row with more candidates than that goes to the window.
+    n = min(V, 2 * candidates)
+    lse, m, total, c, found = [], [], [], [], []
+    where = {r: k for k, r in enumerate(sampled)}
+    for r in range(B):
+        row = logits[r]
+        top = row.amax()
+        top = torch.where(torch.isfinite(top), top, 0.0)  # an all -inf row gives -inf, as torch's does
+        lse.append(torch.sub(row, top, out=buf).exp_().sum().log_() + top)
+        k = where.get(r)
+        if k is None:
+            continue
+        xr, t = x[k], temps[k]
+        top = xr.amax() / t  # division is monotone: the tempered row's maximum
+        m.append(top)
+        # exp of the gap to the max, summed: softmax's denominator, computed as it does
+        total.append((torch.div(xr, t, out=buf) if t != 1.0 else buf.copy_(xr)).sub_(top).exp_().sum())
+        c.append(xr[::s].topk(kc).values[-1])
+        found.append(_above(xr, c[-1], n))
+    lse = torch.stack(lse)
+    if not S:
+        return lse, None
+    ids, cand = (torch.stack(v) for v in zip(*found))
+    col = lambda vs: torch.stack(vs).view(S, 1)  # noqa: E731
+    return lse, (col(m), col(total), col(c), ids, cand)
+
+
+def _argmax(x: torch.Tensor) -> torch.Tensor:
+    """Row-wise argmax, the first of ties (as torch's). On CPU numpy's, which is
+    vectorised: 0.01 ms against torch's 0.25-0.4 ms for a 128k row."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        return torch.from_numpy(np.asarray(x.numpy().argmax(-1), dtype=np.int64))
+    return x.argmax(-1)
+
+
+def _above(row: torch.Tensor, c: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where row [V] is above c (0-d), ascending, in a fixed width n: (ids [n], valid [n]),
+    padded with id 0 and False; none valid when more than n are above."""
+    if row.device.type == "cpu" and row.dtype == torch.float32:  # numpy's compare and nonzero: ~10x torch's
+        found = torch.from_numpy(np.flatnonzero(row.numpy() > c.numpy()))
+        ids = torch.zeros(n, dtype=torch.long)
+        valid = torch.zeros(n, dtype=torch.bool)
+        if found.numel() <= n:
+            ids[:found.numel()] = found
+            valid[:found.numel()] = True
+        return ids, valid
+    # Elsewhere without reading the device: the n largest, in id order, those above c.
+    top = row.topk(n)
+    ids = top.indices.sort().values
+    return ids, (row.gather(0, ids) > c) & (top.values[-1] <= c)
+
+
+def _between(x: torch.Tensor, lo: torch.Tensor | None, hi: torch.Tensor | None) -> torch.Tensor:
+    """Indices of x [V] with hi > x >= lo (None: no bound), ascending."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:  # numpy's compares and nonzero: ~3x torch's
+        xn = x.numpy()
+        inside = np.ones(xn.shape, dtype=bool) if hi is None else xn < hi.numpy()
+        if lo is not None:
+            inside &= xn >= lo.numpy()
+        return torch.from_numpy(np.flatnonzero(inside))
+    inside = torch.ones_like(x, dtype=torch.bool) if hi is None else x < hi
+    if lo is not None:
+        inside &= x >= lo
+    return inside.nonzero().view(-1)
+
+
+def _top_k_rows(x: torch.Tensor, qs: Sequence[SamplingParams]) -> tuple[torch.Tensor, list[float]]:
+    """Rows x [S, V] and the temperature still to apply to each: rows with a top_k come
+    back tempered and cut by top_k_filter (temperature 1 from then on), so the other
+    filters and the draw see top-k as part of their logits."""
+    temps = [float(q.temperature) for q in qs]
+    rows = [i for i, q in enumerate(qs) if 0 < q.top_k < x.shape[-1]]
+    if rows:
+        x = x.clone()
+        for i in rows:
+            x[i] = top_k_filter(_tempered(x[i], temps[i]), qs[i].top_k)
+            temps[i] = 1.0
+    return x, temps
+
+
+def _candidate_draw(x: torch.Tensor, temps: Sequence[float], qs: Sequence[SamplingParams], u: torch.Tensor,
+                    m: torch.Tensor, total: torch.Tensor, c: torch.Tensor, ids: torch.Tensor, cand: torch.Tensor):
+    """Top-p, min-p and the draw on each row's largest logits, all rows at once.
+
+    x [S, V] is untempered (``temps`` per row); m, total, c, ids and cand come from
+    :func:`_scan`. The candidates, divided by the temperature, sort as the reference sorts
+    its tempered row (ties by id). A row's answer is exact when a candidate tempered above
+    c / T is dropped: every token outside (<= c, so <= c / T tempered) sorts after it and
+    is dropped too. Rows with neither top-p nor min-p draw from the whole row, as the
+    reference does.
+
+    Returns:
+        (tokens [S], exact [S]).
+    """
+    S, V = x.shape
+    dev, ninf = x.device, float("-inf")
+    col = lambda vs: torch.tensor(vs, dtype=x.dtype, device=dev).view(S, 1)  # noqa: E731
+    t = col(temps)
+    vals = x.gather(-1, ids) / t
+    vals_s, order = vals.masked_fill(~cand, ninf).sort(dim=-1, descending=True, stable=True)
+    cand_s = cand.gather(-1, order)
+    probs = (vals_s - m).exp() / total
+    before = probs.cumsum(-1) - probs  # mass strictly above each candidate
+    keep = cand_s & (before < col([q.top_p if q.top_p < 1.0 else math.inf for q in qs]))
+    if any(q.min_p > 0 for q in qs):
+        mp = col([q.min_p for q in qs])
+        probs2 = vals_s.masked_fill(~keep, ninf).softmax(-1)
+        keep &= ~((mp > 0) & (probs2 < probs2.max(-1, keepdim=True).values * mp))
+    ok = (cand_s & ~keep & (vals_s > c / t)).any(-1)
+    # Draw over the kept candidates in id order, as the reference's cumsum runs.
+    keep_by_id = torch.empty_like(keep).scatter_(-1, order, keep)
+    at = _inverse_cdf(vals.masked_fill(~keep_by_id, ninf).softmax(-1), u)
+    tokens = ids.gather(-1, at.view(S, 1)).view(S)
+    whole = [i for i, q in enumerate(qs) if q.top_p >= 1.0 and q.min_p <= 0]
+    for i in whole:  # nothing (more) to filter: the reference's own draw over the whole row
+        tokens[i] = _inverse_cdf(_tempered(x[i], temps[i]).softmax(-1).view(1, V), u[i].view(1))[0]
+        ok[i] = True
+    return tokens, ok
+
+
+def _window_draw(x: torch.Tensor, q: SamplingParams, u: torch.Tensor) -> torch.Tensor:
+    """One row's token (x [V], top-k already applied) by the reference's filters and draw,
+    with the top-p cut found by :func:`_top_p_kept` instead of a sort of the row; the
+    reference's sort only when that misses."""
+    ninf = float("-inf")
+    if q.top_p < 1.0:
+        kept = _top_p_kept(x, q.top_p) if bool(torch.isfinite(x.amax())) else None
+        if kept is None:
+            plain = replace(q, temperature=1.0, repetition_penalty=1.0, logit_bias={}, top_k=0)
+            return _inverse_cdf(filter_rows(x.view(1, -1), [plain], [None]).softmax(-1), u.view(1))[0]
+        x = x.masked_fill(~kept, ninf)
+    return _inverse_cdf(min_p_filter(x, q.min_p).view(1, -1).softmax(-1), u.view(1))[0]
+
+
+def _top_p_kept(x: torch.Tensor, p: float, tries: int = 4) -> torch.Tensor | None:
+    """top_p_filter's kept tokens of one row x [V] (bool [V]), sorting only a window.
+
+    A strided sample of the row, sorted, estimates where the mass above a value reaches
+    p; the window is the values between two sample values around that rank. Tokens above
+    the window are kept (their mass is summed once), the window alone is sorted, and its
+    tokens get the reference's ``before < p`` test (its cumsum accumulates in float64,
+    as the reference's does on CPU). The cut is exact when the window's first token is
+    kept (or nothing lies above) and its last is dropped (or nothing lies below);
+    otherwise the window moves that way, wider, up to ``tries`` times. None when it
+    never fits, or when a window token's ``before`` is within ROUNDING of p.
+    """
+    V = x.numel()
+    probs = x.softmax(-1)
+    stride = max(1, V // SAMPLE)
+    sx = x[::stride].sort(descending=True).values
+    mass = (sx - sx[0]).exp().cumsum(0)  # an estimate: exact sums come below
+    n = sx.numel()
+    at = int(torch.searchsorted(mass, mass[-1:] * p))
+    half = int(3 * math.sqrt(at * (n - at) / n)) + 4  # three standard deviations of a sampled rank
+    top, bottom = at - half, at + half
+    for _ in range(tries):
+        hi = sx[top] if top > 0 else None  # the window: hi > x >= lo
+        lo = sx[bottom] if bottom < n else None
+        window = _between(x, lo, hi)
+        if window.numel():
+            w_vals, order = x.index_select(0, window).sort(descending=True, stable=True)
+            w_idx = window.index_select(0, order)
+            w_probs = probs.index_select(0, w_idx)
+            above = x >= hi if hi is not None else torch.zeros(V, dtype=torch.bool, device=x.device)
+            start = float(torch.dot(probs, above.to(probs.dtype))) if hi is not None else 0.0
+            before = (start + w_probs.double().cumsum(0)).to(x.dtype) - w_probs
+            keep = before < p
+            first, last = hi is None or bool(keep[0]), lo is None or not bool(keep[-1])
+            if first and last:
+                if bool(((before - p).abs() <= ROUNDING).any()):
+                    return None  # the reference's own rounding decides: only its sort can tell
+                return above.index_fill(0, w_idx[keep], True)
+        else:  # no value between hi and lo (ties at both ends): widen both ways
+            first = last = None
+        width = 2 * (bottom - top)
+        if first is None:
+            top, bottom = top - width, bottom + width
+        elif not first:
+            top, bottom = top - width, top
+        else:
+            top, bottom = bottom, bottom + width
+        top, bottom = max(top, 0), min(bottom, n)
+    return None
+
+
+def _filtered(row: torch.Tensor, q: SamplingParams, previous: torch.Tensor | None) -> torch.Tensor:
+    """filter_logits(row, q, previous) for one row [V] without sorting it: top-p's cut
+    from :func:`_top_p_kept`, the reference's sort only where that defers."""
+    x = _prepared(row.view(1, -1), [q], [previous], None)[0]
+    if q.greedy:
+        return x
+    x = top_k_filter(_tempered(x, q.temperature), q.top_k)
+    if q.top_p < 1.0:
+        kept = _top_p_kept(x, q.top_p) if bool(torch.isfinite(x.amax())) else None
+        x = top_p_filter(x, q.top_p) if kept is None else x.masked_fill(~kept, float("-inf"))
+    return min_p_filter(x, q.min_p)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+           previous: torch.Tensor | None = None) -> int:
+    """Choose one token from logits [V]."""
+    filtered = filter_logits(logits, params, previous)
+    if params.greedy:
+        return int(filtered.argmax())
+    return draw(filtered.softmax(-1), generator)
+
+
+def top_alternatives(logits: torch.Tensor, params: SamplingParams, previous: torch.Tensor | None = None,
+                     k: int = 5, filtered: torch.Tensor | None = None, allowed: torch.Tensor | None = None) -> dict:
+    """Probabilities of the top-k tokens before and after this request's filters.
+
+    Args:
+        filtered: filter_logits(logits, params, previous) when the caller has it already.
+        allowed: bool [V], the tokens the lane's constraint allows (None: no constraint).
+
+    Returns:
+        {"raw": [(id, prob)...], "filtered": [(id, prob)...]} for a token inspector, and
+        with a constraint "constrained": the raw top-k ids the constraint removed.
+    """
+    raw = logits.float().softmax(-1)
+    if filtered is not None:
+        filt_logits = filtered
+    else:
+        src = logits.float() if allowed is None else logits.float().masked_fill(~allowed, float("-inf"))
+        filt_logits = _filtered(src, params, previous)
+    if params.greedy:
+        filt = torch.zeros_like(raw)
+        filt[filt_logits.argmax()] = 1.0
+    else:
+        filt = filt_logits.softmax(-1)
+    def top(p):
+        v, i = torch.topk(p, min(k, p.numel()))
+        return [(int(a), float(b)) for a, b in zip(i, v) if b > 0]
+    out = {"raw": top(raw), "filtered": top(filt)}
+    if allowed is not None:
+        out["constrained"] = [i for i, _ in out["raw"] if not bool(allowed[i])]
+    return out

@@ -1,0 +1,1 @@
+"""Conversations: the SQLite message tree, partial replies, export and import."""

@@ -1,0 +1,1 @@
+"""The models folder, the Hugging Face Hub and resumable verified downloads."""

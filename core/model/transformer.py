@@ -1,0 +1,340 @@
+"""The LLaMA transformer (Llama 2, 3, 3.1, 3.2) in plain PyTorch.
+
+Weights use Meta's names and Meta's interleaved RoPE layout, so a Meta checkpoint loads
+with no renaming; other formats are mapped onto these names at load time. Attention runs
+through ``scaled_dot_product_attention`` against a :class:`~core.model.kv_cache.KVCache` that
+lives outside the model, so one model serves any batch size or context length.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.model.kv_cache import KVCache
+
+SMALL_BATCH = 16  # rows up to which Linear multiplies weight-first (see Linear.forward)
+
+# Llama 3.1 params.json only says `use_scaled_rope: true`; these constants are Meta's.
+META_ROPE_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+@dataclass
+class ModelArgs:
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int | None = None
+    vocab_size: int = -1
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    hidden_dim: int | None = None  # explicit FFN width (HF and GGUF state it); derived if None
+    head_dim: int | None = None  # derived as dim // n_heads if None
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    use_scaled_rope: bool = False
+    rope_scaling: dict[str, float] | None = None  # llama3-style constants; Meta's if None
+    tie_word_embeddings: bool = False
+    max_seq_len: int = 4096  # the model's trained context length
+    dropout: float = 0.0  # training only; inactive in eval mode
+
+    def __post_init__(self) -> None:
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.head_dim is None:
+            self.head_dim = self.dim // self.n_heads
+        if self.hidden_dim is None:
+            hidden = int(2 * (4 * self.dim) / 3)
+            if self.ffn_dim_multiplier is not None:
+                hidden = int(self.ffn_dim_multiplier * hidden)
+            self.hidden_dim = self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+        if self.use_scaled_rope and self.rope_scaling is None:
+            self.rope_scaling = dict(META_ROPE_SCALING)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any], **overrides: Any) -> "ModelArgs":
+        """Build from a Meta ``params.json`` dict, ignoring keys this model does not use."""
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in params.items() if k in known}
+        kw.update(overrides)
+        return cls(**kw)
+
+    def to_params(self) -> dict[str, Any]:
+        """A ``params.json``-style dict that :meth:`from_params` reads back."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "dropout"}
+        return out
+
+
+def rope_frequencies(args: ModelArgs) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2], with Llama 3.1 scaling when configured."""
+    hd = args.head_dim
+    inv = 1.0 / (args.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    sc = args.rope_scaling
+    if sc:
+        factor = float(sc["factor"])
+        low, high = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+        old_ctx = float(sc["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+        wavelen = 2 * math.pi / inv
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = torch.where(is_mid, mid, scaled)
+    return inv.float()
+
+
+def rope_table(args: ModelArgs, length: int, device: torch.device | None = None) -> torch.Tensor:
+    """cos/sin for positions [0, length): [length, head_dim // 2, 2] float32."""
+    inv = rope_frequencies(args).to(device)
+    t = torch.arange(length, device=device, dtype=torch.float32)
+    ang = torch.outer(t, inv)
+    return torch.stack([ang.cos(), ang.sin()], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of x [B, T, H, D] by rope [B or 1, T, D/2, 2]."""
+    xf = x.float().unflatten(-1, (-1, 2))  # [B, T, H, D/2, 2]
+    cos, sin = rope[..., 0].unsqueeze(2), rope[..., 1].unsqueeze(2)  # [B, T, 1, D/2]
+    x0, x1 = xf[..., 0], xf[..., 1]
+    out = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Linear(nn.Module):
+    """A bias-free linear layer that does not initialise its weight.
+
+    Building on the meta device must not run init kernels: the first one imports
+    PyTorch's meta registrations, seconds of GIL-holding work while the UI waits.
+    """
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if 1 < rows <= SMALL_BATCH and x.device.type == "cpu" and self.weight.numel() >= 1 << 18:
+            # A few rows at once (comparison lanes decoding together): CPU BLAS runs
+            # x @ W.T at a third of the speed of W @ x.T for 2-8 rows (measured with MKL:
+            # 12.8 vs 4.4 ms for 4 rows of an 8192x2048 weight), so take the fast side.
+            # Small weights sit in cache, where the extra transposes cost more than they save.
+            x2 = x.reshape(rows, x.shape[-1])
+            return (self.weight @ x2.t()).t().reshape(*x.shape[:-1], self.weight.shape[0])
+        return F.linear(x, self.weight)
+
+
+class Embedding(nn.Module):
+    """A token embedding that does not initialise its weight (see Linear)."""
+
+    def __init__(self, num: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num, dim))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, self.weight)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 as Meta does: bf16 sums of squares lose too much.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+_GQA: bool | None = None
+
+
+def _sdpa_has_gqa() -> bool:
+    """Whether this torch's scaled_dot_product_attention takes ``enable_gqa`` (2.5+)."""
+    global _GQA
+    if _GQA is None:
+        try:
+            x = torch.zeros(1, 2, 1, 4)
+            F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
+            _GQA = True
+        except (TypeError, RuntimeError):
+            _GQA = False
+    return _GQA
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.wq = Linear(args.dim, args.n_heads * args.head_dim)
+        self.wk = Linear(args.dim, args.n_kv_heads * args.head_dim)
+        self.wv = Linear(args.dim, args.n_kv_heads * args.head_dim)
+        self.wo = Linear(args.n_heads * args.head_dim, args.dim)
+        self.dropout = args.dropout
+
+    def forward(self, x, rope, mask, cache: KVCache | None, start_pos):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
+        if cache is not None:
+            k, v = cache.update(self.layer_id, start_pos, k, v)  # [B, Hkv, L, D]
+        gqa = {}
+        if self.n_kv_heads != self.n_heads:
+            if _sdpa_has_gqa():  # query heads share K/V heads without copying them
+                gqa = {"enable_gqa": True}
+            else:
+                rep = self.n_heads // self.n_kv_heads
+                k = k.repeat_interleave(rep, dim=1)
+                v = v.repeat_interleave(rep, dim=1)
+        drop = self.dropout if self.training else 0.0
+        if isinstance(mask, str):  # "causal": keys are exactly the T queries
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop, **gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, **gqa)
+        out = out.transpose(1, 2).reshape(B, T, -1)  # [B, T, H*D]
+        return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w1 = Linear(args.dim, args.hidden_dim)
+        self.w2 = Linear(args.hidden_dim, args.dim)
+        self.w3 = Linear(args.dim, args.hidden_dim)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.attention = Attention(args, layer_id)
+        self.feed_forward = FeedForward(args)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.dropout = args.dropout
+
+    def forward(self, x, rope, mask, cache, start_pos):
+        h = self.attention(self.attention_norm(x), rope, mask, cache, start_pos)
+        h = x + F.dropout(h, self.dropout, self.training)
+        out = self.feed_forward(self.ffn_norm(h))
+        return h + F.dropout(out, self.dropout, self.training)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(TransformerBlock(args, i) for i in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = Linear(args.dim, args.vocab_size)
+        if args.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self._rope: torch.Tensor | None = None  # grown on demand, on the weights' device
+        if self.tok_embeddings.weight.device.type != "meta":
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02) -> None:
+        """Random weights for training from scratch (loaders overwrite them)."""
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                # Residual-branch outputs start small so deep stacks begin near identity.
+                p.normal_(0.0, std / math.sqrt(2 * self.args.n_layers))
+            else:
+                p.normal_(0.0, std)
+
+    def rope(self, end: int) -> torch.Tensor:
+        """The cos/sin table covering positions [0, end), cached on the model's device."""
+        dev = self.tok_embeddings.weight.device
+        if self._rope is None or self._rope.shape[0] < end or self._rope.device != dev:
+            length = max(end, 256, 0 if self._rope is None else 2 * self._rope.shape[0])
+            self._rope = rope_table(self.args, length, dev)
+        return self._rope
+
+    def positions(self, h: torch.Tensor, start_pos: int | torch.Tensor, cache):
+        """(rope, mask, start_pos) for hidden states h [B, T, D] at start_pos, as the layers
+        take them (see :meth:`forward`); a prefill that runs layer by layer calls it per chunk."""
+        B, T = h.shape[:2]
+        dev = h.device
+        if isinstance(start_pos, torch.Tensor):
+            if cache is None:
+                raise ValueError("per-row start positions need a KV cache")
+            pos = start_pos.to(dev).view(B, 1) + torch.arange(T, device=dev)  # [B, T]
+            end = cache.span(pos)  # a static cache answers its capacity: no host sync
+            rope = self.rope(end)[pos]  # [B, T, D/2, 2]
+            # Each row sees only keys at or before its own position, so a row never reads
+            # slots that a longer row wrote past its own end.
+            mask = torch.arange(end, device=dev).view(1, 1, 1, end) <= pos.view(B, 1, T, 1)
+            start_pos = pos  # the cache scatters row by row
+        else:
+            end = start_pos + T
+            rope = self.rope(end)[start_pos:end].unsqueeze(0)  # [1, T, D/2, 2]
+            if T == 1:
+                mask = None
+            elif cache is None or start_pos == 0:
+                mask = "causal"
+            else:  # a chunk after a cached prefix: causal within, all of the prefix
+                q = torch.arange(start_pos, end, device=dev).view(T, 1)
+                mask = torch.arange(end, device=dev).view(1, end) <= q  # [T, L]
+        return rope, mask, start_pos
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        start_pos: int | torch.Tensor = 0,
+        cache: KVCache | None = None,
+        *,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Run tokens [B, T] that sit at positions start_pos.. of each row.
+
+        Args:
+            tokens: token ids [B, T]; T > 1 prefills in one pass, T == 1 decodes.
+            start_pos: the position of tokens[:, 0]: an int shared by all rows, or a
+                LongTensor [B] when rows sit at different positions (batched prompts).
+            cache: where keys/values of earlier positions live and these are written
+                (a KVCache, one of its rows, or its StaticRows for a fixed-shape step);
+                None attends only among the T tokens (training, full forward).
+            last_only: return logits for the last position only ([B, 1, V]).
+
+        Returns:
+            float32 logits [B, T, V].
+        """
+        h = self.tok_embeddings(tokens)
+        rope, mask, start_pos = self.positions(h, start_pos, cache)
+        for layer in self.layers:
+            h = layer(h, rope, mask, cache, start_pos)
+        if last_only:
+            h = h[:, -1:, :]
+        return self.output(self.norm(h)).float()
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+        """Mean next-token cross-entropy of tokens [B, T] against targets [B, T]."""
+        logits = self(tokens)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index)
+
+    def num_parameters(self) -> int:
+        """Parameter count, tied weights counted once."""
+        return sum(p.numel() for p in self.parameters())

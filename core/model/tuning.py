@@ -1,0 +1,185 @@
+"""CPU compute dtype and thread counts chosen by measuring this machine's kernels.
+
+Whether bfloat16 beats float32 on a CPU depends on the CPU (AVX-512 BF16 or AMX make
+it 1.1-3x faster; without them bf16 prefill ran at 0.15x), and whether a second thread
+helps decode depends on how busy the machine is. So ``auto`` asks :func:`cpu_choice`,
+which runs a short probe (a decode-like one-row multiply and a prefill-like 128-row one,
+in both dtypes and at 1 and N threads) once, and caches the result in the data folder
+keyed by a fingerprint of the CPU, its core count and the torch version.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+CACHE_NAME = "cpu_probe.json"
+DTYPE_ENV = "LLAMADESK_CPU_DTYPE"  # float32 / bfloat16: skip the probe (tests, scripts)
+PROBE_VERSION = 2  # a cache written by another version of the probe is measured again
+
+
+@dataclass
+class CpuChoice:
+    """What ``auto`` uses on this CPU, with the measurements that decided it."""
+    dtype: str  # 'float32' or 'bfloat16'
+    prefill_threads: int
+    decode_threads: int
+    bf16_decode_speedup: float  # float32 time / bfloat16 time, one-row multiply
+    bf16_prefill_speedup: float  # the same for 128 rows
+    fingerprint: str
+    measured: str  # when (UTC), or 'override'
+    # time at 1 thread / time at the most threads, in the chosen dtype (0: not measured)
+    prefill_thread_speedup: float = 0.0
+    decode_thread_speedup: float = 0.0
+    max_threads: int = 1
+    version: int = 1
+
+    @property
+    def reason(self) -> str:
+        if self.measured == "override":
+            return f"{self.dtype}: set by {DTYPE_ENV}"
+        return (f"{self.dtype}: probe of this CPU ({self.measured}): bfloat16 decode "
+                f"{self.bf16_decode_speedup:.2f}x, prefill {self.bf16_prefill_speedup:.2f}x of float32; "
+                f"threads {self.prefill_threads} prefill / {self.decode_threads} decode")
+
+
+def data_dir() -> Path:
+    """``$LLAMADESK_DATA_DIR``, else the platform user data folder (as the history uses)."""
+    from core.history.store import History
+    return History.default_path().parent
+
+
+def fingerprint() -> str:
+    """CPU model and flags, core count and torch version: a new machine probes again."""
+    cpu = platform.processor() or platform.machine()
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    raw = f"{cpu}|{flags}|{os.cpu_count()}|{torch.__version__}|{sys.platform}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def median_seconds(fn, repeats: int) -> float:
+    """Median wall-clock seconds of fn() over repeats, after one warm-up call."""
+    fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def probe(*, k: int = 2048, n: int = 8192, rows: int = 128, repeats: int = 5) -> CpuChoice:
+    """Measure now (about a second): one-row and ``rows``-row multiplies of an [n, k]
+    weight (64 MB in float32, beyond the caches like a model's weights) in float32 and
+    bfloat16, at 1 thread and at every core."""
+    saved = torch.get_num_threads()
+    cores = max(1, os.cpu_count() or 1)
+    g = torch.Generator().manual_seed(0)
+    w32 = torch.randn(n, k, generator=g)
+    x32 = torch.randn(rows, k, generator=g)
+    times: dict[tuple[str, str, int], float] = {}
+    try:
+        with torch.inference_mode():
+            for dt, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
+                w, x = w32.to(dt), x32.to(dt)
+                for t in sorted({1, cores}):
+                    torch.set_num_threads(t)
+                    linear = torch.nn.functional.linear
+                    times[(name, "decode", t)] = median_seconds(lambda: linear(x[:1], w), repeats)
+                    times[(name, "prefill", t)] = median_seconds(lambda: linear(x, w), max(2, repeats // 2))
+    finally:
+        torch.set_num_threads(saved)
+    best = {phase: {name: min(times[(name, phase, t)] for t in {1, cores}) for name in ("float32", "bfloat16")}
+            for phase in ("decode", "prefill")}
+    dec = best["decode"]["float32"] / best["decode"]["bfloat16"]
+    pre = best["prefill"]["float32"] / best["prefill"]["bfloat16"]
+    # Decode is what a chat waits on token after token; take bfloat16 when it is faster
+    # there and does not make prompts much slower (some CPUs emulate bf16 matmuls).
+    dtype = "bfloat16" if dec >= 1.05 and pre >= 0.8 else "float32"
+    pick = lambda phase: min({1, cores}, key=lambda t: times[(dtype, phase, t)])  # noqa: E731
+    gain = lambda phase: times[(dtype, phase, 1)] / times[(dtype, phase, cores)]  # noqa: E731
+    return CpuChoice(dtype, pick("prefill"), pick("decode"), round(dec, 3), round(pre, 3), fingerprint(),
+                     time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), round(gain("prefill"), 3),
+                     round(gain("decode"), 3), cores, PROBE_VERSION)
+
+
+@dataclass
+class ThreadPlan:
+    """Torch threads for prefill and for decode on this CPU, and why."""
+    prefill: int
+    decode: int
+    reason: str
+
+
+def thread_plan(budget: int, override: int | None = None, choice: CpuChoice | None = None) -> ThreadPlan:
+    """Threads for each phase, at most ``budget`` (what the caller may use: the app leaves
+    a core to its UI). ``override`` (a user's thread setting) wins; otherwise the probe's
+    pick per phase: decode is memory-bound and a second thread often only adds contention,
+    while prefill's matmuls scale with cores."""
+    if override is not None:
+        return ThreadPlan(override, override, f"{override} threads: set by the user")
+    c = choice or cpu_choice()
+    if c.measured == "override" or not c.max_threads:
+        return ThreadPlan(budget, budget, f"{budget} threads (not measured)")
+    pre, dec = min(c.prefill_threads, budget), min(c.decode_threads, budget)
+    why = (f"probe ({c.measured}): {c.max_threads} threads vs 1 gave prefill {c.prefill_thread_speedup:.2f}x, "
+           f"decode {c.decode_thread_speedup:.2f}x")
+    if budget < c.max_threads:
+        why += f"; at most {budget} here"
+    return ThreadPlan(pre, dec, f"prefill {pre} / decode {dec} threads: {why}")
+
+
+def plan_for(device: torch.device, budget: int, override: int | None = None) -> ThreadPlan | None:
+    """The thread plan for an engine on ``device`` (None off the CPU: threads do not apply)."""
+    return thread_plan(budget, override) if torch.device(device).type == "cpu" else None
+
+
+_CHOICE: CpuChoice | None = None
+
+
+def cpu_choice(cache_dir: Path | None = None) -> CpuChoice:
+    """This CPU's choice: from ``LLAMADESK_CPU_DTYPE``, the in-process memo, the cache file
+    when its fingerprint matches, else a fresh :func:`probe` (then cached)."""
+    global _CHOICE
+    env = os.environ.get(DTYPE_ENV, "").strip()
+    if env in ("float32", "bfloat16"):
+        cores = max(1, os.cpu_count() or 1)
+        return CpuChoice(env, cores, cores, 0.0, 0.0, fingerprint(), "override", max_threads=0,
+                         version=PROBE_VERSION)
+    if _CHOICE is not None and cache_dir is None:
+        return _CHOICE
+    path = (cache_dir or data_dir()) / CACHE_NAME
+    fp = fingerprint()
+    choice = None
+    try:
+        saved = json.loads(path.read_text())
+        if saved.get("fingerprint") == fp and saved.get("version") == PROBE_VERSION:
+            choice = CpuChoice(**saved)
+    except (OSError, ValueError, TypeError):
+        pass
+    if choice is None:
+        choice = probe()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(asdict(choice), indent=2))
+        except OSError:
+            pass  # a read-only data folder: probe again next start
+    if cache_dir is None:
+        _CHOICE = choice
+    return choice

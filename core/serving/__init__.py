@@ -1,0 +1,1 @@
+"""``python -m core serve``: the OpenAI-compatible HTTP server over the engine."""

@@ -1,0 +1,1 @@
+"""The chat room: transcript, prompt editor, one reply's life, conversation models."""

@@ -1,0 +1,1 @@
+"""The comparison window: lanes side by side, their runs and records."""

@@ -1,0 +1,1 @@
+"""Dialogs: model info and loading, servers."""

@@ -1,0 +1,1 @@
+"""The model library window: local models, the Hub browser, downloads."""

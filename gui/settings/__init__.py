@@ -1,0 +1,1 @@
+"""The sampling panel and what it is built from."""

@@ -1,0 +1,1 @@
+"""Widgets shared by rooms: token inspector, notice bar."""
