@@ -24,7 +24,7 @@ from core.history.store import History, HistoryError
 from core.remote.runner import context_length as remote_context_length
 from core.remote.runner import public_url
 
-from gui.library import window as library_window
+from gui.library.window import LibraryRoom
 from gui.dialogs import model_dialog
 from gui import theme
 from gui.chat.chat_view import ChatView, format_stats, render_markdown
@@ -134,7 +134,11 @@ class MainWindow(QMainWindow):
         self.reply = ReplyController(bridge=bridge, conversation=self.conversation, settings=self.panel, parent=self)
         self._wire_reply()
         self._connect_bridge()
-        library_window.attach(self)  # self.library; downloads a previous run left go on
+        self.library = LibraryRoom(self, settings=self.settings)
+        self.library.openRequested.connect(self.load_model)
+        resume_error = self.library.resume_downloads()  # downloads a previous run left go on
+        if resume_error:
+            self.statusBar().showMessage(resume_error, 8000)
         self.conversation.listChanged.connect(self.refresh_conversations)
         self.conversation.pathChanged.connect(self.refresh_transcript)
         self.conversation.pathChanged.connect(self._status_from_path)
@@ -1146,7 +1150,7 @@ class MainWindow(QMainWindow):
 
     def open_library(self, tab: str = "library"):
         """Open (or raise) Model → Library… on ``tab`` (library, hub, downloads)."""
-        return library_window.open_library(self, tab)
+        return self.library.show(tab)
 
     def _open_compare(self) -> None:
         """Open (or raise) the comparison window, seeded from the prompt, conversation and panel."""
@@ -1160,5 +1164,5 @@ class MainWindow(QMainWindow):
             self._load_task.cancel()
         for d in list(self._dialogs):
             d.close()
-        library_window.detach(self)  # downloads stop; their state is kept for the next start
+        self.library.close()  # downloads stop; their state is kept for the next start
         super().closeEvent(event)

@@ -647,36 +647,45 @@ class LibraryWindow(QWidget):
         self.tabs.setCurrentWidget({"library": self.library, "hub": self.hub, "downloads": self.downloads}[name])
 
 
-def attach(window) -> LibraryService:
-    """Give the main window its library service (and resume downloads a previous run left)."""
-    service = LibraryService(settings=window.settings, parent=window)
-    window.library = service
-    window._library_window = None
-    try:
-        service.resume_pending()
-    except Exception as e:  # a damaged state file must not stop the app from starting
-        window.statusBar().showMessage(f"Downloads could not be resumed: {e}", 8000)
-    return service
+class LibraryRoom(QObject):
+    """The main window's library: its service (as long-lived as the window) and the library
+    window, built on the first :meth:`show`. The main window owns one and calls it; nothing
+    here touches the main window.
 
+    Signals:
+        openRequested(str): a model path chosen in the library window, to load.
+    """
 
-def detach(window) -> None:
-    """Close the library window and stop the service's scans and downloads (app closing)."""
-    lw = getattr(window, "_library_window", None)
-    if lw is not None:
-        lw.close()
-    window.library.shutdown()
+    openRequested = Signal(str)
 
+    def __init__(self, parent_window: QWidget, *, settings: QSettings):
+        super().__init__(parent_window)
+        self.parent_window = parent_window
+        self.service = LibraryService(settings=settings, parent=self)
+        self.window: LibraryWindow | None = None
 
-def open_library(window, tab: str = "library") -> LibraryWindow:
-    """Open (or raise) the main window's library window on ``tab``; the first open scans."""
-    lw = getattr(window, "_library_window", None)
-    if lw is None:
-        lw = LibraryWindow(window.library, parent=window)
-        lw.openRequested.connect(window.load_model)
-        window._library_window = lw
-        window.library.rescan()
-    lw.show_tab(tab)
-    lw.show()
-    lw.raise_()
-    lw.activateWindow()
-    return lw
+    def resume_downloads(self) -> str | None:
+        """Go on with downloads a previous run left; the reason in words when they could not."""
+        try:
+            self.service.resume_pending()
+        except Exception as e:  # a damaged state file must not stop the app from starting
+            return f"Downloads could not be resumed: {e}"
+        return None
+
+    def show(self, tab: str = "library") -> LibraryWindow:
+        """Open (or raise) the library window on ``tab``; the first open scans."""
+        if self.window is None:
+            self.window = LibraryWindow(self.service, parent=self.parent_window)
+            self.window.openRequested.connect(self.openRequested)
+            self.service.rescan()
+        self.window.show_tab(tab)
+        self.window.show()
+        self.window.raise_()
+        self.window.activateWindow()
+        return self.window
+
+    def close(self) -> None:
+        """Close the library window and stop the service's scans and downloads (app closing)."""
+        if self.window is not None:
+            self.window.close()
+        self.service.shutdown()

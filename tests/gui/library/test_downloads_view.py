@@ -33,7 +33,7 @@ def app(qtbot, loop, bridge, settings, data_dir, hub_server):
     """The main window pointed at the local Hub, with its library window open on the Hub tab."""
     w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
     qtbot.addWidget(w)
-    w.library.set_endpoint(hub_server.url)
+    w.library.service.set_endpoint(hub_server.url)
     return w
 
 
@@ -62,7 +62,7 @@ def test_pause_resume_verify_and_open(app, hub_server, hub_tree, qtbot, loop, da
 
     async def scenario():
         job = await start_download(w, GGUF_REPO, "stories260K.gguf", qtbot, hub_server, SLOW)
-        lw = w._library_window
+        lw = w.library.window
         dv = lw.downloads
         assert [r["file"] for r in rows(dv, job)] == ["stories260K.gguf"]
         assert rows(dv, job)[0]["repo_id"] == GGUF_REPO and rows(dv, job)[0]["total"] == spec.size
@@ -86,9 +86,9 @@ def test_pause_resume_verify_and_open(app, hub_server, hub_tree, qtbot, loop, da
         assert sha256(landed) == spec.sha256
         assert rows(dv, job)[0]["done"] == spec.size and "Finished and verified" in dv.status.text()
         # it is in the library now (the finish rescans), with nothing left of the partial
-        await until(lambda: any(str(e.path) == str(landed) for e in w.library.entries), 30, "listed in the library")
+        await until(lambda: any(str(e.path) == str(landed) for e in w.library.service.entries), 30, "listed in the library")
         assert not (data_dir / "models" / ".downloads" / job).exists()
-        assert [e.name for e in w.library.entries] == ["stories260K"]
+        assert [e.name for e in w.library.service.entries] == ["stories260K"]
         dv.select_job(job)
         dv.openRequested.connect(opened.append)
         qtbot.mouseClick(dv.open_button, Qt.LeftButton)
@@ -107,7 +107,7 @@ def test_cancel_and_checksum_failure(app, hub_server, qtbot, loop, data_dir):
 
     async def scenario():
         job = await start_download(w, GGUF_REPO, "stories260K.gguf", qtbot, hub_server, SLOW)
-        dv = w._library_window.downloads
+        dv = w.library.window.downloads
         await until(lambda: rows(dv, job)[0]["done"] > 0, 30, "bytes flowing")
         dv.select_job(job)
         qtbot.mouseClick(dv.cancel_button, Qt.LeftButton)
@@ -121,9 +121,9 @@ def test_cancel_and_checksum_failure(app, hub_server, qtbot, loop, data_dir):
         assert row.startswith("Failed:") and "checksum" in row
         assert dv.notice.isVisible() and "checksum" in dv.notice.text()
         assert not (data_dir / "models" / "llamadesk-test").exists()
-        w.library.rescan()
-        await until(lambda: not w.library.scanning, 20, "a rescan")
-        assert w.library.entries == []
+        w.library.service.rescan()
+        await until(lambda: not w.library.service.scanning, 20, "a rescan")
+        assert w.library.service.entries == []
         qtbot.mouseClick(dv.clear_button, Qt.LeftButton)
         assert rows(dv) == [] and not dv.notice.isVisible()
 
@@ -134,11 +134,11 @@ def test_download_goes_on_after_a_restart(qtbot, loop, bridge, settings, data_di
     spec = next(r for r in hub_tree if r.repo_id == GGUF_REPO).files["stories260K.gguf"]
     w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
     qtbot.addWidget(w)
-    w.library.set_endpoint(hub_server.url)
+    w.library.service.set_endpoint(hub_server.url)
 
     async def first_run():
         job = await start_download(w, GGUF_REPO, "stories260K.gguf", qtbot, hub_server, SLOW)
-        dv = w._library_window.downloads
+        dv = w.library.window.downloads
         await until(lambda: rows(dv, job)[0]["done"] > 0, 30, "bytes flowing")
         return job
 
@@ -151,7 +151,7 @@ def test_download_goes_on_after_a_restart(qtbot, loop, bridge, settings, data_di
 
     w2 = make_window(bridge=bridge, settings=settings, data_dir=data_dir)  # the next start
     qtbot.addWidget(w2)
-    assert w2.library.has_manager  # started by itself: there was a queue
+    assert w2.library.service.has_manager  # started by itself: there was a queue
 
     async def second_run():
         lw = w2.open_library("downloads")
@@ -160,21 +160,21 @@ def test_download_goes_on_after_a_restart(qtbot, loop, bridge, settings, data_di
         assert ranges(hub_server, "stories260K.gguf")[-1] == f"bytes={kept}-"
         landed = data_dir / "models" / "llamadesk-test" / "stories260K-GGUF" / "stories260K.gguf"
         assert sha256(landed) == spec.sha256
-        await until(lambda: [str(e.path) for e in w2.library.entries] == [str(landed)], 30, "in the library")
+        await until(lambda: [str(e.path) for e in w2.library.service.entries] == [str(landed)], 30, "in the library")
         # another models folder: later downloads land there
         new = data_dir / "elsewhere"
-        w2.library.set_models_folder(new)
+        w2.library.service.set_models_folder(new)
         again = await start_download(w2, GGUF_REPO, "tiny-Q8_0.gguf", qtbot, hub_server)
         await until(lambda: rows(dv, again) and rows(dv, again)[0]["state"] == "done", 30, "the second download")
         assert (new / "llamadesk-test" / "stories260K-GGUF" / "tiny-Q8_0.gguf").is_file()
-        await until(lambda: [e.name for e in w2.library.entries] == ["tiny-Q8_0"], 30, "the new folder listed")
+        await until(lambda: [e.name for e in w2.library.service.entries] == ["tiny-Q8_0"], 30, "the new folder listed")
 
     run(loop, second_run(), 60)
     w2.close()
     # a start with only finished downloads in the queue does not start the manager
     w3 = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
     qtbot.addWidget(w3)
-    assert (data_dir / "downloads.json").exists() and not w3.library.has_manager
+    assert (data_dir / "downloads.json").exists() and not w3.library.service.has_manager
 
 
 def test_network_drop_fails_inline_then_resumes(app, hub_server, hub_tree, qtbot, loop, data_dir, monkeypatch):
@@ -186,7 +186,7 @@ def test_network_drop_fails_inline_then_resumes(app, hub_server, hub_tree, qtbot
 
     async def scenario():
         job = await start_download(w, GGUF_REPO, "stories260K.gguf", qtbot, hub_server, cut=300_000)
-        dv = w._library_window.downloads
+        dv = w.library.window.downloads
         await until(lambda: rows(dv, job)[0]["state"] == "failed", 30, "the failure")
         status = dv.model.index(dv.model.find(job)[0], 5).data()
         assert status.startswith("Failed:") and "network" in status

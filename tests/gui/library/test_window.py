@@ -36,7 +36,7 @@ def table_rows(view) -> list[dict]:
 
 async def opened(w):
     lw = w.open_library()
-    await until(lambda: not w.library.scanning and lw.library.model.entries, 30, "the first scan")
+    await until(lambda: not w.library.service.scanning and lw.library.model.entries, 30, "the first scan")
     return lw
 
 
@@ -98,7 +98,7 @@ def test_open_from_library_loads_and_generates(qtbot, loop, bridge, settings, da
         assert reply["text"].strip() and reply["stats"]["generated_tokens"] > 0
         # Opening it recorded its use: the state file (which the CLI reads too) and the table say so.
         await until(lambda: LibraryState(data_dir / "library.json").last_used(), 10, "last use recorded")
-        w.library.rescan()
+        w.library.service.rescan()
         await until(lambda: any(r["Last used"] == "just now" for r in table_rows(lw.library)), 20, "just now")
 
     run(loop, scenario(), timeout=90)
@@ -122,7 +122,7 @@ def test_delete_asks_first_and_removes_the_file(qtbot, loop, bridge, settings, d
         task = view.delete_selected()
         await task
         assert not (models / "stories260K.gguf").exists()
-        await until(lambda: not w.library.scanning, 20, "the rescan")
+        await until(lambda: not w.library.service.scanning, 20, "the rescan")
         assert [r["Name"] for r in table_rows(view)] == ["broken"]
         assert "Deleted stories260K" in view.status.text()
 
@@ -156,7 +156,7 @@ def test_show_in_folder_and_changing_folders(qtbot, loop, bridge, settings, data
         new.mkdir()
         view.ask_folder = lambda title: str(new)
         view._change_folder()
-        await until(lambda: not w.library.scanning and len(view.model.entries) == 1, 20, "the new folder's scan")
+        await until(lambda: not w.library.service.scanning and len(view.model.entries) == 1, 20, "the new folder's scan")
         assert [e.name for e in view.model.entries] == ["another"]
         assert LibraryState(data_dir / "library.json").models_folder() == new
 
@@ -166,15 +166,15 @@ def test_show_in_folder_and_changing_folders(qtbot, loop, bridge, settings, data
 def test_empty_state_links_to_the_library(qtbot, loop, bridge, settings, data_dir, hub_server):
     w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
     qtbot.addWidget(w)
-    w.library.set_endpoint(hub_server.url)  # the Hub tab lists popular repositories when first shown
+    w.library.service.set_endpoint(hub_server.url)  # the Hub tab lists popular repositories when first shown
     assert "href='library'" in w.chat.empty_hint.text() and w.chat.empty_hint.isVisible()
     assert w.library_action in w.findChild(type(w.menuBar())).actions()[3].menu().actions()
 
     async def scenario():
         w.chat.empty_hint.linkActivated.emit("library")
-        lw = w._library_window
+        lw = w.library.window
         assert lw is not None and lw.isVisible()
-        await until(lambda: not w.library.scanning, 20, "the scan")
+        await until(lambda: not w.library.service.scanning, 20, "the scan")
         assert lw.library.empty.isVisible() and "Hub" in lw.library.empty.text()
         lw.library.empty.linkActivated.emit("hub")
         assert lw.tabs.currentWidget() is lw.hub
