@@ -10,6 +10,8 @@ from PySide6.QtCore import Qt
 import core.library.hub
 from core.library.library import human_size
 from gui.library.hub_browser import UNNAMED
+from gui.library.service import LibraryService
+from gui.library.window import LibraryWindow
 from tests.gui.ui_helpers import loop, run, settings, snapshot, until  # noqa: F401
 from tests.hubserver import GATED_REPO, GGUF_REPO, HF_REPO
 
@@ -17,7 +19,6 @@ from tests.hubserver import GATED_REPO, GGUF_REPO, HF_REPO
 @pytest.fixture
 def lw(qtbot, loop, settings, tmp_path, hub_server, monkeypatch):
     """A library window on its own service, pointed at the local Hub."""
-    from gui.library.window import LibraryService, LibraryWindow
     monkeypatch.setenv("LLAMADESK_DATA_DIR", str(tmp_path / "data"))
     service = LibraryService(settings=settings, data_dir=tmp_path / "data")
     service.set_endpoint(hub_server.url)
@@ -205,7 +206,6 @@ def test_missing_repository_is_said_in_words(lw, hub_server, loop):
 
 
 def test_hub_address_is_a_setting(lw, hub_server, settings, loop, tmp_path):
-    from gui.library.window import LibraryService
     hub = lw.hub
 
     async def scenario():

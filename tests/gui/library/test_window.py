@@ -145,7 +145,7 @@ def test_show_in_folder_and_changing_folders(qtbot, loop, bridge, settings, data
         assert [u.toLocalFile() for u in urls] == [str(models)]
         # An extra folder is scanned too, and saved where the CLI reads it.
         view.ask_folder = lambda title: str(other)
-        view._fill_folders()
+        view.folders_menu.aboutToShow.emit()  # what opening the Folders menu does
         [add] = [a for a in view.folders_menu.actions() if a.text().startswith("Add a Folder")]
         add.trigger()
         await until(lambda: len(view.model.entries) == 3, 20, "the extra folder's model")
@@ -155,7 +155,9 @@ def test_show_in_folder_and_changing_folders(qtbot, loop, bridge, settings, data
         new = tmp_path / "new-models"
         new.mkdir()
         view.ask_folder = lambda title: str(new)
-        view._change_folder()
+        view.folders_menu.aboutToShow.emit()
+        [change] = [a for a in view.folders_menu.actions() if a.text().startswith("Change Models Folder")]
+        change.trigger()
         await until(lambda: not w.library.service.scanning and len(view.model.entries) == 1, 20, "the new folder's scan")
         assert [e.name for e in view.model.entries] == ["another"]
         assert LibraryState(data_dir / "library.json").models_folder() == new
