@@ -28,6 +28,7 @@ from gui.library.window import LibraryRoom
 from gui.dialogs import model_dialog
 from gui import theme
 from gui.chat.chat_view import ChatView, format_stats, render_markdown
+from gui.compare.view import compare_window_for
 from gui.chat.conversation import ConversationModel
 from gui.chat.conversation_list import ID_ROLE, ConversationFilter, ConversationListModel
 from gui.dialogs.model_dialog import LoadProgress, ModelInfoDialog, RecentModels, info_summary
@@ -96,6 +97,7 @@ class MainWindow(QMainWindow):
     modelReady = Signal(dict)
     replyFinished = Signal(dict)
     busyChanged = Signal(bool)
+    compare_view = None  # the comparison window while it is open (see open_compare)
 
     def __init__(self, *, bridge, history: History | None = None, settings: QSettings | None = None,
                  model: str | None = None, device: str | None = None, dtype: str | None = None,
@@ -467,8 +469,8 @@ class MainWindow(QMainWindow):
         tb.addAction(self.open_action)
         tb.addSeparator()
         tb.addAction(self.regen_action)
-        # The side-by-side comparison window (gui/compare_view.py).
-        self.compare_action = self._action("Compare Settings…", self._open_compare, "Ctrl+Shift+K", "compare",
+        # The side-by-side comparison window (gui/compare/view.py).
+        self.compare_action = self._action("Compare Settings…", self.open_compare, "Ctrl+Shift+K", "compare",
                                            "compareButton")
         self.compare_action.setToolTip("Compare sampling settings side by side (Ctrl+Shift+K)")
         tb.addAction(self.compare_action)
@@ -1152,10 +1154,18 @@ class MainWindow(QMainWindow):
         """Open (or raise) Model → Library… on ``tab`` (library, hub, downloads)."""
         return self.library.show(tab)
 
-    def _open_compare(self) -> None:
-        """Open (or raise) the comparison window, seeded from the prompt, conversation and panel."""
-        from gui.compare.view import open_compare
-        open_compare(self)
+    def open_compare(self):
+        """Open (or raise) the comparison window, seeded from the prompt, conversation and
+        panel; the window owns it (``compare_view`` while it is open)."""
+        view = self.compare_view
+        if view is not None and not view.isHidden():
+            view.raise_()
+            view.activateWindow()
+            return view
+        view = self.compare_view = compare_window_for(self)
+        view.destroyed.connect(lambda *_: setattr(self, "compare_view", None))
+        view.show()
+        return view
 
     def closeEvent(self, event):
         """Quitting mid-reply: stop it, save what streamed, then close."""

@@ -12,75 +12,11 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from core.engine.lanes import LANE_KEYS, TokenDiff, lane_stats
+from core.engine.lanes import LANE_KEYS, TokenDiff, lane_stats, text_diff, token_diff
+
+from gui.compare.models import LaneModel
 
 ANCHOR_SCHEME = "tok"
-
-
-def public_server(url: str) -> str:
-    """A server's address fit to show and store: no user:password part, no query."""
-    from urllib.parse import urlsplit
-    u = urlsplit(url)
-    host = u.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{u.scheme}://{host}{f':{u.port}' if u.port else ''}{u.path}"
-
-
-@dataclass(eq=False)
-class LaneModel:
-    """Where a comparison lane runs: the model loaded in the app ("loaded"), another local
-    checkpoint the worker holds beside it ("checkpoint", ``key`` names it), or a model on a
-    connected server ("server", ``remote`` is its :class:`core.remote.client.RemoteModel`).
-
-    ``tokenizer`` is the tokenizer's fingerprint (None: unknown, e.g. a server that does
-    not say): lanes compare token ids only when theirs match.
-    """
-    kind: str
-    name: str
-    key: str = ""
-    remote: object = None
-    tokenizer: str | None = None
-    path: str = ""
-    dummy_prefix: bool = False  # SentencePiece: a word-start token's text drops its space to encode alone
-
-    @property
-    def server(self) -> str:
-        # A saved lane's server that is not connected now keeps its address in ``path``.
-        return public_server(self.remote.url) if self.remote is not None else self.path
-
-    @property
-    def group(self) -> tuple:
-        """Lanes with the same group run as one request (one prefill, one batch)."""
-        if self.kind == "server":
-            return ("server", id(self.remote), self.path)
-        return (self.kind, self.key or self.path)
-
-    def label(self) -> str:
-        """How the lane header names it."""
-        if self.kind == "server":
-            from urllib.parse import urlsplit
-            return f"{self.name} @ {urlsplit(self.server).netloc}"
-        return self.name
-
-    def record(self) -> dict:
-        """What a saved or exported lane says about its model (never an API key)."""
-        d: dict = {"kind": self.kind, "name": self.name, "tokenizer": self.tokenizer}
-        if self.kind == "server":
-            d["server"] = self.server
-        elif self.path:
-            d["path"] = self.path
-        return d
-
-
-def tokenizers_match(a: LaneModel, b: LaneModel) -> bool | None:
-    """True when two lanes' token ids mean the same text, False when they do not, None
-    when a side does not say."""
-    if a is b or (a.group == b.group and a.kind != "server"):
-        return True
-    if a.tokenizer is None or b.tokenizer is None:
-        return None
-    return a.tokenizer == b.tokenizer
 
 
 @dataclass
@@ -310,6 +246,39 @@ def render_lane_html(lane: int | None, run: LaneRun, *, diff: TokenDiff | None =
         parts.append(f'<span style="color: {colors["muted"]};">…</span>')
     parts.append("</div>")
     return "".join(parts)
+
+
+def lane_diff(base: LaneRun, run: LaneRun, match: bool | None) -> TokenDiff:
+    """``run`` against the baseline: by token ids under one tokenizer, else by text
+    (aligned once both are finished; until then only where they part). A diff is
+    computed again only when either side changed (kept in ``run.diff_cache``)."""
+    key = (id(base), len(base.tokens), len(run.tokens), len(base.text), len(run.text),
+           base.finished, run.finished, match)
+    hit = run.diff_cache
+    if hit is not None and hit[0] == key and hit[2] is base:
+        return hit[1]
+    if match:
+        diff = token_diff(base.ids, run.ids)
+    else:
+        diff = text_diff(base.text, [t.text for t in run.tokens], align=base.finished and run.finished)
+    run.diff_cache = (key, diff, base)
+    return diff
+
+
+def divergence_label(run: LaneRun, base: LaneRun, diff: TokenDiff, match: bool | None, colors: dict) -> str:
+    """The line over a lane's text: where it parts from the baseline (``diff``), or that
+    it has not; ``match``: whether the two lanes' tokenizers are one (None: not known)."""
+    both_done = run.finished and base.finished
+    if diff.divergence is None:
+        label = ("Identical to the baseline" if match else "Same text as the baseline") if both_done \
+            else ("Same as the baseline so far" if match else "Same text as the baseline so far")
+    else:
+        label = (f"<span style='color: {colors['mark']}; font-weight: 600;'>Diverges at token "
+                 f"{diff.divergence + 1}</span> · {diff.changed_count} of {len(run.tokens)} tokens differ")
+    if not match:
+        why = "different tokenizers" if match is False else "tokenizer not known"
+        label += f"<br><span style='color: {colors['muted']};'>{why}: divergence and diff by text only</span>"
+    return label
 
 
 def parse_anchor(href: str) -> tuple[int, int] | None:

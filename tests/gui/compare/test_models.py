@@ -241,7 +241,7 @@ def test_a_lane_on_a_server_that_is_gone_says_so_and_the_others_finish(qtbot, lo
 def test_the_compare_window_of_an_app_on_a_server(qtbot, loop, bridge, settings, data_dir, fixtures):
     """Replies come from a server: the comparison's first lane runs there too, and "Model on
     a server…" opens the app's Connect to Server dialog, whose model becomes the lane's."""
-    from gui.compare.view import CONNECT_SERVER, open_compare
+    from gui.compare.lane_column import CONNECT_SERVER
     from gui.dialogs.server_dialog import ServerDialog
     story = fixtures / "stories260K.gguf"
     with ServeProcess(story) as server:
@@ -251,7 +251,7 @@ def test_the_compare_window_of_an_app_on_a_server(qtbot, loop, bridge, settings,
         w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
         try:
             w.use_remote(remote)
-            v = open_compare(w)
+            v = w.open_compare()
             assert v.model_of(0).kind == "server" and v.model_of(0).remote is remote
             assert v.columns[0].model_combo.currentText() == f"stories260K @ 127.0.0.1:{server.port}"
             v.add_lane()

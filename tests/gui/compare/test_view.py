@@ -123,11 +123,11 @@ def test_lanes_names_sweep_and_seed_lock(qtbot, loop, history):
     v.columns[0].set_settings({"top_p": 0.8, "seed": 5})
     qtbot.mouseClick(v.sweep_button, Qt.LeftButton)
     assert not v.sweep_row.isHidden()
-    v.sweep_values.setText("0.2:1.4:0.4")
-    qtbot.mouseClick(v.sweep_apply, Qt.LeftButton)
+    v.sweep_row.values.setText("0.2:1.4:0.4")
+    qtbot.mouseClick(v.sweep_row.apply_button, Qt.LeftButton)
     assert [c.settings()["temperature"] for c in v.columns] == [0.2, 0.6, 1.0, 1.4]
     assert all(c.settings()["top_p"] == 0.8 and c.settings()["seed"] == 5 for c in v.columns)
-    assert not v.apply_sweep("top_p", "0.5, 1.5") and "between" in v.sweep_error.text()
+    assert not v.apply_sweep("top_p", "0.5, 1.5") and "between" in v.sweep_row.error.text()
     assert v.lane_count() == 4  # a bad sweep changes nothing
 
     # seed lock: every lane gets lane 1's seed, and the others' seed fields follow it
@@ -253,7 +253,7 @@ def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_p
     qtbot.addWidget(v2)
     v2.resize(1400, 760)
     v2.show()
-    v2._fill_saved_menu()
+    v2.fill_saved_menu()
     titles = [a.text() for a in v2.saved_menu.actions()]
     assert any(t.startswith("Compare: Once upon") for t in titles)
     v2.open_comparison(cid)
@@ -313,13 +313,13 @@ def test_main_window_hook(qtbot, loop, bridge, tmp_path, monkeypatch):
     assert action.shortcut().toString() == "Ctrl+Shift+K"
     assert w.findChild(QWidget, "compareButton") is not None  # the toolbar's button
     action.trigger()
-    view = w._compare_view
+    view = w.compare_view
     assert view is not None and view.objectName() == "compareView" and view.isVisible()
     assert view.prompt_edit.toPlainText() == "Tell me a story"
     s = view.columns[0].settings()
     assert s["temperature"] == 0.55 and s["top_k"] == 33 and s["seed"] == 21 and s["max_new_tokens"] == 64
     action.trigger()
-    assert w._compare_view is view  # raised, not opened twice
+    assert w.compare_view is view  # raised, not opened twice
     snapshot(w, "compare_main_window_toolbar")
     view.close()
     w.close()
@@ -415,7 +415,7 @@ def test_a_lane_sets_prompt_lookup_or_a_draft_model_never_both(qtbot, loop, hist
     drafts is refused inline; the stats line names the draft model that drafted."""
     from core.engine.sampling import SamplingParams
     from gui.settings import panel as sampling_panel
-    from gui.compare.lanes import LaneModel
+    from gui.compare.models import LaneModel
     from gui.compare.view import CompareView
     v = CompareView(bridge=FakeBridge(), history=history, prompt=PROMPT,
                     lanes=[{"temperature": 0.0, "lookup": 3}, {"temperature": 0.0},
@@ -681,7 +681,7 @@ def test_lane_logit_bias_field_runs_saves_and_reopens(qtbot, loop, bridge, histo
 
 
 def test_lane_logit_bias_on_a_server_is_refused_inline(qtbot, loop, history):
-    from gui.compare.lanes import LaneModel
+    from gui.compare.models import LaneModel
     from gui.compare.view import CompareView
     v = CompareView(bridge=FakeBridge(), history=history, prompt=PROMPT,
                     lanes=[{"temperature": 0.0}, {"temperature": 0.0, "logit_bias_text": ["girl=-inf"]}])
@@ -778,10 +778,10 @@ def test_sweep_every_knob_makes_those_lanes(qtbot, loop, bridge, history, story,
                     lanes=[{"temperature": 0.0, "max_new_tokens": 16, "logit_bias_text": ["Lily=1"],
                             "constraint": {"kind": "regex", "text": "[a-z ,]+"}}])
     qtbot.addWidget(v)
-    keys = [v.sweep_param.itemData(i) for i in range(v.sweep_param.count())]
+    keys = [v.sweep_row.param.itemData(i) for i in range(v.sweep_row.param.count())]
     assert {"seed", "lookup", "logit_bias_text", "constraint"} <= set(keys)
-    v.sweep_param.setCurrentIndex(keys.index("logit_bias_text"))
-    assert "girl=-inf" in v.sweep_values.placeholderText()
+    v.sweep_row.param.setCurrentIndex(keys.index("logit_bias_text"))
+    assert "girl=-inf" in v.sweep_row.values.placeholderText()
     assert v.apply_sweep("lookup", "0, 3")
     assert [c.settings()["lookup"] for c in v.columns] == [0, 3]
     assert v.apply_sweep("seed", "4:6")
@@ -789,10 +789,10 @@ def test_sweep_every_knob_makes_those_lanes(qtbot, loop, bridge, history, story,
     assert v.apply_sweep("constraint", "on, off")
     assert [c.settings()["constraint"] for c in v.columns] == [{"kind": "regex", "text": "[a-z ,]+"}, None]
     assert "output format: on, off" in v.status.text()
-    assert not v.apply_sweep("logit_bias_text", "girl=lots") and "not a number" in v.sweep_error.text()
+    assert not v.apply_sweep("logit_bias_text", "girl=lots") and "not a number" in v.sweep_row.error.text()
     assert v.lane_count() == 2  # a bad sweep changes nothing
     v.columns[0].set_settings({"constraint": None})
-    assert not v.apply_sweep("constraint", "on, off") and "no output format" in v.sweep_error.text()
+    assert not v.apply_sweep("constraint", "on, off") and "no output format" in v.sweep_row.error.text()
     assert v.apply_sweep("logit_bias_text", "girl=-inf, 0")
     assert [c.settings()["logit_bias_text"] for c in v.columns] == [["Lily=1", "girl=-inf"], ["Lily=1", "girl=0"]]
     assert [c.bias_edit.text() for c in v.columns] == ["Lily=1, girl=-inf", "Lily=1, girl=0"]
@@ -832,23 +832,23 @@ def test_every_knob_sweeps_from_the_sweep_row_and_its_lanes_run_save_and_export(
     v.resize(1300, 760)
     v.show()
     qtbot.mouseClick(v.sweep_button, Qt.LeftButton)
-    keys = [v.sweep_param.itemData(i) for i in range(v.sweep_param.count())]
+    keys = [v.sweep_row.param.itemData(i) for i in range(v.sweep_row.param.count())]
     assert sorted(keys) == sorted(k for k, *_ in SWEEPS)  # every knob, and nothing is left out here
     run(loop, bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32"), 60)
 
     for key, typed, values, md_form in SWEEPS:
         values = [str(random_draft) if x == "DRAFT" else x for x in values]
         v.set_lanes([{**base, **({"constraint": values[0]} if key == "constraint" else {})}])
-        v.sweep_param.setCurrentIndex(keys.index(key))
-        assert v.sweep_browse.isVisible() == (key == "draft")
-        v.sweep_values.clear()
+        v.sweep_row.param.setCurrentIndex(keys.index(key))
+        assert v.sweep_row.browse_button.isVisible() == (key == "draft")
+        v.sweep_row.values.clear()
         if typed is None:
-            qtbot.mouseClick(v.sweep_browse, Qt.LeftButton)
-            assert v.sweep_values.text() == f"off, {random_draft}"
+            qtbot.mouseClick(v.sweep_row.browse_button, Qt.LeftButton)
+            assert v.sweep_row.values.text() == f"off, {random_draft}"
         else:
-            qtbot.keyClicks(v.sweep_values, typed)
-        qtbot.mouseClick(v.sweep_apply, Qt.LeftButton)
-        assert v.sweep_error.text() == "", (key, v.sweep_error.text())
+            qtbot.keyClicks(v.sweep_row.values, typed)
+        qtbot.mouseClick(v.sweep_row.apply_button, Qt.LeftButton)
+        assert v.sweep_row.error.text() == "", (key, v.sweep_row.error.text())
         assert [c.settings()[key] for c in v.columns] == values, key
         if key == "draft":
             snapshot(v, "compare_draft_sweep")

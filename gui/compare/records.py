@@ -1,0 +1,86 @@
+"""A comparison kept: what is saved in the history (the prompt, each lane's settings with
+the seed it used, its model, tokens and branch), read back as data when it is opened,
+and exported as Markdown or JSON. No widgets: the view gathers and shows."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from core.history import export as chat_export
+
+from gui.compare.lanes import LaneRun
+from gui.compare.models import LaneModel
+
+
+def is_id(x) -> bool:
+    """A whole number that is not a bool (saved data is checked, not trusted)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def lane_record(run: LaneRun | None, settings: dict, model: LaneModel, branch: dict | None = None,
+                from_lane: int | None = None) -> dict:
+    """One lane as History.save_comparison stores it: its results (``run``, None before
+    it ran) or only its ``settings``; a branch names its source lane (``from_lane``), its
+    point and the tokens it kept."""
+    if run is not None:
+        rec = run.to_dict(settings, model)
+    else:
+        rec = {"settings": settings, "seed": settings.get("seed"), "text": "", "tokens": [], "logprobs": [],
+               "model": model.record(), "model_id": model.name}
+    if branch:  # its kept tokens are its first ``at`` tokens
+        rec["branch"] = {"from_lane": from_lane, "at": branch["at"], "token_id": branch["token_id"],
+                         "kept_tokens": branch["kept"].ids}
+        for key in ("prompt_ids", "stop_ids"):  # a branch on a server: what Run sends it again
+            if key in branch:
+                rec["branch"][key] = list(branch[key])
+    return rec
+
+
+def branch_from_record(lane: dict, run: LaneRun | None, columns: list) -> dict | None:
+    """A saved lane's branch (data, checked: whole numbers, and its kept tokens must be
+    the start of its own tokens); None when it was not one or does not hold together.
+    ``columns``: the lanes now, one of which it names as its source."""
+    b = lane.get("branch")
+    if not isinstance(b, dict) or run is None:
+        return None
+    at, tok, src = b.get("at"), b.get("token_id"), b.get("from_lane")
+    kept = b.get("kept_tokens")
+    if not all(is_id(x) for x in (at, tok, src)) \
+            or not 0 <= at < len(run.tokens) or not isinstance(kept, list) or kept != run.ids[:at]:
+        return None
+    out = {"src": columns[src - 1] if 1 <= src <= len(columns) else None, "from": src,
+           "at": at, "token_id": tok, "kept": LaneRun.branch_of(run, at)}
+    for key in ("prompt_ids", "stop_ids"):  # a branch on a server
+        ids = b.get(key)
+        if isinstance(ids, list) and all(is_id(t) and t >= 0 for t in ids):
+            out[key] = ids
+    return out
+
+
+def run_from_record(lane: dict) -> LaneRun | None:
+    """A saved lane's results (None when it never ran)."""
+    return LaneRun.from_dict(lane) if lane.get("tokens") or lane.get("text") else None
+
+
+def title_for(prompt: dict) -> str:
+    """A saved comparison's default title: 'Compare: ' and the prompt's first 40 characters."""
+    first = " ".join((prompt.get("text") or "comparison").split())
+    return f"Compare: {first[:40]}" + ("…" if len(first) > 40 else "")
+
+
+def context_of(prompt: dict) -> list[dict]:
+    """The conversation a saved chat prompt was sent with, without the prompt's own turn."""
+    text = prompt.get("text", "")
+    msgs = list(prompt.get("messages") or [])
+    if msgs and text.strip() and msgs[-1].get("content") == text and msgs[-1].get("role") == "user":
+        msgs = msgs[:-1]
+    return msgs
+
+
+def export_comparison(history, conv_id: int, kind: str, path: str) -> None:
+    """Write saved comparison ``conv_id`` to ``path`` as Markdown ("md") or JSON."""
+    if kind == "md":
+        Path(path).write_text(chat_export.export_markdown(history, conv_id), encoding="utf-8")
+    else:
+        Path(path).write_text(json.dumps(chat_export.export_json(history, conv_id), ensure_ascii=False, indent=1),
+                              encoding="utf-8")

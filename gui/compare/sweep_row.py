@@ -1,0 +1,113 @@
+"""The comparison's Sweep row: one setting and its values, to make one lane per value.
+
+Self-contained (it knows the settings that sweep, how to hint their values and how to
+add a draft model's file); the view parses the values against lane 1's settings
+(:func:`core.engine.lanes.parse_sweep`) when "Make lanes" asks it to.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QLineEdit, QPushButton
+
+from core.engine.lanes import SWEEP_KEYS, draft_name
+
+from gui import theme
+from gui.settings import panel as settings_panel
+
+SWEEP_NAMES = {"lookup": "prompt lookup (speculative)", "draft": "draft model (speculative)",
+               "logit_bias_text": "logit bias", "constraint": "output format"}
+SWEEP_HINTS = {"temperature": "0.2, 0.7, 1.2   or a range   0.2:1.4:0.4",
+               "seed": "1, 2, 3   or a range   1:8", "lookup": "0, 2, 4   (0 = off)",
+               "draft": "off, /models/small.gguf, /models/tiny.gguf   (… adds a file)",
+               "logit_bias_text": "girl=-inf, -5, 0, 5   or   girl=-10:10:5",
+               "constraint": "on, off   (lane 1's output format)"}
+
+
+def sweep_name(key: str) -> str:
+    """How the row and the status line name a setting."""
+    return SWEEP_NAMES.get(key, key.replace("_", " "))
+
+
+def describe_sweep(key: str, values: list) -> str:
+    """The status line after a sweep made its lanes: '3 lanes over temperature: 0.2, 0.6, 1'."""
+    def shown(v) -> str:
+        if key == "draft":
+            return draft_name(v)
+        return ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+    return f"{len(values)} lanes over {sweep_name(key)}: " + ", ".join(shown(v) for v in values)
+
+
+def _button(text: str, name: str, tip: str) -> QPushButton:
+    b = QPushButton(text)
+    b.setObjectName(name)
+    b.setAccessibleName(text)
+    b.setToolTip(tip)
+    return b
+
+
+class SweepRow(QFrame):
+    """The Sweep row (objectName ``sweepRow``): a setting (``param``), its values typed
+    in ``values``, "Make lanes" (``apply_button``), "…" (``browse_button``, a draft model
+    sweep only) and ``error``, where the view names bad values.
+
+    Signals:
+        applyRequested(): "Make lanes" was pressed, or Return in the values.
+    """
+
+    applyRequested = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("sweepRow")
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.param = QComboBox()
+        self.param.setObjectName("sweepParamCombo")
+        self.param.setAccessibleName("Setting to sweep")
+        for key in SWEEP_KEYS:
+            self.param.addItem(sweep_name(key), key)
+        self.param.currentIndexChanged.connect(self._param_chosen)
+        self.values = QLineEdit()
+        self.values.setObjectName("sweepValuesEdit")
+        self.values.setAccessibleName("Sweep values")
+        self.values.setPlaceholderText(SWEEP_HINTS["temperature"])
+        self.values.returnPressed.connect(self.applyRequested.emit)
+        self.apply_button = _button("Make lanes", "sweepApplyButton",
+                                    "Replace the lanes: one per value, the rest copied from lane 1")
+        self.apply_button.clicked.connect(self.applyRequested.emit)
+        self.browse_button = _button("…", "sweepBrowseButton",
+                                     "Add a draft model's file (or a model folder's) to the values")
+        self.browse_button.setMaximumWidth(self.browse_button.fontMetrics().horizontalAdvance("…") + 24)
+        self.browse_button.clicked.connect(self._add_model)
+        self.browse_button.hide()
+        self.error = QLabel()
+        self.error.setObjectName("sweepError")
+        self.error.setStyleSheet(f"color: {theme.colors()['error']};")
+        row.addWidget(QLabel("Sweep"))
+        row.addWidget(self.param)
+        row.addWidget(self.values, 1)
+        row.addWidget(self.browse_button)
+        row.addWidget(self.apply_button)
+        row.addWidget(self.error)
+
+    def key(self) -> str:
+        """The setting chosen to sweep."""
+        return self.param.currentData()
+
+    def set_enabled(self, on: bool) -> None:
+        """Off while the lanes run."""
+        self.apply_button.setEnabled(on)
+        self.browse_button.setEnabled(on)
+
+    def _param_chosen(self, *_) -> None:
+        key = self.key()
+        self.values.setPlaceholderText(SWEEP_HINTS.get(key, SWEEP_HINTS["temperature"]))
+        self.browse_button.setVisible(key == "draft")
+        self.error.setText("")
+
+    def _add_model(self) -> None:
+        """"…" of a draft model sweep: a chosen model's path joins the values."""
+        path = settings_panel.choose_model_path(self, "Add a draft model to the sweep")
+        if path:
+            text = self.values.text().strip().rstrip(",")
+            self.values.setText(f"{text}, {path}" if text else f"off, {path}")
