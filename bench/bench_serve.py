@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from core.checkpoints.common import LoadedModel  # noqa: E402
 from core.model.transformer import ModelArgs, Transformer  # noqa: E402
-from core.serving.server import RunningServer, ServerState  # noqa: E402
+from core.serving.run import RunningServer  # noqa: E402
+from core.serving.state import ServerState  # noqa: E402
 
 LEVELS = (1, 4, 16)
 

@@ -262,7 +262,7 @@ def free_port() -> int:
 
 
 def lacking(app):
-    """ASGI middleware for core.serving.server.RunningServer(wrap=...): a server that refuses seed
+    """ASGI middleware for core.serving.run.RunningServer(wrap=...): a server that refuses seed
     and silently ignores top_k, repetition_penalty and n, as some real servers do."""
     import json
 

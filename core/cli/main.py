@@ -537,7 +537,8 @@ def cmd_tokenize(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from core.serving.server import ServerState, is_loopback, serve_forever
+    from core.serving.run import is_loopback, serve_forever
+    from core.serving.state import ServerState
     if not is_loopback(args.host) and not args.api_key:
         raise SettingsError(f"--host {args.host} lets other machines connect: it needs --api-key "
                             "(or LLAMADESK_API_KEY); without one, serve on 127.0.0.1")

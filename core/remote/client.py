@@ -402,7 +402,7 @@ class Capabilities:
 
 
 def _speculative(sp) -> dict | None:
-    """A LlamaDesk server's ``usage.speculative`` (see core.serving.server.speculative_stats) as the
+    """A LlamaDesk server's ``usage.speculative`` (see core.serving.responses.speculative_stats) as the
     engine's own Stats.speculative, so a lane on the server shows its drafting as a local one."""
     if not isinstance(sp, dict) or not sp:
         return None

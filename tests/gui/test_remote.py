@@ -255,7 +255,8 @@ def test_refused_unresolvable_silent_and_429_servers_are_inline_notices(qtbot, w
     from starlette.responses import JSONResponse
 
     from core.checkpoints import load as load_model
-    from core.serving.server import RunningServer, ServerState
+    from core.serving.run import RunningServer
+    from core.serving.state import ServerState
 
     def limited(app):
         async def wrapped(scope, receive, send):
@@ -348,7 +349,8 @@ def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot,
     off with the probe's reason, the reply records their off values (what the server did),
     and Use Local Model gives every control back."""
     from core.checkpoints import load as load_model
-    from core.serving.server import RunningServer, ServerState
+    from core.serving.run import RunningServer
+    from core.serving.state import ServerState
     from tests.helpers import lacking
 
     panel = window.panel

@@ -15,7 +15,8 @@ from core.engine.constrain import (MAX_REGEX_CHARS, MAX_SCHEMA_DEPTH, Constraint
 from core.engine.engine import Done, Engine
 from core.errors import ConstraintError
 from core.engine.sampling import SamplingParams
-from core.serving.server import RunningServer, ServerState
+from core.serving.run import RunningServer
+from core.serving.state import ServerState
 
 pytestmark = pytest.mark.timeout(180)
 # Compiles, and its first masks are fine; ~29 tokens of "a" in, llguidance's lexer runs out

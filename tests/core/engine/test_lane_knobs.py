@@ -15,7 +15,8 @@ from core.cli.main import main
 from core.checkpoints import load
 from core.engine.engine import Done, Engine
 from core.engine.sampling import SamplingParams
-from core.serving.server import RunningServer, ServerState
+from core.serving.run import RunningServer
+from core.serving.state import ServerState
 
 pytestmark = pytest.mark.timeout(300)
 PROMPT = "Once upon a time"

@@ -15,7 +15,8 @@ from core.checkpoints import load
 from core.remote.client import RemoteError, RemoteModel
 from core.engine.engine import Done, Token
 from core.engine.sampling import SamplingParams
-from core.serving.server import RunningServer, ServerState
+from core.serving.run import RunningServer
+from core.serving.state import ServerState
 from tests.helpers import ROOT, lacking
 
 pytestmark = pytest.mark.timeout(180)

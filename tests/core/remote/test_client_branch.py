@@ -11,7 +11,8 @@ from core.engine.engine import Done, Engine
 from core.prompt.prompting import render_chat
 from core.engine.sampling import SamplingParams
 from core.remote.runner import RemoteRunner
-from core.serving.server import RunningServer, ServerState
+from core.serving.run import RunningServer
+from core.serving.state import ServerState
 from core.worker.worker import CompareRequest
 from tests.helpers import ROOT, Collector
 

@@ -10,7 +10,8 @@ from core.remote.client import RemoteError, RemoteModel
 from core.engine.engine import Done, Token
 from core.remote.runner import RemoteRunner, describe_error
 from core.engine.sampling import SamplingParams
-from core.serving.server import RunningServer, ServerState
+from core.serving.run import RunningServer
+from core.serving.state import ServerState
 from core.worker.worker import CompareRequest, Error, GenerateRequest, Prompted, Reply
 from tests.helpers import Collector, free_port, is_token
 

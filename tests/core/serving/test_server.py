@@ -17,7 +17,8 @@ from core.checkpoints import load  # noqa: E402
 from core.engine.engine import Done, Engine  # noqa: E402
 from core.prompt.prompting import render_chat  # noqa: E402
 from core.engine.sampling import SamplingParams  # noqa: E402
-from core.serving.server import RunningServer, ServerState  # noqa: E402
+from core.serving.run import RunningServer  # noqa: E402
+from core.serving.state import ServerState  # noqa: E402
 from tests.helpers import ROOT  # noqa: E402
 
 KEY = "test-key-123"

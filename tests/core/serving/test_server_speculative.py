@@ -16,7 +16,8 @@ from core.checkpoints import load  # noqa: E402
 from core.engine.engine import Done, Engine  # noqa: E402
 from core.prompt.prompting import render_chat, strips_reply_space  # noqa: E402
 from core.engine.sampling import SamplingParams  # noqa: E402
-from core.serving.server import RunningServer, ServerState  # noqa: E402
+from core.serving.run import RunningServer  # noqa: E402
+from core.serving.state import ServerState  # noqa: E402
 from tests.helpers import ROOT  # noqa: E402
 
 DEMO = ROOT / "assets" / "models" / "llamadesk-demo"

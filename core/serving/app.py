@@ -1,0 +1,252 @@
+"""The Starlette app: OpenAI's endpoints over one :class:`ServerState`, streaming as
+server-sent events.
+
+Handlers are plain functions over ``request.app.state.server`` (the state) so each reads
+alone; :func:`build_app` only wires routes, the error handler and the lifespan (which
+starts and stops the scheduler thread).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from contextlib import asynccontextmanager
+from typing import Callable
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from core.engine.engine import Done, Token
+from core.errors import ConstraintError, SettingsError
+from core.prompt.prompting import render_chat, strips_reply_space
+from core.serving.protocol import (MAX_FORCED, MAX_STOP_IDS, APIError, chat_logprobs, check_context,
+                                   completion_logprobs, constraint_from_request, messages_from_request, parse_body,
+                                   requested_max_tokens, sampling_from_request, stream_options, token_ids)
+from core.serving.responses import Reply
+from core.serving.scheduler import Job
+from core.serving.state import ServerState
+
+
+def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = None) -> Starlette:
+    """The Starlette app serving ``state``; ``on_startup`` is called once it listens."""
+    routes = [Route("/v1/models", models), Route("/v1/models/{name:path}", model),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
+    app.state.server = state
+    app.state.on_startup = on_startup
+    return app
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette):
+    state: ServerState = app.state.server
+    state.scheduler.start()
+    if app.state.on_startup is not None:
+        app.state.on_startup()
+    try:
+        yield
+    finally:
+        await asyncio.get_running_loop().run_in_executor(None, state.scheduler.stop)
+
+
+def error(e: APIError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+def check_key(request: Request) -> None:
+    """APIError 401 unless the request carries the server's API key (when it has one)."""
+    key = request.app.state.server.api_key
+    if key is None:
+        return
+    auth = request.headers.get("authorization", "")
+    given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    if not hmac.compare_digest(given.encode(), key.encode()):
+        raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", code="invalid_api_key")
+
+
+async def not_found(request: Request, exc: HTTPException):
+    status = exc.status_code
+    msg = f"no such endpoint: {request.method} {request.url.path}" if status in (404, 405) else str(exc.detail)
+    return error(APIError(status, msg, code="not_found" if status == 404 else None))
+
+
+async def models(request: Request):
+    try:
+        check_key(request)
+    except APIError as e:
+        return error(e)
+    return JSONResponse({"object": "list", "data": [request.app.state.server.model_card()]})
+
+
+async def model(request: Request):
+    state: ServerState = request.app.state.server
+    try:
+        check_key(request)
+        if request.path_params["name"] != state.model_id:
+            raise APIError(404, f"the model '{request.path_params['name']}' does not exist here",
+                           param="model", code="model_not_found")
+    except APIError as e:
+        return error(e)
+    return JSONResponse(state.model_card())
+
+
+async def completions(request: Request):
+    return await generate(request, chat=False)
+
+
+async def chat_completions(request: Request):
+    return await generate(request, chat=True)
+
+
+# -- requests as scheduler jobs -----------------------------------------------------------
+
+
+def completion_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
+    """(the job a /v1/completions body asks for, how many logprob alternatives to report)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = state.tokenizer.encode(prompt, bos=True)
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids = list(prompt)
+    else:
+        raise APIError(400, "prompt must be one string or one list of token ids", param="prompt")
+    vocab, context = state.engine.model.args.vocab_size, state.engine.max_context
+    ids = ids + token_ids(body, "reply_prefix", vocab, most=context)
+    lp = completion_logprobs(body)
+    forced = token_ids(body, "forced_tokens", vocab, most=MAX_FORCED)
+    stops = token_ids(body, "stop_token_ids", vocab, most=MAX_STOP_IDS)
+    if len(ids) + len(forced) >= context:
+        check_context(len(ids) + len(forced), None, context, what="the prompt")
+    lanes = sampling_from_request(body, default_max_tokens=16, vocab=vocab, lookup=state.lookup, draft=state.draft)
+    # A completion stops only on the model's own stop tokens (and stop_token_ids: a chat
+    # reply continued as a completion ends at its turn's end): no chat turn to end.
+    return Job(ids, lanes, False, lp or 0, frozenset(state.loaded.stop_ids) | frozenset(stops), tuple(forced)), lp
+
+
+def chat_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
+    """(the job a /v1/chat/completions body asks for, how many logprob alternatives to report)."""
+    msgs = messages_from_request(body)
+    try:
+        ids = render_chat(state.loaded.chat_format, msgs)
+    except SettingsError as e:
+        raise APIError(400, str(e), param="messages") from None
+    vocab, context = state.engine.model.args.vocab_size, state.engine.max_context
+    # A branch of a reply (extensions, as the app's own requests): the reply's tokens
+    # before the branch point end the prompt, the chosen alternative is forced.
+    prefix = token_ids(body, "reply_prefix", vocab, most=context)
+    forced = token_ids(body, "forced_tokens", vocab, most=MAX_FORCED)
+    ids = ids + prefix
+    top = chat_logprobs(body)
+    check_context(len(ids) + len(forced), requested_max_tokens(body), context, what="the messages")
+    lanes = sampling_from_request(body, default_max_tokens=context - len(ids), vocab=vocab,
+                                  lookup=state.lookup, draft=state.draft)
+    # the reply's leading space is dropped at its start only, not after a kept prefix
+    strip = strips_reply_space(state.tokenizer, state.loaded.chat_format) and not prefix
+    # The end of a chat turn stops this request only: a completion batched beside it
+    # must run on past the same token.
+    stops = (frozenset(state.loaded.stop_ids) | frozenset(state.loaded.chat_format.stop_ids())
+             | frozenset(token_ids(body, "stop_token_ids", vocab, most=MAX_STOP_IDS)))
+    return Job(ids, lanes, strip, top or 0, stops, tuple(forced)), top
+
+
+def submit(state: ServerState, job: Job, body: dict, chat: bool) -> None:
+    """Queue ``job``; what the engine refuses (a constraint that does not compile, a prompt
+    or logit_bias_text it cannot take) answers as a 400 naming the field."""
+    job.loop, job.events = asyncio.get_running_loop(), asyncio.Queue()
+    try:
+        state.scheduler.submit(job)
+    except ConstraintError as e:  # the schema/regex/grammar does not compile
+        field = constraint_from_request(body)[1]
+        raise APIError(400, f"{field}: {e}", param=field) from None
+    except SettingsError as e:  # the prompt, or a logit_bias_text TEXT the tokenizer makes nothing of
+        param = "logit_bias_text" if str(e).startswith("bad logit bias") else ("messages" if chat else "prompt")
+        raise APIError(400, str(e), param=param) from None
+
+
+# -- generation ---------------------------------------------------------------------------
+
+
+async def generate(request: Request, chat: bool):
+    state: ServerState = request.app.state.server
+    try:
+        check_key(request)
+        body = parse_body(await request.body(), state.model_id)
+        job, top = chat_job(state, body) if chat else completion_job(state, body)
+        stream, include_usage = stream_options(body)
+        submit(state, job, body, chat)
+    except APIError as e:
+        return error(e)
+    reply = Reply(state, body, chat, job, top)
+    if stream:
+        return EventSourceResponse(stream_reply(reply, include_usage), ping=15, sep="\n")
+    return await whole_reply(request, reply)
+
+
+async def whole_reply(request: Request, reply: Reply):
+    """The reply as one JSON response once every choice is done; a client that leaves
+    first cancels the job."""
+    job = reply.job
+    tokens: list[list[Token]] = [[] for _ in job.lanes]
+
+    async def until_disconnect():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        job.cancel.set()
+
+    watch = asyncio.ensure_future(until_disconnect())
+    try:
+        while (item := await job.events.get()) is not None:
+            if isinstance(item, Exception):
+                return error(APIError(500, f"generation failed: {item}", type="server_error"))
+            choice, ev = item
+            if isinstance(ev, Token):
+                tokens[choice].append(ev)
+    finally:
+        watch.cancel()
+        job.cancel.set()
+    if any(d is None for d in job.done):
+        return error(APIError(503, "the server stopped before the reply was done", type="server_error"))
+    if (failed := reply.failure()) is not None:
+        return error(failed)
+    return JSONResponse(reply.whole(tokens))
+
+
+async def stream_reply(reply: Reply, include_usage: bool):
+    """The reply as server-sent events: a chat's role chunks first, then one chunk per
+    token with text (or logprobs / token ids asked for), each choice's last chunk, usage if
+    asked, and [DONE]."""
+    job = reply.job
+    started = [False] * len(job.lanes)
+    try:
+        if reply.chat:
+            for c in range(len(job.lanes)):
+                started[c] = True
+                yield {"data": json.dumps(reply.chunk(c, first=True))}
+        while (item := await job.events.get()) is not None:
+            if isinstance(item, Exception):
+                yield {"data": json.dumps(APIError(500, f"generation failed: {item}", type="server_error").body())}
+                return
+            choice, ev = item
+            first, started[choice] = not started[choice], True  # completions: no role chunk came first
+            if isinstance(ev, Token):
+                if ev.text or reply.top is not None or reply.token_ids:
+                    yield {"data": json.dumps(reply.chunk(choice, text=ev.text, tok=ev, first=first))}
+            elif isinstance(ev, Done):
+                if (failed := reply.failure(ev)) is not None:  # what streamed stays; the error ends it
+                    yield {"data": json.dumps(failed.body())}
+                    return
+                yield {"data": json.dumps(reply.chunk(choice, done=ev, first=first))}
+        if include_usage and all(d is not None for d in job.done):
+            yield {"data": json.dumps({**reply.head(), "object": reply.object + (".chunk" if reply.chat else ""),
+                                       "choices": [], "usage": reply.usage()})}
+        yield {"data": "[DONE]"}
+    finally:
+        job.cancel.set()  # a client that left stops its lanes at the next decode step

@@ -1,0 +1,340 @@
+"""OpenAI's request shapes, parsed and validated: what a request body asks the engine for.
+
+Fields follow OpenAI (``/v1/completions``, ``/v1/chat/completions``) plus the sampling
+fields vLLM and llama.cpp accept (``top_k``, ``min_p``, ``repetition_penalty``), their
+constraint fields, and this server's extensions (``lookup``, ``draft``, ``forced_tokens``,
+``reply_prefix``, ``logit_bias_text``). Fields this server cannot honour are refused with a
+400 naming them (:class:`APIError`), never ignored.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+from core.engine.constrain import Constraint
+from core.engine.sampling import MAX_LOOKUP, SamplingParams, parse_logit_bias
+from core.errors import ConstraintError, LlamaDeskError, SettingsError
+
+MAX_TOP_LOGPROBS = 20
+MAX_FORCED = 64  # forced_tokens a request may give
+MAX_STOP_IDS = 256  # stop_token_ids a request may give
+# Request fields that change what OpenAI would return; refused unless left at their no-op value.
+UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
+               "echo": (False,), "suffix": ("",), "best_of": (1,), "tools": ([],), "tool_choice": ("none",),
+               "functions": ([],), "function_call": ("none",)}
+
+
+class APIError(LlamaDeskError):
+    """An error answered as OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.param, self.code, self.type = status, param, code, type
+
+    def body(self) -> dict:
+        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+
+
+class QueueFull(APIError):
+    def __init__(self, size: int):
+        super().__init__(503, f"the server's queue is full ({size} requests waiting): retry later",
+                         code="queue_full", type="server_error")
+
+
+def parse_body(raw: bytes, model_id: str) -> dict:
+    """The request body as a JSON object naming this server's model (or none)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise APIError(400, "the request body nests objects or arrays too deeply to be read") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != model_id:
+        raise APIError(404, f"the model '{model}' does not exist here; this server has '{model_id}'",
+                       param="model", code="model_not_found")
+    return body
+
+
+def stream_options(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage) as the request asks."""
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise APIError(400, "stream must be true or false", param="stream")
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise APIError(400, "stream_options must be an object", param="stream_options")
+    return stream, bool(opts.get("include_usage"))
+
+
+def _get(body: dict, key: str, kinds: tuple, default=None, *, what: str = "a number"):
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) and bool not in kinds:
+        raise APIError(400, f"{key} must be {what}, got {json.dumps(v)}", param=key)
+    if not isinstance(v, kinds):
+        raise APIError(400, f"{key} must be {what}, got {json.dumps(v)[:40]}", param=key)
+    if isinstance(v, float) and not math.isfinite(v):
+        raise APIError(400, f"{key} must be a finite number", param=key)
+    return v
+
+
+# SamplingParams' names in its messages, as the API names them.
+_API_NAMES = {"max_new_tokens": "max_tokens"}
+
+
+def _schema_text(schema, field: str) -> str:
+    try:
+        return json.dumps(schema)
+    except RecursionError:  # the body's reader took it; the schema's depth bound says more
+        raise APIError(400, f"{field}: the JSON schema nests objects or arrays too deeply", param=field) from None
+
+
+def constraint_from_request(body: dict) -> tuple[Constraint | None, str | None]:
+    """(the constraint a request asks for, the field that asked); APIError 400 naming the
+    field for a malformed one or for more than one. Fields: OpenAI's response_format
+    (json_object, json_schema), llama.cpp's json_schema and grammar (GBNF, or Lark), regex."""
+    found: list[tuple[str, Constraint]] = []
+    rf = body.get("response_format")
+    if rf is not None:
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind not in ("text", "json_object", "json_schema"):
+            raise APIError(400, 'response_format must be {"type": "text"}, {"type": "json_object"} or '
+                           '{"type": "json_schema", "json_schema": {"schema": {...}}}', param="response_format")
+        if kind == "json_object":
+            found.append(("response_format", Constraint("json_object")))
+        elif kind == "json_schema":
+            js = rf.get("json_schema")
+            schema = js.get("schema") if isinstance(js, dict) else None
+            if not isinstance(schema, (dict, bool)):
+                raise APIError(400, "response_format.json_schema.schema must be a JSON schema (an object)",
+                               param="response_format")
+            found.append(("response_format", Constraint("json_schema", _schema_text(schema, "response_format"))))
+    if body.get("json_schema") is not None:
+        if not isinstance(body["json_schema"], (dict, bool)):
+            raise APIError(400, "json_schema must be a JSON schema (an object)", param="json_schema")
+        found.append(("json_schema", Constraint("json_schema", _schema_text(body["json_schema"], "json_schema"))))
+    for key in ("regex", "grammar"):
+        if body.get(key) is not None:
+            if not isinstance(body[key], str):
+                raise APIError(400, f"{key} must be a string", param=key)
+            found.append((key, Constraint(key, body[key])))
+    if len(found) > 1:
+        raise APIError(400, f"give one constraint: {found[0][0]} and {found[1][0]} were both given", param=found[1][0])
+    if not found:
+        return None, None
+    field, c = found[0]
+    try:
+        return c.validate(), field
+    except ConstraintError as e:
+        raise APIError(400, f"{field}: {e}", param=field) from None
+
+
+def _logit_bias(body: dict, vocab: int | None) -> dict[int, float]:
+    """OpenAI's ``logit_bias``: {"token id": bias from -100 to 100}, added to the logits
+    before the filters (-100 all but bans the token; the string "-inf", an extension, bans it)."""
+    lb = body.get("logit_bias")
+    if lb is None:
+        return {}
+    if not isinstance(lb, dict):
+        raise APIError(400, "logit_bias must map token ids to numbers", param="logit_bias")
+    out = {}
+    for k, v in lb.items():
+        try:
+            tok = int(k)
+        except (TypeError, ValueError):
+            raise APIError(400, f"logit_bias: {json.dumps(k)[:40]} is not a token id", param="logit_bias") from None
+        if isinstance(v, str) and v.strip().lower() in ("-inf", "-infinity"):
+            v = -math.inf
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise APIError(400, f'logit_bias for token {tok} must be a number from -100 to 100 (or "-inf")',
+                           param="logit_bias")
+        if tok < 0 or (vocab is not None and tok >= vocab):
+            raise APIError(400, f"logit_bias: token id {tok} is outside the vocabulary"
+                           + (f" (size {vocab})" if vocab is not None else ""), param="logit_bias")
+        out[tok] = float(v)
+    return out
+
+
+def speculation_from_request(body: dict, *, lookup: int = 0, draft: str = "") -> tuple[int, str]:
+    """(lookup, draft) for a request: its ``lookup`` (0 to MAX_LOOKUP) and ``draft`` (true,
+    false, or the server's draft model's name) extension fields over the server's defaults
+    ``lookup`` / ``draft`` (the draft model's name, "" for none). A field left out keeps
+    the server's default, except that turning one kind on turns the other's default off.
+    APIError 400 naming the field."""
+    given_lookup, given_draft = body.get("lookup"), body.get("draft")
+    if given_lookup is not None:
+        if isinstance(given_lookup, bool) or not isinstance(given_lookup, int) or not 0 <= given_lookup <= MAX_LOOKUP:
+            raise APIError(400, f"lookup must be a whole number from 0 (off) to {MAX_LOOKUP}, "
+                           f"got {json.dumps(given_lookup)[:40]}", param="lookup")
+    want = None
+    if given_draft is not None:
+        if given_draft is False or given_draft == "":
+            want = ""
+        elif given_draft is True or (isinstance(given_draft, str) and given_draft == draft):
+            if not draft:
+                raise APIError(400, "this server has no draft model (start it with serve --draft MODEL)", param="draft")
+            want = draft
+        elif isinstance(given_draft, str):
+            has = f"its draft model is '{draft}'" if draft else "it has none (serve --draft MODEL)"
+            raise APIError(400, f"draft: this server has no draft model '{given_draft[:80]}': {has}", param="draft")
+        else:
+            raise APIError(400, f"draft must be true, false or the server's draft model's name, "
+                           f"got {json.dumps(given_draft)[:40]}", param="draft")
+    if given_lookup and want:
+        raise APIError(400, "choose lookup or draft, not both", param="draft")
+    if given_lookup:
+        return given_lookup, ""
+    if want:
+        return 0, want
+    return (lookup if given_lookup is None else 0), (draft if want is None else "")
+
+
+def token_ids(body: dict, key: str, vocab: int, *, most: int) -> list[int]:
+    """A list of token ids of this vocabulary (``forced_tokens``, vLLM's ``stop_token_ids``);
+    APIError 400 naming ``key``."""
+    v = body.get(key)
+    if v is None:
+        return []
+    if (not isinstance(v, list) or len(v) > most
+            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in v)):
+        raise APIError(400, f"{key} must be a list of at most {most} token ids from 0 to {vocab - 1}", param=key)
+    return list(v)
+
+
+def _logit_bias_text(body: dict) -> tuple[str, ...]:
+    """The ``logit_bias_text`` extension: ["TEXT=BIAS", ...] (BIAS -100 to 100, or -inf), each
+    TEXT split into tokens by the served model's tokenizer as plain text, as the app and the
+    CLI's --logit-bias do."""
+    items = body.get("logit_bias_text")
+    if items is None:
+        return ()
+    if isinstance(items, str):
+        items = [items]
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise APIError(400, 'logit_bias_text must be a list of "TEXT=BIAS" strings', param="logit_bias_text")
+    for spec in items:
+        try:
+            parse_logit_bias(spec, lambda text: [0])  # the form; the ids come from the tokenizer
+        except SettingsError as e:
+            raise APIError(400, f"logit_bias_text: {e}", param="logit_bias_text") from None
+    return tuple(items)
+
+
+def sampling_from_request(body: dict, *, default_max_tokens: int, vocab: int | None = None,
+                          lookup: int = 0, draft: str = "") -> list[SamplingParams]:
+    """One SamplingParams per choice (``n``) of an OpenAI request body; APIError 400 naming
+    the first bad field. Validation is SamplingParams.validate, the same as the CLI's.
+    ``vocab``: the model's vocabulary size, to refuse logit_bias ids past it; ``lookup`` /
+    ``draft``: the server's speculative defaults (:func:`speculation_from_request`)."""
+    for key, ok in UNSUPPORTED.items():
+        if key in body and body[key] is not None and body[key] not in ok:
+            raise APIError(400, f"{key} is not supported by this server", param=key)
+    n = _get(body, "n", (int,), 1, what="a whole number")
+    if n < 1:
+        raise APIError(400, f"n must be at least 1, got {n}", param="n")
+    fields, max_key = sampling_fields(body, default_max_tokens)
+    params = SamplingParams(**fields, constraint=constraint_from_request(body)[0],
+                            logit_bias=_logit_bias(body, vocab), logit_bias_text=_logit_bias_text(body))
+    params.lookup, params.draft = speculation_from_request(body, lookup=lookup, draft=draft)
+    try:
+        params.validate()
+    except SettingsError as e:
+        msg, name = str(e), str(e).split(" ", 1)[0]
+        if name in _API_NAMES:
+            msg, name = msg.replace(name, max_key, 1), max_key
+        raise APIError(400, msg, param=name if name in SamplingParams.KEYS or name in (max_key, "stop") else None) from None
+    params = params.resolved()
+    # n choices differ: each draws from its own seed, seed + i, so the request reproduces.
+    lanes = [SamplingParams.from_dict({**params.to_dict(), "seed": params.seed + i}) for i in range(n)]
+    return lanes
+
+
+def sampling_fields(body: dict, default_max_tokens: int) -> tuple[dict, str]:
+    """(the sampler settings a request gives, as SamplingParams keywords; the field that
+    gave the token limit: max_completion_tokens or max_tokens). Types are checked here,
+    ranges by SamplingParams.validate."""
+    num = (int, float)
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise APIError(400, "stop must be a string or a list of strings", param="stop")
+    top_k = _get(body, "top_k", (int,), 0, what="a whole number")
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _get(body, key, (int,), default_max_tokens, what="a whole number")
+    return dict(temperature=_get(body, "temperature", num, 1.0), top_p=_get(body, "top_p", num, 1.0),
+                top_k=0 if top_k == -1 else top_k,  # vLLM's "off"
+                min_p=_get(body, "min_p", num, 0.0), repetition_penalty=_get(body, "repetition_penalty", num, 1.0),
+                seed=_get(body, "seed", (int,), None, what="a whole number"), max_new_tokens=max_tokens,
+                stop=tuple(stop)), key
+
+
+def completion_logprobs(body: dict) -> int | None:
+    """A completion's ``logprobs``: None, or how many alternatives to report (0 to 20)."""
+    lp = body.get("logprobs")
+    if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_TOP_LOGPROBS):
+        raise APIError(400, f"logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}", param="logprobs")
+    return lp
+
+
+def chat_logprobs(body: dict) -> int | None:
+    """A chat's ``logprobs`` / ``top_logprobs``: None (no logprobs), or how many alternatives."""
+    lp = body.get("logprobs")
+    if lp is not None and not isinstance(lp, bool):
+        raise APIError(400, "logprobs must be true or false", param="logprobs")
+    top = body.get("top_logprobs")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise APIError(400, f"top_logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}", param="top_logprobs")
+    if top and not lp:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    return (top or 0) if lp else None
+
+
+def requested_max_tokens(body: dict) -> int | None:
+    """The token limit a request gives, when it is a positive whole number (else None: the
+    sampler's validation names what is wrong with it)."""
+    asked = body.get("max_completion_tokens")
+    asked = body.get("max_tokens") if asked is None else asked
+    return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None
+
+
+def messages_from_request(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise APIError(400, "messages must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
+            raise APIError(400, f"messages[{i}] needs a role of system, user or assistant", param="messages")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise APIError(400, f"messages[{i}].content: only text parts are supported", param="messages")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise APIError(400, f"messages[{i}].content must be a string", param="messages")
+        role = "system" if m["role"] == "developer" else m["role"]
+        out.append({"role": role, "content": content})
+    return out
+
+
+def check_context(prompt_tokens: int, max_tokens: int | None, context: int, *, what: str) -> None:
+    """APIError 400 (OpenAI's ``context_length_exceeded``) naming the limit when ``what``
+    (the messages, the prompt) plus ``max_tokens`` cannot fit: nothing is dropped to make
+    room, the client decides what to cut."""
+    if prompt_tokens >= context:
+        raise APIError(400, f"this model's maximum context length is {context} tokens, but {what} "
+                       f"{'are' if what.endswith('s') else 'is'} {prompt_tokens} tokens: shorten {what}",
+                       param="messages" if what == "the messages" else "prompt", code="context_length_exceeded")
+    if max_tokens is not None and prompt_tokens + max_tokens > context:
+        raise APIError(400, f"this model's maximum context length is {context} tokens, but {prompt_tokens} in "
+                       f"{what} plus max_tokens {max_tokens} come to {prompt_tokens + max_tokens}: "
+                       f"shorten {what} or lower max_tokens", param="max_tokens", code="context_length_exceeded")

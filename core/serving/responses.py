@@ -1,0 +1,155 @@
+"""Replies shaped as OpenAI's: whole responses, streamed chunks, usage, and this server's
+extensions (vLLM's ``stop_reason`` and ``return_token_ids``, each token's id beside its
+logprob, speculative decoding's statistics)."""
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any
+
+from core.engine.engine import Done, Token
+from core.serving.protocol import APIError, constraint_from_request
+from core.serving.scheduler import Job
+from core.serving.state import ServerState
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort"}
+
+
+class Reply:
+    """Builds one request's response objects (whole or as chunks) from engine events."""
+
+    def __init__(self, server: ServerState, body: dict, chat: bool, job: Job, top: int | None):
+        self.server, self.chat, self.job, self.body = server, chat, job, body
+        self.top = top  # None: no logprobs; k: the chosen token plus the k most likely
+        self.token_ids = bool(body.get("return_token_ids"))
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+        self.offsets = [0] * len(job.lanes)
+
+    def head(self) -> dict:
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.server.model_id,
+                "system_fingerprint": self.server.fingerprint}
+
+    def _entry(self, tok: Token) -> dict:
+        # "id" (an extension) names each token by id, as a branch at an alternative needs:
+        # two tokens may spell the same text.
+        def one(piece: str, lp: float, tid: int) -> dict:
+            return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8")), "id": tid}
+        e = one(tok.piece, tok.logprob, tok.token_id)
+        alts = []
+        if self.top and tok.top:
+            names = tok.top["pieces"]
+            alts = [(names[i], math.log(p), i) for i, p in tok.top["raw"][: self.top]]
+        e["top_logprobs"] = [one(p, lp, i) for p, lp, i in alts]
+        return e
+
+    def logprobs(self, toks: list[Token], choice: int) -> dict | None:
+        if self.top is None:
+            return None
+        entries = [self._entry(t) for t in toks]
+        if self.chat:
+            return {"content": entries}
+        offsets = []
+        for t in toks:
+            offsets.append(self.offsets[choice])
+            self.offsets[choice] += len(t.piece)
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries]
+                if self.top else None, "text_offset": offsets,
+                # an extension: the alternatives' ids, in top_logprobs' order (a dict keyed by text cannot hold them)
+                **({"top_token_ids": [[a["id"] for a in e["top_logprobs"]] for e in entries]} if self.top else {})}
+
+    def stop_reason(self, d: Done):
+        """vLLM's stop_reason: the stop string or token id that ended the choice."""
+        if d.stop_reason == "eos":
+            return d.stop_token
+        if d.stop_reason == "stop":
+            text = self.server.tokenizer.decode(d.tokens)
+            hits = [(text.find(s), s) for s in d.params.stop if s in text]
+            return min(hits)[1] if hits else None
+        return None
+
+    def failure(self, done: Done | None = None) -> APIError | None:
+        """The error a choice that stopped on one (``done``, else the first such) answers
+        with: a constraint that went past the grammar engine's limits mid-reply is a 400
+        naming the request's constraint field; anything else (NaN logits) a 500."""
+        failed = [d for d in ([done] if done is not None else self.job.done) if d is not None and d.stop_reason == "error"]
+        if not failed:
+            return None
+        d = failed[0]
+        msg = d.error or "the reply stopped on an error"
+        if d.params.constraint is not None:
+            field = constraint_from_request(self.body)[1]
+            return APIError(400, f"{field}: {msg}", param=field)
+        return APIError(500, f"generation failed: {msg}", type="server_error")
+
+    def usage(self) -> dict:
+        done = [d for d in self.job.done if d is not None]
+        completion = sum(len(d.tokens) + (d.stop_token is not None) for d in done)
+        out = {"prompt_tokens": len(self.job.prompt), "completion_tokens": completion,
+               "total_tokens": len(self.job.prompt) + completion}
+        if done and done[0].stats is not None:  # OpenAI's field: prompt tokens the KV cache held
+            out["prompt_tokens_details"] = {"cached_tokens": done[0].stats.cached_tokens}
+        spec = [s for s in (speculative_stats(d) for d in done) if s is not None]
+        if spec:  # all choices together; each choice's own are on the choice
+            drafted, accepted = sum(s["drafted"] for s in spec), sum(s["accepted"] for s in spec)
+            out["speculative"] = {"kind": spec[0]["kind"], "lookup": spec[0]["lookup"], "draft": spec[0]["draft"],
+                                  "drafted": drafted, "accepted": accepted,
+                                  "acceptance_rate": accepted / drafted if drafted else 0.0,
+                                  "forwards": sum(s["forwards"] for s in spec)}
+        return out
+
+    def whole(self, tokens: list[list[Token]]) -> dict:
+        choices = []
+        for i, d in enumerate(self.job.done):
+            c: dict[str, Any] = {"index": i}
+            if self.chat:
+                c["message"] = {"role": "assistant", "content": d.text}
+            else:
+                c["text"] = d.text
+            c["logprobs"] = self.logprobs(tokens[i], i)
+            c["finish_reason"] = FINISH[d.stop_reason]
+            c["stop_reason"] = self.stop_reason(d)
+            if (spec := speculative_stats(d)) is not None:
+                c["speculative"] = spec
+            if self.token_ids:
+                c["token_ids"] = list(d.tokens)
+                c["prompt_token_ids"] = list(self.job.prompt)
+            choices.append(c)
+        return {**self.head(), "choices": choices, "usage": self.usage()}
+
+    def chunk(self, choice: int, *, text: str = "", tok: Token | None = None, done: Done | None = None,
+              first: bool = False) -> dict:
+        c: dict[str, Any] = {"index": choice}
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if tok is not None:
+                delta["content"] = text
+            c["delta"] = delta
+        else:
+            c["text"] = text
+        c["logprobs"] = self.logprobs([tok], choice) if tok is not None else None
+        c["finish_reason"] = FINISH[done.stop_reason] if done is not None else None
+        if done is not None:
+            c["stop_reason"] = self.stop_reason(done)
+            if (spec := speculative_stats(done)) is not None:
+                c["speculative"] = spec
+        if self.token_ids:
+            c["token_ids"] = [tok.token_id] if tok is not None else []
+            if first:
+                c["prompt_token_ids"] = list(self.job.prompt)
+        return {**self.head(), "object": self.object + ".chunk" if self.chat else self.object, "choices": [c]}
+
+
+def speculative_stats(d: Done) -> dict | None:
+    """How one choice's drafting went (None when it did not draft): the kind (lookup or
+    draft), drafted and accepted tokens, the acceptance rate, verification forwards and
+    the engine's speed-up estimate."""
+    sp = d.stats.speculative if d.stats is not None else None
+    if not sp:
+        return None
+    return {"kind": sp["kind"], "lookup": sp["lookup"], "draft": sp["draft"] or None, "drafted": sp["drafted"],
+            "accepted": sp["accepted"], "acceptance_rate": sp["acceptance"], "mean_draft": sp["mean_draft"],
+            "forwards": sp["forwards"], "speedup": sp["speedup"]}

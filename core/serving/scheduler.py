@@ -1,0 +1,167 @@
+"""The scheduler thread: one thread owns the engine and runs continuous batching over it.
+
+A request that arrives while others decode joins their batch at the next step
+(:meth:`core.engine.engine.Engine.serve`); ``n > 1`` is one job whose lanes share a
+prefill. Jobs that speculate (prompt lookup or a draft model) run in batches of their
+own, through the engine's speculative loop: they join no running plain batch and no plain
+job joins theirs, and one waits for the other's batch to end. A client that goes away
+sets its job's cancel event, which the engine checks every decode step.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from core.engine.engine import Done, Engine, Joining, Prefilled
+from core.engine.sampling import SamplingParams
+from core.engine.speculative import speculative_loop
+from core.serving.protocol import APIError, QueueFull
+
+
+@dataclass
+class Job:
+    """One HTTP request's generation: its lanes' events go to ``events`` on the loop."""
+    prompt: list[int]
+    lanes: list[SamplingParams]
+    strip_leading_space: bool = False
+    inspect: int = 0
+    stop_ids: frozenset[int] = frozenset()  # this request's: a chat adds its format's end of turn
+    forced: tuple[int, ...] = ()  # the reply's first tokens, given (a branch: forced_tokens)
+    loop: asyncio.AbstractEventLoop | None = None
+    events: asyncio.Queue | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    done: list[Done | None] = field(default_factory=list)
+
+    @property
+    def speculative(self) -> bool:
+        """Whether any lane drafts (prompt lookup or a draft model)."""
+        return any(q.speculative for q in self.lanes)
+
+    def emit(self, item) -> None:
+        """Hand (choice, event), an exception, or None (finished) to the request's coroutine."""
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+
+class Scheduler:
+    """Owns the engine on one thread; jobs wait in a bounded queue and join the running
+    batch while rows are free.
+
+    Args:
+        max_batch: most lanes decoded together.
+        max_queue: most jobs waiting for rows; more are refused (:class:`QueueFull`).
+        on_done: called on the scheduler thread with each finished job (tests, metrics).
+    """
+
+    def __init__(self, engine: Engine, *, max_batch: int = 16, max_queue: int = 64,
+                 on_done: Callable[[Job], None] | None = None):
+        self.engine, self.max_batch, self.max_queue = engine, max_batch, max_queue
+        self.on_done = on_done
+        self._cond = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self._lanes: dict[int, tuple[Job, int]] = {}  # engine lane -> (job, choice index)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._main, name="llamadesk-serve", daemon=True)
+
+    @property
+    def active_lanes(self) -> int:
+        """Lanes decoding now."""
+        return len(self._lanes)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Cancel everything, end the thread."""
+        with self._cond:
+            self._stopping = True
+            for job in list(self._waiting):
+                job.emit(None)
+            self._waiting.clear()
+            for job, _ in list(self._lanes.values()):
+                job.cancel.set()
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def submit(self, job: Job) -> None:
+        if len(job.lanes) > self.max_batch:
+            raise APIError(400, f"n must be at most {self.max_batch} (the server's --max-batch)", param="n")
+        job.lanes = self.engine.check_request(job.prompt, job.lanes)
+        job.done = [None] * len(job.lanes)
+        with self._cond:
+            if self._stopping:
+                raise APIError(503, "the server is shutting down", type="server_error")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(len(self._waiting))
+            self._waiting.append(job)
+            self._cond.notify()
+
+    def _main(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                speculative = self._waiting[0].speculative
+            try:
+                if speculative:
+                    events = self._speculative_batch()
+                else:
+                    events = self.engine.serve(self._admit, max_rows=self.max_batch)
+                for ev in events:
+                    self._dispatch(ev)
+            except Exception as e:  # a bug or out of memory: fail the requests, keep serving
+                self.engine.cache.reset()  # it may hold a half-written step: never reuse it
+                with self._cond:
+                    jobs = {id(j): j for j, _ in self._lanes.values()}.values()
+                    self._lanes.clear()
+                for job in jobs:
+                    job.emit(e)
+
+    def _speculative_batch(self):
+        """The speculative jobs at the head of the queue (as many lanes as fit), decoded
+        together from the start by the engine's speculative loop; nobody joins later."""
+        joining = self._admit(self.max_batch, 0, speculative=True)
+        return speculative_loop(self.engine, joining) if joining else iter(())
+
+    def _admit(self, free: int, next_lane: int, *, speculative: bool = False) -> list[Joining]:
+        """Start the jobs at the head of the queue that fit in ``free`` lanes and are of the
+        kind asked for: a speculative job at the head waits for the plain batch to end
+        (then it runs, with the speculative jobs behind it), and the other way round."""
+        out = []
+        with self._cond:
+            while self._waiting and not self._stopping:
+                job = self._waiting[0]
+                if job.cancel.is_set():  # its client left while it waited
+                    self._waiting.popleft()
+                    job.emit(None)
+                    continue
+                if len(job.lanes) > free or job.speculative != speculative:
+                    break
+                self._waiting.popleft()
+                for c in range(len(job.lanes)):
+                    self._lanes[next_lane + c] = (job, c)
+                next_lane += len(job.lanes)
+                free -= len(job.lanes)
+                out.append(Joining(job.prompt, job.lanes, job.cancel, job.strip_leading_space, job.inspect,
+                                   job.stop_ids, job.forced))
+        return out
+
+    def _dispatch(self, ev) -> None:
+        lane = ev.lanes[0] if isinstance(ev, Prefilled) else ev.lane
+        job, choice = self._lanes[lane]
+        if isinstance(ev, Prefilled):
+            return
+        job.emit((choice, ev))
+        if isinstance(ev, Done):
+            job.done[choice] = ev
+            del self._lanes[lane]
+            if all(d is not None for d in job.done):
+                job.emit(None)
+                if self.on_done is not None:
+                    self.on_done(job)
