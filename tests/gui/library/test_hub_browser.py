@@ -3,13 +3,15 @@ search with filters, a repository's files grouped by quantization with the memor
 what fits marked and one recommended, a 401 explained and then passed with a token."""
 from __future__ import annotations
 
+import types
+
 import gguf
 import pytest
 from PySide6.QtCore import Qt
 
 import core.library.hub
 from core.library.library import human_size
-from gui.library.hub_browser import UNNAMED
+from gui.library.hub_models import UNNAMED
 from gui.library.service import LibraryService
 from gui.library.window import LibraryWindow
 from tests.gui.ui_helpers import loop, run, settings, snapshot, until  # noqa: F401
@@ -87,12 +89,9 @@ def test_search_with_filters_shows_license_and_access(lw, hub_server, qtbot, loo
 
 
 def test_no_network_is_said_in_words(lw, hub_server, loop, monkeypatch):
-    import types
-
-    from huggingface_hub.utils import _http
     waits = []
     # huggingface_hub retries a dropped connection 5 times over ~23 s: the same tries, without the waits
-    monkeypatch.setattr(_http, "time", types.SimpleNamespace(sleep=waits.append))
+    monkeypatch.setattr("huggingface_hub.utils._http.time", types.SimpleNamespace(sleep=waits.append))
     hub = lw.hub
 
     async def scenario():
@@ -209,7 +208,7 @@ def test_hub_address_is_a_setting(lw, hub_server, settings, loop, tmp_path):
     hub = lw.hub
 
     async def scenario():
-        hub._fill_settings()
+        hub.settings_menu.aboutToShow.emit()  # what opening the menu does
         assert any(hub_server.url in a.text() for a in hub.settings_menu.actions())
         hub.ask_text = lambda *a: "huggingface dot co"
         hub.change_endpoint()
