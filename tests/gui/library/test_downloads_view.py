@@ -9,6 +9,7 @@ import hashlib
 import pytest
 from PySide6.QtCore import Qt
 
+from core.library import downloads
 from tests.gui.ui_helpers import ARTIFACTS, bridge, data_dir, loop, make_window, run, settings, snapshot, until  # noqa: F401
 from tests.hubserver import GGUF_REPO
 
@@ -178,7 +179,6 @@ def test_download_goes_on_after_a_restart(qtbot, loop, bridge, settings, data_di
 
 
 def test_network_drop_fails_inline_then_resumes(app, hub_server, hub_tree, qtbot, loop, data_dir, monkeypatch):
-    from core.library import downloads
     monkeypatch.setattr(downloads, "RETRY_WAIT_S", (0.01,) * 5)  # the manager's retries, without their waits
     w = app
     spec = next(r for r in hub_tree if r.repo_id == GGUF_REPO).files["stories260K.gguf"]
