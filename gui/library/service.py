@@ -168,7 +168,7 @@ class LibraryService(QObject):
         if self.token:
             return True
         try:
-            from huggingface_hub import get_token  # optional dependency: only the hub needs it
+            from huggingface_hub import get_token  # start-up time: huggingface_hub loads when the hub is used
             return bool(get_token())
         except Exception:  # an unreadable token file: as if there were none
             return False

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtWidgets import QDialog, QDialogButtonBox
 
-from gui.dialogs.model_dialog import OpenModelDialog, model_choice
+from gui.dialogs.model_dialog import OpenModelDialog, info_rows, model_choice
 
 
 @pytest.fixture
@@ -61,7 +61,6 @@ def test_an_ordinary_folder_is_entered_not_chosen(qtbot, models):
 
 def test_model_facts_say_which_threads_and_why():
     """The status bar's tooltip and the model info dialog list the worker's thread plan."""
-    from gui.dialogs.model_dialog import info_rows
     rows = dict(info_rows({"name": "m", "threads": "prefill 2 / decode 1 threads: probe (...)"}))
     assert rows["Threads"] == "prefill 2 / decode 1 threads: probe (...)"
     assert "Threads" not in dict(info_rows({"name": "m"}))

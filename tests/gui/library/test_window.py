@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import gguf
 import pytest
 from PySide6.QtCore import Qt
 
@@ -41,8 +42,6 @@ async def opened(w):
 
 
 def test_library_lists_what_is_on_disk_and_searches(qtbot, loop, bridge, settings, data_dir, models):
-    import gguf
-
     w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
     qtbot.addWidget(w)
 
