@@ -26,7 +26,7 @@ from core.remote.runner import public_url
 
 from gui.library.window import LibraryRoom
 from gui.dialogs import model_dialog
-from gui import theme
+from gui import actions, theme
 from gui.chat.chat_view import ChatView, format_stats, render_markdown
 from gui.compare.view import compare_window_for
 from gui.chat.conversation import ConversationModel
@@ -36,6 +36,7 @@ from gui.chat.prompt_editor import PromptEditor
 from gui.chat.reply import ReplyController
 from gui.settings.panel import SamplingPanel
 from gui.dialogs.server_dialog import SavedServers, ServerDialog
+from gui.widgets.notice_bar import NoticeBar
 from gui.widgets.token_inspector import TokenInspector
 
 APP_NAME = "LlamaDesk"
@@ -234,48 +235,18 @@ class MainWindow(QMainWindow):
         ml.addWidget(self.chat_splitter, 1)
         # A message the store could not save stays in the editor; this says why and sends it
         # again once the cause (a full disk, a read-only folder) is fixed.
-        self.send_notice = QWidget()
-        self.send_notice.setObjectName("sendNotice")
-        nl = QHBoxLayout(self.send_notice)
-        nl.setContentsMargins(8, 4, 8, 0)
-        self.send_notice_label = QLabel()
-        self.send_notice_label.setObjectName("contextNotice")
-        self.send_notice_label.setWordWrap(True)
-        self.retry_button = QPushButton("Retry")
-        self.retry_button.setObjectName("retrySendButton")
-        self.retry_button.setToolTip("Save and send the message in the editor again")
-        self.retry_button.clicked.connect(self.retry_send)
-        self.dismiss_notice_button = QToolButton()
-        self.dismiss_notice_button.setText("✕")
-        self.dismiss_notice_button.setAccessibleName("Dismiss")
-        self.dismiss_notice_button.clicked.connect(self.send_notice.hide)
-        nl.addWidget(self.send_notice_label, 1)
-        nl.addWidget(self.retry_button)
-        nl.addWidget(self.dismiss_notice_button)
-        self.send_notice.hide()
+        self.send_notice = NoticeBar(name="sendNotice", label_name="contextNotice", action="Retry",
+                                     action_name="retrySendButton",
+                                     action_tip="Save and send the message in the editor again")
+        self.send_notice.actionTriggered.connect(self.retry_send)
         ml.addWidget(self.send_notice)
         # A reply from a server that failed (unreachable, refused, cut mid-reply): what
         # happened and what to do, with Retry; what streamed stays in the transcript.
-        self.reply_notice = QWidget()
-        self.reply_notice.setObjectName("replyNotice")
-        rl = QHBoxLayout(self.reply_notice)
-        rl.setContentsMargins(8, 4, 8, 0)
-        self.reply_notice_label = QLabel()
-        self.reply_notice_label.setObjectName("replyNoticeText")
-        self.reply_notice_label.setWordWrap(True)
-        self.reply_notice_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.retry_reply_button = QPushButton("Retry")
-        self.retry_reply_button.setObjectName("retryReplyButton")
-        self.retry_reply_button.setToolTip("Ask the server for this reply again (the partial reply stays as a version)")
-        self.retry_reply_button.clicked.connect(self.retry_reply)
-        dismiss = QToolButton()
-        dismiss.setText("✕")
-        dismiss.setAccessibleName("Dismiss")
-        dismiss.clicked.connect(self.reply_notice.hide)
-        rl.addWidget(self.reply_notice_label, 1)
-        rl.addWidget(self.retry_reply_button)
-        rl.addWidget(dismiss)
-        self.reply_notice.hide()
+        self.reply_notice = NoticeBar(name="replyNotice", label_name="replyNoticeText", action="Retry",
+                                      action_name="retryReplyButton", selectable=True,
+                                      action_tip="Ask the server for this reply again "
+                                                 "(the partial reply stays as a version)")
+        self.reply_notice.actionTriggered.connect(self.retry_reply)
         ml.addWidget(self.reply_notice)
         self.prompt = PromptEditor()
         self.prompt.sendRequested.connect(self.send)
@@ -313,17 +284,9 @@ class MainWindow(QMainWindow):
         self.context_bar.setValue(0)
         sb.addPermanentWidget(self.context_bar)
         # "Message deleted · Undo", shown for a few seconds after a message is deleted.
-        self.undo_notice = QWidget()
-        self.undo_notice.setObjectName("undoNotice")
-        ul = QHBoxLayout(self.undo_notice)
-        ul.setContentsMargins(0, 0, 0, 0)
-        self.undo_label = QLabel()
-        self.undo_button = QPushButton("Undo")
-        self.undo_button.setObjectName("undoDeleteButton")
-        self.undo_button.clicked.connect(self.undo_delete)
-        ul.addWidget(self.undo_label)
-        ul.addWidget(self.undo_button)
-        self.undo_notice.hide()
+        self.undo_notice = NoticeBar(name="undoNotice", action="Undo", action_name="undoDeleteButton",
+                                     dismissible=False, wrap=False, margins=(0, 0, 0, 0))
+        self.undo_notice.actionTriggered.connect(self.undo_delete)
         self._undo_snapshot: dict | None = None
         self._undo_timer = QTimer(self)
         self._undo_timer.setSingleShot(True)
@@ -335,151 +298,59 @@ class MainWindow(QMainWindow):
         sb.addPermanentWidget(self.stats_label)
         self._update_context(0, 0)
 
-    def _action(self, text: str, slot, shortcut=None, icon: str | None = None, name: str | None = None) -> QAction:
-        a = QAction(text, self)
-        if shortcut:
-            if isinstance(shortcut, (list, tuple)):
-                a.setShortcuts([QKeySequence(s) for s in shortcut])
-            else:
-                a.setShortcut(QKeySequence(shortcut))
-        if icon:
-            a.setIcon(theme.icon(icon))
-        if name:
-            a.setObjectName(name)
-        a.triggered.connect(lambda checked=False: slot())
-        self.addAction(a)  # shortcuts work even with the menu bar hidden
-        return a
-
     def _build_actions(self) -> None:
-        mb = self.menuBar()
-        f = mb.addMenu("&File")
-        self.new_action = self._action("&New Chat", self.new_chat, QKeySequence.New, "new", "newChatAction")
-        self.open_action = self._action("&Open Model…", self.open_model_dialog, QKeySequence.Open, "open",
-                                        "openModelAction")
-        self.open_action.setToolTip("Open a .gguf file or a model folder (Ctrl+O)")
-        f.addActions([self.new_action, self.open_action])
-        self.recent_menu = f.addMenu("Recent &Models")
-        self.recent_menu.setObjectName("recentMenu")
-        self.recent_menu.aboutToShow.connect(self._fill_recent)
-        self._fill_recent()
-        f.addSeparator()
-        self.import_action = self._action("&Import Conversation (JSON)…", self.import_conversation, None, "import")
-        self.export_md_action = self._action("Export as &Markdown…", lambda: self.export_conversation("md"), None, "export")
-        self.export_json_action = self._action("Export as &JSON…", lambda: self.export_conversation("json"))
-        f.addActions([self.import_action, self.export_md_action, self.export_json_action])
-        f.addSeparator()
-        self.quit_action = self._action("&Quit", self.close, "Ctrl+Q", None, "quitAction")
-        self.quit_action.setMenuRole(QAction.QuitRole)
-        f.addAction(self.quit_action)
+        """Menus, toolbar and shortcuts, from the table in gui/actions.py."""
+        self._actions, self._menus, self.toolbar = actions.build(self, checked={
+            "compile": self.compile, "record_probs": self.settings.value(RECORD_PROBS_KEY, False, type=bool)})
 
-        e = mb.addMenu("&Edit")
-        self.copy_last_action = self._action("&Copy Last Reply", self.copy_last_reply, "Ctrl+Shift+C", "copy")
-        self.focus_action = self._action("&Focus Prompt", self.prompt.focus, "Ctrl+L")
-        e.addActions([self.copy_last_action, self.focus_action])
+    def action(self, name: str) -> QAction:
+        """The QAction of command ``name`` in gui/actions.py's table."""
+        return self._actions[name]
 
-        c = mb.addMenu("&Chat")
-        self.send_action = self._action("&Send", self.prompt.submit, ["Ctrl+Return", "Ctrl+Enter"], "send")
-        self.stop_action = self._action("S&top", self.stop, "Esc", "stop", "stopAction")
-        self.regen_action = self._action("&Regenerate Reply", self.regenerate, "Ctrl+R", "regenerate")
-        self.continue_action = self._action("C&ontinue Reply", self.continue_reply, None, "continue")
-        c.addActions([self.send_action, self.stop_action, self.regen_action, self.continue_action])
-        c.addSeparator()
-        self.rename_action = self._action("Re&name Chat", self.rename_current, "F2")
-        self.delete_chat_action = self._action("&Delete Chat", self.delete_current, None, "delete")
-        c.addActions([self.rename_action, self.delete_chat_action])
+    def menu(self, name: str) -> QMenu:
+        """A submenu of gui/actions.py's table by name ("recent", "device", "dtype", "theme")."""
+        return self._menus[name]
 
-        m = mb.addMenu("&Model")
-        self.library_action = self._action("&Library…", self.open_library, None, None, "libraryAction")
-        self.library_action.setToolTip("Models on this machine, the Hugging Face Hub, downloads")
-        m.addAction(self.library_action)
-        self.connect_action = self._action("Connect to &Server…", self.open_server_dialog, None, None,
-                                           "connectServerAction")
-        self.connect_action.setToolTip("Chat with a model on an OpenAI-compatible server")
-        self.use_local_action = self._action("Use &Local Model", self.use_local, None, None, "useLocalAction")
-        self.use_local_action.setToolTip("Replies come from the model loaded on this computer again")
-        self.use_local_action.setEnabled(False)
-        m.addActions([self.connect_action, self.use_local_action])
-        m.addSeparator()
-        self.device_menu = m.addMenu("&Device")
-        self.device_group = QActionGroup(self)
+    def show_conversations(self, on: bool) -> None:
+        """View → Conversations: show or hide the list on the left."""
+        self._show_pane(0, on)
+
+    def show_settings_panel(self, on: bool) -> None:
+        """View → Settings Panel: show or hide the sampling settings on the right."""
+        self._show_pane(2, on)
+
+    def set_record_probs(self, on: bool) -> None:
+        self.settings.setValue(RECORD_PROBS_KEY, on)
+
+    def fill_devices(self, menu: QMenu) -> None:
+        group = QActionGroup(menu)
         for d in model_dialog.available_devices():
-            a = self.device_menu.addAction(d)
+            a = menu.addAction(d)
             a.setCheckable(True)
             a.setChecked(d == self.device)
             a.setObjectName(f"device_{d}")
-            self.device_group.addAction(a)
+            group.addAction(a)
             a.triggered.connect(lambda checked=False, d=d: self.set_device(d))
-        self.dtype_menu = m.addMenu("Data &Type")
-        self.dtype_group = QActionGroup(self)
+
+    def fill_dtypes(self, menu: QMenu) -> None:
+        group = QActionGroup(menu)
         for d in model_dialog.DTYPES:
-            a = self.dtype_menu.addAction(d)
+            a = menu.addAction(d)
             a.setCheckable(True)
             a.setChecked(d == self.dtype)
             a.setObjectName(f"dtype_{d}")
-            self.dtype_group.addAction(a)
+            group.addAction(a)
             a.triggered.connect(lambda checked=False, d=d: self.set_dtype(d))
-        self.compile_action = QAction("&Compile Decoding (torch.compile)", self, checkable=True, checked=self.compile)
-        self.compile_action.setObjectName("compileDecode")
-        self.compile_action.setToolTip("Decode through torch.compile: CUDA graphs on a GPU, C++ kernels on the CPU "
-                                       "(the first reply waits for the compiler; eager if it fails)")
-        self.compile_action.toggled.connect(self.set_compile)
-        m.addAction(self.compile_action)
-        self.reload_action = self._action("&Reload Model", self.reload_model)
-        self.unload_action = self._action("&Unload Model", self.unload_model)
-        self.info_action = self._action("Model &Info…", self.show_model_info, "Ctrl+I")
-        m.addActions([self.reload_action, self.unload_action, self.info_action])
 
-        v = mb.addMenu("&View")
-        self.toggle_list_action = QAction("&Conversations", self, checkable=True, checked=True)
-        self.toggle_list_action.setShortcut("Ctrl+Shift+L")
-        self.toggle_list_action.toggled.connect(lambda on: self._show_pane(0, on))
-        self.toggle_panel_action = QAction("&Settings Panel", self, checkable=True, checked=True)
-        self.toggle_panel_action.setShortcut("Ctrl+Shift+S")
-        self.toggle_panel_action.setIcon(theme.icon("settings"))
-        self.toggle_panel_action.toggled.connect(lambda on: self._show_pane(2, on))
-        for a in (self.toggle_list_action, self.toggle_panel_action):
-            self.addAction(a)
-            v.addAction(a)
-        v.addSeparator()
-        # Replies keep each token's probability and top alternatives (for "Inspect tokens");
-        # off: nothing is recorded and the worker skips the extra work. Off by default: the
-        # records are ~200 KB a reply in the history and in exports, for a debugging view.
-        self.record_probs_action = QAction("&Record Token Probabilities", self, checkable=True)
-        self.record_probs_action.setObjectName("recordProbsAction")
-        self.record_probs_action.setToolTip("Keep each token's probability and alternatives with new replies, "
-                                            "for the token inspector")
-        self.record_probs_action.setChecked(self.settings.value(RECORD_PROBS_KEY, False, type=bool))
-        self.record_probs_action.toggled.connect(lambda on: self.settings.setValue(RECORD_PROBS_KEY, on))
-        v.addAction(self.record_probs_action)
-        tm = v.addMenu("&Theme")
-        group = QActionGroup(self)
+    def fill_themes(self, menu: QMenu) -> None:
+        group = QActionGroup(menu)
         current = str(self.settings.value("ui/theme", "system"))
         for mode in ("system", "light", "dark"):
-            a = tm.addAction(mode.capitalize())
+            a = menu.addAction(mode.capitalize())
             a.setCheckable(True)
             a.setChecked(mode == current)
             group.addAction(a)
             a.triggered.connect(lambda checked=False, mode=mode: self.set_theme(mode))
-
-        tb = self.addToolBar("Main")
-        tb.setObjectName("mainToolBar")
-        tb.setMovable(False)
-        tb.setIconSize(QSize(18, 18))
-        tb.addAction(self.new_action)
-        tb.addAction(self.open_action)
-        tb.addSeparator()
-        tb.addAction(self.regen_action)
-        # The side-by-side comparison window (gui/compare/view.py).
-        self.compare_action = self._action("Compare Settings…", self.open_compare, "Ctrl+Shift+K", "compare",
-                                           "compareButton")
-        self.compare_action.setToolTip("Compare sampling settings side by side (Ctrl+Shift+K)")
-        tb.addAction(self.compare_action)
-        tb.widgetForAction(self.compare_action).setObjectName("compareButton")
-        spacer = QWidget()
-        spacer.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Preferred)
-        tb.addWidget(spacer)
-        tb.addAction(self.toggle_panel_action)
-        self.toolbar = tb
 
     def _show_pane(self, index: int, on: bool) -> None:
         sizes = self.splitter.sizes()
@@ -599,11 +470,11 @@ class MainWindow(QMainWindow):
         where = public_url(remote.url)
         self.panel.set_capabilities(caps, where)
         lacks_top = caps is not None and not caps.top_logprobs
-        self.record_probs_action.setEnabled(not lacks_top)
-        self.record_probs_action.setToolTip(
+        self._actions["record_probs"].setEnabled(not lacks_top)
+        self._actions["record_probs"].setToolTip(
             f"Not available with {where}: {caps.why.get('top_logprobs', 'no top_logprobs')}" if lacks_top
-            else "Keep each token's probability and alternatives with new replies, for the token inspector")
-        self.use_local_action.setEnabled(True)
+            else actions.RECORD_PROBS_TIP)
+        self._actions["use_local"].setEnabled(True)
         name = remote.model or (remote.card or {}).get("id") or "model"
         info = {"name": name, "format": "server", "server": where,
                 "context_length": remote_context_length(remote)}
@@ -626,10 +497,9 @@ class MainWindow(QMainWindow):
         self.backend = None
         self.reply.backend = None
         self.panel.set_capabilities(None)
-        self.record_probs_action.setEnabled(True)
-        self.record_probs_action.setToolTip("Keep each token's probability and alternatives with new replies, "
-                                            "for the token inspector")
-        self.use_local_action.setEnabled(False)
+        self._actions["record_probs"].setEnabled(True)
+        self._actions["record_probs"].setToolTip(actions.RECORD_PROBS_TIP)
+        self._actions["use_local"].setEnabled(False)
         self.reply_notice.hide()
 
     def _server_forgotten(self, url: str) -> None:
@@ -698,12 +568,11 @@ class MainWindow(QMainWindow):
             self.chat.set_empty_hint(NO_MODEL_LINK)
         self.prompt.set_model_ready(ready, None if ready else NO_MODEL_HINT)
         self.chat.set_can_generate(ready)
-        for a in (self.reload_action, self.unload_action, self.info_action, self.regen_action,
-                  self.continue_action):
-            a.setEnabled(ready and not (a in (self.regen_action, self.continue_action) and self.busy))
+        for name in ("reload", "unload", "info", "regen", "continue"):
+            self._actions[name].setEnabled(ready and not (name in ("regen", "continue") and self.busy))
         if self.backend is not None:
-            self.reload_action.setEnabled(self.local_info is not None)
-            self.unload_action.setEnabled(self.local_info is not None)
+            self._actions["reload"].setEnabled(self.local_info is not None)
+            self._actions["unload"].setEnabled(self.local_info is not None)
         if not ready:
             self.context_length = 0
         self._status_from_path()
@@ -714,17 +583,18 @@ class MainWindow(QMainWindow):
             dlg = ModelInfoDialog(info=self.info, parent=self)
             self._open_dialog(dlg)
 
-    def _fill_recent(self) -> None:
-        self.recent_menu.clear()
+    def fill_recent(self, menu: QMenu) -> None:
+        """File → Recent Models, filled each time it opens."""
+        menu.clear()
         paths = self.recent.paths()
         for p in paths:
-            a = self.recent_menu.addAction(p)
+            a = menu.addAction(p)
             a.triggered.connect(lambda checked=False, p=p: self.load_model(p))
         if paths:
-            self.recent_menu.addSeparator()
-            self.recent_menu.addAction("Clear Recent Models", self.recent.clear)
+            menu.addSeparator()
+            menu.addAction("Clear Recent Models", self.recent.clear)
         else:
-            self.recent_menu.addAction("No recent models").setEnabled(False)
+            menu.addAction("No recent models").setEnabled(False)
 
     # ------------------------------------------------------------------ drag and drop
     def _dropped_path(self, event) -> str | None:
@@ -914,7 +784,7 @@ class MainWindow(QMainWindow):
     def _inspect(self) -> int:
         """Alternatives to record per token: View → Record Token Probabilities, where the
         model (or the server) can give them."""
-        a = self.record_probs_action
+        a = self._actions["record_probs"]
         return INSPECT_TOP if a.isEnabled() and a.isChecked() else 0
 
     def retry_send(self) -> None:
@@ -922,9 +792,8 @@ class MainWindow(QMainWindow):
         self.send(self.prompt.text())
 
     def _on_save_failed(self, message: str) -> None:
-        self.send_notice_label.setText(message)
-        self.send_notice.show()
-        self.retry_button.setFocus()
+        self.send_notice.show_notice(message)
+        self.send_notice.button.setFocus()
 
     def branch_reply(self, msg_id: int, index: int, token_id: int, ban: bool = False) -> None:
         """A new version of reply ``msg_id`` from its token ``index``: with ``token_id`` there
@@ -956,9 +825,7 @@ class MainWindow(QMainWindow):
     def _on_reply_interrupted(self, message: str, kind: str, parent_id: int) -> None:
         """A server's reply failed: say so above the prompt, with Retry (no dialog)."""
         self._retry_parent = parent_id
-        self.reply_notice_label.setText(f"⚠ {message}")
-        self.reply_notice.setProperty("kind", kind)
-        self.reply_notice.show()
+        self.reply_notice.show_notice(f"⚠ {message}", kind)
 
     def retry_reply(self) -> None:
         """Ask again for the reply that failed (a new version beside any partial one)."""
@@ -996,8 +863,8 @@ class MainWindow(QMainWindow):
 
     def _set_busy(self, busy: bool) -> None:
         self.prompt.set_busy(busy)
-        for a in (self.regen_action, self.continue_action, self.send_action):
-            a.setEnabled(not busy and (a is self.send_action or self.info is not None))
+        for name in ("regen", "continue", "send"):
+            self._actions[name].setEnabled(not busy and (name == "send" or self.info is not None))
         self.busyChanged.emit(busy)
 
     def _with_tokens(self, views: list[dict], metas: dict | None = None) -> list[dict]:
@@ -1047,8 +914,7 @@ class MainWindow(QMainWindow):
         """Deleting asks nothing; instead the status bar offers Undo for a few seconds."""
         self._undo_snapshot = snapshot
         n = len(snapshot["rows"])
-        self.undo_label.setText("Message deleted" if n == 1 else f"Message and {n - 1} below it deleted")
-        self.undo_notice.show()
+        self.undo_notice.show_notice("Message deleted" if n == 1 else f"Message and {n - 1} below it deleted")
         self._undo_timer.start(self.undo_ms)
 
     def _drop_undo(self) -> None:
@@ -1143,10 +1009,8 @@ class MainWindow(QMainWindow):
         self.new_button.setIcon(theme.icon("new"))
         self.prompt.stop_button.setIcon(theme.icon("stop"))
         self.prompt.send_button.setIcon(theme.icon("send", theme.colors()["accent_text"]))
-        for a, name in ((self.new_action, "new"), (self.open_action, "open"),
-                        (self.regen_action, "regenerate"), (self.toggle_panel_action, "settings"),
-                        (self.compare_action, "compare")):
-            a.setIcon(theme.icon(name))
+        for name, icon in actions.icons().items():
+            self._actions[name].setIcon(theme.icon(icon))
         if not self.busy:
             self.refresh_transcript()
 

@@ -237,7 +237,7 @@ def test_export_import_round_trip(qtbot, window, loop, gguf, tmp_path):
     data = json.loads(js_path.read_text())
     # Token probabilities are recorded on demand only (View → Record Token Probabilities):
     # by default an export holds the text, settings and stats, not ~1 KB per token.
-    assert not window.record_probs_action.isChecked()
+    assert not window.action("record_probs").isChecked()
     assert all("tokens" not in (m.get("meta") or {}) for m in data["messages"])
     # Ctrl+Shift+C copies the last reply; Ctrl+L comes back to the prompt
     from PySide6.QtGui import QGuiApplication
@@ -296,8 +296,8 @@ def test_drop_and_recent_models(qtbot, window, loop, gguf, settings):
         return True
 
     run(loop, scenario(), 40)
-    window._fill_recent()
-    assert gguf in [a.text() for a in window.recent_menu.actions()]
+    window.fill_recent(window.menu("recent"))
+    assert gguf in [a.text() for a in window.menu("recent").actions()]
     assert window.recent.last() == gguf
 
 
@@ -411,19 +411,25 @@ def test_ctrl_o_is_the_one_open_model_action(qtbot, window):
     assert asked == [True]
 
 
-def test_readme_shortcut_table_matches_the_actions(window):
+def _readable(keys) -> str:
+    # Ctrl+Return and keypad Ctrl+Enter are one "Ctrl+Enter" to a reader.
+    return " / ".join(sorted({k.toString(QKeySequence.PortableText).replace("Return", "Enter") for k in keys}))
+
+
+def test_readme_shortcut_table_matches_the_actions_table(window):
+    """README's key table is gui/actions.py's table, and the window's shortcuts are that table's."""
+    from gui import actions
     from tests.gui.ui_helpers import ROOT
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("### Keyboard shortcuts", 1)[1].split("\n\n", 2)[1]
     rows = [line.strip("|").split("|") for line in section.splitlines()[2:] if line.startswith("|")]
     documented = {(keys.strip(), action.strip().split(" (")[0]) for keys, action in rows}
-    actual = set()
-    for a in window.findChildren(QAction):
-        if a.shortcuts():
-            # Ctrl+Return and keypad Ctrl+Enter are one "Ctrl+Enter" to a reader.
-            keys = sorted({k.toString(QKeySequence.PortableText).replace("Return", "Enter") for k in a.shortcuts()})
-            actual.add((" / ".join(keys), a.text().replace("&", "").rstrip("…")))
-    assert documented == actual
+    table = {(_readable(actions.key_sequences(row)), row.text.replace("&", "").rstrip("…"))
+             for row in actions.ACTIONS if isinstance(row, actions.Action) and row.shortcut}
+    assert documented == table
+    actual = {(_readable(a.shortcuts()), a.text().replace("&", "").rstrip("…"))
+              for a in window.findChildren(QAction) if a.shortcuts()}
+    assert actual == table
 
 
 def _contrast(a, b) -> float:
@@ -681,8 +687,8 @@ def test_deleting_a_message_offers_undo_that_restores_it_and_its_branch(qtbot, w
     qtbot.mouseClick(target.buttons["delete"], Qt.LeftButton)
     assert [w.message["text"] for w in window.chat.widgets] == ["tell me about cats"]
     assert len(window.history.messages(cid)) == 1
-    assert window.undo_notice.isVisible() and "deleted" in window.undo_label.text()
-    qtbot.mouseClick(window.undo_button, Qt.LeftButton)
+    assert window.undo_notice.isVisible() and "deleted" in window.undo_notice.text()
+    qtbot.mouseClick(window.undo_notice.button, Qt.LeftButton)
     assert [(m.id, m.parent_id, m.role, m.text) for m in window.history.messages(cid)] == before
     assert window.history.conversation(cid).current_leaf_id == leaf
     assert [w.message["text"] for w in window.chat.widgets] == ["tell me about cats", "cats purr", "and dogs?",

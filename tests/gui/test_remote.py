@@ -147,7 +147,7 @@ def test_connect_dialog_lists_models_connects_and_keeps_the_key_out_of_chats(qtb
         assert not dlg.isVisible() and window.backend.model == "stories260K"
         status = window.model_status.text()
         assert "stories260K" in status and f"127.0.0.1:{server.port}" in status
-        assert window.use_local_action.isEnabled() and window.prompt.send_button.isEnabled() is False
+        assert window.action("use_local").isEnabled() and window.prompt.send_button.isEnabled() is False
         greedy(window)
         view = await send(qtbot, window, "Tell me a story.")
         assert view["text"] and view["stop_reason"] in ("eos", "length")
@@ -173,7 +173,7 @@ def test_connect_dialog_lists_models_connects_and_keeps_the_key_out_of_chats(qtb
     assert dlg.url.currentText() == server.url and dlg.key.text() == KEY and dlg.forget_button.isEnabled()
     dlg.forget_button.click()
     assert window.servers.servers() == [] and window.servers.key(server.url) == ""
-    assert window.backend is None and window.info is None and not window.use_local_action.isEnabled()
+    assert window.backend is None and window.info is None and not window.action("use_local").isEnabled()
     dlg.close()
 
 
@@ -182,7 +182,7 @@ def test_a_remote_chat_equals_the_local_model_and_its_tokens_can_be_inspected(qt
     inspector shows the server's top_logprobs equal to the local engine's probabilities."""
     async def scenario():
         await load(window, str(fixtures / "stories260K.gguf"))
-        window.record_probs_action.setChecked(True)
+        window.action("record_probs").setChecked(True)
         greedy(window)
         local = await send(qtbot, window, "Tell me a story about a dog.")
         window.use_remote(remote)
@@ -227,7 +227,7 @@ async def fail_inline(qtbot, w, text, what):
     w.prompt.set_text(text)
     w.prompt.submit()
     await until(lambda: w.reply_notice.isVisible() and not w.busy, 60, what)
-    return w.reply_notice_label.text()
+    return w.reply_notice.text()
 
 
 def test_a_wrong_key_is_an_inline_401_with_retry_and_nothing_is_lost(qtbot, window, loop, remote):
@@ -236,14 +236,14 @@ def test_a_wrong_key_is_an_inline_401_with_retry_and_nothing_is_lost(qtbot, wind
         greedy(window)
         shown = await fail_inline(qtbot, window, "Hello there", "the 401 notice")
         assert "refused the API key (401)" in shown and "Check the API key" in shown
-        assert dialogs(window) == [] and window.retry_reply_button.isVisible()
+        assert dialogs(window) == [] and window.reply_notice.button.isVisible()
         path = window.conversation.path()
         assert [m.role for m in path] == ["user"] and path[0].text == "Hello there"  # no empty reply stored
         # With the right key, Retry answers the same message.
         window.use_remote(remote)
         done = []
         window.replyFinished.connect(done.append)
-        window.retry_reply_button.click()
+        window.reply_notice.button.click()
         await until(lambda: done, 60, "the retried reply")
         assert not window.reply_notice.isVisible()
         assert [m.role for m in window.conversation.path()] == ["user", "assistant"]
@@ -331,7 +331,7 @@ def test_a_server_killed_mid_stream_keeps_the_partial_reply_marked_and_retry_wor
                 window.panel.maxTokensSpin.setValue(12)
                 done = []
                 window.replyFinished.connect(done.append)
-                window.retry_reply_button.click()
+                window.reply_notice.button.click()
                 await until(lambda: done, 60, "the retried reply")
             finally:
                 again.stop()
@@ -372,7 +372,7 @@ def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot,
         assert "speculative decoding runs in this app" in panel.speculativeCombo.toolTip()
         assert not panel.logitBiasEdit.isEnabled() and "tokenizer" in panel.logitBiasEdit.toolTip()
         assert "own chat template" in panel.chatFormatCombo.toolTip()
-        assert window.record_probs_action.isEnabled()  # this server does return top_logprobs
+        assert window.action("record_probs").isEnabled()  # this server does return top_logprobs
         assert "seed" in window.model_status.toolTip() and "top_k" in window.model_status.toolTip()
 
         async def scenario():
@@ -387,12 +387,12 @@ def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot,
     r.caps.top_logprobs = False
     r.caps.why["top_logprobs"] = "the server returns no top_logprobs alternatives"
     window.use_remote(r)
-    assert not window.record_probs_action.isEnabled() and "no top_logprobs" in window.record_probs_action.toolTip()
+    assert not window.action("record_probs").isEnabled() and "no top_logprobs" in window.action("record_probs").toolTip()
     window.use_local()
     assert all(w.isEnabled() for w in (panel.seedSpin, panel.topKSpin, panel.repetitionPenaltySpin,
                                        panel.chatFormatCombo, panel.speculativeCombo, panel.lookupSpin))
     assert panel.params().lookup > 0
-    assert panel.params().top_k == 40 and window.record_probs_action.isEnabled() and window.backend is None
+    assert panel.params().top_k == 40 and window.action("record_probs").isEnabled() and window.backend is None
 
 
 def test_stop_and_edit_resend_on_a_server(qtbot, window, loop, remote):
@@ -461,7 +461,7 @@ def test_a_reply_from_a_llamadesk_server_branches_and_bans_there(qtbot, window, 
 
     async def scenario():
         await load(window, str(fixtures / "stories260K.gguf"))
-        window.record_probs_action.setChecked(True)
+        window.action("record_probs").setChecked(True)
         greedy(window)
         window.use_remote(remote)
         first = await send(qtbot, window, "Tell me a story about a cat.")

@@ -89,13 +89,13 @@ def test_a_message_that_cannot_be_saved_stays_in_the_editor_with_a_retry(qtbot, 
         h._conn.execute("PRAGMA query_only = ON")  # every write now fails as on a read-only store
         w.prompt.set_text(text)
         qtbot.keyClick(w.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
-        assert w.send_notice.isVisible() and "readonly" in w.send_notice_label.text()
+        assert w.send_notice.isVisible() and "readonly" in w.send_notice.text()
         assert w.prompt.text() == text and not w.busy  # kept, nothing sent
         assert w.conversation.conv_id is None or not h.messages(w.conversation.conv_id)
-        qtbot.mouseClick(w.retry_button, Qt.LeftButton)  # still full: still there, still said
+        qtbot.mouseClick(w.send_notice.button, Qt.LeftButton)  # still full: still there, still said
         assert w.send_notice.isVisible() and w.prompt.text() == text and not w.busy
         h._conn.execute("PRAGMA query_only = OFF")  # writable again
-        qtbot.mouseClick(w.retry_button, Qt.LeftButton)
+        qtbot.mouseClick(w.send_notice.button, Qt.LeftButton)
         assert not w.send_notice.isVisible() and w.prompt.text() == ""
         await until(lambda: done, 30, "the reply")
         msgs = h.messages(w.conversation.conv_id)

@@ -90,9 +90,9 @@ def test_chat_token_inspector(qtbot, loop, bridge, settings, data_dir, story, gg
     w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
     qtbot.addWidget(w)
     requests = record_requests(w)
-    assert w.record_probs_action.objectName() == "recordProbsAction"
-    assert not w.record_probs_action.isChecked()  # on demand: records are large
-    w.record_probs_action.setChecked(True)
+    assert w.action("record_probs").objectName() == "recordProbsAction"
+    assert not w.action("record_probs").isChecked()  # on demand: records are large
+    w.action("record_probs").setChecked(True)
     w.panel.set_params(SamplingParams(**SETTINGS))
     w.panel.set_system_prompt("")
 
@@ -171,7 +171,7 @@ def test_chat_token_inspector(qtbot, loop, bridge, settings, data_dir, story, gg
 
     # recording off: the next reply asks for no alternatives and has no token view
     requests2 = record_requests(w2)
-    w2.record_probs_action.setChecked(False)
+    w2.action("record_probs").setChecked(False)
     assert settings.value("chat/record_probs", type=bool) is False
     w = w2
 
@@ -255,7 +255,7 @@ def recorded_reply(qtbot, loop, bridge, settings, data_dir, gguf, params: Sampli
     w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
     qtbot.addWidget(w)
     requests = record_requests(w)
-    w.record_probs_action.setChecked(True)
+    w.action("record_probs").setChecked(True)
     w.panel.set_params(params)
     w.panel.set_system_prompt("")
     done = []

@@ -308,7 +308,7 @@ def test_main_window_hook(qtbot, loop, bridge, tmp_path, monkeypatch):
     w.show()
     w.panel.set_params(SamplingParams(temperature=0.55, top_k=33, seed=21, max_new_tokens=64))
     w.prompt.set_text("Tell me a story")
-    action = w.findChild(type(w.compare_action), "compareButton") or w.compare_action
+    action = w.findChild(type(w.action("compare")), "compareButton") or w.action("compare")
     assert action.objectName() == "compareButton" and action.isVisible()
     assert action.shortcut().toString() == "Ctrl+Shift+K"
     assert w.findChild(QWidget, "compareButton") is not None  # the toolbar's button

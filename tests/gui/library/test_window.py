@@ -169,7 +169,7 @@ def test_empty_state_links_to_the_library(qtbot, loop, bridge, settings, data_di
     qtbot.addWidget(w)
     w.library.service.set_endpoint(hub_server.url)  # the Hub tab lists popular repositories when first shown
     assert "href='library'" in w.chat.empty_hint.text() and w.chat.empty_hint.isVisible()
-    assert w.library_action in w.findChild(type(w.menuBar())).actions()[3].menu().actions()
+    assert w.action("library") in w.findChild(type(w.menuBar())).actions()[3].menu().actions()
 
     async def scenario():
         w.chat.empty_hint.linkActivated.emit("library")
