@@ -28,7 +28,7 @@ from gui.library.window import LibraryRoom
 from gui.dialogs import model_dialog
 from gui import actions, theme
 from gui.chat.chat_view import ChatView, format_stats, render_markdown
-from gui.compare.view import compare_window_for
+from gui.compare.launch import compare_window_for
 from gui.chat.conversation import ConversationModel
 from gui.chat.conversation_list import ID_ROLE, ConversationFilter, ConversationListModel
 from gui.dialogs.model_dialog import LoadProgress, ModelInfoDialog, RecentModels, info_summary

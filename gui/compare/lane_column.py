@@ -16,7 +16,8 @@ from core.engine.constrain import Constraint, from_editor, syntax_error
 from core.engine.lanes import MAX_LANES
 
 from gui import theme
-from gui.compare.lanes import LaneRun, parse_anchor
+from gui.chat.chat_view import format_stats
+from gui.compare.lanes import LaneRun, divergence_label, lane_diff, parse_anchor, render_lane_html
 from gui.compare.models import LaneModel
 from gui.settings.panel import (CONSTRAINT_HINTS, CONSTRAINT_KINDS, SpeculativeControls, bias_items,
                                 format_stop_strings)
@@ -459,3 +460,34 @@ class LaneColumn(QFrame):
         keep = bar.value()
         self.browser.setHtml(html)
         bar.setValue(bar.maximum() if (follow and at_end) else keep)
+
+    def show_unrun(self, summary: str, colors: dict) -> None:
+        """A lane without results: "Not run yet", and ``summary`` (how its settings differ
+        from the baseline's) over it."""
+        self.browser.setHtml(f'<p style="color: {colors["muted"]};">Not run yet.</p>')
+        self.divergence.setText(summary)
+        self.stats.setText("")
+
+    def show_run(self, columns: list["LaneColumn"], *, baseline: bool, base: LaneRun | None, match: bool | None,
+                 colors: dict, heatmap: bool, selected: int | None, following: bool) -> None:
+        """Draw the lane's results: the line over them (the baseline, or where they part
+        from ``base``, the baseline's run, compared by ids when ``match``, else by text; a
+        branch's source), the text (``selected``: the token pinned in the inspector;
+        ``following``: keep the end in view while it streams) and the stats."""
+        run = self.run
+        diff, label = None, ""
+        if baseline:
+            label = "Baseline: the other lanes are compared with this one."
+        elif base is not None and not (run.error and not run.tokens):  # one that never started: nothing to compare
+            diff = lane_diff(base, run, match)
+            label = divergence_label(run, base, diff, match, colors)
+        if self.branch:
+            label += (("<br>" if label else "") + f"<span style='color: {colors['accent']}; font-weight: 600;'>"
+                      f"Branch</span> at token {self.branch['at'] + 1}: the tokens before it are "
+                      f"lane {self.branch_source(columns)}'s, this token was forced")
+        self.divergence.setText(label)
+        self.set_html(render_lane_html(self.lane, run, diff=diff, heatmap=heatmap, selected=selected, colors=colors,
+                                       branch_at=self.branch["at"] if self.branch else None), follow=following)
+        st = run.stats()
+        self.stats.setText(format_stats({"stats": st, "stop_reason": st.get("stop_reason") or "…",
+                                         "seed": (run.params or {}).get("seed")}))

@@ -169,6 +169,17 @@ class LaneRun:
         return run
 
 
+def ban_text(rec: TokenRec | None, token_id: int, names: dict[int, str], dummy_prefix: bool) -> str:
+    """The text that bans ``token_id`` by logit bias where ``rec`` was generated: its piece
+    as the lane's tokenizer would encode it alone ("" when it is only space or unknown).
+    ``names``: id -> piece learned for the lane's tokenizer, when ``rec`` does not name it."""
+    piece = ((rec.top or {}).get("pieces") or {}).get(token_id) if rec is not None else None
+    piece = piece if piece is not None else names.get(token_id)
+    if dummy_prefix and piece and piece.startswith(" ") and piece.strip():
+        piece = piece[1:]  # SentencePiece adds the word-start space itself
+    return piece if piece and piece.strip() else ""
+
+
 # --------------------------------------------------------------------------- rendering
 
 

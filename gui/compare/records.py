@@ -1,6 +1,7 @@
 """A comparison kept: what is saved in the history (the prompt, each lane's settings with
 the seed it used, its model, tokens and branch), read back as data when it is opened,
-and exported as Markdown or JSON. No widgets: the view gathers and shows."""
+exported as Markdown or JSON, and a lane's reply adopted into the chat. No widgets: the
+view gathers and shows."""
 from __future__ import annotations
 
 import json
@@ -84,3 +85,20 @@ def export_comparison(history, conv_id: int, kind: str, path: str) -> None:
     else:
         Path(path).write_text(json.dumps(chat_export.export_json(history, conv_id), ensure_ascii=False, indent=1),
                               encoding="utf-8")
+
+
+def adopt_into(conv, prompt: dict, run: LaneRun, info: dict, model: LaneModel, saved_id: int | None) -> int:
+    """Write a lane's reply into the chat's conversation model ``conv``: the prompt as a
+    user message first, unless it was empty (the reply answers the conversation's last
+    message); ``info`` is what :meth:`CompareView.adopt` reports (settings, stats, lane).
+    Returns the reply's message id."""
+    if (prompt.get("text") or "").strip():
+        parent = conv.add_user(prompt["text"]).id
+    else:
+        parent = conv.leaf_id()
+    settings = info["settings"]
+    msg = conv.add_reply(parent, run.text, settings=settings, seed=settings.get("seed"), stats=info["stats"],
+                         stop_reason=run.stop_reason, model_id=model.name,
+                         meta={"adopted_from_comparison": saved_id, "lane": info["lane"], "model": model.record()})
+    conv.pathChanged.emit()
+    return msg.id

@@ -89,6 +89,30 @@ def branch_refusal(run: LaneRun | None, index: int, token_id: int, lanes: int, m
     return ""
 
 
+def branch_spec(src, number: int, run: LaneRun, at: int, token_id: int, model: LaneModel) -> dict:
+    """A new lane's branch from token ``at`` of lane ``number`` (``src``, its column; ``run``,
+    its results on ``model``): its tokens before ``at`` are kept and ``token_id`` is forced
+    there. A server is sent its own prompt ids, then the kept tokens."""
+    spec = {"src": src, "from": number, "at": at, "token_id": token_id, "kept": LaneRun.branch_of(run, at)}
+    if model.kind == "server":
+        spec["prompt_ids"] = list(run.prompt_ids)
+        spec["stop_ids"] = [run.stop_token] if run.stop_token is not None else []
+    return spec
+
+
+def base_request(prompt: dict, inspect: int) -> CompareRequest:
+    """What every request of a run shares: the prompt (text, mode, chat format, messages)
+    and the alternatives recorded per token; lanes and model come per request."""
+    return CompareRequest(messages=prompt.get("messages", []), mode=prompt["mode"], prompt=prompt["text"],
+                          chat_format=prompt["chat_format"], inspect=inspect)
+
+
+def running_line(jobs: list[LaneJob]) -> str:
+    """The status line while a run goes: 'Running 3 lanes on 2 models…'."""
+    models = len(plan(jobs))
+    return f"Running {len(jobs)} lanes" + (f" on {models} models" if models > 1 else "") + "…"
+
+
 def plan(jobs: list[LaneJob]) -> list[Group]:
     """The requests of a run: one per model, and one per branched lane."""
     groups: dict[tuple, list[int]] = {}

@@ -7,22 +7,22 @@ renders every token as an anchor so it can be inspected, diffed against a baseli
 and shaded by probability. Comparisons are saved in the history with the seeds really
 used, reopen from the "Saved" menu, re-run exactly and export to Markdown and JSON.
 
-The window composes its parts: :mod:`gui.compare.lane_column` (one lane),
-:mod:`gui.compare.sweep_row`, :mod:`gui.compare.runner` (running, no widgets),
-:mod:`gui.compare.records` (saving and exporting) and :mod:`gui.compare.models` (what lanes
-run on). The view never touches torch: all numbers come from the worker's events.
+The window composes its parts: :mod:`gui.compare.controls` (prompt row, action bar, lanes
+area), :mod:`gui.compare.lane_column` (one lane), :mod:`gui.compare.sweep_row`,
+:mod:`gui.compare.runner` (running, no widgets), :mod:`gui.compare.model_picker` and
+:mod:`gui.compare.models` (what lanes run on), :mod:`gui.compare.records` (saving, exporting,
+adopting); :mod:`gui.compare.launch` opens it from the main window. The view never touches
+torch: all numbers come from the worker's events.
 """
 from __future__ import annotations
 
 import asyncio
 import random
-from pathlib import Path
 from typing import Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QHBoxLayout, QLabel, QMenu, QPlainTextEdit,
-                               QPushButton, QScrollArea, QSplitter, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import QFileDialog, QLabel, QSplitter, QVBoxLayout, QWidget
 
 from core.engine.lanes import LANE_KEYS, MAX_LANES, parse_sweep, settings_label, sweep_lanes
 from core.engine.sampling import SamplingParams
@@ -30,56 +30,17 @@ from core.errors import LlamaDeskError
 from core.worker.worker import CompareRequest
 
 from gui import theme
-from gui.bridge import BridgeError
-from gui.chat.chat_view import format_stats
 from gui.compare import records
-from gui.compare.lane_column import CONNECT_SERVER, OPEN_CHECKPOINT, LaneColumn
-from gui.compare.lanes import LaneRun, divergence_label, lane_colors, lane_diff, render_lane_html
+from gui.compare.controls import ActionBar, LanesArea, PromptRow, lane_inspector
+from gui.compare.lane_column import LaneColumn
+from gui.compare.model_picker import LaneModelPicker
+from gui.compare.lanes import ban_text, lane_colors
 from gui.compare.models import LaneModel, ModelShelf, loaded_model_from, tokenizers_match
-from gui.compare.runner import ComparisonRunner, LaneJob, branch_refusal, plan, refusals
+from gui.compare.runner import (ComparisonRunner, LaneJob, base_request, branch_refusal, branch_spec, refusals,
+                               running_line)
 from gui.compare.sweep_row import SweepRow, describe_sweep
-from gui.dialogs.server_dialog import ServerDialog
-from gui.settings import panel as settings_panel
-from gui.widgets.token_inspector import TokenInspector
 
 DEFAULT_INSPECT = 5
-
-
-def _button(text: str, name: str, tip: str, slot, icon: str | None = None) -> QPushButton:
-    b = QPushButton(text)
-    b.setObjectName(name)
-    b.setAccessibleName(text.replace("&", "") or tip)
-    b.setToolTip(tip)
-    if icon:
-        b.setIcon(theme.icon(icon))
-    b.clicked.connect(slot)
-    return b
-
-
-def _check(text: str, name: str, tip: str, slot) -> QCheckBox:
-    c = QCheckBox(text)
-    c.setObjectName(name)
-    c.setToolTip(tip)
-    c.toggled.connect(slot)
-    return c
-
-
-def _menu_button(text: str, name: str, tip: str, actions: list[tuple[str, Callable]] | None = None,
-                 icon: str | None = None) -> QToolButton:
-    """A tool button that opens a menu (its actions, or filled when shown)."""
-    b = QToolButton()
-    b.setText(text)
-    b.setObjectName(name)
-    b.setToolTip(tip)
-    b.setPopupMode(QToolButton.InstantPopup)
-    if icon:
-        b.setIcon(theme.icon(icon))
-        b.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
-    menu = QMenu(b)
-    for label, slot in actions or ():
-        menu.addAction(label, slot)
-    b.setMenu(menu)
-    return b
 
 
 class CompareView(QWidget):
@@ -122,7 +83,6 @@ class CompareView(QWidget):
         self.bridge, self.history, self.conversation = bridge, history, conversation
         self.inspect = int(inspect)
         self.chat_format = chat_format
-        self.context: list[dict] = list(messages or [])
         lanes = [s.to_dict() if isinstance(s, SamplingParams) else dict(s) for s in lanes or [SamplingParams()]]
         self.stop_strings: tuple[str, ...] = tuple(lanes[0].get("stop") or ())  # shared by every lane
         self.columns: list[LaneColumn] = []
@@ -131,33 +91,38 @@ class CompareView(QWidget):
         self.saved_id: int | None = None
         self.last_prompt: dict | None = None  # the prompt of the shown results
         self.renders = 0  # how many times lanes were re-rendered (tests check throttling)
-        self.server_dialog = server_dialog
         self._token_text = token_text
         self._task: asyncio.Task | None = None
         self._running: dict[LaneJob, LaneColumn] = {}
-        self._hold_tasks: set[asyncio.Task] = set()
         self.shelf = ModelShelf(models or [loaded_model_from(getattr(bridge, "model_info", None))])
         self.models = self.shelf.models  # the same list: what the lanes' model combos offer
         self.runner = ComparisonRunner(bridge, self.shelf, self)
         self.runner.laneFailed.connect(lambda job, notice: self._running[job].show_notice(notice))
         self.runner.progress.connect(lambda text: self.status.setText(text))
         self.runner.frame.connect(self.render)
-        loaded_signal = getattr(bridge, "modelLoaded", None)
-        if loaded_signal is not None:
-            loaded_signal.connect(self._main_model_changed)
-        self._build(prompt, mode, token_text)
+        self.picker = LaneModelPicker(bridge, self.shelf, server_dialog, self, lambda: self.columns)
+        self.picker.chosen.connect(self._picked)
+        self.picker.status.connect(lambda text: self.status.setText(text))
+        self._build(prompt, mode, list(messages or []), token_text)
         for i, s in enumerate(lanes):
             self.add_lane(s, model=lane_models[i] if lane_models and i < len(lane_models) else None)
         self._refresh()
         self.resize(1280, 760)
 
     # ------------------------------------------------------------------ layout
-    def _build(self, prompt: str, mode: str, token_text) -> None:
+    def _build(self, prompt: str, mode: str, context: list[dict], token_text) -> None:
         root = QVBoxLayout(self)
         root.setContentsMargins(8, 8, 8, 6)
         root.setSpacing(6)
-        root.addLayout(self._prompt_row(prompt, mode))
-        root.addLayout(self._action_bar())
+        self.prompt_row = PromptRow(prompt, mode, context)
+        root.addWidget(self.prompt_row)
+        self.bar = ActionBar({
+            "run": self.run, "stop": self.stop, "rerun": lambda: self.run(again=True),
+            "new_seeds": lambda: self.run(new_seeds=True), "add_lane": lambda: self.add_lane(),
+            "sweep": self._toggle_sweep, "seed_lock": self._seed_lock_toggled, "baseline": self._baseline_chosen,
+            "heatmap": lambda *_: self.render(all_lanes=True), "save": lambda: self.save(),
+            "fill_saved": self.fill_saved_menu, "export": self.export})
+        root.addWidget(self.bar)
         self.sweep_row = SweepRow()
         self.sweep_row.applyRequested.connect(self.apply_sweep)
         self.sweep_row.setVisible(False)
@@ -171,106 +136,10 @@ class CompareView(QWidget):
         QShortcut(QKeySequence("Ctrl+Enter"), self, activated=self.run)
         QShortcut(QKeySequence("Esc"), self, activated=self.stop)
 
-    def _prompt_row(self, prompt: str, mode: str) -> QHBoxLayout:
-        """The prompt, its mode (chat or completion) and the conversation-as-context switch."""
-        top = QHBoxLayout()
-        self.prompt_edit = QPlainTextEdit(prompt)
-        self.prompt_edit.setObjectName("comparePrompt")
-        self.prompt_edit.setAccessibleName("Comparison prompt")
-        self.prompt_edit.setPlaceholderText("The prompt every lane answers…")
-        self.prompt_edit.setFixedHeight(64)
-        top.addWidget(self.prompt_edit, 1)
-        side = QVBoxLayout()
-        self.mode_combo = QComboBox()
-        self.mode_combo.setObjectName("compareModeCombo")
-        self.mode_combo.setAccessibleName("Prompt mode")
-        self.mode_combo.addItem("Chat", "chat")
-        self.mode_combo.addItem("Completion", "completion")
-        self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(mode)))
-        self.mode_combo.setToolTip("Chat: the prompt is a user turn in the model's chat format. "
-                                   "Completion: the model continues the text.")
-        self.context_check = QCheckBox()
-        self.context_check.setObjectName("compareContextCheck")
-        self.context_check.setToolTip("Send the open conversation before the prompt (chat mode)")
-        self._offer_context(self.context)
-        side.addWidget(self.mode_combo)
-        side.addWidget(self.context_check)
-        side.addStretch(1)
-        top.addLayout(side)
-        return top
-
-    def _offer_context(self, messages: list[dict]) -> None:
-        self.context = messages
-        self.context_check.setText(f"Conversation as context ({len(messages)} messages)")
-        self.context_check.setEnabled(bool(messages))
-        self.context_check.setChecked(bool(messages))
-        self.context_check.setVisible(bool(messages))
-
-    def _action_bar(self) -> QHBoxLayout:
-        """Run / Stop / Re-run / New seeds, the lanes' tools, the baseline and heatmap, and
-        Save / Saved / Export."""
-        self.run_button = _button("Run", "compareRunButton", "Run every lane (Ctrl+Enter)", self.run, "send")
-        self.stop_button = _button("Stop", "compareStopButton", "Stop all lanes (Esc)", self.stop, "stop")
-        self.rerun_button = _button("Re-run", "compareRerunButton", "Run again with exactly the settings and seeds "
-                                    "of the results shown", lambda: self.run(again=True), "regenerate")
-        self.reseed_button = _button("New seeds", "compareNewSeedsButton", "Run again with a fresh seed for every "
-                                     "lane (one shared seed when locked)", lambda: self.run(new_seeds=True))
-        self.add_button = _button("Add lane", "addLaneButton", "Add a lane (a copy of the last one)",
-                                  lambda: self.add_lane(), "new")
-        self.sweep_button = _button("Sweep…", "sweepButton", "Make one lane per value of one setting",
-                                    self._toggle_sweep)
-        self.sweep_button.setCheckable(True)
-        self.seed_lock = _check("Same seed", "seedLockCheck", "Give every lane lane 1's seed, so only the other "
-                                "settings differ", self._seed_lock_toggled)
-        self.baseline_combo = QComboBox()
-        self.baseline_combo.setObjectName("baselineCombo")
-        self.baseline_combo.setAccessibleName("Baseline lane")
-        self.baseline_combo.setToolTip("The lane the others are compared with")
-        self.baseline_combo.currentIndexChanged.connect(self._baseline_chosen)
-        self.heatmap_check = _check("Heatmap", "heatmapCheck", "Shade each token by how surprising it was (1 − p): "
-                                    "the darker, the less likely the pick", lambda *_: self.render(all_lanes=True))
-        self.save_button = _button("Save", "compareSaveButton", "Save this comparison in the history",
-                                   lambda: self.save())
-        self.saved_button = _menu_button("Saved", "compareSavedButton", "Reopen a saved comparison")
-        self.saved_menu = self.saved_button.menu()
-        self.saved_menu.aboutToShow.connect(self.fill_saved_menu)
-        self.export_button = _menu_button("Export", "compareExportButton", "", [
-            ("Markdown…", lambda: self.export("md")), ("JSON…", lambda: self.export("json"))], icon="export")
-        bar = QHBoxLayout()
-        bar.setSpacing(6)
-        base_label = QLabel("Baseline")
-        base_label.setBuddy(self.baseline_combo)
-        groups = [(self.run_button, self.stop_button, self.rerun_button, self.reseed_button),
-                  (self.add_button, self.sweep_button, self.seed_lock),
-                  (base_label, self.baseline_combo, self.heatmap_check),
-                  (self.save_button, self.saved_button, self.export_button)]
-        for n, group in enumerate(groups):
-            if n in (1, 2):
-                bar.addSpacing(12)
-            elif n == 3:
-                bar.addStretch(1)
-            for w in group:
-                bar.addWidget(w)
-        return bar
-
     def _lanes_and_inspector(self, token_text) -> QSplitter:
         self.splitter = QSplitter(Qt.Horizontal)
-        self.scroll = QScrollArea()
-        self.scroll.setObjectName("compareLanes")
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAsNeeded)
-        self.lanes_host = QWidget()
-        self.lanes_layout = QHBoxLayout(self.lanes_host)
-        self.lanes_layout.setContentsMargins(0, 0, 0, 0)
-        self.lanes_layout.setSpacing(6)
-        self.scroll.setWidget(self.lanes_host)
-        self.inspector = TokenInspector(token_text=token_text)
-        self.inspector.ban_label = "Ban “{}” in this lane"
-        self.inspector.ban_button.setToolTip("Add TEXT=-inf for the chosen token to this lane's logit bias "
-                                             "(it takes effect at the next Run)")
-        self.inspector.branch_button.setToolTip("A new lane with this lane's settings: its tokens up to here, "
-                                                "then the chosen alternative, and the model carries on")
-        self.inspector.set_can_branch(True)
+        self.scroll = LanesArea()
+        self.inspector = lane_inspector(token_text)
         self.inspector.branchRequested.connect(lambda lane, i, tok: self.branch_lane(lane, i, tok))
         self.inspector.banRequested.connect(lambda lane, i, tok: self.ban_in_lane(lane, i, tok))
         self.splitter.addWidget(self.scroll)
@@ -306,7 +175,7 @@ class CompareView(QWidget):
         col.settingsChanged.connect(lambda c=col: self._settings_edited(c))
         col.tokenHovered.connect(self._token_hovered)
         col.tokenClicked.connect(self._token_clicked)
-        col.modelChosen.connect(lambda index, c=col: self._model_chosen(c, index))
+        col.modelChosen.connect(lambda index, c=col: self.picker.choose(c, index))
         col.set_models(self.models, model)
         self.columns.insert(len(self.columns) if at is None else at, col)
         self._relayout()
@@ -359,15 +228,12 @@ class CompareView(QWidget):
     def lane_settings(self) -> list[dict]:
         """Every lane's settings as shown (seeds None where "random")."""
         out = [{**c.settings(), "stop": list(self.stop_strings)} for c in self.columns]
-        if self.seed_lock.isChecked() and out:
+        if self.bar.seed_lock.isChecked() and out:
             out = [{**s, "seed": out[0]["seed"]} for s in out]
         return out
 
     def _relayout(self) -> None:
-        while self.lanes_layout.count():
-            self.lanes_layout.takeAt(0)
-        for col in self.columns:
-            self.lanes_layout.addWidget(col, 1)
+        self.scroll.show_lanes(self.columns)
         # Result runs keep their lane numbers in anchors: re-render under the new index.
         self._refresh()
         self.render(all_lanes=True)
@@ -376,14 +242,9 @@ class CompareView(QWidget):
         """Names, titles, enabled states and the baseline list after any change."""
         n = len(self.columns)
         self.baseline = min(self.baseline, max(n - 1, 0))
-        self.baseline_combo.blockSignals(True)
-        self.baseline_combo.clear()
-        for i in range(n):
-            self.baseline_combo.addItem(f"Lane {i + 1}", i)
-        self.baseline_combo.setCurrentIndex(self.baseline)
-        self.baseline_combo.blockSignals(False)
+        self.bar.set_baselines(n, self.baseline)
         running = self.running
-        locked = self.seed_lock.isChecked()
+        locked = self.bar.seed_lock.isChecked()
         if locked and self.columns:
             seed = self.columns[0].settings()["seed"]
             for col in self.columns[1:]:
@@ -391,15 +252,11 @@ class CompareView(QWidget):
         for i, col in enumerate(self.columns):
             col.set_index(self.columns, i == self.baseline)
             col.set_editable(not running, locked)
-        has_results = any(c.run is not None for c in self.columns)
-        for w, on in ((self.run_button, n > 0), (self.stop_button, None), (self.rerun_button, has_results),
-                      (self.reseed_button, n > 0), (self.add_button, n < MAX_LANES), (self.sweep_button, True),
-                      (self.save_button, has_results), (self.export_button, has_results), (self.seed_lock, True)):
-            w.setEnabled(running if on is None else not running and on)
+        self.bar.set_state(running, n, any(c.run is not None for c in self.columns))
         self.sweep_row.set_enabled(not running)
 
     def _settings_edited(self, col: LaneColumn) -> None:
-        if self.seed_lock.isChecked() and self.columns and col is self.columns[0]:
+        if self.bar.seed_lock.isChecked() and self.columns and col is self.columns[0]:
             self._refresh()
         base = self.columns[self.baseline].settings() if self.columns else None
         for i, c in enumerate(self.columns):  # an edit of the baseline changes every summary
@@ -435,8 +292,8 @@ class CompareView(QWidget):
         try:
             vals = parse_sweep(self.sweep_row.values.text() if values is None else values, param)
             base = self.lane_settings()[0] if self.columns else SamplingParams().to_dict()
-            if param == "seed" and self.seed_lock.isChecked():
-                self.seed_lock.setChecked(False)  # a seed sweep needs different seeds
+            if param == "seed" and self.bar.seed_lock.isChecked():
+                self.bar.seed_lock.setChecked(False)  # a seed sweep needs different seeds
             lanes = sweep_lanes(base, param, vals)
         except LlamaDeskError as e:
             self.sweep_row.error.setText(str(e))
@@ -447,15 +304,6 @@ class CompareView(QWidget):
         return True
 
     # ------------------------------------------------------------------ models
-    def _main_model_changed(self, info: dict) -> None:
-        """The app loaded another model: lanes on "the loaded model" now run on it."""
-        self.shelf.follow_load(info)
-        self._offer_models()
-
-    def _offer_models(self) -> None:
-        for col in self.columns:
-            col.set_models(self.models, col.model)
-
     def model_of(self, lane: int) -> LaneModel:
         return self.columns[lane].model or self.models[0]
 
@@ -470,95 +318,26 @@ class CompareView(QWidget):
             self.selected = None
         col.model = model
         col.show_notice("")
-        self._offer_models()
+        self.picker.offer()
         self._refresh()
         self.render(all_lanes=True)
 
     def add_server(self, remote) -> LaneModel:
         """A connected :class:`core.remote.client.RemoteModel` as a lane model (once per server and model)."""
-        known = len(self.models)
-        model = self.shelf.server(remote)
-        if len(self.models) != known:
-            self._offer_models()
-        return model
-
-    def _model_chosen(self, col: LaneColumn, index: int) -> None:
-        lane = self.columns.index(col)
-        if index == OPEN_CHECKPOINT:
-            col.set_models(self.models, col.model)  # the combo shows the lane's model until one opens
-            path = self.ask_checkpoint_path()
-            if path:
-                self.open_checkpoint(lane, path)
-        elif index == CONNECT_SERVER:
-            col.set_models(self.models, col.model)
-            self.connect_server(lane)
-        elif 0 <= index < len(self.models):
-            self.set_lane_model(lane, self.models[index])
-
-    def ask_checkpoint_path(self) -> str | None:
-        """Which checkpoint a lane should run on (a file dialog; tests replace this)."""
-        return settings_panel.choose_model_path(self, "Open a checkpoint for this lane")
+        return self.picker.add_server(remote)
 
     def open_checkpoint(self, lane: int, path: str) -> asyncio.Task | None:
         """Load ``path`` beside the app's model (memory checked as for a load) and run
         ``lane`` on it; a failure is shown in the lane. Returns the task."""
         if self.running or not 0 <= lane < len(self.columns):
             return None
-        known = self.shelf.known_checkpoint(path)
-        if known is not None:  # the loaded model or one held already: no second copy
-            self.set_lane_model(lane, known)
-            return None
-        task = asyncio.ensure_future(self._hold(self.columns[lane], path))
-        self._hold_tasks.add(task)
-        task.add_done_callback(self._hold_tasks.discard)
-        return task
+        return self.picker.open_checkpoint(self.columns[lane], path)
 
-    async def _hold(self, col: LaneColumn, path: str) -> None:
-        name = Path(path).name
-        col.show_notice("")
-        self.status.setText(f"Opening {name} for lane {self.columns.index(col) + 1}…")
-        try:
-            info = await self.bridge.hold(path)
-        except BridgeError as e:
-            if col in self.columns:
-                col.show_notice(f"Could not open {name}: {e}")
-            self.status.setText(f"Could not open {name}.")
-            return
-        model = self.shelf.held(info)
+    def _picked(self, col: LaneColumn, model: LaneModel) -> None:
         if col in self.columns:
             self.set_lane_model(self.columns.index(col), model)
-        loaded = self.shelf.loaded()
-        self.status.setText(f"Lane {self.columns.index(col) + 1 if col in self.columns else '?'} "
-                            f"runs on {model.name}" + ("" if loaded is None or tokenizers_match(model, loaded)
-                                                      else " (another tokenizer: compared by text)") + ".")
-
-    def connect_server(self, lane: int):
-        """"Model on a server…": the app's Connect to Server dialog; the model it connects
-        becomes this lane's. Without one, the lane says where to connect."""
-        col = self.columns[lane]
-        if self.server_dialog is None:
-            col.show_notice("Connect to a server first (Model → Connect to Server…), then choose it here.")
-            return None
-        dlg = self.server_dialog(self)
-
-        def connected(remote) -> None:
-            if col in self.columns:
-                self.set_lane_model(self.columns.index(col), self.add_server(remote))
-        dlg.connected.connect(connected)
-        dlg.open()  # window-modal, never a nested event loop
-        return dlg
 
     # ------------------------------------------------------------------ running
-    def _prompt_dict(self) -> dict:
-        mode = self.mode_combo.currentData()
-        d = {"text": self.prompt_edit.toPlainText(), "mode": mode, "chat_format": self.chat_format}
-        if mode == "chat":
-            msgs = list(self.context) if self.context_check.isChecked() else []
-            if d["text"].strip():
-                msgs.append({"role": "user", "content": d["text"]})
-            d["messages"] = msgs
-        return d
-
     def _set_seeds(self, again: bool, new_seeds: bool) -> None:
         """Before a run: the shown results' exact settings (``again``), or fresh seeds."""
         if again and all(c.run is not None and c.run.params for c in self.columns):
@@ -567,7 +346,7 @@ class CompareView(QWidget):
         if new_seeds:
             shared = random.randrange(2**31)
             for col in self.columns:
-                col.set_settings({"seed": shared if self.seed_lock.isChecked() else random.randrange(2**31)})
+                col.set_settings({"seed": shared if self.bar.seed_lock.isChecked() else random.randrange(2**31)})
 
     def run(self, *, again: bool = False, new_seeds: bool = False,
             only: list[LaneColumn] | None = None) -> asyncio.Task | None:
@@ -577,7 +356,7 @@ class CompareView(QWidget):
         if self.running:
             return None
         self._set_seeds(again, new_seeds)
-        prompt = self._prompt_dict()
+        prompt = self.prompt_row.prompt(self.chat_format)
         if not prompt["text"].strip() and not prompt.get("messages"):
             self.status.setText("Write a prompt first.")
             return None
@@ -603,13 +382,10 @@ class CompareView(QWidget):
         self.saved_id = None
         self.selected = None
         self.inspector.clear()
-        base = CompareRequest(messages=prompt.get("messages", []), mode=prompt["mode"], prompt=prompt["text"],
-                              chat_format=self.chat_format, inspect=self.inspect)
-        self._task = asyncio.ensure_future(self._run(base, jobs))
+        self._task = asyncio.ensure_future(self._run(base_request(prompt, self.inspect), jobs))
         self._refresh()
         self.render(all_lanes=True)
-        models = len(plan(jobs))
-        self.status.setText(f"Running {len(jobs)} lanes" + (f" on {models} models" if models > 1 else "") + "…")
+        self.status.setText(running_line(jobs))
         return self._task
 
     async def _run(self, base: CompareRequest, jobs: list[LaneJob]) -> None:
@@ -639,33 +415,16 @@ class CompareView(QWidget):
         colors = lane_colors(theme.colors(), theme.is_dark())
         base = self.columns[self.baseline].run if self.columns and self.baseline < len(self.columns) else None
         base_settings = self.columns[self.baseline].settings() if self.columns else None
+        heatmap, following, locked = self.bar.heatmap_check.isChecked(), self.running, self.bar.seed_lock.isChecked()
         for i, col in enumerate(self.columns):
-            run = col.run
-            if run is None:
-                col.browser.setHtml(f'<p style="color: {colors["muted"]};">Not run yet.</p>')
-                col.divergence.setText(self._summary(i, col, base_settings))
-                col.stats.setText("")
+            if col.run is None:
+                col.show_unrun(self._summary(i, col, base_settings), colors)
                 continue
-            diff, label = None, ""
-            if i == self.baseline:
-                label = "Baseline: the other lanes are compared with this one."
-            elif base is not None and not (run.error and not run.tokens):  # one that never started: nothing to compare
-                match = tokenizers_match(self.model_of(self.baseline), self.model_of(i))
-                diff = lane_diff(base, run, match)
-                label = divergence_label(run, base, diff, match, colors)
-            if col.branch:
-                label += (("<br>" if label else "") + f"<span style='color: {colors['accent']}; font-weight: 600;'>"
-                          f"Branch</span> at token {col.branch['at'] + 1}: the tokens before it are "
-                          f"lane {col.branch_source(self.columns)}'s, this token was forced")
-            col.divergence.setText(label)
-            sel = self.selected[1] if self.selected and self.selected[0] == i else None
-            col.set_html(render_lane_html(i, run, diff=diff, heatmap=self.heatmap_check.isChecked(), selected=sel,
-                                          colors=colors, branch_at=col.branch["at"] if col.branch else None),
-                         follow=self.running)
-            st = run.stats()
-            col.stats.setText(format_stats({"stats": st, "stop_reason": st.get("stop_reason") or "…",
-                                            "seed": (run.params or {}).get("seed")}))
-            col.set_editable(not self.running, self.seed_lock.isChecked())
+            match = tokenizers_match(self.model_of(self.baseline), self.model_of(i)) if base is not None else None
+            col.show_run(self.columns, baseline=i == self.baseline, base=base, match=match, colors=colors,
+                         heatmap=heatmap, selected=self.selected[1] if self.selected and self.selected[0] == i else None,
+                         following=following)
+            col.set_editable(not following, locked)
 
     # ------------------------------------------------------------------ inspector
     def token(self, lane: int, index: int):
@@ -711,11 +470,7 @@ class CompareView(QWidget):
             return None
         settings = {k: v for k, v in (run.params or col.settings()).items() if k in LANE_KEYS}
         new = self.add_lane(settings, model=self.model_of(lane))
-        new.branch = {"src": col, "from": lane + 1, "at": index, "token_id": int(token_id),
-                      "kept": LaneRun.branch_of(run, index)}
-        if self.model_of(lane).kind == "server":  # the server is sent its own prompt ids, then the kept tokens
-            new.branch["prompt_ids"] = list(run.prompt_ids)
-            new.branch["stop_ids"] = [run.stop_token] if run.stop_token is not None else []
+        new.branch = branch_spec(col, lane + 1, run, index, int(token_id), self.model_of(lane))
         self._refresh()
         task = self.run(only=[new])
         name = self.inspector.text_of(int(token_id))
@@ -727,12 +482,9 @@ class CompareView(QWidget):
         lane's tokenizer would encode it alone); it applies from the next Run."""
         if self.running or not 0 <= lane < len(self.columns) or token_id < 0:
             return False
-        rec = self.token(lane, index)
-        piece = ((rec.top or {}).get("pieces") or {}).get(int(token_id)) if rec is not None else None
-        piece = piece if piece is not None else self.shelf.names_for(self.model_of(lane)).get(int(token_id))
-        if self.model_of(lane).dummy_prefix and piece and piece.startswith(" ") and piece.strip():
-            piece = piece[1:]  # SentencePiece adds the word-start space itself
-        if not piece or not piece.strip():
+        model = self.model_of(lane)
+        piece = ban_text(self.token(lane, index), int(token_id), self.shelf.names_for(model), model.dummy_prefix)
+        if not piece:
             self.status.setText("Cannot ban that token by text (it is only space or has no text).")
             return False
         self.columns[lane].add_bias(f"{piece}=-inf")
@@ -755,12 +507,10 @@ class CompareView(QWidget):
     # ------------------------------------------------------------------ keeping it
     def comparison_data(self) -> tuple[dict, list[dict]]:
         """The comparison as History.save_comparison takes it: the prompt, and each lane."""
-        prompt = dict(self.last_prompt or self._prompt_dict())
-        lanes = [records.lane_record(col.run, {**col.settings(), "stop": list(self.stop_strings)}, self.model_of(i),
-                                     col.branch, col.branch_source(self.columns) if col.branch else None)
-                 for i, col in enumerate(self.columns)]
-        prompt["inspect"] = self.inspect
-        return prompt, lanes
+        prompt = {**(self.last_prompt or self.prompt_row.prompt(self.chat_format)), "inspect": self.inspect}
+        return prompt, [records.lane_record(col.run, {**col.settings(), "stop": list(self.stop_strings)},
+                                            self.model_of(i), col.branch, col.branch_source(self.columns)
+                                            if col.branch else None) for i, col in enumerate(self.columns)]
 
     def save(self, title: str | None = None) -> int | None:
         """Save the shown results (settings with the seeds used); returns the conversation id."""
@@ -774,17 +524,9 @@ class CompareView(QWidget):
         self.status.setText(f"Saved as “{title}”.")
         return self.saved_id
 
-    def saved_comparisons(self) -> list:
-        return self.history.conversations(kind="comparison")
-
     def fill_saved_menu(self) -> None:
         """The "Saved" menu: the latest 30 saved comparisons (filled as it opens)."""
-        self.saved_menu.clear()
-        convs = self.saved_comparisons()
-        if not convs:
-            self.saved_menu.addAction("No saved comparisons").setEnabled(False)
-        for conv in convs[:30]:
-            self.saved_menu.addAction(conv.title, lambda cid=conv.id: self.open_comparison(cid))
+        self.bar.fill_saved(self.history.conversations(kind="comparison")[:30], self.open_comparison)
 
     def open_comparison(self, conv_id: int) -> None:
         """Show a saved comparison: its prompt, lanes (settings and seeds used) and results."""
@@ -793,21 +535,19 @@ class CompareView(QWidget):
         data = self.history.comparison(conv_id)
         prompt = data.get("prompt") or {}
         lanes = data.get("lanes") or []
-        self.prompt_edit.setPlainText(str(prompt.get("text", "")))
-        self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(prompt.get("mode", "chat"))))
+        self.prompt_row.show_prompt(prompt, records.context_of(prompt))
         self.chat_format = prompt.get("chat_format", self.chat_format)
-        self._offer_context(records.context_of(prompt))
-        self.seed_lock.blockSignals(True)
-        self.seed_lock.setChecked(False)
-        self.seed_lock.blockSignals(False)
+        self.bar.seed_lock.blockSignals(True)
+        self.bar.seed_lock.setChecked(False)
+        self.bar.seed_lock.blockSignals(False)
         settings = [dict(l.get("settings") or {}) for l in lanes]
         self.stop_strings = tuple((settings[0] if settings else {}).get("stop") or ())
         self.set_lanes(settings, [self.shelf.from_record(l.get("model")) for l in lanes])
         for col, lane in zip(self.columns, lanes):
             col.run = records.run_from_record(lane)
-            for t in col.run.tokens if col.run is not None else ():
-                self.inspector.learn(t.token_id, t.piece)
             col.branch = records.branch_from_record(lane, col.run, self.columns)
+        for t in (t for col in self.columns if col.run is not None for t in col.run.tokens):
+            self.inspector.learn(t.token_id, t.piece)
         self.last_prompt = dict(prompt)
         self.saved_id = conv_id
         self._refresh()
@@ -845,71 +585,14 @@ class CompareView(QWidget):
         settings = dict(run.params or self.columns[lane].settings())
         info = {"settings": settings, "seed": settings.get("seed"), "stats": run.stats(),
                 "stop_reason": run.stop_reason, "lane": lane}
-        conv = self.conversation
-        if conv is not None:
-            prompt = self.last_prompt or self._prompt_dict()
-            text = (prompt.get("text") or "").strip()
-            if text:
-                parent = conv.add_user(prompt["text"]).id
-            else:
-                parent = conv.leaf_id()
-            model = self.model_of(lane)
-            msg = conv.add_reply(parent, run.text, settings=settings, seed=settings.get("seed"),
-                                 stats=info["stats"], stop_reason=run.stop_reason, model_id=model.name,
-                                 meta={"adopted_from_comparison": self.saved_id, "lane": lane,
-                                       "model": model.record()})
-            conv.pathChanged.emit()
-            info["message_id"] = msg.id
+        if self.conversation is not None:
+            info["message_id"] = records.adopt_into(self.conversation, self.last_prompt or self.prompt_row.prompt(
+                self.chat_format), run, info, self.model_of(lane), self.saved_id)
         self.status.setText(f"Lane {lane + 1}'s reply was added to the chat.")
         self.adoptRequested.emit(run.text, info)
         return info
 
     def closeEvent(self, event) -> None:
         self.stop()
-        release = getattr(self.bridge, "release", None)
-        for m in self.models:  # checkpoints held for this window's lanes
-            if m.kind == "checkpoint" and m.key and release is not None:
-                release(m.key)
-                m.key = ""
+        self.picker.release_held()
         super().closeEvent(event)
-
-
-def _server_dialog_factory(window):
-    """The app's Connect to Server dialog for "Model on a server…" (None without saved servers)."""
-    saved = getattr(window, "servers", None)
-    if saved is None:
-        return None
-    return lambda parent: ServerDialog(saved=saved, parent=parent)
-
-
-def compare_window_for(window) -> CompareView:
-    """A new comparison window for a :class:`gui.main_window.MainWindow`, which owns it
-    (:meth:`MainWindow.open_compare` shows it, or raises the one already open).
-
-    Seeds it with the prompt editor's text (or, when that is empty, the open conversation
-    as context), the sampling panel's settings as the first lane, and the panel's chat
-    format; "Adopt" writes through the window's conversation model, and clears the
-    prompt editor when the adopted prompt came from it.
-    """
-    panel = window.panel
-    text = window.prompt.text()
-    system = panel.system_prompt()
-    conv = window.conversation
-    context = conv.request_messages(system) if conv.conv_id is not None else (
-        [{"role": "system", "content": system}] if system.strip() else [])
-    view = CompareView(bridge=window.bridge, history=window.history, prompt=text, messages=context,
-                       lanes=[panel.params()], mode="chat", chat_format=panel.chat_format(),
-                       conversation=conv, server_dialog=_server_dialog_factory(window), parent=window)
-    backend = getattr(window, "backend", None)
-    if backend is not None:  # replies come from a server: so does the first lane
-        view.set_lane_model(0, view.add_server(backend))
-    view.setWindowFlag(Qt.Window, True)  # its own window, closed with the main one
-    view.setAttribute(Qt.WA_DeleteOnClose, True)
-
-    def adopted(_text: str, _info: dict) -> None:
-        prompt = (view.last_prompt or {}).get("text", "")
-        if prompt.strip() and window.prompt.text().strip() == prompt.strip():
-            window.prompt.clear()
-
-    view.adoptRequested.connect(adopted)
-    return view

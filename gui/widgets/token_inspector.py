@@ -7,6 +7,7 @@ given, else with the pieces seen in the lanes so far.
 """
 from __future__ import annotations
 
+import html
 import math
 from typing import Callable
 
@@ -113,20 +114,7 @@ class TokenInspector(QFrame):
         self.summary.setObjectName("inspectorSummary")
         self.summary.setWordWrap(True)
         self.summary.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.table = QTableWidget(0, 3)
-        self.table.setObjectName("inspectorTable")
-        self.table.setHorizontalHeaderLabels(["token", "model", "after filters"])
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QTableWidget.NoEditTriggers)
-        self.table.setSelectionMode(QTableWidget.NoSelection)
-        self.table.setShowGrid(False)
-        self.table.setFocusPolicy(Qt.NoFocus)
-        h = self.table.horizontalHeader()
-        h.setSectionResizeMode(0, QHeaderView.Stretch)
-        h.setSectionResizeMode(1, QHeaderView.ResizeToContents)
-        h.setSectionResizeMode(2, QHeaderView.ResizeToContents)
-        self.table.setItemDelegateForColumn(1, _BarDelegate(self.table))
-        self.table.setItemDelegateForColumn(2, _BarDelegate(self.table))
+        self.table = self._table()
         self.note = QLabel()
         self.note.setObjectName("inspectorNote")
         self.note.setWordWrap(True)
@@ -134,9 +122,40 @@ class TokenInspector(QFrame):
         # Branching: pick a row, then continue with it or ban it (the chat sets can_branch).
         self.can_branch = False
         self.ban_label = "Ban “{}” and retry"  # the comparison's ban edits a lane instead
-        self.actions = QFrame(self)
-        self.actions.setObjectName("inspectorActions")
-        al = QHBoxLayout(self.actions)
+        self.actions = self._actions_row()
+        self.actions.hide()
+        self.table.itemSelectionChanged.connect(self._update_actions)
+        self.table.cellDoubleClicked.connect(lambda r, c: self._act(self.branchRequested))
+        lay.addWidget(self.title)
+        lay.addWidget(self.summary)
+        lay.addWidget(self.table, 1)
+        lay.addWidget(self.actions)
+        lay.addWidget(self.note)
+        self.setMinimumWidth(230)
+
+    def _table(self) -> QTableWidget:
+        """The alternatives: token, the model's probability, the probability after filters."""
+        table = QTableWidget(0, 3)
+        table.setObjectName("inspectorTable")
+        table.setHorizontalHeaderLabels(["token", "model", "after filters"])
+        table.verticalHeader().setVisible(False)
+        table.setEditTriggers(QTableWidget.NoEditTriggers)
+        table.setSelectionMode(QTableWidget.NoSelection)
+        table.setShowGrid(False)
+        table.setFocusPolicy(Qt.NoFocus)
+        h = table.horizontalHeader()
+        h.setSectionResizeMode(0, QHeaderView.Stretch)
+        h.setSectionResizeMode(1, QHeaderView.ResizeToContents)
+        h.setSectionResizeMode(2, QHeaderView.ResizeToContents)
+        table.setItemDelegateForColumn(1, _BarDelegate(table))
+        table.setItemDelegateForColumn(2, _BarDelegate(table))
+        return table
+
+    def _actions_row(self) -> QFrame:
+        """"Continue with this" and "Ban and retry" for the chosen row (shown with can_branch)."""
+        actions = QFrame(self)
+        actions.setObjectName("inspectorActions")
+        al = QHBoxLayout(actions)
         al.setContentsMargins(0, 0, 0, 0)
         al.setSpacing(6)
         self.branch_button = QPushButton("Continue with this")
@@ -152,15 +171,7 @@ class TokenInspector(QFrame):
             al.addWidget(b)
         self.branch_button.clicked.connect(lambda: self._act(self.branchRequested))
         self.ban_button.clicked.connect(lambda: self._act(self.banRequested))
-        self.table.itemSelectionChanged.connect(self._update_actions)
-        self.table.cellDoubleClicked.connect(lambda r, c: self._act(self.branchRequested))
-        self.actions.hide()
-        lay.addWidget(self.title)
-        lay.addWidget(self.summary)
-        lay.addWidget(self.table, 1)
-        lay.addWidget(self.actions)
-        lay.addWidget(self.note)
-        self.setMinimumWidth(230)
+        return actions
 
     def set_can_branch(self, on: bool) -> None:
         """Offer "Continue with this" and "Ban and retry" for the rows (the chat's replies)."""
@@ -287,5 +298,4 @@ class TokenInspector(QFrame):
 
 
 def _html(text: str) -> str:
-    import html
     return html.escape(text)

@@ -233,7 +233,7 @@ def test_a_lane_on_a_server_that_is_gone_says_so_and_the_others_finish(qtbot, lo
     notice = v.columns[1].notice.text()
     assert "Could not reach the server" in notice and "press Run to try again" in notice
     assert v.columns[1].run.stop_reason == "error" and "lane 2" in v.status.text()
-    assert v.run_button.isEnabled()  # usable: the lane can be pointed elsewhere and run again
+    assert v.bar.run_button.isEnabled()  # usable: the lane can be pointed elsewhere and run again
     v.set_lane_model(1, v.models[0])
     assert not v.columns[1].notice.text()
 

@@ -102,9 +102,9 @@ def test_lanes_names_sweep_and_seed_lock(qtbot, loop, history):
                  "seedLockCheck", "baselineCombo", "heatmapCheck", "tokenInspector", "compareLane0"):
         w = v if name == "compareView" else v.findChild(QWidget, name)
         assert w is not None, name
-    assert not v.stop_button.isEnabled() and v.run_button.isEnabled()
+    assert not v.bar.stop_button.isEnabled() and v.bar.run_button.isEnabled()
 
-    qtbot.mouseClick(v.add_button, Qt.LeftButton)
+    qtbot.mouseClick(v.bar.add_button, Qt.LeftButton)
     assert v.lane_count() == 2 and v.findChild(QWidget, "compareLane1") is not None
     assert v.columns[1].settings() == v.columns[0].settings()  # a copy of the last lane
     v.columns[1].fields["temperature"].setValue(1.1)
@@ -114,14 +114,14 @@ def test_lanes_names_sweep_and_seed_lock(qtbot, loop, history):
     assert [c.objectName() for c in v.columns] == ["compareLane0", "compareLane1", "compareLane2"]
     assert v.columns[0].settings()["temperature"] == 1.1
     v.remove_lane(0)
-    assert v.lane_count() == 2 and v.baseline_combo.count() == 2
+    assert v.lane_count() == 2 and v.bar.baseline_combo.count() == 2
     for _ in range(10):
         v.add_lane()
-    assert v.lane_count() == 8 and not v.add_button.isEnabled()
+    assert v.lane_count() == 8 and not v.bar.add_button.isEnabled()
 
     # sweep: one lane per value, the rest copied from lane 1
     v.columns[0].set_settings({"top_p": 0.8, "seed": 5})
-    qtbot.mouseClick(v.sweep_button, Qt.LeftButton)
+    qtbot.mouseClick(v.bar.sweep_button, Qt.LeftButton)
     assert not v.sweep_row.isHidden()
     v.sweep_row.values.setText("0.2:1.4:0.4")
     qtbot.mouseClick(v.sweep_row.apply_button, Qt.LeftButton)
@@ -132,14 +132,14 @@ def test_lanes_names_sweep_and_seed_lock(qtbot, loop, history):
 
     # seed lock: every lane gets lane 1's seed, and the others' seed fields follow it
     v.columns[2].set_settings({"seed": 99})
-    v.seed_lock.setChecked(True)
+    v.bar.seed_lock.setChecked(True)
     assert {s["seed"] for s in v.lane_settings()} == {5}
     assert not v.columns[2].fields["seed"].isEnabled()
     v.columns[0].fields["seed"].setValue(42)
     assert all(c.settings()["seed"] == 42 for c in v.columns)
-    v.seed_lock.setChecked(False)
+    v.bar.seed_lock.setChecked(False)
     v.columns[0].set_settings({"seed": None})  # "random"
-    v.seed_lock.setChecked(True)  # locking a random seed picks one to share
+    v.bar.seed_lock.setChecked(True)  # locking a random seed picks one to share
     seeds = {s["seed"] for s in v.lane_settings()}
     assert len(seeds) == 1 and None not in seeds
 
@@ -164,8 +164,8 @@ def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_p
         info = await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
         assert "stories" in info["name"].lower() or info["context_length"] > 0
         chunks_before = v.renders
-        qtbot.mouseClick(v.run_button, Qt.LeftButton)
-        assert v.running and v.stop_button.isEnabled() and not v.run_button.isEnabled()
+        qtbot.mouseClick(v.bar.run_button, Qt.LeftButton)
+        assert v.running and v.bar.stop_button.isEnabled() and not v.bar.run_button.isEnabled()
         await until(lambda: v.columns[0].run and len(v.columns[0].run.tokens) >= 6, 30, "tokens streaming")
         mid = [len(c.run.tokens) for c in v.columns]
         snapshot(v, "compare_midstream", in_coroutine=True)
@@ -223,10 +223,10 @@ def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_p
 
     # the heatmap and the finished view with the inspector open
     v.inspect_token(1, 5)
-    v.heatmap_check.setChecked(True)
+    v.bar.heatmap_check.setChecked(True)
     assert "background-color" in v.columns[0].browser.toHtml()
     snapshot(v, "compare_heatmap")
-    v.heatmap_check.setChecked(False)
+    v.bar.heatmap_check.setChecked(False)
     snapshot(v, "compare_finished")
 
     # adopt lane 2 into the chat: the prompt as the user's turn, the lane's reply after it
@@ -254,11 +254,11 @@ def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_p
     v2.resize(1400, 760)
     v2.show()
     v2.fill_saved_menu()
-    titles = [a.text() for a in v2.saved_menu.actions()]
+    titles = [a.text() for a in v2.bar.saved_menu.actions()]
     assert any(t.startswith("Compare: Once upon") for t in titles)
     v2.open_comparison(cid)
-    assert v2.lane_count() == 3 and v2.mode_combo.currentData() == "completion"
-    assert v2.prompt_edit.toPlainText() == PROMPT
+    assert v2.lane_count() == 3 and v2.prompt_row.mode_combo.currentData() == "completion"
+    assert v2.prompt_row.prompt_edit.toPlainText() == PROMPT
     for c, r in zip(v2.columns, runs):
         s = c.settings()
         for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens"):
@@ -286,14 +286,14 @@ def test_stop_cancels_all_lanes(qtbot, loop, bridge, history, fixtures):
         await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
         v.run()
         await until(lambda: v.columns[0].run and len(v.columns[0].run.tokens) >= 3, 30, "tokens")
-        qtbot.mouseClick(v.stop_button, Qt.LeftButton)
+        qtbot.mouseClick(v.bar.stop_button, Qt.LeftButton)
         await until(lambda: not v.running, 30, "the stop")
 
     run(loop, scenario(), 90)
     reasons = [c.run.stop_reason for c in v.columns]
     assert all(r in ("cancelled", "eos", "length", "context") for r in reasons)
     assert "cancelled" in reasons or all(r != "length" for r in reasons)
-    assert v.run_button.isEnabled() and not v.stop_button.isEnabled()
+    assert v.bar.run_button.isEnabled() and not v.bar.stop_button.isEnabled()
 
 
 def test_main_window_hook(qtbot, loop, bridge, tmp_path, monkeypatch):
@@ -315,7 +315,7 @@ def test_main_window_hook(qtbot, loop, bridge, tmp_path, monkeypatch):
     action.trigger()
     view = w.compare_view
     assert view is not None and view.objectName() == "compareView" and view.isVisible()
-    assert view.prompt_edit.toPlainText() == "Tell me a story"
+    assert view.prompt_row.prompt_edit.toPlainText() == "Tell me a story"
     s = view.columns[0].settings()
     assert s["temperature"] == 0.55 and s["top_k"] == 33 and s["seed"] == 21 and s["max_new_tokens"] == 64
     action.trigger()
@@ -370,24 +370,24 @@ def test_run_flow_chat_context_seed_lock_and_reruns(qtbot, loop, history):
     run(loop, go(again=True), 90)
     assert [p.seed for p in b.requests[-1].lanes] == [1000, 3]
     # seed lock: one seed for all lanes; new seeds draws one shared seed
-    v.seed_lock.setChecked(True)
+    v.bar.seed_lock.setChecked(True)
     run(loop, go(), 90)
     assert len({p.seed for p in b.requests[-1].lanes}) == 1
     run(loop, go(new_seeds=True), 90)
     seeds = [p.seed for p in b.requests[-1].lanes]
     assert len(set(seeds)) == 1 and seeds[0] is not None
-    v.seed_lock.setChecked(False)
+    v.bar.seed_lock.setChecked(False)
     run(loop, go(new_seeds=True), 90)
     # adopting answers the conversation: the prompt becomes the user's turn
     info = v.adopt(1)
     assert info and [m.role for m in conv.path()] == ["user", "assistant", "user", "assistant"]
     assert conv.path()[-1].text == "a x c" and conv.path()[-2].text == "And then?"
     # baseline switch: lane 2 becomes the baseline, lane 1 now diverges from it
-    v.baseline_combo.setCurrentIndex(1)
+    v.bar.baseline_combo.setCurrentIndex(1)
     assert "baseline" in v.columns[1].title.text() and "Diverges at token 2" in v.columns[0].divergence.text()
     # an empty prompt without context is refused with a message
-    v.prompt_edit.setPlainText("")
-    v.context_check.setChecked(False)
+    v.prompt_row.prompt_edit.setPlainText("")
+    v.prompt_row.context_check.setChecked(False)
     assert v.run() is None and "prompt" in v.status.text().lower()
 
 
@@ -831,7 +831,7 @@ def test_every_knob_sweeps_from_the_sweep_row_and_its_lanes_run_save_and_export(
     qtbot.addWidget(v)
     v.resize(1300, 760)
     v.show()
-    qtbot.mouseClick(v.sweep_button, Qt.LeftButton)
+    qtbot.mouseClick(v.bar.sweep_button, Qt.LeftButton)
     keys = [v.sweep_row.param.itemData(i) for i in range(v.sweep_row.param.count())]
     assert sorted(keys) == sorted(k for k, *_ in SWEEPS)  # every knob, and nothing is left out here
     run(loop, bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32"), 60)
