@@ -8,32 +8,16 @@ import threading
 import time
 from pathlib import Path
 
-from core.errors import DownloadError, HubError, SettingsError
-
-
-def add_library_parsers(sub) -> None:
-    p = sub.add_parser("pull", help="download a model from the Hugging Face Hub into the models folder")
-    p.add_argument("repo", help="the repository, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF")
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--file", default=None, metavar="NAME",
-                       help="the .gguf file (or safetensors folder) to get; default: the recommended one")
-    which.add_argument("--quant", default=None, metavar="Q", help="the quantization to get, e.g. Q4_K_M")
-    p.add_argument("--endpoint", default=None, metavar="URL", help="the Hub's address (default: $HF_ENDPOINT or huggingface.co)")
-    p.add_argument("--token", default=None, help="a Hugging Face token for gated or private repositories "
-                                                 "(default: $HF_TOKEN or the one 'hf auth login' stored)")
-    p.add_argument("--dest", default=None, metavar="FOLDER", help="where to put it (default: the library's models folder)")
-    p.add_argument("--context", type=int, default=4096, help="context length the recommendation plans for (default 4096)")
-    p.add_argument("--json", action="store_true", help="print one JSON object when done")
-
-    m = sub.add_parser("models", help="list the models in the library (models folder and extra folders)")
-    m.add_argument("--folder", action="append", default=[], metavar="FOLDER",
-                   help="scan this folder too (repeatable)")
-    m.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+from core.cli.common import write_stdout
+from core.errors import DownloadError, HubError, SettingsError, plain_text
+from core.library.downloads import DownloadFailed, DownloadFinished, DownloadManager, DownloadProgress
+from core.library.hub import HubClient, free_memory
+from core.library.library import LibraryState, human_params, human_size, scan
+from core.model.tuning import data_dir
 
 
 def _pick(client, repo: str, args):
     """The HubFile the arguments ask for (or the recommended one), with why."""
-    from core.library.hub import free_memory
     files = client.repo_files(repo)
     if not files:
         raise HubError(f"{repo} has no GGUF file or safetensors folder this app can load")
@@ -69,7 +53,6 @@ class _Progress:
         self.last_step = -1
 
     def __call__(self, ev) -> None:
-        from core.library.library import human_size
         frac = ev.done_bytes / ev.total_bytes if ev.total_bytes else 0.0
         eta = f", {_duration(ev.eta_s)} left" if ev.eta_s is not None else ""
         line = (f"{self.name}: {frac:4.0%} {human_size(ev.done_bytes)} / {human_size(ev.total_bytes)}, "
@@ -91,11 +74,6 @@ def _duration(s: float) -> str:
 
 
 def cmd_pull(args) -> int:
-    from core.library.downloads import DownloadFailed, DownloadFinished, DownloadManager, DownloadProgress
-    from core.library.hub import HubClient
-    from core.library.library import LibraryState, human_size
-    from core.model.tuning import data_dir
-
     repo = args.repo.strip().strip("/")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise SettingsError(f"'{args.repo}' is not a repository name: use owner/name")
@@ -104,49 +82,26 @@ def cmd_pull(args) -> int:
     client = HubClient(args.endpoint, args.token or None)
     file, why = _pick(client, repo, args)
     dest = Path(args.dest).expanduser() if args.dest else LibraryState().models_folder()
-    announce = f"{repo}: {file.path or '(safetensors folder)'} ({human_size(file.size)}, {why}) -> {dest}"
     # One queue file per pull: running the same command again resumes it, and pulls of other
     # models (or the app's own queue) are not dragged along.
     key = hashlib.sha1(json.dumps([client.endpoint, repo, list(file.files)]).encode()).hexdigest()[:16]
     state = data_dir() / "pulls" / f"{key}.json"
-    done = threading.Event()
-    result: dict = {}
-    progress = _Progress(file.name)
-
-    def on_event(ev) -> None:
-        if isinstance(ev, DownloadProgress):
-            if progress.last_step < 0 and not result.get("announced"):
-                result["announced"] = True  # said once bytes flow: a refusal stays one line
-                print(announce, file=sys.stderr, flush=True)
-            progress(ev)
-        elif isinstance(ev, (DownloadFinished, DownloadFailed)):
-            result["event"] = ev
-            done.set()
-
+    pull = _Pull(f"{repo}: {file.path or '(safetensors folder)'} ({human_size(file.size)}, {why}) -> {dest}",
+                 _Progress(file.name))
     t0 = time.monotonic()
-    mgr = DownloadManager(dest, state, hub=client, on_event=on_event)
+    mgr = DownloadManager(dest, state, hub=client, on_event=pull.on_event)
     try:
-        old = [j for j in mgr.jobs() if j.repo_id == repo and [f.path for f in j.files] == list(file.files)]
-        job = None
-        for j in old:
-            if j.state in ("paused", "failed"):
-                mgr.resume(j.job_id)
-            if j.state in ("paused", "failed", "queued", "running"):
-                job = j.job_id
-                announce += f" (resuming: {human_size(j.done_bytes)} already here)"
-                break
-        if job is None:
-            job = mgr.enqueue(repo, list(file.files))
-        while not done.wait(0.5):
+        pull.start(mgr, repo, list(file.files))
+        while not pull.done.wait(0.5):
             pass
     except KeyboardInterrupt:
-        progress.end()
+        pull.progress.end()
         mgr.shutdown()
         print("error: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
-    progress.end()
+    pull.progress.end()
     mgr.shutdown()
-    ev = result["event"]
+    ev = pull.result
     if isinstance(ev, DownloadFailed):
         raise DownloadError(ev.message, kind=ev.kind)
     seconds = time.monotonic() - t0
@@ -162,17 +117,40 @@ def cmd_pull(args) -> int:
     return 0
 
 
-def write_stdout(text: str) -> None:
-    """``text`` on stdout as UTF-8, with a file name that is not UTF-8 (lone surrogates
-    after Python's decoding) written as the bytes it is."""
-    sys.stdout.flush()
-    sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
-    sys.stdout.flush()
+class _Pull:
+    """One pull's download, followed from the download manager's thread: the line that
+    announces it (said once bytes flow, so a refusal stays one line), progress, the end."""
+
+    def __init__(self, announce: str, progress: _Progress):
+        self.announce, self.progress = announce, progress
+        self.announced = False
+        self.done = threading.Event()
+        self.result: DownloadFinished | DownloadFailed | None = None
+
+    def start(self, mgr: DownloadManager, repo: str, files: list[str]) -> None:
+        """Resume this pull's earlier job if one is queued, paused or failed, else queue it."""
+        for j in mgr.jobs():
+            if j.repo_id != repo or [f.path for f in j.files] != files:
+                continue
+            if j.state in ("paused", "failed"):
+                mgr.resume(j.job_id)
+            if j.state in ("paused", "failed", "queued", "running"):
+                self.announce += f" (resuming: {human_size(j.done_bytes)} already here)"
+                return
+        mgr.enqueue(repo, files)
+
+    def on_event(self, ev) -> None:
+        if isinstance(ev, DownloadProgress):
+            if self.progress.last_step < 0 and not self.announced:
+                self.announced = True
+                print(self.announce, file=sys.stderr, flush=True)
+            self.progress(ev)
+        elif isinstance(ev, (DownloadFinished, DownloadFailed)):
+            self.result = ev
+            self.done.set()
 
 
 def cmd_models(args) -> int:
-    from core.library.library import LibraryState, human_params, human_size, scan
-
     st = LibraryState()
     folders = st.folders() + [Path(f).expanduser() for f in args.folder]
     for f in args.folder:
@@ -193,12 +171,9 @@ def cmd_models(args) -> int:
                      e.quant or "-", str(e.context_length or "-"), human_size(e.size_bytes), used, str(e.path)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     write_stdout("".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] + "\n" for r in rows))
-    from core.errors import plain_text
     for e in entries:
         if e.error:
             where = "" if str(e.path) in e.error else f"{plain_text(str(e.path))}: "
             print(f"warning: {where}{e.error}", file=sys.stderr)
     return 0
 
-
-__all__ = ["add_library_parsers", "cmd_pull", "cmd_models"]

@@ -1,0 +1,74 @@
+"""``python -m core generate``: one continuation or chat reply, from a local model or a server."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+
+from core.cli.backends import check_remote_opts, connect, engine_for, load_model, prompt_ids, remote_stream
+from core.cli.common import check_bias, constraint_from_args, ended_in_error, logit_bias_ids
+from core.engine.engine import Done, Token
+from core.engine.sampling import SamplingParams
+from core.errors import SettingsError
+
+
+def params_from_args(args) -> SamplingParams:
+    """The sampler settings the flags give, validated and resolved (a seed drawn if none)."""
+    return SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, seed=args.seed,
+        max_new_tokens=args.max_new_tokens or 256, stop=tuple(args.stop),
+        num_beams=args.num_beams, length_penalty=args.length_penalty,
+        lookup=args.lookup, draft=args.draft or "", constraint=constraint_from_args(args)).validate().resolved()
+
+
+def cmd_generate(args) -> int:
+    params = params_from_args(args)
+    check_bias(args)
+    meta: dict = {}
+    extra: dict = {}
+    if args.server:
+        check_remote_opts(args)
+        if params.speculative:
+            raise SettingsError("--lookup and --draft need a local model: the server decodes on its own")
+        if params.num_beams > 1:
+            raise SettingsError("--num-beams needs a local model: OpenAI-compatible servers do not run beam search")
+        remote, load_s = connect(args.server, args, args.remote_model)
+        events = remote_stream(remote, args, params, meta=meta)
+        extra = {"model": remote.model, "server": remote.url}
+    else:
+        if args.model is None:
+            raise SettingsError("give a MODEL (a folder or .gguf file) or --server URL")
+        loaded, load_s = load_model(args)
+        ids, strip = prompt_ids(loaded, args)
+        if args.logit_bias:
+            params = replace(params, logit_bias=logit_bias_ids(args, loaded.tokenizer)).validate()
+        events = engine_for(loaded, args, drafts=True).generate(ids, params, strip_leading_space=strip)
+        meta["prompt_token_ids"] = ids
+    done = None
+    for ev in events:
+        if isinstance(ev, Token) and not args.json and ev.text:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+        elif isinstance(ev, Done):
+            done = ev
+    if args.json:
+        _print_json(done, params, meta, load_s, extra)
+    else:
+        sys.stdout.write("\n")
+    return ended_in_error([done])
+
+
+def _print_json(done: Done, params: SamplingParams, meta: dict, load_s: float, extra: dict) -> None:
+    st = done.stats
+    print(json.dumps({
+        "text": done.text, "prompt_tokens": meta.get("prompt_token_ids"), "tokens": done.tokens,
+        "logprobs": done.logprobs, "stop_reason": done.stop_reason, "seed": params.seed,
+        "timings": {"load_s": load_s, "prefill_s": st.prefill_s, "decode_s": st.decode_s,
+                    "prefill_tok_s": st.prefill_tok_s, "decode_tok_s": st.decode_tok_s,
+                    **({"warmup_s": st.warmup_s} if st.warmup_s else {})},
+        **({"decode": st.decode} if st.decode else {}),
+        **({"speculative": st.speculative} if st.speculative else {}),
+        **({"error": done.error} if done.error else {}),
+        **extra,
+    }, ensure_ascii=False))
