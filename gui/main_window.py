@@ -35,7 +35,8 @@ from gui.dialogs.model_dialog import LoadProgress, ModelInfoDialog, RecentModels
 from gui.chat.prompt_editor import PromptEditor
 from gui.chat.reply import ReplyController
 from gui.settings.panel import SamplingPanel
-from gui.dialogs.server_dialog import SavedServers, ServerDialog
+from gui.dialogs.server_dialog import ServerDialog
+from gui.dialogs.servers import SavedServers
 from gui.widgets.notice_bar import NoticeBar
 from gui.widgets.token_inspector import TokenInspector
 

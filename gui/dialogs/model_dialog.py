@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch  # gui/app.py has loaded it before any window (its import cost is paid there)
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QHBoxLayout,
                                QLabel, QProgressBar, QPushButton, QWidget)
@@ -86,15 +87,11 @@ def looks_like_model(path: str) -> bool:
 def available_devices() -> list[str]:
     """'auto' plus the devices this machine has (cpu always; cuda, mps when present)."""
     out = ["auto", "cpu"]
-    try:
-        import torch
-        if torch.cuda.is_available():
-            out.append("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            out.append("mps")
-    except Exception:  # pragma: no cover - torch is a hard dependency
-        pass
+    if torch.cuda.is_available():
+        out.append("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
     return out
 
 
