@@ -57,7 +57,6 @@ class DownloadsView(QWidget):
 
     def __init__(self, service, parent=None):
         super().__init__(parent)
-        self.service = service
         self.setObjectName("downloadsView")
         self.controller = DownloadsController(service, self)
         self.model = self.controller.model

@@ -38,7 +38,6 @@ class HubBrowser(QWidget):
 
     def __init__(self, service, parent=None):
         super().__init__(parent)
-        self.service = service
         self.controller = HubController(service, self)
         self.results_model = self.controller.results
         self.files_model = self.controller.files
@@ -277,7 +276,7 @@ class HubBrowser(QWidget):
         m.clear()
         m.addAction(f"Hub address: {self.controller.address_text()}").setEnabled(False)
         m.addAction("Change Hub Address…", self.change_endpoint)
-        if self.service.endpoint():
+        if self.controller.endpoint():
             m.addAction("Use the Default Address", lambda: self.set_endpoint(""))
         m.addSeparator()
         token = self.controller.token_text()
@@ -293,7 +292,7 @@ class HubBrowser(QWidget):
 
     def change_endpoint(self) -> None:
         url = self.ask_text("Hub address", "Address of the Hugging Face Hub (or a mirror); empty for the default:",
-                            self.service.endpoint() or "")
+                            self.controller.endpoint() or "")
         if url is not None:
             self.set_endpoint(url)
 

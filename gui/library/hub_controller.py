@@ -180,6 +180,10 @@ class HubController(QObject):
     def forget_token(self) -> None:
         self.service.set_token(None)
 
+    def endpoint(self) -> str | None:
+        """The Hub's address set here (None: HF_ENDPOINT or the default)."""
+        return self.service.endpoint()
+
     def address_text(self) -> str:
         """The Hub's address in use: the setting, HF_ENDPOINT, or the default."""
         return self.service.endpoint() or os.environ.get("HF_ENDPOINT") or DEFAULT_HUB

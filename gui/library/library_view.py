@@ -31,7 +31,6 @@ class LibraryView(QWidget):
 
     def __init__(self, service, parent=None):
         super().__init__(parent)
-        self.service = service
         self.controller = LibraryController(service, self)
         self.model = self.controller.model
         self.setObjectName("libraryView")

@@ -147,11 +147,11 @@ def test_the_hub_address_is_checked_and_kept(controller, loop):
     c = controller
     assert c.address_text() == "https://huggingface.co"
     assert not c.set_endpoint("huggingface dot co") and "not a web address" in c.said["noticeChanged"][-1]
-    assert c.service.endpoint() is None
+    assert c.endpoint() is None
     assert c.set_endpoint(" http://127.0.0.1:9/hub/ ")
-    assert c.service.endpoint() == c.address_text() == "http://127.0.0.1:9/hub"
+    assert c.endpoint() == c.address_text() == "http://127.0.0.1:9/hub"
     assert c.service.hub().endpoint == "http://127.0.0.1:9/hub"
-    assert c.set_endpoint("") and c.service.endpoint() is None
+    assert c.set_endpoint("") and c.endpoint() is None
 
 
 def test_download_queues_the_files_of_the_repository_shown(controller, loop):
