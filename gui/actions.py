@@ -92,10 +92,10 @@ ACTIONS: tuple[Action | Submenu | Separator, ...] = (
     Separator(MODEL),
     Submenu("device", "&Device", MODEL, "fill_devices"),
     Submenu("dtype", "Data &Type", MODEL, "fill_dtypes"),
-    Action("compile", "&Compile Decoding (torch.compile)", "set_compile", MODEL, object_name="compileDecode",
+    Action("compile", "&Compile Decoding (torch.compile)", "models.set_compile", MODEL, object_name="compileDecode",
            tip="Decode through torch.compile: CUDA graphs on a GPU, C++ kernels on the CPU "
                "(the first reply waits for the compiler; eager if it fails)", checkable=True),
-    Action("reload", "&Reload Model", "reload_model", MODEL),
+    Action("reload", "&Reload Model", "models.reload", MODEL),
     Action("unload", "&Unload Model", "unload_model", MODEL),
     Action("info", "Model &Info…", "show_model_info", MODEL, ("Ctrl+I",)),
 

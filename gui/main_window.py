@@ -13,15 +13,14 @@ import os
 from pathlib import Path
 
 from PySide6.QtCore import QItemSelectionModel, QModelIndex, QSettings, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QActionGroup, QGuiApplication, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QGuiApplication
 from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QLineEdit,
-                               QListView, QMainWindow, QMenu, QMessageBox, QPushButton,
+                               QListView, QMainWindow, QMenu, QMessageBox,
                                QProgressBar, QSizePolicy, QSplitter, QToolButton, QVBoxLayout,
                                QWidget)
 
 from core.history import export as chat_export
 from core.history.store import History, HistoryError
-from core.remote.runner import context_length as remote_context_length
 from core.remote.runner import public_url
 
 from gui.library.window import LibraryRoom
@@ -31,9 +30,10 @@ from gui.chat.chat_view import ChatView, format_stats, render_markdown
 from gui.compare.launch import compare_window_for
 from gui.chat.conversation import ConversationModel
 from gui.chat.conversation_list import ID_ROLE, ConversationFilter, ConversationListModel
-from gui.dialogs.model_dialog import LoadProgress, ModelInfoDialog, RecentModels, info_summary
+from gui.dialogs.model_dialog import LoadProgress, ModelInfoDialog, info_summary
 from gui.chat.prompt_editor import PromptEditor
 from gui.chat.reply import ReplyController
+from gui.model_controller import ModelController, with_path
 from gui.settings.panel import SamplingPanel
 from gui.dialogs.server_dialog import ServerDialog
 from gui.dialogs.servers import SavedServers
@@ -41,7 +41,6 @@ from gui.widgets.notice_bar import NoticeBar
 from gui.widgets.token_inspector import TokenInspector
 
 APP_NAME = "LlamaDesk"
-DEMO_MODEL = Path(__file__).resolve().parent.parent / "assets" / "models" / "llamadesk-demo"
 RECORD_PROBS_KEY = "chat/record_probs"
 INSPECT_TOP = 5  # alternatives recorded per token of a chat reply (the worker's ``inspect``)
 NO_MODEL_HINT = "No model loaded — open a .gguf file or a model folder with File → Open Model… (Ctrl+O), or drop it here."
@@ -81,12 +80,6 @@ class ElidedLabel(QLabel):
         QLabel.setText(self, shown)
 
 
-def with_path(path: str, message: str) -> str:
-    """An error's text naming ``path`` once: loader messages often end "— in PATH" already."""
-    message = message.replace(f" — in {path}", "")
-    return message if path in message else f"{path}\n\n{message}"
-
-
 class MainWindow(QMainWindow):
     """LlamaDesk's window (objectName ``mainWindow``).
 
@@ -113,19 +106,10 @@ class MainWindow(QMainWindow):
         # session keeps conversations in memory, and the notice says which (issue 12).
         self.history, self._history_notice = ((history, None) if history is not None
                                               else History.open_or_recover(History.default_path()))
-        self.recent = RecentModels(settings=self.settings)
+        self.models = ModelController(bridge=bridge, settings=self.settings, device=device, dtype=dtype, parent=self)
         self.conversation = ConversationModel(history=self.history, parent=self)
-        self.info: dict | None = None  # the model replies come from (local or remote)
-        self.local_info: dict | None = None  # the local model loaded in the worker, if any
-        self.backend = None  # a connected core.remote.client.RemoteModel while replies come from a server
         self.servers = SavedServers(self.settings)
         self._retry_parent: int | None = None  # the message a failed remote reply answered
-        self.device = device or str(self.settings.value(model_dialog.DEVICE_KEY, "auto"))
-        self.dtype = dtype or str(self.settings.value(model_dialog.DTYPE_KEY, "auto"))
-        self.compile = str(self.settings.value(model_dialog.COMPILE_KEY, "false")).lower() == "true"
-        self._tasks: set[asyncio.Task] = set()
-        self._load_task: asyncio.Task | None = None
-        self._loading_path: str | None = None
         self._dialogs: list = []  # non-blocking dialogs kept alive while open
         self._drafts: dict[int | None, str] = {}  # unsent prompt text per conversation (None: a new chat)
         self.context_used = 0
@@ -137,7 +121,7 @@ class MainWindow(QMainWindow):
         self._build_actions()
         self.reply = ReplyController(bridge=bridge, conversation=self.conversation, settings=self.panel, parent=self)
         self._wire_reply()
-        self._connect_bridge()
+        self._wire_models()
         self.library = LibraryRoom(self, settings=self.settings)
         self.library.openRequested.connect(self.load_model)
         resume_error = self.library.resume_downloads()  # downloads a previous run left go on
@@ -150,7 +134,7 @@ class MainWindow(QMainWindow):
         self.conversation.currentChanged.connect(self._on_conversation_switched)
         self.refresh_conversations()
         self.refresh_transcript()
-        self._set_model(None)
+        self.models.set_model(None)
         self.resize(1200, 780)
         # The first code block a reply shows loads pygments' lexers (~100-300 ms): do it
         # while the window opens, not in the middle of the first streamed reply.
@@ -158,7 +142,7 @@ class MainWindow(QMainWindow):
         self.prompt.focus()
         self.setFocusProxy(self.prompt.editor)
         if autoload:
-            path = self.initial_model(model)
+            path = self.models.initial_model(model)
             if path:
                 # Runs once the event loop does (tasks need a running loop).
                 QTimer.singleShot(0, lambda: self.load_model(path))
@@ -274,7 +258,7 @@ class MainWindow(QMainWindow):
         self.model_status.setAccessibleName("modelStatus")
         sb.addWidget(self.model_status, 1)
         self.load_progress = LoadProgress()
-        self.load_progress.cancelRequested.connect(self.cancel_load)
+        self.load_progress.cancelRequested.connect(self.models.cancel_load)
         sb.addWidget(self.load_progress)
         self.context_bar = QProgressBar()
         self.context_bar.setObjectName("contextBar")
@@ -297,7 +281,7 @@ class MainWindow(QMainWindow):
         self.stats_label.setObjectName("statsLabel")
         self.stats_label.setAccessibleName("statsLabel")
         sb.addPermanentWidget(self.stats_label)
-        self._update_context(0, 0)
+        self.show_context(0, 0)
 
     def _build_actions(self) -> None:
         """Menus, toolbar and shortcuts, from the table in gui/actions.py."""
@@ -331,7 +315,7 @@ class MainWindow(QMainWindow):
             a.setChecked(d == self.device)
             a.setObjectName(f"device_{d}")
             group.addAction(a)
-            a.triggered.connect(lambda checked=False, d=d: self.set_device(d))
+            a.triggered.connect(lambda checked=False, d=d: self.models.set_device(d))
 
     def fill_dtypes(self, menu: QMenu) -> None:
         group = QActionGroup(menu)
@@ -341,7 +325,7 @@ class MainWindow(QMainWindow):
             a.setChecked(d == self.dtype)
             a.setObjectName(f"dtype_{d}")
             group.addAction(a)
-            a.triggered.connect(lambda checked=False, d=d: self.set_dtype(d))
+            a.triggered.connect(lambda checked=False, d=d: self.models.set_dtype(d))
 
     def fill_themes(self, menu: QMenu) -> None:
         group = QActionGroup(menu)
@@ -361,30 +345,26 @@ class MainWindow(QMainWindow):
             sizes[index] = 230 if index == 0 else 290
             self.splitter.setSizes(sizes)
 
-    # ------------------------------------------------------------------ bridge
-    def _connect_bridge(self) -> None:
-        b = self.bridge
-        b.loadProgress.connect(self._on_load_progress)
-        b.modelLoaded.connect(self._on_local_loaded)
-        b.modelUnloaded.connect(self._on_local_unloaded)
-
-    def _spawn(self, coro) -> asyncio.Task:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     # ------------------------------------------------------------------ model
-    def initial_model(self, arg: str | None) -> str | None:
-        """What to open at start: the argument, else the last model, else the demo model."""
-        if arg:
-            return arg
-        last = self.recent.last()
-        if last and os.path.exists(last):
-            return last
-        if DEMO_MODEL.is_dir():
-            return str(DEMO_MODEL)
-        return None
+    def _wire_models(self) -> None:
+        m = self.models
+        m.switching.connect(self._stop_reply)
+        m.loadStarted.connect(self._on_load_started)
+        m.loadEnded.connect(self.load_progress.finish)
+        m.loaded.connect(self.modelReady)
+        m.modelChanged.connect(self._show_model)
+        m.backendChanged.connect(self._on_backend_changed)
+        m.failed.connect(self.show_error)
+        m.message.connect(self.statusBar().showMessage)
+        self.bridge.loadProgress.connect(self.load_progress.update_progress)
+
+    # What the model controller holds, read where the window and its tests look for it.
+    info = property(lambda self: self.models.info, doc="the model replies come from (local or remote)")
+    backend = property(lambda self: self.models.backend, doc="the RemoteModel replies come from, or None")
+    recent = property(lambda self: self.models.recent)
+    device = property(lambda self: self.models.device)
+    dtype = property(lambda self: self.models.dtype)
+    compile = property(lambda self: self.models.compile)
 
     def ask_model_path(self) -> str | None:
         """Ask the user for a model (a .gguf file or a folder); tests replace this method."""
@@ -397,173 +377,71 @@ class MainWindow(QMainWindow):
             self.load_model(path)
 
     def load_model(self, path: str) -> asyncio.Task:
-        """Start loading a model (cancelling a running reply); returns the task."""
+        """Start loading a model (stopping a running reply); returns the task."""
+        return self.models.load(path)
+
+    def unload_model(self) -> None:
+        self.stop()
+        self.models.unload()
+
+    def _stop_reply(self) -> None:
         if self.busy:
             self.stop()
-        if self._load_task is not None and not self._load_task.done():
-            self._load_task.cancel()
-        self._loading_path = str(path)
-        self._load_task = self._spawn(self._load(str(path)))
-        return self._load_task
 
-    async def _load(self, path: str) -> None:
-        name = Path(path).name or path
+    def _on_load_started(self, name: str) -> None:
         self.load_progress.start(name)
         self.model_status.setText(f"Loading {name}…")
         self.prompt.set_model_ready(False, f"Loading {name}…")
         self.chat.set_empty_hint(f"Loading {name}…")
-        try:
-            info = await self.bridge.load(path, device=self.device, dtype=self.dtype, compile=self.compile)
-        except asyncio.CancelledError:
-            self._loading_path = None
-            self._set_model(self._current_info())
-            self.statusBar().showMessage("Loading cancelled", 4000)
-            raise
-        except Exception as e:  # BridgeError and anything unexpected: the app stays usable
-            self._loading_path = None
-            self._set_model(self._current_info())
-            if getattr(e, "cancelled", False):
-                self.statusBar().showMessage("Loading cancelled", 4000)
-            else:
-                self.show_error("Could not load the model", with_path(path, str(e)))
-            return
-        finally:
-            self.load_progress.finish()
-            self._loading_path = None
-        self.recent.add(path)
-        self._set_model(info)
-        self.modelReady.emit(info)
-
-    def _current_info(self) -> dict | None:
-        if self.backend is not None:
-            return self.info
-        return getattr(self.bridge, "model_info", None)
-
-    # ------------------------------------------------------------------ servers
-    def _on_local_loaded(self, info: dict) -> None:
-        """A local model was loaded (the user opened one): replies come from it again."""
-        self.local_info = dict(info)
-        if self.backend is not None:
-            self._leave_server()
-        self._set_model(info)
-
-    def _on_local_unloaded(self) -> None:
-        self.local_info = None
-        if self.backend is None:
-            self._set_model(None)
 
     def open_server_dialog(self, url: str = "") -> ServerDialog:
         """Model → Connect to Server…: a non-blocking dialog; its model becomes the backend."""
         current = self.backend.url if self.backend is not None else ""
         dlg = ServerDialog(saved=self.servers, url=url or current, parent=self)
         dlg.connected.connect(self.use_remote)
-        dlg.forgotten.connect(self._server_forgotten)
+        dlg.forgotten.connect(self.models.forget_server)
         self._open_dialog(dlg)
         return dlg
 
     def use_remote(self, remote) -> None:
         """Replies come from ``remote`` (a connected, probed core.remote.client.RemoteModel) from now on."""
-        if self.busy:
-            self.stop()
-        self.backend = remote
+        self.models.use_remote(remote)
+
+    def use_local(self) -> None:
+        """Model → Use Local Model: replies come from the model loaded here (if any) again."""
+        self.models.use_local()
+
+    def _on_backend_changed(self, remote) -> None:
+        """Replies come from a server (``remote``) or the local model (None) now: the panel
+        and View → Record Token Probabilities offer what that backend can do."""
         self.reply.backend = remote
-        caps = remote.caps
-        where = public_url(remote.url)
+        caps = remote.caps if remote is not None else None
+        where = public_url(remote.url) if remote is not None else ""
         self.panel.set_capabilities(caps, where)
         lacks_top = caps is not None and not caps.top_logprobs
         self._actions["record_probs"].setEnabled(not lacks_top)
         self._actions["record_probs"].setToolTip(
             f"Not available with {where}: {caps.why.get('top_logprobs', 'no top_logprobs')}" if lacks_top
             else actions.RECORD_PROBS_TIP)
-        self._actions["use_local"].setEnabled(True)
-        name = remote.model or (remote.card or {}).get("id") or "model"
-        info = {"name": name, "format": "server", "server": where,
-                "context_length": remote_context_length(remote)}
-        if caps is not None:
-            missing = [f for f in caps.FIELDS if not getattr(caps, f)]
-            info["server_lacks"] = ", ".join(missing) if missing else "nothing"
-        self._set_model(info)
-        self.statusBar().showMessage(f"Replies now come from {name} on {where}", 4000)
+        self._actions["use_local"].setEnabled(remote is not None)
+        if remote is None:
+            self.reply_notice.hide()
 
-    def use_local(self) -> None:
-        """Model → Use Local Model: replies come from the model loaded here (if any) again."""
-        if self.backend is None:
-            return
-        if self.busy:
-            self.stop()
-        self._leave_server()
-        self._set_model(self.local_info)
-
-    def _leave_server(self) -> None:
-        self.backend = None
-        self.reply.backend = None
-        self.panel.set_capabilities(None)
-        self._actions["record_probs"].setEnabled(True)
-        self._actions["record_probs"].setToolTip(actions.RECORD_PROBS_TIP)
-        self._actions["use_local"].setEnabled(False)
-        self.reply_notice.hide()
-
-    def _server_forgotten(self, url: str) -> None:
-        if self.backend is not None and self.backend.url == url:
-            self.use_local()
-
-    def cancel_load(self) -> None:
-        if self._load_task is not None and not self._load_task.done():
-            self.bridge.cancel_all()  # the load ends with a "cancelled" BridgeError
-
-    def _on_load_progress(self, fraction: float, stage: str) -> None:
-        self.load_progress.update_progress(fraction, stage)
-
-    def reload_model(self) -> None:
-        path = (self.info or {}).get("path") or self.recent.last()
-        if path:
-            self.load_model(path)
-
-    def unload_model(self) -> None:
-        self.stop()
-        self._spawn(self.bridge.unload())
-
-    def set_device(self, device: str) -> None:
-        self.device = device
-        self.settings.setValue(model_dialog.DEVICE_KEY, device)
-        self.statusBar().showMessage(f"Device {device}: used for the next load (Model → Reload Model)", 4000)
-
-    def set_dtype(self, dtype: str) -> None:
-        self.dtype = dtype
-        self.settings.setValue(model_dialog.DTYPE_KEY, dtype)
-        self.statusBar().showMessage(f"Data type {dtype}: used for the next load (Model → Reload Model)", 4000)
-
-    def set_compile(self, on: bool) -> None:
-        self.compile = bool(on)
-        self.settings.setValue(model_dialog.COMPILE_KEY, "true" if on else "false")
-        self.statusBar().showMessage(f"Compiled decoding {'on' if on else 'off'}: used for the next load "
-                                     "(Model → Reload Model)", 4000)
-
-    def _set_model(self, info: dict | None) -> None:
-        self.info = dict(info) if info else None
-        ready = self.info is not None
+    def _show_model(self, info: dict | None) -> None:
+        """The status bar, prompt, transcript and actions for the model replies come from."""
+        ready = info is not None
         if ready:
-            if self.info.get("server"):
-                ctx = self.info.get("context_length")
-                self.model_status.setText(f"{self.info['name']} on {self.info['server']}"
-                                          + (f" · ctx {ctx}" if ctx else ""))
-                self.model_status.setToolTip(f"Replies come from the server {self.info['server']} "
-                                             f"(model {self.info['name']}). The server lacks: "
-                                             f"{self.info.get('server_lacks', 'unknown')}. "
-                                             "Model → Use Local Model switches back.")
-            else:
-                self.model_status.setText(info_summary(self.info))
-                self.model_status.setToolTip("\n".join(f"{k}: {v}" for k, v in model_dialog.info_rows(self.info)))
-            self.context_length = int(self.info.get("context_length") or 0)
+            self._show_model_status(info)
+            self.context_length = int(info.get("context_length") or 0)
             self.reply.context_length = self.context_length
-            self.reply.model_id = self.info.get("name")
+            self.reply.model_id = info.get("name")
             try:
                 if self.context_length > 0:  # a server may not say its context length
                     self.panel.set_model_context(self.context_length)
             except Exception:
                 pass
             self.chat.set_empty_hint("Start a conversation: type below and press Ctrl+Enter.")
-        elif self._loading_path is None:
+        elif not self.models.loading:
             self.model_status.setText("No model loaded")
             self.model_status.setToolTip("")
             self.chat.set_empty_hint(NO_MODEL_LINK)
@@ -572,12 +450,23 @@ class MainWindow(QMainWindow):
         for name in ("reload", "unload", "info", "regen", "continue"):
             self._actions[name].setEnabled(ready and not (name in ("regen", "continue") and self.busy))
         if self.backend is not None:
-            self._actions["reload"].setEnabled(self.local_info is not None)
-            self._actions["unload"].setEnabled(self.local_info is not None)
+            self._actions["reload"].setEnabled(self.models.local_info is not None)
+            self._actions["unload"].setEnabled(self.models.local_info is not None)
         if not ready:
             self.context_length = 0
         self._status_from_path()
         self._update_title()
+
+    def _show_model_status(self, info: dict) -> None:
+        if info.get("server"):
+            ctx = info.get("context_length")
+            self.model_status.setText(f"{info['name']} on {info['server']}" + (f" · ctx {ctx}" if ctx else ""))
+            self.model_status.setToolTip(f"Replies come from the server {info['server']} (model {info['name']}). "
+                                         f"The server lacks: {info.get('server_lacks', 'unknown')}. "
+                                         "Model → Use Local Model switches back.")
+        else:
+            self.model_status.setText(info_summary(info))
+            self.model_status.setToolTip("\n".join(f"{k}: {v}" for k, v in model_dialog.info_rows(info)))
 
     def show_model_info(self) -> None:
         if self.info:
@@ -729,13 +618,13 @@ class MainWindow(QMainWindow):
             return
         last = next((m for m in reversed(self.conversation.path()) if m.role == "assistant"), None)
         if self.info is None or last is None:
-            self._update_context(0, self.context_length if self.info else 0)
+            self.show_context(0, self.context_length if self.info else 0)
             self.stats_label.setText("")
             return
         s = last.stats or {}
         counted_here = last.model_id == self.info.get("name")
         used = int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)) if counted_here else 0
-        self._update_context(used, self.context_length)
+        self.show_context(used, self.context_length)
         self.stats_label.setText(format_stats(self.conversation.view_message(last)))
 
     def refresh_transcript(self) -> None:
@@ -758,7 +647,7 @@ class MainWindow(QMainWindow):
         r = self.reply
         r.started.connect(self._on_reply_started)
         r.streamed.connect(self.chat.append_stream)
-        r.contextUsed.connect(self._update_context)
+        r.contextUsed.connect(self.show_context)
         r.rateChanged.connect(self.stats_label.setText)
         r.notice.connect(self.chat.set_notice)
         r.finished.connect(self._on_reply_finished)
@@ -854,12 +743,10 @@ class MainWindow(QMainWindow):
         self.chat.end_stream(view)
         self.stats_label.setText(format_stats(view))
         s = view["stats"]
-        self._update_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
-        if s.get("decode") and self.info is not None and self.backend is None and s["decode"] != self.info.get("decode"):
+        self.show_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
+        if self.models.note_decode(s.get("decode")):
             # The first reply compiled (or fell back): the model's status says which path runs now.
-            self.info["decode"] = s["decode"]
-            self.model_status.setText(info_summary(self.info))
-            self.model_status.setToolTip("\n".join(f"{k}: {v}" for k, v in model_dialog.info_rows(self.info)))
+            self._show_model_status(self.info)
         self.replyFinished.emit(view)
 
     def _set_busy(self, busy: bool) -> None:
@@ -886,7 +773,8 @@ class MainWindow(QMainWindow):
             self.prompt.end_edit()
             self.prompt.clear()
 
-    def _update_context(self, used: int, total: int) -> None:
+    def show_context(self, used: int, total: int) -> None:
+        """The context bar: ``used`` of ``total`` tokens (total 0: no model)."""
         self.context_used = used
         self.context_bar.setRange(0, max(total, 1))
         self.context_bar.setValue(min(used, max(total, 1)))
@@ -987,6 +875,11 @@ class MainWindow(QMainWindow):
             return None
 
     # ------------------------------------------------------------------ dialogs, theme, quit
+    @property
+    def dialogs(self) -> list:
+        """The non-blocking dialogs open now (errors, server, model info)."""
+        return list(self._dialogs)
+
     def _open_dialog(self, dlg) -> None:
         self._dialogs.append(dlg)
         dlg.finished.connect(lambda *_: self._dialogs.remove(dlg) if dlg in self._dialogs else None)
@@ -1035,8 +928,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event):
         """Quitting mid-reply: stop it, save what streamed, then close."""
         self.reply.abandon()
-        if self._load_task is not None and not self._load_task.done():
-            self._load_task.cancel()
+        self.models.close()
         for d in list(self._dialogs):
             d.close()
         self.library.close()  # downloads stop; their state is kept for the next start

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 
-from gui.main_window import DEMO_MODEL
+from gui.model_controller import DEMO_MODEL
 from tests.gui.ui_helpers import bridge, close, data_dir, loop, make_window, run, settings, until  # noqa: F401
 
 
@@ -12,7 +12,7 @@ def test_fresh_start_loads_the_demo_model_and_it_chats(qtbot, loop, bridge, sett
     assert DEMO_MODEL.is_dir(), "the bundled demo model is missing"
     w = make_window(bridge=bridge, settings=settings, data_dir=data_dir, autoload=True)  # no MODEL argument
     qtbot.addWidget(w)
-    assert w.initial_model(None) == str(DEMO_MODEL)
+    assert w.models.initial_model(None) == str(DEMO_MODEL)
 
     async def scenario():
         await until(lambda: w.info is not None, 30, "the demo model to load")

@@ -213,7 +213,7 @@ def test_quit_mid_generation_then_restart(qtbot, loop, bridge, settings, data_di
     reply = w2.conversation.view_messages()[-1]
     assert reply["stop_reason"] == "cancelled" and reply["text"]
     # it opens the last model by default
-    assert w2.initial_model(None) == gguf
+    assert w2.models.initial_model(None) == gguf
     close(loop, w2)
 
 
@@ -448,7 +448,7 @@ def test_context_bar_text_reads_on_the_fill(qapp, window, mode):
     from gui import theme
     theme.apply(qapp, mode)
     try:
-        window._update_context(600, 1000)
+        window.show_context(600, 1000)
         bar = window.context_bar
         img = bar.grab().toImage()
         text = QColor(theme.colors()["text"])
@@ -508,7 +508,7 @@ def test_status_bar_follows_the_shown_version_the_model_and_unload(qtbot, window
     assert window.context_used == v1.stats["prompt_tokens"] + v1.stats["generated_tokens"]
 
     # another model (another tokenizer): the old count is not shown as this model's
-    window._set_model({**window.info, "name": "another-model", "context_length": 4096})
+    window.models.set_model({**window.info, "name": "another-model", "context_length": 4096})
     assert window.context_used == 0 and window.context_bar.maximum() == 4096
 
     run(loop, window.bridge.unload(), 30)
@@ -582,7 +582,7 @@ def test_status_bar_texts_never_overlap(window, size):
     from tests.gui.ui_helpers import clipped_texts
     window.model_status.setText("stories260K · llama · 0.3M params · float32 · cpu · context 512")
     window.stats_label.setText("24 tokens · TTFT 12 ms · 310.2 tok/s · stop: length · seed 123456")
-    window._update_context(300, 512)
+    window.show_context(300, 512)
     window.resize(window.minimumSizeHint() if size == "minimum" else QSize(800, 560))
     QApplication.processEvents()
     parts = [w for w in (window.model_status, window.load_progress, window.context_bar, window.stats_label)

@@ -113,7 +113,7 @@ def test_stopping_a_remote_reply_stops_only_it(loop, bridge, remote):
 # --------------------------------------------------------------------------- the window
 
 def dialogs(w, name="errorDialog"):
-    return [d for d in w._dialogs if d.objectName() == name]
+    return [d for d in w.dialogs if d.objectName() == name]
 
 
 def greedy(w, max_tokens=20):

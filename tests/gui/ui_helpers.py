@@ -128,7 +128,7 @@ def snapshot(widget, name: str) -> Path:
 def close(loop, w):
     """Close the window and let its tasks unwind while it still exists."""
     w.close()
-    tasks = [t for t in w._tasks if not t.done()]
+    tasks = w.models.pending()
     for t in tasks:
         t.cancel()
     if tasks:
