@@ -8,13 +8,20 @@ import json
 import shutil
 
 import pytest
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 
+from core import limits
 from core.checkpoints import load
-from core.remote.client import RemoteModel
-from core.engine.lanes import text_diff, token_diff, tokenizer_fingerprint
 from core.engine.engine import Done, Engine
+from core.engine.lanes import text_diff, token_diff, tokenizer_fingerprint
 from core.engine.sampling import SamplingParams
+from core.history.store import History
+from core.remote.client import RemoteModel
+from gui.chat.conversation import ConversationModel
+from gui.compare.lane_column import CONNECT_SERVER
+from gui.compare.view import CompareView
+from gui.dialogs.server_dialog import ServerDialog
+from tests.core.checkpoints.util import write_tiny_tokenizer
 from tests.gui.ui_helpers import (bridge, close, data_dir, loop, make_window, run, settings,  # noqa: F401
                                   until)
 from tests.helpers import ROOT, ServeProcess, free_port, tiny_hf
@@ -28,7 +35,6 @@ ARTIFACTS = ROOT / "artifacts"
 
 @pytest.fixture
 def history(tmp_path):
-    from core.history.store import History
     h = History(tmp_path / "history.sqlite3")
     yield h
     h.close()
@@ -37,7 +43,6 @@ def history(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_other_vocab(tmp_path_factory):
     """A tiny random HF checkpoint whose tokenizer is 30 characters: another vocabulary."""
-    from tests.core.checkpoints.util import write_tiny_tokenizer
     folder = tmp_path_factory.mktemp("tiny_chars")
     tiny_hf(seed=3).save_pretrained(folder)
     write_tiny_tokenizer(folder)
@@ -53,20 +58,20 @@ def direct(path, settings: dict) -> Done:
 
 
 def view_for(bridge, history, lanes, **kw):
-    from gui.compare.view import CompareView
     v = CompareView(bridge=bridge, history=history, prompt=PROMPT, mode="completion",
                     lanes=[{"top_p": 1.0, **s} for s in lanes], **kw)
     v.resize(1400, 800)
     return v
 
 
+# Long on purpose: one scenario whose steps share one run of the real worker (split up, each part
+# would load and run the model again), read top to bottom as a user would go.
 def test_lanes_on_a_second_checkpoint_and_on_another_vocabulary(qtbot, loop, bridge, history, fixtures,
                                                                 tiny_other_vocab, tmp_path, monkeypatch):
     story = fixtures / "stories260K.gguf"
     twin = tmp_path / "twin" / "stories-copy.gguf"  # a second checkpoint on the same tokenizer
     twin.parent.mkdir()
     shutil.copy(story, twin)
-    from gui.chat.conversation import ConversationModel
     v = view_for(bridge, history, [GREEDY, SAMPLED, GREEDY], conversation=ConversationModel(history=history))
     qtbot.addWidget(v)
     v.show()
@@ -149,7 +154,6 @@ def test_lanes_on_a_second_checkpoint_and_on_another_vocabulary(qtbot, loop, bri
     assert models[1].key and [c.run.text for c in v.columns] == [r.text for r in runs]
 
     # A checkpoint that does not fit beside the loaded model: said in the lane, nothing changes.
-    from core import limits
     monkeypatch.setattr(limits, "available_bytes", lambda device=None: 1000)
     demo = ROOT / "assets" / "models" / "llamadesk-demo"
     run(loop, v.open_checkpoint(0, str(demo)), 60)
@@ -241,8 +245,6 @@ def test_a_lane_on_a_server_that_is_gone_says_so_and_the_others_finish(qtbot, lo
 def test_the_compare_window_of_an_app_on_a_server(qtbot, loop, bridge, settings, data_dir, fixtures):
     """Replies come from a server: the comparison's first lane runs there too, and "Model on
     a server…" opens the app's Connect to Server dialog, whose model becomes the lane's."""
-    from gui.compare.lane_column import CONNECT_SERVER
-    from gui.dialogs.server_dialog import ServerDialog
     story = fixtures / "stories260K.gguf"
     with ServeProcess(story) as server:
         remote = RemoteModel(server.url)
@@ -328,13 +330,14 @@ def test_lanes_on_a_llamadesk_server_take_prompt_lookup_and_a_bias_by_text(qtbot
     assert girl & set(runs[0].ids) and not girl & set(runs[2].ids)
 
 
+# Long on purpose: one scenario whose steps share one run of the real worker (split up, each part
+# would load and run the model again), read top to bottom as a user would go.
 def test_a_lane_on_a_llamadesk_server_branches_at_a_token(qtbot, loop, bridge, history, fixtures, tmp_path):
     """'Continue with X' on a lane served by LlamaDesk's serve: the new lane runs on the same
     server (its prompt ids and the kept tokens, X forced), keeps the source's tokens before
     X, reuses the server's KV cache and continues as a local engine's branch does; it is
     saved with what Run sends again. On a server that is not LlamaDesk's, branching is
     refused with a reason."""
-    from PySide6.QtCore import Qt
     story = fixtures / "stories260K.gguf"
     lm = load(story, device="cpu", dtype="float32")
     prompt_ids = lm.tokenizer.encode(PROMPT, bos=True)
