@@ -156,71 +156,13 @@ class RemoteModel:
         near-uniform draw (temperature 5) back into the greedy reply, ``seed`` must repeat a
         draw, a huge ``repetition_penalty`` must change the greedy reply.
         """
-        caps = self.caps = Capabilities()  # what the probe finds decides what later requests send
-        msgs = [{"role": "user", "content": "Count with me: one, two, three, four, five, six, seven, eight."}]
-        base = {"messages": msgs, "max_tokens": 8}
-
-        def text(r: dict, i: int = 0) -> str:
-            return r["choices"][i]["message"].get("content") or ""
-
-        def attempt(name: str, body: dict) -> dict | None:
-            try:
-                return self.complete({**base, **body})
-            except RemoteError as e:
-                if e.kind != "bad_request":
-                    raise
-                caps.why[name] = f"the server refused {name}: {e}"
-                return None
-
-        greedy = attempt("logprobs", {"temperature": 0, "logprobs": True, "top_logprobs": 2})
-        if greedy is None:
-            caps.why["top_logprobs"] = caps.why["logprobs"]
-            greedy = self.complete({**base, "temperature": 0})
-        else:
-            content = (greedy["choices"][0].get("logprobs") or {}).get("content") or []
-            caps.logprobs = bool(content) and all(e.get("logprob") is not None for e in content)
-            caps.top_logprobs = caps.logprobs and all(len(e.get("top_logprobs") or []) == 2 for e in content)
-            if not caps.logprobs:
-                caps.why["logprobs"] = "the server ignores logprobs: replies carry no log-probabilities"
-            if not caps.top_logprobs:
-                caps.why.setdefault("top_logprobs", "the server returns no top_logprobs alternatives")
-        want = text(greedy)
-
-        hot = {"temperature": 5.0, "seed": 7}
-        a = attempt("seed", hot)
-        if a is not None:
-            b = self.complete({**base, **hot})
-            caps.seed = text(a) == text(b)
-            if not caps.seed:
-                caps.why["seed"] = "the server ignores seed: the same seed gave different replies"
-        control = a if a is not None else self.complete({**base, "temperature": 5.0})
-        for name, value in (("top_k", 1), ("min_p", 0.999)):
-            r = attempt(name, {**(hot if caps.seed else {"temperature": 5.0}), name: value})
-            if r is not None:
-                setattr(caps, name, text(r) == want)
-                if not getattr(caps, name):
-                    caps.why[name] = f"the server ignores {name}: {name}={value} did not make its draws greedy"
-        if text(control) == want:  # the model is too sure of itself to tell: trust what was accepted
-            for name in ("top_k", "min_p"):
-                if name not in caps.why or "ignores" in caps.why[name]:
-                    setattr(caps, name, True)
-                    caps.why.pop(name, None)
-        r = attempt("repetition_penalty", {"temperature": 0, "repetition_penalty": 1000.0})
-        if r is not None:
-            caps.repetition_penalty = text(r) != want
-            if not caps.repetition_penalty:
-                caps.why["repetition_penalty"] = "the server ignores repetition_penalty: the reply did not change"
-        r = attempt("n", {"temperature": 1.0, "n": 2, "max_tokens": 2})
-        if r is not None:
-            caps.n = len(r.get("choices") or []) == 2
-            if not caps.n:
-                caps.why["n"] = "the server ignores n: it answered one choice for two"
-        try:
-            caps.streaming = any(isinstance(ev, Done) for ev in self.stream(
-                SamplingParams(temperature=0, max_new_tokens=2), messages=msgs, logprobs=False))
-        except RemoteError as e:
-            caps.why["streaming"] = f"streaming failed: {e}"
-        return caps
+        self.caps = Capabilities()  # what the probe finds decides what later requests send
+        probe = _Probe(self, self.caps)
+        greedy = probe.logprobs()
+        probe.filters(greedy)
+        probe.penalty_and_n(greedy)
+        probe.streaming()
+        return self.caps
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -285,11 +227,7 @@ class RemoteModel:
         body = self.body(params, prompt=prompt, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs)
         body.update(extra or {})
         path = "/chat/completions" if chat else "/completions"
-        t0 = time.perf_counter()
-        text, tokens, lps = [], [], []
-        stats = Stats()
-        finish, stop_reason, usage = None, None, None
-        first = None
+        got = _Collected(self.url, lane, chat, meta)
         try:
             with httpx.stream("POST", self.url + path, json=body, headers=self._headers(),
                               timeout=self.timeout) as r:
@@ -299,29 +237,9 @@ class RemoteModel:
                 for data in _sse_data(r):
                     if data == "[DONE]":
                         break
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        err = chunk["error"]
-                        raise RemoteError(f"{self.url} failed mid-reply: {err.get('message', err)}", kind="http")
-                    if chunk.get("usage"):
-                        usage = chunk["usage"]
-                        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-                        if meta is not None and cached is not None:
-                            meta["cached_tokens"] = cached
-                    for c in chunk.get("choices") or []:
-                        if meta is not None and "prompt_token_ids" in c:
-                            meta["prompt_token_ids"] = c["prompt_token_ids"]
-                        for ev in _chunk_tokens(c, chat, lane, len(tokens)):
-                            if first is None:
-                                first = time.perf_counter()
-                            text.append(ev.text)
-                            tokens.append(ev.token_id)
-                            lps.append(ev.logprob)
-                            yield ev
-                        if c.get("finish_reason"):
-                            finish, stop_reason = c["finish_reason"], c.get("stop_reason")
+                    yield from got.take(json.loads(data))
                     if cancel is not None and cancel.is_set():
-                        finish = "abort"
+                        got.finish = "abort"
                         break
         except httpx.TimeoutException:
             raise RemoteError(f"{self.url} stopped answering for {self.timeout:g} s", kind="timeout") from None
@@ -329,26 +247,9 @@ class RemoteModel:
             raise RemoteError(f"the connection to {self.url} was cut mid-reply ({e})", kind="cut") from None
         except httpx.TransportError as e:
             raise RemoteError(f"cannot connect to {self.url}: {e}", kind="connection") from None
-        if finish is None:
+        if got.finish is None:
             raise RemoteError(f"the connection to {self.url} ended mid-reply", kind="cut")
-        end = time.perf_counter()
-        if finish == "stop":
-            # vLLM-style servers name what stopped the reply: a stop string, or a token id / None for end of turn.
-            reason = "stop" if isinstance(stop_reason, str) else "eos"
-        else:
-            reason = _FINISH.get(finish, "length")
-        stats.prompt_tokens = (usage or {}).get("prompt_tokens", 0)
-        stats.cached_tokens = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        stats.speculative = _speculative((usage or {}).get("speculative"))
-        stats.generated_tokens = len(tokens)
-        stats.ttft_s = stats.prefill_s = (first or end) - t0
-        stats.decode_s = end - (first or end)
-        ids = [t for t in tokens] if all(t >= 0 for t in tokens) else []
-        # vLLM-style stop_reason: the token id that ended it (a chat's end of turn: what a branch stops on)
-        stop_token = stop_reason if reason == "eos" and isinstance(stop_reason, int) else None
-        yield Done(lane, reason, ids, "".join(text), lps if all(lp is not None for lp in lps) else [],
-                   params, stats, stop_token)
-
+        yield got.done(params)
 
     def branch(self, params: SamplingParams, prompt_ids: list[int], forced: list[int], *,
                stop_ids: list[int] = (), lane: int = 0, logprobs: bool = True, top_logprobs: int = 0,
@@ -399,6 +300,152 @@ class Capabilities:
     why: dict = field(default_factory=dict)
 
     FIELDS = ("streaming", "seed", "logprobs", "top_logprobs", "top_k", "min_p", "repetition_penalty", "n")
+
+
+class _Probe:
+    """The requests :meth:`RemoteModel.probe` sends, each finding out about one or two fields."""
+
+    MESSAGES = [{"role": "user", "content": "Count with me: one, two, three, four, five, six, seven, eight."}]
+    HOT = {"temperature": 5.0, "seed": 7}  # a near-uniform draw, repeatable where seed works
+
+    def __init__(self, model: RemoteModel, caps: Capabilities):
+        self.model, self.caps = model, caps
+        self.base = {"messages": self.MESSAGES, "max_tokens": 8}
+
+    @staticmethod
+    def text(r: dict, i: int = 0) -> str:
+        return r["choices"][i]["message"].get("content") or ""
+
+    def ask(self, body: dict) -> dict:
+        return self.model.complete({**self.base, **body})
+
+    def attempt(self, name: str, body: dict) -> dict | None:
+        """The reply, or None when the server refused the request (``name`` unsupported)."""
+        try:
+            return self.ask(body)
+        except RemoteError as e:
+            if e.kind != "bad_request":
+                raise
+            self.caps.why[name] = f"the server refused {name}: {e}"
+            return None
+
+    def logprobs(self) -> str:
+        """logprobs and top_logprobs; the greedy reply's text, which the other probes compare to."""
+        caps = self.caps
+        greedy = self.attempt("logprobs", {"temperature": 0, "logprobs": True, "top_logprobs": 2})
+        if greedy is None:
+            caps.why["top_logprobs"] = caps.why["logprobs"]
+            return self.text(self.ask({"temperature": 0}))
+        content = (greedy["choices"][0].get("logprobs") or {}).get("content") or []
+        caps.logprobs = bool(content) and all(e.get("logprob") is not None for e in content)
+        caps.top_logprobs = caps.logprobs and all(len(e.get("top_logprobs") or []) == 2 for e in content)
+        if not caps.logprobs:
+            caps.why["logprobs"] = "the server ignores logprobs: replies carry no log-probabilities"
+        if not caps.top_logprobs:
+            caps.why.setdefault("top_logprobs", "the server returns no top_logprobs alternatives")
+        return self.text(greedy)
+
+    def filters(self, want: str) -> None:
+        """seed (two hot draws agree), then top_k and min_p (a hot draw turns greedy)."""
+        caps = self.caps
+        a = self.attempt("seed", self.HOT)
+        if a is not None:
+            caps.seed = self.text(a) == self.text(self.ask(self.HOT))
+            if not caps.seed:
+                caps.why["seed"] = "the server ignores seed: the same seed gave different replies"
+        control = a if a is not None else self.ask({"temperature": 5.0})
+        for name, value in (("top_k", 1), ("min_p", 0.999)):
+            r = self.attempt(name, {**(self.HOT if caps.seed else {"temperature": 5.0}), name: value})
+            if r is not None:
+                setattr(caps, name, self.text(r) == want)
+                if not getattr(caps, name):
+                    caps.why[name] = f"the server ignores {name}: {name}={value} did not make its draws greedy"
+        if self.text(control) == want:  # the model is too sure of itself to tell: trust what was accepted
+            for name in ("top_k", "min_p"):
+                if name not in caps.why or "ignores" in caps.why[name]:
+                    setattr(caps, name, True)
+                    caps.why.pop(name, None)
+
+    def penalty_and_n(self, want: str) -> None:
+        """repetition_penalty (a huge one changes the greedy reply) and n (two choices come)."""
+        caps = self.caps
+        r = self.attempt("repetition_penalty", {"temperature": 0, "repetition_penalty": 1000.0})
+        if r is not None:
+            caps.repetition_penalty = self.text(r) != want
+            if not caps.repetition_penalty:
+                caps.why["repetition_penalty"] = "the server ignores repetition_penalty: the reply did not change"
+        r = self.attempt("n", {"temperature": 1.0, "n": 2, "max_tokens": 2})
+        if r is not None:
+            caps.n = len(r.get("choices") or []) == 2
+            if not caps.n:
+                caps.why["n"] = "the server ignores n: it answered one choice for two"
+
+    def streaming(self) -> None:
+        try:
+            self.caps.streaming = any(isinstance(ev, Done) for ev in self.model.stream(
+                SamplingParams(temperature=0, max_new_tokens=2), messages=self.MESSAGES, logprobs=False))
+        except RemoteError as e:
+            self.caps.why["streaming"] = f"streaming failed: {e}"
+
+
+class _Collected:
+    """What one streamed reply has brought so far: its tokens, how it finished, the usage."""
+
+    def __init__(self, url: str, lane: int, chat: bool, meta: dict | None):
+        self.url, self.lane, self.chat, self.meta = url, lane, chat, meta
+        self.t0 = time.perf_counter()
+        self.first: float | None = None  # when the first token came
+        self.text: list[str] = []
+        self.tokens: list[int] = []
+        self.lps: list[float | None] = []
+        self.finish: str | None = None
+        self.stop_reason = None
+        self.usage: dict | None = None
+
+    def take(self, chunk: dict) -> Iterator[Token]:
+        """One streamed chunk's Token events (``meta`` gets what the chunk reports)."""
+        if "error" in chunk:
+            err = chunk["error"]
+            raise RemoteError(f"{self.url} failed mid-reply: {err.get('message', err)}", kind="http")
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+            cached = (self.usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            if self.meta is not None and cached is not None:
+                self.meta["cached_tokens"] = cached
+        for c in chunk.get("choices") or []:
+            if self.meta is not None and "prompt_token_ids" in c:
+                self.meta["prompt_token_ids"] = c["prompt_token_ids"]
+            for ev in _chunk_tokens(c, self.chat, self.lane, len(self.tokens)):
+                if self.first is None:
+                    self.first = time.perf_counter()
+                self.text.append(ev.text)
+                self.tokens.append(ev.token_id)
+                self.lps.append(ev.logprob)
+                yield ev
+            if c.get("finish_reason"):
+                self.finish, self.stop_reason = c["finish_reason"], c.get("stop_reason")
+
+    def done(self, params: SamplingParams) -> Done:
+        """The reply's Done event, once it finished."""
+        end = time.perf_counter()
+        if self.finish == "stop":
+            # vLLM-style servers name what stopped the reply: a stop string, or a token id / None for end of turn.
+            reason = "stop" if isinstance(self.stop_reason, str) else "eos"
+        else:
+            reason = _FINISH.get(self.finish, "length")
+        usage = self.usage or {}
+        stats = Stats()
+        stats.prompt_tokens = usage.get("prompt_tokens", 0)
+        stats.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        stats.speculative = _speculative(usage.get("speculative"))
+        stats.generated_tokens = len(self.tokens)
+        stats.ttft_s = stats.prefill_s = (self.first or end) - self.t0
+        stats.decode_s = end - (self.first or end)
+        ids = list(self.tokens) if all(t >= 0 for t in self.tokens) else []
+        # vLLM-style stop_reason: the token id that ended it (a chat's end of turn: what a branch stops on)
+        stop_token = self.stop_reason if reason == "eos" and isinstance(self.stop_reason, int) else None
+        return Done(self.lane, reason, ids, "".join(self.text), self.lps if all(lp is not None for lp in self.lps) else [],
+                    params, stats, stop_token)
 
 
 def _speculative(sp) -> dict | None:

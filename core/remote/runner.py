@@ -23,6 +23,7 @@ Through the GUI::
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,8 @@ from core.engine.engine import Done, Stats, Token
 from core.errors import one_line
 from core.engine.sampling import SamplingParams
 from core.worker.worker import MAX_INSPECT, CompareRequest, Error, GenerateRequest, Prompted, Reply
+
+log = logging.getLogger(__name__)
 
 __all__ = ["RemoteRunner", "context_length", "describe_error", "public_url"]
 
@@ -211,8 +214,7 @@ class RemoteRunner:
         try:
             self._on_event(event)
         except Exception:  # a listener's bug must not kill the lane's thread
-            import logging
-            logging.getLogger(__name__).exception("remote event listener failed on %s", type(event).__name__)
+            log.exception("remote event listener failed on %s", type(event).__name__)
 
     def _run_lane(self, job: _Job, i: int, request, model: RemoteModel) -> None:
         lane = job.lanes[i]
