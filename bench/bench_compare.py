@@ -19,9 +19,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from core.engine.engine import Done, Engine  # noqa: E402
+from core.engine.engine import Engine  # noqa: E402
+from core.engine.events import Done
 from core.model.transformer import ModelArgs, Transformer  # noqa: E402
-from core.engine.sampling import SamplingParams  # noqa: E402
+from core.engine.settings import SamplingParams  # noqa: E402
 
 
 class _NoStopTokenizer:

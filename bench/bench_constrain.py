@@ -29,9 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import llama_args, median_of, random_model  # noqa: E402
-from core.engine.constrain import Constraint, Vocabulary, fill_masks, new_bitmask  # noqa: E402
-from core.engine.engine import Done, Engine  # noqa: E402
-from core.engine.sampling import SamplingParams, apply_bitmask  # noqa: E402
+from core.engine.constrain import Vocabulary, fill_masks, new_bitmask  # noqa: E402
+from core.engine.constraint import Constraint
+from core.engine.engine import Engine  # noqa: E402
+from core.engine.events import Done
+from core.engine.sampling import apply_bitmask  # noqa: E402
+from core.engine.settings import SamplingParams
 
 SCHEMA = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array", "items": {
     "type": "object", "required": ["name", "score"],

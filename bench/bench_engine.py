@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (GB, LLAMA3_VOCAB, Engine, engine_run, llama3_tokenizer, llama_args, machine,  # noqa: E402
                           median_of, weight_bytes)
-from core.engine.sampling import SamplingParams  # noqa: E402
+from core.engine.settings import SamplingParams  # noqa: E402
 
 def hf_decode_tok_s(hf, prompt: list[int], n: int) -> tuple[float, float]:
     """(decode tok/s from one generate() call, time to first token) with greedy search."""
@@ -121,7 +121,7 @@ def engine_section(quick: bool, threads: int, bandwidth: float) -> dict:
 def step_costs(model, eng: Engine, prompt: list[int], reps: int) -> dict:
     """Median seconds of one decode forward (1 and 8 rows at the prompt's end) and of the
     engine's token choice on those logits (greedy, top-p, eight top-p lanes)."""
-    from core.engine.sampling import choose_tokens
+    from core.engine.sampling import choose_tokens, seeded_generator
     eng.cache.reset()
     list(eng.generate_lanes(prompt, [SamplingParams(temperature=0, max_new_tokens=1)] * 8))
     pos = len(prompt)
@@ -134,7 +134,7 @@ def step_costs(model, eng: Engine, prompt: list[int], reps: int) -> dict:
     for key, rows, q in (("pick_greedy", 1, SamplingParams(temperature=0)),
                          ("pick_top_p", 1, SamplingParams(temperature=0.8, top_p=0.9, seed=1)),
                          ("pick_top_p_8", 8, SamplingParams(temperature=0.8, top_p=0.9, seed=1))):
-        gens = [q.generator() for _ in range(rows)]
+        gens = [seeded_generator(q) for _ in range(rows)]
         out[key] = median_of(lambda: choose_tokens(logits[:rows], [q] * rows, [None] * rows, gens), reps)
     return out
 

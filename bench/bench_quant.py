@@ -148,8 +148,9 @@ def measure(file: Path, dtype: str, prompt: int, decode: int, threads: int = 1) 
         return measure_llama_cpp(file, prompt, decode, threads)
     from core.checkpoints import load
     from core.checkpoints.gguf_write import gguf_tensor_bytes
-    from core.engine.engine import Done, Engine
-    from core.engine.sampling import SamplingParams
+    from core.engine.engine import Engine
+    from core.engine.events import Done
+    from core.engine.settings import SamplingParams
 
     rss_before = _status_kb("VmRSS")
     t0 = time.perf_counter()

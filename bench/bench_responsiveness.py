@@ -68,10 +68,11 @@ def child(threads: int, seconds: float) -> dict:
     from core.checkpoints.common import LoadedModel
     from core.checkpoints.meta import save_meta
     from core.model.transformer import ModelArgs, Transformer
-    from core.engine.sampling import SamplingParams
+    from core.engine.settings import SamplingParams
     from core.tokenizer import load_tokenizer
-    from core.engine.engine import Done, Token
-    from core.worker.worker import GenerateRequest, Reply, Worker
+    from core.engine.events import Done, Token
+    from core.worker.worker import GenerateRequest, Worker
+    from core.engine.events import Reply
     from gui.bridge import Bridge, Chunk
 
     fixtures = Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures"))
@@ -196,9 +197,10 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
     from PySide6.QtCore import QSettings, Qt, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from core.engine.engine import Done, Prefilled, Stats, Token
+    from core.engine.events import Done, Prefilled, Stats, Token
     from core.history.store import History
-    from core.worker.worker import Prompted, Reply
+    from core.worker.worker import Prompted
+    from core.engine.events import Reply
     from gui.chat import chat_view
     from gui.app import UiThreadCollector
     from gui.bridge import Bridge

@@ -20,7 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import LLAMA3_VOCAB  # noqa: E402
-from core.engine.sampling import SamplingParams, choose_tokens, draw, filter_rows  # noqa: E402
+from core.engine.sampling import choose_tokens, draw, filter_rows, seeded_generator  # noqa: E402
+from core.engine.settings import SamplingParams
 
 GOAL_MS = 1.0  # issue 10: at most 1 ms per lane per token at a 128k vocabulary
 
@@ -44,7 +45,7 @@ def sampler_section(quick: bool, threads: int, reps: int | None = None) -> dict:
             lg = torch.randn(lanes, V, generator=g) * std
             qs = [SamplingParams(temperature=0.8, top_p=0.9, seed=i) if kind == "top-p"
                   else SamplingParams(temperature=0) for i in range(lanes)]
-            gens = [q.generator() for q in qs]
+            gens = [seeded_generator(q) for q in qs]
 
             def fast():
                 choose_tokens(lg, qs, [None] * lanes, gens)

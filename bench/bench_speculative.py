@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import fixture_tokenizer, random_model  # noqa: E402
-from core.engine.engine import Done, Engine, Prefilled  # noqa: E402
+from core.engine.engine import Engine  # noqa: E402
+from core.engine.events import Done, Prefilled
 from core.model.transformer import ModelArgs, Transformer  # noqa: E402
-from core.engine.sampling import SamplingParams  # noqa: E402
+from core.engine.settings import SamplingParams  # noqa: E402
 
 TEXT = ("The old lighthouse stood at the edge of the cliff, its white paint peeling after years of salt "
         "and wind. Every evening the keeper climbed the narrow stairs, one hundred and twelve of them, to "

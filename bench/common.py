@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
-from core.engine.engine import Done, Engine
-from core.engine.sampling import SamplingParams
+from core.engine.engine import Engine
+from core.engine.events import Done
+from core.engine.settings import SamplingParams
 from core.model.tuning import median_seconds as median_of  # noqa: F401  (the bench scripts' name)
 
 ROOT = Path(__file__).resolve().parent.parent

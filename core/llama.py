@@ -4,9 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.prompt.chat_format import chat_format_for
-from core.engine.engine import Done, Engine
+from core.engine.engine import Engine
+from core.engine.events import Done
 from core.errors import SettingsError
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 
 
 class LLaMA:

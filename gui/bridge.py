@@ -38,10 +38,10 @@ from typing import Any, Callable
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
-from core.engine.engine import Done, Prefilled, Token
+from core.engine.events import Done, Prefilled, Token
 from core.remote.runner import RemoteRunner
-from core.worker.worker import (CompareRequest, Error, GenerateRequest, Held, Loaded, LoadProgress, Prompted, Reply,
-                         Unloaded, Worker)
+from core.worker.worker import CompareRequest, Error, GenerateRequest, Held, Loaded, LoadProgress, Prompted, Unloaded, Worker
+from core.engine.events import Reply
 
 FRAME_S = 1 / 60
 

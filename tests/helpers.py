@@ -8,11 +8,12 @@ from pathlib import Path
 import torch
 
 from core.checkpoints.hf import args_from_config, meta_name, to_meta_tensor
-from core.engine.engine import Done, Token
+from core.engine.events import Done, Token
 from core.model.kv_cache import KVCache
 from core.model.transformer import Transformer
-from core.engine.sampling import SamplingParams
-from core.worker.worker import Error, GenerateRequest, Loaded, Reply
+from core.engine.settings import SamplingParams
+from core.worker.worker import Error, GenerateRequest, Loaded
+from core.engine.events import Reply
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 

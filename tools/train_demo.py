@@ -251,8 +251,9 @@ def read_jsonl(path: Path) -> list[dict]:
 def stage_corpus(cfg: Config, work: Path, log=print) -> Path:
     """Append chat pairs to work/corpus.jsonl until `stories` are kept or time runs out."""
     from core.checkpoints import load
-    from core.engine.engine import Done, Engine
-    from core.engine.sampling import SamplingParams
+    from core.engine.engine import Engine
+    from core.engine.events import Done
+    from core.engine.settings import SamplingParams
 
     work.mkdir(parents=True, exist_ok=True)
     out = work / "corpus.jsonl"
@@ -617,8 +618,9 @@ def on_topic(text: str, slots: dict) -> bool:
 def stage_eval(cfg: Config, work: Path, out: Path, log=print) -> dict:
     """The quality bar, measured on held-out topics through the app's own loader and engine."""
     from core.checkpoints import load
-    from core.engine.engine import Done, Engine
-    from core.engine.sampling import SamplingParams
+    from core.engine.engine import Engine
+    from core.engine.events import Done
+    from core.engine.settings import SamplingParams
 
     lm = load(out, device="cpu", dtype="float32")
     tok, fmt = lm.tokenizer, lm.chat_format

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from core.checkpoints.common import DTYPE_CHOICES
-from core.engine.constrain import Constraint, from_argument
-from core.engine.sampling import parse_logit_bias
+from core.engine.constraint import Constraint, from_argument
+from core.engine.settings import parse_logit_bias
 from core.errors import SettingsError
 
 # A compare lane's settings: key=value, the value parsed by the type given.

@@ -15,10 +15,10 @@ from pathlib import Path
 from core.cli.backends import connect, engine_for, load_model, prompt_ids, remote_stream
 from core.cli.common import (BACKEND_KEYS, CONSTRAINT_KEYS, LANE_KEYS, SPEC_KEYS, check_bias, constraint_from_args,
                              ended_in_error, spec_note)
-from core.engine.constrain import from_argument
-from core.engine.engine import Done, Prefilled
+from core.engine.constraint import from_argument
+from core.engine.events import Done, Prefilled
 from core.engine.lanes import tokenizer_fingerprint
-from core.engine.sampling import SamplingParams, parse_logit_bias
+from core.engine.settings import SamplingParams, parse_logit_bias
 from core.errors import SettingsError
 
 MAX_LANES = 8

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 from core.cli.backends import check_remote_opts, connect, engine_for, load_model, prompt_ids, remote_stream
 from core.cli.common import check_bias, constraint_from_args, ended_in_error, logit_bias_ids
-from core.engine.engine import Done, Token
-from core.engine.sampling import SamplingParams
+from core.engine.events import Done, Token
+from core.engine.settings import SamplingParams
 from core.errors import SettingsError
 
 

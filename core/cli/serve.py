@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from core.cli.backends import load_model
-from core.engine.sampling import MAX_LOOKUP
+from core.engine.settings import MAX_LOOKUP
 from core.errors import SettingsError
 from core.serving.run import is_loopback, serve_forever
 from core.serving.state import ServerState

@@ -22,102 +22,20 @@ import torch
 from core.model import quant
 from core.engine.beam import beam_search
 from core.checkpoints.common import release_freed_heap
+from core.engine.events import Done, Event, Prefilled, Stats, Token
 from core.engine.constrain import ConstraintState, Vocabulary, allowed_tokens, fill_masks, new_bitmask
 from core.errors import SettingsError
 from core.model.decode_step import DecodeStep
 from core.model.kv_cache import KVCache, static_capacity
-from core.engine.sampling import Choice, SamplingParams, choose_tokens, top_alternatives
+from core.engine.sampling import Choice, choose_tokens, top_alternatives, seeded_generator
+from core.engine.settings import SamplingParams
 from core.tokenizer import StreamDecoder, Tokenizer
 
-STOP_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")
 #: cancel should land within this many seconds of a prefill; chunks are sized to it
 PREFILL_TARGET_S = 0.08
 MIN_PREFILL_CHUNK = 16
 #: most prompt tokens one layer-by-layer prefill pass holds (its hidden states stay in memory)
 LAYERED_PASS = 4096
-
-
-@dataclass
-class Prefilled:
-    """The prompt has been run: ``prompt_tokens`` in all, ``cached_tokens`` reused.
-
-    ``lanes`` are the lanes that share this prompt (one request of a batch).
-    """
-    prompt_tokens: int
-    cached_tokens: int
-    seconds: float
-    lanes: tuple[int, ...] = ()
-
-
-@dataclass
-class Token:
-    """One generated token of one lane.
-
-    ``text`` is what to append to the visible reply (it may be empty while a UTF-8
-    character or a possible stop string is incomplete); ``piece`` is this token's own
-    text for display; ``logprob`` is under the model's raw distribution.
-    """
-    lane: int
-    index: int
-    token_id: int
-    text: str
-    piece: str
-    logprob: float
-    top: dict | None = None  # raw / filtered alternatives when inspection is on
-
-
-@dataclass
-class Stats:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    generated_tokens: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    ttft_s: float = 0.0
-    warmup_s: float = 0.0  # decode steps that compiled or recorded a graph (not in decode_s)
-    decode: str = ""  # the compiled decode path that ran, when compiling was asked (compile_status)
-    speculative: dict | None = None  # drafted/accepted counts and speed-up (lanes that draft)
-
-    @property
-    def prefill_tok_s(self) -> float:
-        n = self.prompt_tokens - self.cached_tokens
-        return n / self.prefill_s if self.prefill_s > 0 else 0.0
-
-    @property
-    def decode_tok_s(self) -> float:
-        # The first token comes from the prefill's logits; decode made the rest.
-        n = max(self.generated_tokens - 1, 0)
-        return n / self.decode_s if self.decode_s > 0 else 0.0
-
-    def to_dict(self) -> dict:
-        return {
-            "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
-            "generated_tokens": self.generated_tokens, "prefill_s": self.prefill_s,
-            "decode_s": self.decode_s, "ttft_s": self.ttft_s,
-            "prefill_tok_s": self.prefill_tok_s, "decode_tok_s": self.decode_tok_s,
-            **({"warmup_s": self.warmup_s} if self.warmup_s else {}),
-            **({"decode": self.decode} if self.decode else {}),
-            **({"speculative": dict(self.speculative)} if self.speculative is not None else {}),
-        }
-
-
-@dataclass
-class Done:
-    """A lane finished; ``stop_reason`` is one of STOP_REASONS; for "error", ``error``
-    says why in one line."""
-    lane: int
-    stop_reason: str
-    tokens: list[int]
-    text: str
-    logprobs: list[float]
-    params: SamplingParams
-    stats: Stats
-    stop_token: int | None = None
-    error: str = ""
-    prompt_ids: list[int] | None = None  # a server's reply: its prompt as the server tokenized it
-
-
-Event = Prefilled | Token | Done
 
 
 @dataclass
@@ -478,7 +396,7 @@ class Engine:
             need = len(j.prompt) + 1
         self.cache.ensure(r0 + n, self._capacity(need))
         for q in j.lanes:
-            lanes.append(_Lane(len(lanes), q, q.generator(self.device),
+            lanes.append(_Lane(len(lanes), q, seeded_generator(q, self.device),
                                StreamDecoder(self.tokenizer, strip_leading_space=j.strip_leading_space),
                                j.prompt, cancel=j.cancel, inspect=j.inspect, stop_ids=stops,
                                constraint=None if q.constraint is None else self.vocabulary.start(q.constraint, stops),
@@ -733,7 +651,7 @@ class Engine:
         logits, reuse = self._prefill_row(0, prompt, cancel)
         stats = Stats(prompt_tokens=len(prompt), cached_tokens=reuse, prefill_s=time.perf_counter() - t0)
         yield Prefilled(len(prompt), reuse, stats.prefill_s)
-        lane = _Lane(0, params, params.generator(), StreamDecoder(self.tokenizer, strip_leading_space=strip_leading_space), prompt)
+        lane = _Lane(0, params, seeded_generator(params), StreamDecoder(self.tokenizer, strip_leading_space=strip_leading_space), prompt)
         if logits is None:
             yield self._finish(lane, "cancelled", stats)
             return

@@ -297,7 +297,7 @@ def _raw_values(text: str) -> list[float]:
 
 def _bias_sweep(text: str) -> list[str]:
     """'TEXT=B1, B2, …' or 'TEXT=start:stop:step' (biases -100..100, or -inf) as TEXT=B items."""
-    from core.engine.sampling import MAX_BIAS, parse_logit_bias
+    from core.engine.settings import MAX_BIAS, parse_logit_bias
     word, eq, rest = (text or "").partition("=")
     if not eq or not word.strip() or not rest.strip():
         raise SettingsError("a logit bias sweep is TEXT=biases, e.g. girl=-inf, -5, 0, 5 or girl=-10:10:5")
@@ -390,7 +390,7 @@ def settings_label(settings: dict, differs_from: dict | None = None) -> str:
     for k in keys:
         v = settings.get(k)
         if k == "constraint":  # {"kind", "text"} or None: name the kind only
-            from core.engine.constrain import LABELS
+            from core.engine.constraint import LABELS
             v = LABELS.get(v.get("kind"), "?") if isinstance(v, dict) else "free"
         elif k == "logit_bias_text":  # TEXT=BIAS items
             v = ", ".join(v or ()) or "none"

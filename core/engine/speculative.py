@@ -31,7 +31,8 @@ from core.engine.lanes import tokenizer_fingerprint
 from core.errors import DraftModelError
 from core.model.kv_cache import KVCache
 from core.engine.constrain import allowed_tokens, new_bitmask
-from core.engine.sampling import SamplingParams, apply_bitmask, choose_tokens, draw, filter_rows, top_alternatives
+from core.engine.sampling import apply_bitmask, choose_tokens, draw, filter_rows, top_alternatives
+from core.engine.settings import SamplingParams
 
 LOOKUP_MAX_DRAFT = 8  # tokens prompt lookup proposes at most per step
 MODEL_MAX_DRAFT = 6  # tokens a draft model samples ahead at most per step

@@ -135,7 +135,7 @@ def _settings_line(settings: dict | None, seed: int | None, model_id: str | None
     if s.get("draft"):
         parts.append(f"draft model {s['draft']}")
     if isinstance(s.get("constraint"), dict):  # the output was held to a schema/regex/grammar
-        from core.engine.constrain import LABELS
+        from core.engine.constraint import LABELS
         parts.append("format " + LABELS.get(s["constraint"].get("kind"), "?"))
     if seed is None:
         seed = s.get("seed")

@@ -17,10 +17,10 @@ from typing import Iterator
 
 import httpx
 
-from core.engine.constrain import request_fields
-from core.engine.engine import Done, Stats, Token
+from core.engine.constraint import request_fields
+from core.engine.events import Done, Stats, Token
 from core.errors import LlamaDeskError
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 
 # finish_reason -> the engine's stop reasons; "stop" is split into eos and stop strings below.
 _FINISH = {"length": "length", "abort": "cancelled", "cancelled": "cancelled"}

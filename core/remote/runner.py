@@ -31,10 +31,11 @@ from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from core.remote.client import RemoteError, RemoteModel
-from core.engine.engine import Done, Stats, Token
+from core.engine.events import Done, Stats, Token
 from core.errors import one_line
-from core.engine.sampling import SamplingParams
-from core.worker.worker import MAX_INSPECT, CompareRequest, Error, GenerateRequest, Prompted, Reply
+from core.engine.settings import SamplingParams
+from core.worker.worker import MAX_INSPECT, CompareRequest, Error, GenerateRequest, Prompted
+from core.engine.events import Reply
 
 log = logging.getLogger(__name__)
 

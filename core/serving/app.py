@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from core.engine.engine import Done, Token
+from core.engine.events import Done, Token
 from core.errors import ConstraintError, SettingsError
 from core.prompt.prompting import render_chat, strips_reply_space
 from core.serving.protocol import (MAX_FORCED, MAX_STOP_IDS, APIError, chat_logprobs, check_context,

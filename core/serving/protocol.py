@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import math
 
-from core.engine.constrain import Constraint
-from core.engine.sampling import MAX_LOOKUP, SamplingParams, parse_logit_bias
+from core.engine.constraint import Constraint
+from core.engine.settings import MAX_LOOKUP, SamplingParams, parse_logit_bias
 from core.errors import ConstraintError, LlamaDeskError, SettingsError
 
 MAX_TOP_LOGPROBS = 20

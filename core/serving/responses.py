@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from core.engine.engine import Done, Token
+from core.engine.events import Done, Token
 from core.serving.protocol import APIError, constraint_from_request
 from core.serving.scheduler import Job
 from core.serving.state import ServerState

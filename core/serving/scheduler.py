@@ -15,8 +15,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from core.engine.engine import Done, Engine, Joining, Prefilled
-from core.engine.sampling import SamplingParams
+from core.engine.engine import Engine, Joining
+from core.engine.events import Done, Prefilled
+from core.engine.settings import SamplingParams
 from core.engine.speculative import speculative_loop
 from core.serving.protocol import APIError, QueueFull
 

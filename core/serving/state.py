@@ -6,7 +6,7 @@ from typing import Callable
 
 from core.engine.engine import Engine
 from core.engine.lanes import tokenizer_fingerprint
-from core.engine.sampling import MAX_LOOKUP
+from core.engine.settings import MAX_LOOKUP
 from core.errors import SettingsError
 from core.serving.scheduler import Job, Scheduler
 from core.worker.worker import draft_loader

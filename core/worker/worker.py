@@ -24,11 +24,12 @@ from typing import Any, Callable
 import torch
 
 from core.engine import engine as _engine
+from core.engine.events import Done, Reply, Stats
 from core.prompt.chat_format import chat_format_for
 from core import limits
 from core.errors import LlamaDeskError, SettingsError, one_line
 from core.prompt.prompting import build_prompt
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -129,13 +130,6 @@ class Prompted:
     request_id: int
     dropped_messages: int
     context_length: int
-
-
-@dataclass
-class Reply:
-    """One of the engine's own events (Prefilled, Token or Done) of request ``request_id``."""
-    request_id: int
-    event: _engine.Event
 
 
 @dataclass
@@ -617,7 +611,7 @@ class Worker:
         lanes = list(req.lanes) if cmd.kind == "compare" else [req.params]
         if cmd.cancel.is_set():  # cancelled while queued: end it without touching the model
             for i, p in enumerate(lanes):
-                self._emit(Reply(rid, _engine.Done(i, "cancelled", [], "", [], p, _engine.Stats())))
+                self._emit(Reply(rid, Done(i, "cancelled", [], "", [], p, Stats())))
             return
         key = getattr(req, "model", "")
         if key:
@@ -657,7 +651,7 @@ class Worker:
         self._emit(Prompted(rid, prompt.dropped_messages, eng.max_context))
         try:
             for ev in events:
-                if isinstance(ev, _engine.Done) and eng is self._engine:
+                if isinstance(ev, Done) and eng is self._engine:
                     # The first step may have compiled, or fallen back: info() says so by now.
                     with self._lock:
                         if self._info is not None:
@@ -699,6 +693,6 @@ def _model_info(loaded, key: str | None = None) -> dict:
 
 
 __all__ = [
-    "GenerateRequest", "CompareRequest", "LoadProgress", "Loaded", "Held", "Unloaded", "Prompted", "Reply",
+    "GenerateRequest", "CompareRequest", "LoadProgress", "Loaded", "Held", "Unloaded", "Prompted",
     "Error", "WorkerEvent", "Worker", "default_torch_threads", "resolve_torch_threads", "draft_loader",
 ]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from PySide6.QtCore import QObject, Signal
 
-from core.engine.engine import Done, Prefilled
+from core.engine.events import Done, Prefilled
 from core.remote.runner import describe_error, public_url
 from core.history.store import HistoryError, Message, PartialReply
 from core.worker.worker import Error, GenerateRequest, Prompted

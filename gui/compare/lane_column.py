@@ -12,7 +12,7 @@ from PySide6.QtCore import QSize, Qt, QUrl, Signal
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFrame, QGridLayout, QHBoxLayout, QLabel, QLineEdit,
                                QSizePolicy, QSpinBox, QTextBrowser, QToolButton, QVBoxLayout)
 
-from core.engine.constrain import Constraint, from_editor, syntax_error
+from core.engine.constraint import Constraint, from_editor, syntax_error
 from core.engine.lanes import MAX_LANES
 
 from gui import theme

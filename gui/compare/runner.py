@@ -16,9 +16,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from core.engine.engine import Done, Prefilled
+from core.engine.events import Done, Prefilled
 from core.engine.lanes import MAX_LANES
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from core.remote.runner import describe_error
 from core.worker.worker import CompareRequest, Error, Prompted
 

@@ -25,7 +25,7 @@ from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QFileDialog, QLabel, QSplitter, QVBoxLayout, QWidget
 
 from core.engine.lanes import LANE_KEYS, MAX_LANES, parse_sweep, settings_label, sweep_lanes
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from core.errors import LlamaDeskError
 from core.worker.worker import CompareRequest
 

@@ -14,9 +14,9 @@ from PySide6.QtWidgets import (QAbstractSpinBox, QCheckBox, QComboBox, QDoubleSp
                                QSizePolicy, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from core.prompt.chat_format import FORMAT_NAMES
-from core.engine.constrain import Constraint, from_editor, syntax_error
+from core.engine.constraint import Constraint, from_editor, syntax_error
 from core.errors import SettingsError
-from core.engine.sampling import MAX_LOOKUP, SamplingParams, parse_logit_bias
+from core.engine.settings import MAX_LOOKUP, SamplingParams, parse_logit_bias
 
 from gui import theme
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from core.engine.engine import Done, Prefilled, Stats, Token
-from core.engine.sampling import SamplingParams
-from core.worker.worker import CompareRequest, Error, GenerateRequest, Prompted, Reply, Worker
+from core.engine.events import Done, Prefilled, Stats, Token
+from core.engine.settings import SamplingParams
+from core.worker.worker import CompareRequest, Error, GenerateRequest, Prompted, Worker
+from core.engine.events import Reply
 from gui.bridge import Bridge, BridgeError, Chunk
 from tests.gui.ui_helpers import loop  # noqa: F401  (the shared qasync loop fixture)
 

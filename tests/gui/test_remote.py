@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from core.remote.client import RemoteModel
-from core.engine.engine import Done
-from core.engine.sampling import SamplingParams
+from core.engine.events import Done
+from core.engine.settings import SamplingParams
 from core.worker.worker import GenerateRequest, Prompted
 from core.worker.worker import Worker
 from gui.bridge import Bridge, Chunk

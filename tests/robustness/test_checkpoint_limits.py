@@ -193,8 +193,9 @@ def test_messages_are_one_plain_line_cut_at_a_word():
 
 
 def test_embedding_larger_than_tokenizer_is_reported_and_never_sampled(tmp_path):
-    from core.engine.engine import Done, Engine, Token
-    from core.engine.sampling import SamplingParams
+    from core.engine.engine import Engine
+    from core.engine.events import Done, Token
+    from core.engine.settings import SamplingParams
     from tests.core.checkpoints.util import random_model, sp_vocab, write_gguf as write_model_gguf
     m = random_model(3)  # vocab 288; the tokenizer below has 279 tokens
     with torch.no_grad():

@@ -7,9 +7,10 @@ import torch
 
 from core.engine import engine as engine_mod
 from core.checkpoints import load
-from core.engine.engine import Done, Engine, Token
+from core.engine.engine import Engine
+from core.engine.events import Done, Token
 from core.errors import SettingsError
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
 

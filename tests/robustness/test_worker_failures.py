@@ -5,7 +5,7 @@ import json
 import pytest
 
 from core import limits
-from core.engine.engine import Done
+from core.engine.events import Done
 from core.worker.worker import Error, Loaded, Unloaded
 from tests.helpers import completion, is_token, loaded_ok
 

@@ -55,8 +55,9 @@ def test_lr_schedule_warms_up_then_decays_to_min():
 
 def test_tiny_run_end_to_end(tmp_path):
     from core.checkpoints import load
-    from core.engine.engine import Done, Engine
-    from core.engine.sampling import SamplingParams
+    from core.engine.engine import Engine
+    from core.engine.events import Done
+    from core.engine.settings import SamplingParams
 
     work, out = tmp_path / "work", tmp_path / "model"
     threads = torch.get_num_threads()

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from core.checkpoints import detect, load
-from core.engine.engine import Done, Engine
-from core.engine.sampling import SamplingParams
+from core.engine.engine import Engine
+from core.engine.events import Done
+from core.engine.settings import SamplingParams
 
 DEMO = Path(__file__).resolve().parents[3] / "assets" / "models" / "llamadesk-demo"
 

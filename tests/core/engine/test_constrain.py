@@ -12,10 +12,13 @@ import pytest
 import torch
 
 from core.checkpoints import load
-from core.engine.constrain import Constraint, Vocabulary, allowed_tokens, new_bitmask
-from core.engine.engine import Done, Engine, Token
+from core.engine.constrain import Vocabulary, allowed_tokens, new_bitmask
+from core.engine.constraint import Constraint
+from core.engine.engine import Engine
+from core.engine.events import Done, Token
 from core.errors import ConstraintError, SettingsError
-from core.engine.sampling import SamplingParams, apply_bitmask, choose_tokens, sample
+from core.engine.sampling import apply_bitmask, choose_tokens, sample, seeded_generator
+from core.engine.settings import SamplingParams
 
 DEMO = Path(__file__).resolve().parents[3] / "assets" / "models" / "llamadesk-demo"
 
@@ -171,9 +174,9 @@ def test_choose_tokens_applies_the_mask_before_the_filters():
         bitmask[3] = -1  # an unconstrained lane beside constrained ones
         allowed = allowed_tokens(bitmask, V)
         assert torch.equal(apply_bitmask(logits, bitmask) == float("-inf"), ~allowed)
-        gens = [q.generator() for q in params]
+        gens = [seeded_generator(q) for q in params]
         got = choose_tokens(logits, params, [None] * B, gens, bitmask=bitmask)
-        ref_gens = [q.generator() for q in params]
+        ref_gens = [seeded_generator(q) for q in params]
         want = [sample(logits[i].masked_fill(~allowed[i], float("-inf")), q, rg)
                 for i, (q, rg) in enumerate(zip(params, ref_gens))]
         assert got.ids == want

@@ -10,11 +10,12 @@ import pytest
 
 from core.cli.main import main
 from core.checkpoints import load
-from core.engine.constrain import (MAX_REGEX_CHARS, MAX_SCHEMA_DEPTH, Constraint, Vocabulary, from_argument, json_depth,
-                            syntax_error)
-from core.engine.engine import Done, Engine
+from core.engine.constrain import Vocabulary
+from core.engine.constraint import MAX_REGEX_CHARS, MAX_SCHEMA_DEPTH, Constraint, from_argument, json_depth, syntax_error
+from core.engine.engine import Engine
+from core.engine.events import Done
 from core.errors import ConstraintError
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from core.serving.run import RunningServer
 from core.serving.state import ServerState
 

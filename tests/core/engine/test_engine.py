@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from core.checkpoints import load
-from core.engine.engine import Done, Engine, Prefilled, Token
+from core.engine.engine import Engine
+from core.engine.events import Done, Prefilled, Token
 from core.errors import SettingsError
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 
 
 @pytest.fixture(scope="module")

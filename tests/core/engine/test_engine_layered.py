@@ -9,8 +9,9 @@ import torch
 from core.engine import engine as engine_mod
 from core.model import quant
 from core.checkpoints import load
-from core.engine.engine import Done, Engine
-from core.engine.sampling import SamplingParams
+from core.engine.engine import Engine
+from core.engine.events import Done
+from core.engine.settings import SamplingParams
 from tests.core.checkpoints.util import random_model, write_gguf
 from tests.helpers import greedy
 
@@ -82,7 +83,16 @@ def test_layered_prefill_logits_match_one_full_forward(files, packed):
     fresh = Engine(packed.model, packed.tokenizer, stop_ids=(), prefill_chunk=32)
     again = next(ev for ev in fresh.generate(prompt, SamplingParams(temperature=0, max_new_tokens=8))
                  if isinstance(ev, Done))
-    assert again.tokens == done.tokens == greedy(packed.model, prompt, 8)[0]
+    assert again.tokens == done.tokens
+    want = greedy(packed.model, prompt, 8)[0]
+    if done.tokens != want:
+        # bf16 over 32-token chunks and over one 300-row forward round differently (which
+        # GEMM kernel runs depends on the CPU): only a near-tie under the float32 reference
+        # may flip, and the reply must be that reference's argmax up to its rounding
+        i = next(k for k, (a, b) in enumerate(zip(done.tokens, want)) if a != b)
+        with torch.no_grad():
+            at = floats.model(torch.tensor([prompt + done.tokens[:i]]))[0, -1]
+        assert float(at.max() - at[done.tokens[i]]) <= 0.02 * float(at.abs().max()), (i, done.tokens, want)
 
 
 def test_each_layer_is_dequantized_once_per_prompt(packed, monkeypatch):

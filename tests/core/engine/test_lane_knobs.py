@@ -13,8 +13,9 @@ import pytest
 
 from core.cli.main import main
 from core.checkpoints import load
-from core.engine.engine import Done, Engine
-from core.engine.sampling import SamplingParams
+from core.engine.engine import Engine
+from core.engine.events import Done
+from core.engine.settings import SamplingParams
 from core.serving.run import RunningServer
 from core.serving.state import ServerState
 

@@ -138,7 +138,7 @@ def test_parse_sweep_every_knob():
 def test_draft_model_sweep_and_its_exclusion_with_prompt_lookup():
     """A draft model sweeps over paths ("off" is none); every lane it makes validates as
     SamplingParams, since a lane with a draft turns lookup off and a lookup lane the draft."""
-    from core.engine.sampling import SamplingParams
+    from core.engine.settings import SamplingParams
     assert parse_sweep("off, /m/a.gguf, ~/m/b folder/, /m/a.gguf", "draft") == ["", "/m/a.gguf", "~/m/b folder/"]
     assert parse_sweep("OFF", "draft") == [""]
     for bad, needle in (("", "draft models' paths"), (" , ,", "draft models' paths"),

@@ -2,8 +2,9 @@
 import pytest
 
 from core.checkpoints import load
-from core.engine.engine import Done, Engine, Token
-from core.engine.sampling import SamplingParams
+from core.engine.engine import Engine
+from core.engine.events import Done, Token
+from core.engine.settings import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import torch
 
 from core.engine.beam import beam_search
 from core.errors import SettingsError
-from core.engine.sampling import (SamplingParams, apply_repetition_penalty, filter_logits, min_p_filter,
-                           parse_logit_bias, sample, top_alternatives, top_k_filter, top_p_filter)
+from core.engine.sampling import apply_repetition_penalty, filter_logits, min_p_filter, sample, top_alternatives, top_k_filter, top_p_filter, seeded_generator
+from core.engine.settings import SamplingParams, parse_logit_bias
 
 
 def logits_of(probs):
@@ -49,17 +49,17 @@ def test_filters_compose_and_sampling_stays_inside_kept_set():
     p = SamplingParams(temperature=0.7, top_k=3, top_p=0.6, seed=1)
     allowed = kept(filter_logits(lg, p))
     assert allowed == {1, 3}
-    g = p.generator()
+    g = seeded_generator(p)
     assert {sample(lg, p, g) for _ in range(200)} == allowed
 
 
 def test_seeded_determinism_and_seed_sensitivity():
     lg = torch.randn(1000, generator=torch.Generator().manual_seed(0))
     p = SamplingParams(temperature=1.0, top_p=1.0, seed=42)
-    a = [sample(lg, p, g) for g in [p.generator()] for _ in range(50)]
-    b = [sample(lg, p, g) for g in [p.generator()] for _ in range(50)]
+    a = [sample(lg, p, g) for g in [seeded_generator(p)] for _ in range(50)]
+    b = [sample(lg, p, g) for g in [seeded_generator(p)] for _ in range(50)]
     c = [sample(lg, SamplingParams(temperature=1.0, seed=43), g)
-         for g in [SamplingParams(seed=43).generator()] for _ in range(50)]
+         for g in [seeded_generator(SamplingParams(seed=43))] for _ in range(50)]
     assert a == b
     assert a != c
 
@@ -72,7 +72,7 @@ def test_greedy_ignores_generator():
 def test_sampled_frequencies_follow_filtered_distribution():
     lg = logits_of([0.5, 0.3, 0.2])
     p = SamplingParams(temperature=1.0, top_p=1.0, seed=5)
-    g = p.generator()
+    g = seeded_generator(p)
     n = 4000
     counts = torch.bincount(torch.tensor([sample(lg, p, g) for _ in range(n)]), minlength=3).float() / n
     assert torch.allclose(counts, torch.tensor([0.5, 0.3, 0.2]), atol=0.03)
@@ -187,7 +187,7 @@ def _case(draw):
 
 def _reference_in_float64(row, q, prev):
     """sample() with the same uniform, but filtered and summed in float64."""
-    u = torch.rand((), generator=q.generator(), dtype=torch.float32)
+    u = torch.rand((), generator=seeded_generator(q), dtype=torch.float32)
     if q.greedy:
         return sample(row, q, None, prev)
     filt = filter_rows(row.double().view(1, -1), [q], [prev])
@@ -204,8 +204,8 @@ def test_fast_sampler_picks_what_the_reference_filters_pick(case):
     top_p), the reference's own float64 answer is accepted too.
     """
     lg, params, prev, candidates = case
-    got = choose_tokens(lg, params, prev, [q.generator() for q in params], candidates=candidates)
-    want = [sample(row, q, q.generator(), p) for row, q, p in zip(lg, params, prev)]
+    got = choose_tokens(lg, params, prev, [seeded_generator(q) for q in params], candidates=candidates)
+    want = [sample(row, q, seeded_generator(q), p) for row, q, p in zip(lg, params, prev)]
     for r, (g, w) in enumerate(zip(got.ids, want)):
         if g != w:
             assert g == _reference_in_float64(lg[r], params[r], prev[r]) != w
@@ -220,8 +220,8 @@ def test_fast_sampler_advances_each_generator_like_the_reference():
     lg = torch.randn(3, 5000, generator=torch.Generator().manual_seed(3)) * 4
     params = [SamplingParams(temperature=0.9, top_p=0.9, seed=1), SamplingParams(temperature=0, seed=2),
               SamplingParams(temperature=1.2, top_k=50, min_p=0.02, seed=3)]
-    gens = [q.generator() for q in params]
-    refs = [q.generator() for q in params]
+    gens = [seeded_generator(q) for q in params]
+    refs = [seeded_generator(q) for q in params]
     for _ in range(30):
         got = choose_tokens(lg, params, [None] * 3, gens)
         assert got.ids == [sample(row, q, g) for row, q, g in zip(lg, params, refs)]
@@ -260,10 +260,10 @@ def test_logit_bias_is_added_before_every_filter_and_minus_inf_bans(case):
     """Rows with their own biases, sampled together, pick what the reference filters pick
     on logits biased by hand; a token biased by -inf is never chosen; log-probs stay raw."""
     lg, params = case
-    got = choose_tokens(lg, params, [None] * len(params), [q.generator() for q in params])
+    got = choose_tokens(lg, params, [None] * len(params), [seeded_generator(q) for q in params])
     for r, q in enumerate(params):
         plain = SamplingParams.from_dict({**q.to_dict(), "logit_bias": {}})
-        want = sample(_biased_by_hand(lg[r], q.logit_bias), plain, plain.generator())
+        want = sample(_biased_by_hand(lg[r], q.logit_bias), plain, seeded_generator(plain))
         assert got.ids[r] == want
         assert q.logit_bias.get(got.ids[r]) != -math.inf
         assert got.logprobs[r] == pytest.approx(float(torch.log_softmax(lg[r], -1)[got.ids[r]]), abs=1e-5)
@@ -337,8 +337,8 @@ def test_window_cut_picks_what_the_reference_filters_pick(case, sample):
     the window miss and move (both ways, wider), and ties and -inf entries fall inside it."""
     lg, params, prev, _ = case
     with mock.patch.object(sampling, "SAMPLE", sample):
-        got = choose_tokens(lg, params, prev, [q.generator() for q in params], candidates=1)
-    want = [sample_(row, q, q.generator(), p) for row, q, p in zip(lg, params, prev)]
+        got = choose_tokens(lg, params, prev, [seeded_generator(q) for q in params], candidates=1)
+    want = [sample_(row, q, seeded_generator(q), p) for row, q, p in zip(lg, params, prev)]
     for r, (g, w) in enumerate(zip(got.ids, want)):
         if g != w:
             assert g == _reference_in_float64(lg[r], params[r], prev[r]) != w
@@ -399,8 +399,8 @@ def test_ties_across_the_top_p_cut_keep_the_lowest_ids(scale):
         assert torch.equal(sampling._top_p_kept(row, p), want)
         params = [SamplingParams(temperature=1.0, top_p=p, seed=s) for s in range(3)]
         lg = row.expand(3, V).contiguous()
-        got = choose_tokens(lg, params, [None] * 3, [q.generator() for q in params])
-        assert got.ids == [sample(row, q, q.generator()) for q in params]
+        got = choose_tokens(lg, params, [None] * 3, [seeded_generator(q) for q in params])
+        assert got.ids == [sample(row, q, seeded_generator(q)) for q in params]
 
 
 @pytest.mark.parametrize("std", [0.5, 1.5, 4.0])
@@ -416,7 +416,7 @@ def test_fast_sampler_on_a_llama3_vocabulary(std):
               SamplingParams(temperature=1.0, top_p=1.0, min_p=0.2, seed=4),
               SamplingParams(temperature=1.2, top_k=40, top_p=0.9, seed=5), SamplingParams(temperature=0),
               SamplingParams(temperature=1.0, top_p=1.0, seed=7), SamplingParams(temperature=0.8, top_p=0.99, seed=8)]
-    got = choose_tokens(lg, params, [None] * 8, [q.generator() for q in params])
+    got = choose_tokens(lg, params, [None] * 8, [seeded_generator(q) for q in params])
     exact = 0
     for r, q in enumerate(params):
         x = lg[r] / q.temperature if not q.greedy else lg[r]
@@ -425,7 +425,7 @@ def test_fast_sampler_on_a_llama3_vocabulary(std):
         assert torch.isfinite(filt[got.ids[r]])
         if q.greedy or q.top_p >= 1.0 or _assert_same_cut(torch.isfinite(top_p_filter(x, q.top_p)) & torch.isfinite(x),
                                                           x, q.top_p):
-            assert got.ids[r] == sample(lg[r], q, q.generator())
+            assert got.ids[r] == sample(lg[r], q, seeded_generator(q))
             exact += 1
     assert exact >= 6
 
@@ -437,8 +437,8 @@ def test_fast_sampler_in_float64_uses_the_plain_torch_path():
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=1), SamplingParams(temperature=0),
               SamplingParams(temperature=1.0, top_p=0.999, seed=3), SamplingParams(temperature=1.0, top_k=5, seed=4)]
     for candidates in (1, 64, 1024):
-        got = choose_tokens(lg, params, [None] * 4, [q.generator() for q in params], candidates=candidates)
-        assert got.ids == [sample(row, q, q.generator()) for row, q in zip(lg, params)]
+        got = choose_tokens(lg, params, [None] * 4, [seeded_generator(q) for q in params], candidates=candidates)
+        assert got.ids == [sample(row, q, seeded_generator(q)) for row, q in zip(lg, params)]
 
 
 @pytest.mark.parametrize("sample_size", [8, 4096])

@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from core.checkpoints import load
-from core.engine.engine import Done, Engine, Prefilled, Token
+from core.engine.engine import Engine
+from core.engine.events import Done, Prefilled, Token
 from core.errors import DraftModelError, SettingsError
 from core.model.kv_cache import KVCache
 from core.model.transformer import ModelArgs, Transformer
-from core.engine.sampling import SamplingParams, filter_logits
+from core.engine.sampling import filter_logits
+from core.engine.settings import SamplingParams
 from core.engine import speculative
 from core.engine.speculative import LOOKUP_MAX_DRAFT, NgramIndex, Pace, verify
 from tests.core.checkpoints.util import write_tiny_tokenizer
@@ -453,7 +455,7 @@ def test_constrained_lanes_draft_and_stay_exact(stories, pacing):
 
     import jsonschema
 
-    from core.engine.constrain import Constraint
+    from core.engine.constraint import Constraint
     eng = Engine(stories.model, stories.tokenizer, stop_ids=stories.stop_ids)
     eng.add_draft("itself", stories.model, stories.tokenizer)
     eng.add_draft("random", random_model(stories.model.args.vocab_size, seed=3), stories.tokenizer)

@@ -7,9 +7,11 @@ and the fast sampler on CUDA tensors and generators, the GQA path, and quantized
 import pytest
 import torch
 
-from core.engine.engine import Done, Engine
+from core.engine.engine import Engine
+from core.engine.events import Done
 from core.model.kv_cache import KVCache
-from core.engine.sampling import SamplingParams, choose_tokens, sample
+from core.engine.sampling import choose_tokens, sample, seeded_generator
+from core.engine.settings import SamplingParams
 from tests.helpers import greedy, hf_greedy, meta_from_hf, tiny_hf
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
@@ -62,8 +64,8 @@ def test_fast_sampler_on_cuda_matches_the_reference_with_cuda_generators():
               SamplingParams(temperature=1.1, top_k=40, min_p=0.05, seed=3),
               SamplingParams(temperature=0.7, top_p=0.5, repetition_penalty=1.3, seed=4)]
     prev = [None, None, None, torch.tensor([3, 17, 200], device=CUDA)]
-    got = choose_tokens(lg, params, prev, [q.generator(CUDA) for q in params])
-    want = [sample(row, q, q.generator(CUDA), p) for row, q, p in zip(lg, params, prev)]
+    got = choose_tokens(lg, params, prev, [seeded_generator(q, CUDA) for q in params])
+    want = [sample(row, q, seeded_generator(q, CUDA), p) for row, q, p in zip(lg, params, prev)]
     assert got.ids == want and got.tokens.device.type == "cuda"
 
 

@@ -13,9 +13,10 @@ import torch
 
 from core.checkpoints import load
 from core.model.decode_step import DecodeStep, static_step
-from core.engine.engine import Done, Engine, Prefilled
+from core.engine.engine import Engine
+from core.engine.events import Done, Prefilled
 from core.model.kv_cache import KVCache, static_capacity
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from tests.helpers import TINY_META, hf_greedy, tiny_hf
 
 # Logits of the static step (attention over every slot, masked) against transformers'

@@ -88,7 +88,7 @@ def test_thread_plan_takes_the_probes_pick_per_phase_within_the_budget():
 
 def test_engine_runs_prefill_and_decode_at_their_thread_counts(fixtures):
     from core.engine.engine import Engine
-    from core.engine.sampling import SamplingParams
+    from core.engine.settings import SamplingParams
     lm = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
     seen = []
     forward = lm.model.forward

@@ -13,8 +13,8 @@ import pytest
 
 from core.checkpoints import load
 from core.remote.client import RemoteError, RemoteModel
-from core.engine.engine import Done, Token
-from core.engine.sampling import SamplingParams
+from core.engine.events import Done, Token
+from core.engine.settings import SamplingParams
 from core.serving.run import RunningServer
 from core.serving.state import ServerState
 from tests.helpers import ROOT, lacking

@@ -7,9 +7,10 @@ import pytest
 
 from core.checkpoints import load
 from core.remote.client import RemoteError, RemoteModel
-from core.engine.engine import Done, Engine
+from core.engine.engine import Engine
+from core.engine.events import Done
 from core.prompt.prompting import render_chat
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from core.remote.runner import RemoteRunner
 from core.serving.run import RunningServer
 from core.serving.state import ServerState

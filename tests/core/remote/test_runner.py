@@ -7,12 +7,13 @@ import pytest
 
 from core.checkpoints import load
 from core.remote.client import RemoteError, RemoteModel
-from core.engine.engine import Done, Token
+from core.engine.events import Done, Token
 from core.remote.runner import RemoteRunner, describe_error
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from core.serving.run import RunningServer
 from core.serving.state import ServerState
-from core.worker.worker import CompareRequest, Error, GenerateRequest, Prompted, Reply
+from core.worker.worker import CompareRequest, Error, GenerateRequest, Prompted
+from core.engine.events import Reply
 from tests.helpers import Collector, free_port, is_token
 
 pytestmark = pytest.mark.timeout(180)

@@ -13,9 +13,10 @@ openai = pytest.importorskip("openai")
 
 from core.cli.main import main  # noqa: E402
 from core.checkpoints import load  # noqa: E402
-from core.engine.engine import Done, Engine  # noqa: E402
+from core.engine.engine import Engine  # noqa: E402
+from core.engine.events import Done
 from core.prompt.prompting import render_chat, strips_reply_space  # noqa: E402
-from core.engine.sampling import SamplingParams  # noqa: E402
+from core.engine.settings import SamplingParams  # noqa: E402
 from core.serving.run import RunningServer  # noqa: E402
 from core.serving.state import ServerState  # noqa: E402
 from tests.helpers import ROOT  # noqa: E402

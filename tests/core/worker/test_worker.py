@@ -7,12 +7,13 @@ import pytest
 
 from core import checkpoints
 from core.prompt.chat_format import chat_format_for
-from core.engine.engine import Done, Engine, Prefilled, Token
+from core.engine.engine import Engine
+from core.engine.events import Done, Prefilled, Token
 from core.errors import SettingsError
 from core.prompt.prompting import fit_dialog, reply_reserve
-from core.engine.sampling import SamplingParams
-from core.worker.worker import (CompareRequest, Error, GenerateRequest, Loaded, LoadProgress, Prompted, Reply, Unloaded,
-                         Worker, default_torch_threads, resolve_torch_threads)
+from core.engine.settings import SamplingParams
+from core.worker.worker import CompareRequest, Error, GenerateRequest, Loaded, LoadProgress, Prompted, Unloaded, Worker, default_torch_threads, resolve_torch_threads
+from core.engine.events import Reply
 from tests.helpers import PROMPT, ROOT, Collector, completion, inner, is_token, loaded_ok
 
 @pytest.fixture

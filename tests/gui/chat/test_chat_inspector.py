@@ -12,7 +12,7 @@ import torch
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtWidgets import QToolButton
 
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from tests.gui.ui_helpers import (anchor_point, bridge, close, data_dir, load, loop, make_window,  # noqa: F401
                                   reference_probs, run, send, settings, snapshot, until)
 
@@ -221,7 +221,7 @@ def test_continued_reply_record():
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from core.engine.engine import Token
+    from core.engine.events import Token
     from gui.compare.lanes import LaneRun
     from gui.chat.reply import ReplyState, token_record
     top = {"raw": [(4, 0.5)], "filtered": [(4, 1.0)], "pieces": {4: "!"}}

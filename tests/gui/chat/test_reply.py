@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from core.engine.engine import Done, Prefilled, Stats, Token
+from core.engine.events import Done, Prefilled, Stats, Token
 from core.history.store import History
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from core.worker.worker import Error, Prompted
 from gui.bridge import Bridge, Chunk
 from gui.chat.conversation import ConversationModel

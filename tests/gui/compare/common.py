@@ -13,8 +13,8 @@ import pytest
 from PySide6.QtWidgets import QApplication
 
 from core.checkpoints import load
-from core.engine.engine import Done, Prefilled, Stats, Token
-from core.engine.sampling import SamplingParams
+from core.engine.events import Done, Prefilled, Stats, Token
+from core.engine.settings import SamplingParams
 from core.history.store import History
 from core.worker.worker import Prompted
 from gui.bridge import Bridge, Chunk

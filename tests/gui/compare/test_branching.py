@@ -8,8 +8,9 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 
-from core.engine.engine import Done as EngineDone, Engine
-from core.engine.sampling import SamplingParams
+from core.engine.engine import Engine
+from core.engine.events import Done as EngineDone
+from core.engine.settings import SamplingParams
 from gui.compare.view import CompareView
 
 from tests.gui.compare.common import (PROMPT, bridge, history, load_and_run, snapshot, story,  # noqa: F401  (fixtures)

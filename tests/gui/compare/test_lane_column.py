@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
 
 from core.engine.lanes import lane_stats
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from gui.chat.chat_view import format_stats
 from gui.compare.lane_column import LaneColumn
 from gui.compare.models import LaneModel

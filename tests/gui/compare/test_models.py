@@ -12,9 +12,10 @@ from PySide6.QtCore import Qt, QUrl
 
 from core import limits
 from core.checkpoints import load
-from core.engine.engine import Done, Engine
+from core.engine.engine import Engine
+from core.engine.events import Done
 from core.engine.lanes import text_diff, token_diff, tokenizer_fingerprint
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from core.history.store import History
 from core.remote.client import RemoteModel
 from gui.chat.conversation import ConversationModel

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from core.engine.engine import Done, Prefilled, Stats, Token
+from core.engine.events import Done, Prefilled, Stats, Token
 from core.engine.lanes import MAX_LANES
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from core.worker.worker import CompareRequest, Error, Prompted
 from gui.bridge import BridgeError, Chunk
 from gui.compare.lanes import LaneRun

@@ -13,7 +13,7 @@ from PySide6.QtCore import QSettings, Qt, QUrl
 from PySide6.QtWidgets import QWidget
 
 import gui.main_window as mw
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from core.history.store import History
 from gui.chat.conversation import ConversationModel
 from gui.compare.view import CompareView

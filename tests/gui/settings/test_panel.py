@@ -7,7 +7,7 @@ import pytest
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QScrollArea, QWidget
 
-from core.engine.sampling import SamplingParams
+from core.engine.settings import SamplingParams
 from gui.settings.panel import (BUILTIN_PRESETS, SamplingPanel, format_stop_strings,
                                 parse_stop_strings)
 
@@ -309,7 +309,7 @@ def test_logit_bias_field_gives_text_biases_and_says_what_it_left_out(qtbot, ini
 def test_constraint_setting_gives_params_checks_inline_and_persists(qtbot, ini):
     import json
 
-    from core.engine.constrain import Constraint
+    from core.engine.constraint import Constraint
     panel = make(qtbot, ini)
     assert panel.params().constraint is None and panel.constraintText.isHidden()
     schema = '{"type": "object", "properties": {"name": {"type": "string"}}}'
