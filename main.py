@@ -1,6 +1,7 @@
-"""LlamaDesk: ``python3 main.py [MODEL] [--device auto|cpu|cuda|mps] [--dtype auto|float32|bfloat16|float16]``.
+"""LlamaDesk: ``python3 main.py [MODEL] [--device auto|cpu|cuda|mps] [--dtype auto|float32|bfloat16|float16|int8|int4]``.
 
-Run directly, it sets up and uses the project's own ``.venv`` first (tools/bootstrap.py).
+Run directly, it first makes sure of an interpreter with every dependency (tools/bootstrap.py):
+the running one when it has them all, else the project's own ``.venv``, built on first use.
 
 Without MODEL the app opens the last model used, else the bundled demo model, else none
 (and says how to open one).
@@ -12,14 +13,18 @@ import logging
 import os
 import sys
 
+# core.checkpoints.common.DTYPE_CHOICES, spelled out: importing it would import torch before the
+# interpreter is settled (tests/packaging/test_entry_points.py keeps the two equal).
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "int8", "int4")
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="llamadesk", description="Chat with LLaMA-family models, locally.")
     p.add_argument("model", nargs="?", help="a model folder (Meta or Hugging Face) or a .gguf file")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"], default=None,
                    help="where to run the model (default: the last choice, else auto)")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default=None,
-                   help="weights' data type (default: the last choice, else auto)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
+                   help="weights' data type; int8/int4 quantize at load (default: the last choice, else auto)")
     p.add_argument("--theme", choices=["system", "light", "dark"], default=None,
                    help="colour theme (default: the last choice, else follow the system)")
     args, _qt_args = p.parse_known_args(argv[1:])  # leave Qt's own options (-platform, …) to Qt
