@@ -20,7 +20,8 @@ from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, Q
                                QWidget)
 
 from core.history import export as chat_export
-from core.history.store import History, HistoryError
+from core.history.records import HistoryError
+from core.history.store import History
 from core.remote.runner import public_url
 
 from gui.library.window import LibraryRoom

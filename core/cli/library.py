@@ -13,7 +13,7 @@ from core.errors import DownloadError, HubError, SettingsError, plain_text
 from core.library.downloads import DownloadFailed, DownloadFinished, DownloadManager, DownloadProgress
 from core.library.hub import HubClient, free_memory
 from core.library.library import LibraryState, human_params, human_size, scan
-from core.model.tuning import data_dir
+from core.paths import data_dir
 
 
 def _pick(client, repo: str, args):

@@ -12,14 +12,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.history.store import _MESSAGE_COLUMNS, KINDS, Conversation, History, HistoryError, prompt_markdown
+from core.history.records import KINDS, Conversation, HistoryError, prompt_markdown
+from core.history.schema import MESSAGE_COLUMNS
+from core.history.store import History
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "export_markdown", "export_json", "import_json", "read_export",
            "export_file_name"]
 
 EXPORT_FORMAT = "llamadesk.conversation"
 EXPORT_VERSION = 1
-MESSAGE_FIELDS = tuple(k for k in _MESSAGE_COLUMNS if k != "conversation_id")
+MESSAGE_FIELDS = tuple(k for k in MESSAGE_COLUMNS if k != "conversation_id")
 
 
 def export_markdown(history: History, conv_id: int) -> str:
@@ -154,70 +156,82 @@ def _settings_line(settings: dict | None, seed: int | None, model_id: str | None
     return " · ".join(parts)
 
 
+def _bad(msg: str):
+    raise HistoryError(f"not a valid LlamaDesk conversation file: {msg}")
+
+
 def _validate_export(data: Any) -> tuple[dict, list[dict]]:
     """Check an export dict thoroughly before anything is written."""
-    def bad(msg: str):
-        raise HistoryError(f"not a valid LlamaDesk conversation file: {msg}")
-
     if not isinstance(data, dict):
-        bad(f"expected a JSON object, got {type(data).__name__}")
+        _bad(f"expected a JSON object, got {type(data).__name__}")
     if data.get("format") != EXPORT_FORMAT:
-        bad(f"format is {data.get('format')!r}, expected {EXPORT_FORMAT!r}")
+        _bad(f"format is {data.get('format')!r}, expected {EXPORT_FORMAT!r}")
     version = data.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
-        bad("missing or non-integer 'version'")
+        _bad("missing or non-integer 'version'")
     if version > EXPORT_VERSION:
         raise HistoryError(f"conversation file version {version} was written by a newer "
                            f"LlamaDesk (this one reads up to {EXPORT_VERSION})")
     if version < 1:
-        bad(f"unknown version {version}")
-    conv = data.get("conversation")
+        _bad(f"unknown version {version}")
+    conv = _checked_conversation(data.get("conversation"))
+    msgs = data.get("messages", [])
+    if not isinstance(msgs, list):
+        _bad("'messages' must be a list")
+    seen: set[int] = set()
+    for i, m in enumerate(msgs):
+        seen.add(_checked_message_id(m, f"message #{i + 1}", seen))
+    leaf = conv.get("current_leaf_id")
+    if leaf is not None and leaf not in seen:
+        _bad(f"current_leaf_id {leaf!r} is not one of the messages")
+    return conv, msgs
+
+
+def _checked_conversation(conv: Any) -> dict:
+    """The export's conversation object, checked, with its kind defaulted to chat."""
     if not isinstance(conv, dict):
-        bad("missing 'conversation' object")
+        _bad("missing 'conversation' object")
     if not isinstance(conv.get("title"), str):
-        bad("conversation 'title' must be a string")
+        _bad("conversation 'title' must be a string")
     conv = dict(conv)
     conv.setdefault("kind", "chat")
     if conv["kind"] not in KINDS:
-        bad(f"conversation kind {conv['kind']!r} is not one of {', '.join(KINDS)}")
+        _bad(f"conversation kind {conv['kind']!r} is not one of {', '.join(KINDS)}")
     if conv.get("meta") is not None and not isinstance(conv["meta"], dict):
-        bad("conversation 'meta' must be an object")
+        _bad("conversation 'meta' must be an object")
     for k in ("created_at", "updated_at"):
         if k in conv and not isinstance(conv[k], (int, float)):
-            bad(f"conversation '{k}' must be a number")
-    msgs = data.get("messages", [])
-    if not isinstance(msgs, list):
-        bad("'messages' must be a list")
-    seen: set[int] = set()
-    for i, m in enumerate(msgs):
-        where = f"message #{i + 1}"
-        if not isinstance(m, dict):
-            bad(f"{where} is not an object")
-        mid = m.get("id")
-        if not isinstance(mid, int) or isinstance(mid, bool):
-            bad(f"{where} has no integer 'id'")
-        if mid in seen:
-            bad(f"{where} repeats id {mid}")
-        pid = m.get("parent_id")
-        if pid is not None and pid not in seen:
-            bad(f"{where} (id {mid}) has parent_id {pid!r}, which is not an earlier message")
-        if not isinstance(m.get("role"), str) or not m["role"]:
-            bad(f"{where} (id {mid}) has no 'role'")
-        if not isinstance(m.get("text"), str):
-            bad(f"{where} (id {mid}) has no string 'text'")
-        for k in ("settings", "stats", "meta"):
-            if m.get(k) is not None and not isinstance(m[k], dict):
-                bad(f"{where} (id {mid}): '{k}' must be an object")
-        seed = m.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            bad(f"{where} (id {mid}): 'seed' must be an integer")
-        for k in ("model_id", "stop_reason"):
-            if m.get(k) is not None and not isinstance(m[k], str):
-                bad(f"{where} (id {mid}): '{k}' must be a string")
-        if "created_at" in m and not isinstance(m["created_at"], (int, float)):
-            bad(f"{where} (id {mid}): 'created_at' must be a number")
-        seen.add(mid)
-    leaf = conv.get("current_leaf_id")
-    if leaf is not None and leaf not in seen:
-        bad(f"current_leaf_id {leaf!r} is not one of the messages")
-    return conv, msgs
+            _bad(f"conversation '{k}' must be a number")
+    return conv
+
+
+def _checked_message_id(m: Any, where: str, seen: set[int]) -> int:
+    """One exported message checked against the ids ``seen`` before it (its parent must be
+    one of them); returns its id."""
+    if not isinstance(m, dict):
+        _bad(f"{where} is not an object")
+    mid = m.get("id")
+    if not isinstance(mid, int) or isinstance(mid, bool):
+        _bad(f"{where} has no integer 'id'")
+    if mid in seen:
+        _bad(f"{where} repeats id {mid}")
+    pid = m.get("parent_id")
+    if pid is not None and pid not in seen:
+        _bad(f"{where} (id {mid}) has parent_id {pid!r}, which is not an earlier message")
+    where = f"{where} (id {mid})"
+    if not isinstance(m.get("role"), str) or not m["role"]:
+        _bad(f"{where} has no 'role'")
+    if not isinstance(m.get("text"), str):
+        _bad(f"{where} has no string 'text'")
+    for k in ("settings", "stats", "meta"):
+        if m.get(k) is not None and not isinstance(m[k], dict):
+            _bad(f"{where}: '{k}' must be an object")
+    seed = m.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        _bad(f"{where}: 'seed' must be an integer")
+    for k in ("model_id", "stop_reason"):
+        if m.get(k) is not None and not isinstance(m[k], str):
+            _bad(f"{where}: '{k}' must be a string")
+    if "created_at" in m and not isinstance(m["created_at"], (int, float)):
+        _bad(f"{where}: 'created_at' must be a number")
+    return mid

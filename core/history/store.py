@@ -9,159 +9,28 @@ to it. Nothing is ever overwritten by a branch switch, so every version stays re
 Durability: each public write is one ``BEGIN IMMEDIATE`` transaction (``self._tx()``), the
 journal is WAL with ``synchronous=FULL``, so a committed message survives the process
 being killed. :meth:`History.open_or_recover` moves a damaged file aside (never deletes it).
-The schema version lives in ``PRAGMA user_version``; :data:`MIGRATIONS` upgrades old
-files in place.
+The schema and its migrations are in :mod:`core.history.schema`, the row types and how
+their values are stored in :mod:`core.history.records`.
 
 Never imports Qt: the CLI and the tests use it too.
 """
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
-from core.errors import LlamaDeskError
+from core.history.records import (KINDS, Conversation, HistoryError, Message, clean_text, comparison_search_text,
+                                  conversation_from_row, decode_text, dumps, message_from_row)
+from core.history.schema import (ANCESTORS_SQL, MESSAGE_COLUMNS, MIGRATIONS, NEWEST_LEAF_SQL, SCHEMA_V1,
+                                 SCHEMA_VERSION, SUBTREE_SQL, JSON_FIELDS, UPDATABLE)
+from core.paths import data_dir
 
-__all__ = ["History", "Conversation", "Message", "HistoryError", "SCHEMA_VERSION"]
+__all__ = ["History", "HISTORY_NAME"]
 
-SCHEMA_VERSION = 1
-APP_DIR_NAME = "LlamaDesk"
-KINDS = ("chat", "comparison")
-
-
-class HistoryError(LlamaDeskError):
-    """A history operation that cannot be done: unknown id, bad import data, newer file."""
-
-
-@dataclass
-class Conversation:
-    id: int
-    title: str
-    created_at: float
-    updated_at: float
-    kind: str  # "chat" | "comparison"
-    current_leaf_id: int | None
-    meta: dict = field(default_factory=dict)
-
-
-@dataclass
-class Message:
-    id: int
-    conversation_id: int
-    parent_id: int | None
-    role: str
-    text: str
-    settings: dict | None
-    seed: int | None
-    model_id: str | None
-    stats: dict | None
-    stop_reason: str | None
-    created_at: float
-    meta: dict = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- schema
-
-_SCHEMA_V1 = """
-CREATE TABLE conversations (
-    id              INTEGER PRIMARY KEY,
-    title           TEXT    NOT NULL,
-    created_at      REAL    NOT NULL,
-    updated_at      REAL    NOT NULL,
-    kind            TEXT    NOT NULL DEFAULT 'chat',
-    current_leaf_id INTEGER,
-    meta            TEXT    NOT NULL DEFAULT '{}',
-    -- text held in meta that search must see (a comparison's prompt and lanes)
-    search_text     TEXT    NOT NULL DEFAULT ''
-);
-CREATE TABLE messages (
-    id              INTEGER PRIMARY KEY,
-    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    parent_id       INTEGER REFERENCES messages(id) ON DELETE CASCADE,
-    role            TEXT    NOT NULL,
-    text            TEXT    NOT NULL,
-    settings        TEXT,
-    seed            INTEGER,
-    model_id        TEXT,
-    stats           TEXT,
-    stop_reason     TEXT,
-    created_at      REAL    NOT NULL,
-    meta            TEXT    NOT NULL DEFAULT '{}'
-);
-CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
-CREATE INDEX messages_by_parent ON messages(parent_id);
-CREATE INDEX conversations_by_update ON conversations(updated_at);
-"""
-
-# MIGRATIONS[v] upgrades a version-v database to v+1 (run inside one transaction).
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
-
-_MESSAGE_COLUMNS = ("id", "conversation_id", "parent_id", "role", "text", "settings", "seed",
-                    "model_id", "stats", "stop_reason", "created_at", "meta")
-_JSON_FIELDS = ("settings", "stats", "meta")
-_UPDATABLE = ("role", "text", "settings", "seed", "model_id", "stats", "stop_reason", "meta")
-
-
-def _json_default(obj: Any) -> Any:
-    # Lanes may carry tensors / numpy arrays of tokens or logprobs; store their values.
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, (set, frozenset)):
-        return sorted(obj)
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
-
-
-def _dumps(value: Any) -> str | None:
-    if value is None:
-        return None
-    try:
-        return json.dumps(value, ensure_ascii=False, default=_json_default)
-    except (TypeError, ValueError) as e:
-        raise HistoryError(f"cannot store value in history: {e}") from None
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-class _Damaged(str):
-    """Text read back from bytes that were not valid UTF-8 (a damaged row)."""
-
-
-def _decode_text(data: bytes) -> str:
-    # text_factory: a few corrupt bytes in one row must not make the whole query raise.
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return _Damaged(data.decode("utf-8", "replace"))
-
-
-def _meta_or_empty(text: str | None) -> dict:
-    try:
-        v = _loads(text)
-    except (ValueError, TypeError):
-        return {"damaged": ["meta"]}
-    return v if isinstance(v, dict) else {}
-
-
-def clean_text(text: str) -> tuple[str, bool]:
-    """(``text`` with lone surrogates replaced by U+FFFD, whether any were): SQLite stores
-    UTF-8, and a lone surrogate (broken clipboard data, invalid bytes from argv) cannot be
-    encoded, which would make a message silently fail to save."""
-    try:
-        text.encode("utf-8")
-        return text, False
-    except UnicodeEncodeError:
-        from core.tokenizer.base import valid_text
-        return valid_text(text), True
+HISTORY_NAME = "history.sqlite3"
 
 
 def _moved_aside(path: Path) -> Path:
@@ -202,7 +71,7 @@ class History:
             self._conn = sqlite3.connect(str(self.path), isolation_level=None,
                                          check_same_thread=False, timeout=10.0)
             self._conn.row_factory = sqlite3.Row
-            self._conn.text_factory = _decode_text
+            self._conn.text_factory = decode_text
             self._conn.execute("PRAGMA foreign_keys = ON")
             if self.path != ":memory:":
                 mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
@@ -251,21 +120,8 @@ class History:
 
     @staticmethod
     def default_path() -> Path:
-        """``$LLAMADESK_DATA_DIR/history.sqlite3``, else the platform user data folder
-        (the same place Qt's AppDataLocation names for the app "LlamaDesk")."""
-        env = os.environ.get("LLAMADESK_DATA_DIR")
-        if env:
-            return Path(env).expanduser() / "history.sqlite3"
-        home = Path.home()
-        if sys.platform == "win32":
-            base = Path(os.environ.get("APPDATA") or home / "AppData" / "Roaming")
-        elif sys.platform == "darwin":
-            base = home / "Library" / "Application Support"
-        else:
-            xdg = os.environ.get("XDG_DATA_HOME", "")
-            # The XDG spec says relative values are invalid and must be ignored.
-            base = Path(xdg) if xdg and os.path.isabs(xdg) else home / ".local" / "share"
-        return base / APP_DIR_NAME / "history.sqlite3"
+        """``history.sqlite3`` in the data folder (:func:`core.paths.data_dir`)."""
+        return data_dir() / HISTORY_NAME
 
     def close(self) -> None:
         """Close the database (idempotent), first moving the WAL's pages into the database
@@ -309,7 +165,7 @@ class History:
                     "SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
                 if has_tables:
                     raise HistoryError(f"{self.path} is not a LlamaDesk history database")
-                c.executescript_in_tx(_SCHEMA_V1)
+                c.executescript_in_tx(SCHEMA_V1)
                 version = 1
             while version < SCHEMA_VERSION:
                 MIGRATIONS[version](c.conn)
@@ -318,32 +174,6 @@ class History:
             c.execute(f"PRAGMA user_version = {int(version)}")
 
     # ------------------------------------------------------------------ rows
-
-    @staticmethod
-    def _conv(row: sqlite3.Row) -> Conversation:
-        return Conversation(id=row["id"], title=row["title"], created_at=row["created_at"],
-                            updated_at=row["updated_at"], kind=row["kind"],
-                            current_leaf_id=row["current_leaf_id"],
-                            meta=_meta_or_empty(row["meta"]))
-
-    @staticmethod
-    def _msg(row: sqlite3.Row) -> Message:
-        d = {k: row[k] for k in _MESSAGE_COLUMNS}
-        damaged = []
-        for k in _JSON_FIELDS:
-            try:
-                d[k] = _loads(d[k])
-            except (ValueError, TypeError):
-                d[k], damaged = None, damaged + [k]
-        if not isinstance(d["meta"], dict):
-            d["meta"] = {}
-        if isinstance(d["text"], _Damaged):
-            d["text"], damaged = str(d["text"]), damaged + ["text"]
-        if not isinstance(d["text"], str):
-            d["text"], damaged = "", damaged + ["text"]
-        if damaged:  # shown as damaged; the rest of the conversation opens as usual
-            d["meta"] = {**d["meta"], "damaged": damaged}
-        return Message(**d)
 
     def _message_row(self, msg_id: int) -> sqlite3.Row:
         rows = self._q("SELECT * FROM messages WHERE id = ?", (msg_id,))
@@ -367,7 +197,7 @@ class History:
         now = time.time()
         with self._tx() as c:
             cur = c.execute("INSERT INTO conversations (title, created_at, updated_at, kind, meta)"
-                            " VALUES (?, ?, ?, ?, ?)", (title, now, now, kind, _dumps(meta or {})))
+                            " VALUES (?, ?, ?, ?, ?)", (title, now, now, kind, dumps(meta or {})))
             conv_id = cur.lastrowid
         return self.conversation(conv_id)
 
@@ -386,11 +216,11 @@ class History:
                     "  AND ld_contains(m.text, ?)))")
             args += [needle, needle, needle]
         sql += " ORDER BY c.updated_at DESC, c.id DESC"
-        return [self._conv(r) for r in self._q(sql, args)]
+        return [conversation_from_row(r) for r in self._q(sql, args)]
 
     def conversation(self, conv_id: int) -> Conversation:
         """One conversation; HistoryError if unknown."""
-        return self._conv(self._check_conv(conv_id))
+        return conversation_from_row(self._check_conv(conv_id))
 
     def rename(self, conv_id: int, title: str) -> None:
         with self._tx() as c:
@@ -403,7 +233,7 @@ class History:
         """Replace a conversation's meta dict (e.g. the model it was started with)."""
         with self._tx() as c:
             cur = c.execute("UPDATE conversations SET meta = ?, updated_at = ? WHERE id = ?",
-                            (_dumps(meta), time.time(), conv_id))
+                            (dumps(meta), time.time(), conv_id))
             if cur.rowcount == 0:
                 raise HistoryError(f"no conversation with id {conv_id}")
 
@@ -439,9 +269,9 @@ class History:
                 "INSERT INTO messages (conversation_id, parent_id, role, text, settings, seed,"
                 " model_id, stats, stop_reason, created_at, meta)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (conv_id, parent_id, role, text, _dumps(settings),
-                 None if seed is None else int(seed), model_id, _dumps(stats), stop_reason,
-                 now, _dumps(meta or {})))
+                (conv_id, parent_id, role, text, dumps(settings),
+                 None if seed is None else int(seed), model_id, dumps(stats), stop_reason,
+                 now, dumps(meta or {})))
             msg_id = cur.lastrowid
             if make_current:
                 c.execute("UPDATE conversations SET current_leaf_id = ?, updated_at = ? WHERE id = ?",
@@ -452,15 +282,15 @@ class History:
 
     def message(self, msg_id: int) -> Message:
         """One message; HistoryError if unknown."""
-        return self._msg(self._message_row(msg_id))
+        return message_from_row(self._message_row(msg_id))
 
     def update_message(self, msg_id: int, **fields) -> Message:
         """Change some of a message's fields (text, stats, stop_reason, ... — not its place
         in the tree); returns the updated message."""
-        bad = sorted(set(fields) - set(_UPDATABLE))
+        bad = sorted(set(fields) - set(UPDATABLE))
         if bad:
             raise HistoryError(f"cannot update message field(s) {', '.join(bad)}; "
-                               f"updatable: {', '.join(_UPDATABLE)}")
+                               f"updatable: {', '.join(UPDATABLE)}")
         if not fields:
             return self.message(msg_id)
         if isinstance(fields.get("text"), str):
@@ -469,9 +299,9 @@ class History:
                 fields["meta"] = {**(fields.get("meta") or self.message(msg_id).meta or {}), "text_repaired": True}
         sets, args = [], []
         for k, v in fields.items():
-            sets.append(f"{k} = ?")  # k is from the _UPDATABLE whitelist
-            if k in _JSON_FIELDS:
-                v = _dumps(v if v is not None or k != "meta" else {})
+            sets.append(f"{k} = ?")  # k is from the UPDATABLE whitelist
+            if k in JSON_FIELDS:
+                v = dumps(v if v is not None or k != "meta" else {})
             elif k == "seed" and v is not None:
                 v = int(v)
             args.append(v)
@@ -492,7 +322,7 @@ class History:
             if row is None:
                 raise HistoryError(f"no message with id {msg_id}")
             conv_id, parent_id = row
-            subtree = {r[0] for r in c.execute(_SUBTREE_SQL, (msg_id,))}
+            subtree = {r[0] for r in c.execute(SUBTREE_SQL, (msg_id,))}
             leaf = c.execute("SELECT current_leaf_id FROM conversations WHERE id = ?",
                              (conv_id,)).fetchone()[0]
             new_leaf = parent_id if leaf in subtree else leaf
@@ -504,8 +334,8 @@ class History:
         """A message, everything below it and its conversation's current leaf, as stored:
         what :meth:`restore_subtree` puts back (Undo of :meth:`delete_message`)."""
         row = self._message_row(msg_id)
-        cols = ", ".join(_MESSAGE_COLUMNS)
-        ids = [r[0] for r in self._q(_SUBTREE_SQL, (msg_id,))]
+        cols = ", ".join(MESSAGE_COLUMNS)
+        ids = [r[0] for r in self._q(SUBTREE_SQL, (msg_id,))]
         rows = [tuple(r) for r in self._q(f"SELECT {cols} FROM messages WHERE id IN "
                                           f"({', '.join('?' * len(ids))}) ORDER BY id", ids)]
         leaf = self._check_conv(row["conversation_id"])["current_leaf_id"]
@@ -515,7 +345,7 @@ class History:
         """Put back messages deleted after :meth:`subtree_snapshot`, with their ids, and
         the current leaf of then; HistoryError when that is no longer possible (the
         conversation or the parent is gone, or an id was taken meanwhile)."""
-        cols = ", ".join(_MESSAGE_COLUMNS)
+        cols = ", ".join(MESSAGE_COLUMNS)
         try:
             with self._tx() as c:
                 # Parents have smaller ids than their replies: id order inserts parents first.
@@ -529,7 +359,7 @@ class History:
     def messages(self, conv_id: int) -> list[Message]:
         """Every message of a conversation (all branches), in insertion order."""
         self._check_conv(conv_id)
-        return [self._msg(r) for r in
+        return [message_from_row(r) for r in
                 self._q("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conv_id,))]
 
     def current_path(self, conv_id: int) -> list[Message]:
@@ -541,10 +371,10 @@ class History:
 
     def path_to(self, msg_id: int) -> list[Message]:
         """Root → ``msg_id``."""
-        rows = self._q(_ANCESTORS_SQL, (msg_id,))
+        rows = self._q(ANCESTORS_SQL, (msg_id,))
         if not rows:
             raise HistoryError(f"no message with id {msg_id}")
-        return [self._msg(r) for r in reversed(rows)]
+        return [message_from_row(r) for r in reversed(rows)]
 
     def children(self, msg_id: int | None, conv_id: int | None = None) -> list[Message]:
         """Direct replies to ``msg_id`` (for None: the roots of ``conv_id``), oldest first."""
@@ -555,7 +385,7 @@ class History:
                            " ORDER BY id", (conv_id,))
         else:
             rows = self._q("SELECT * FROM messages WHERE parent_id = ? ORDER BY id", (msg_id,))
-        return [self._msg(r) for r in rows]
+        return [message_from_row(r) for r in rows]
 
     def siblings(self, msg_id: int) -> list[Message]:
         """The versions of a message: same conversation, same parent, same role (itself
@@ -564,7 +394,7 @@ class History:
         rows = self._q("SELECT * FROM messages WHERE conversation_id = ? AND parent_id IS ?"
                        " AND role = ? ORDER BY id",
                        (row["conversation_id"], row["parent_id"], row["role"]))
-        return [self._msg(r) for r in rows]
+        return [message_from_row(r) for r in rows]
 
     def select(self, msg_id: int) -> None:
         """Put ``msg_id`` on screen: the current leaf becomes the most recently created leaf
@@ -574,7 +404,7 @@ class History:
             if row is None:
                 raise HistoryError(f"no message with id {msg_id}")
             # Newest descendant that has no children; ids grow with time.
-            leaf = c.execute(_NEWEST_LEAF_SQL, (msg_id,)).fetchone()[0]
+            leaf = c.execute(NEWEST_LEAF_SQL, (msg_id,)).fetchone()[0]
             c.execute("UPDATE conversations SET current_leaf_id = ? WHERE id = ?",
                       (leaf if leaf is not None else msg_id, row[0]))
 
@@ -601,13 +431,13 @@ class History:
                 or not all(isinstance(lane, dict) for lane in lanes):
             raise HistoryError("save_comparison needs a prompt dict and a list of lane dicts")
         data = {"prompt": prompt, "lanes": lanes}
-        meta_json = _dumps({"comparison": data})
+        meta_json = dumps({"comparison": data})
         now = time.time()
         with self._tx() as c:
             cur = c.execute(
                 "INSERT INTO conversations (title, created_at, updated_at, kind, meta, search_text)"
                 " VALUES (?, ?, ?, 'comparison', ?, ?)",
-                (title, now, now, meta_json, _comparison_text(data)))
+                (title, now, now, meta_json, comparison_search_text(data)))
             conv_id = cur.lastrowid
         return self.conversation(conv_id)
 
@@ -628,13 +458,13 @@ class History:
         now = time.time()
         with self._tx() as c:
             meta = conv.get("meta") or {}
-            search = _comparison_text(meta["comparison"]) if conv["kind"] == "comparison" \
+            search = comparison_search_text(meta["comparison"]) if conv["kind"] == "comparison" \
                 and isinstance(meta.get("comparison"), dict) else ""
             cur = c.execute(
                 "INSERT INTO conversations (title, created_at, updated_at, kind, meta, search_text)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
                 (conv["title"], conv.get("created_at", now), conv.get("updated_at", now),
-                 conv["kind"], _dumps(meta), search))
+                 conv["kind"], dumps(meta), search))
             new_conv = cur.lastrowid
             id_map: dict[int, int] = {}
             for m in msgs:
@@ -643,9 +473,9 @@ class History:
                     " model_id, stats, stop_reason, created_at, meta)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (new_conv, id_map.get(m.get("parent_id")), m["role"], m["text"],
-                     _dumps(m.get("settings")), m.get("seed"), m.get("model_id"),
-                     _dumps(m.get("stats")), m.get("stop_reason"), m.get("created_at", now),
-                     _dumps(m.get("meta") or {})))
+                     dumps(m.get("settings")), m.get("seed"), m.get("model_id"),
+                     dumps(m.get("stats")), m.get("stop_reason"), m.get("created_at", now),
+                     dumps(m.get("meta") or {})))
                 id_map[m["id"]] = cur.lastrowid
             leaf = conv.get("current_leaf_id")
             c.execute("UPDATE conversations SET current_leaf_id = ? WHERE id = ?",
@@ -655,94 +485,10 @@ class History:
 
 # --------------------------------------------------------------------------- helpers
 
-_SUBTREE_SQL = """
-WITH RECURSIVE sub(id) AS (
-    SELECT id FROM messages WHERE id = ?
-    UNION ALL
-    SELECT m.id FROM messages m JOIN sub ON m.parent_id = sub.id
-)
-SELECT id FROM sub
-"""
-
-_NEWEST_LEAF_SQL = """
-WITH RECURSIVE sub(id) AS (
-    SELECT id FROM messages WHERE id = ?
-    UNION ALL
-    SELECT m.id FROM messages m JOIN sub ON m.parent_id = sub.id
-)
-SELECT max(id) FROM sub WHERE NOT EXISTS (SELECT 1 FROM messages k WHERE k.parent_id = sub.id)
-"""
-
-_ANCESTORS_SQL = """
-WITH RECURSIVE up(id, depth) AS (
-    SELECT id, 0 FROM messages WHERE id = ?
-    UNION ALL
-    SELECT m.parent_id, up.depth + 1 FROM messages m JOIN up ON m.id = up.id
-    WHERE m.parent_id IS NOT NULL
-)
-SELECT messages.* FROM up JOIN messages ON messages.id = up.id ORDER BY up.depth
-"""
-
-
 def _looks_damaged(reason: str) -> bool:
     r = reason.lower()
     return any(w in r for w in ("not a database", "malformed", "integrity check", "not a llamadesk",
                                 "file is not", "disk image", "corrupt", "unsupported file format"))
-
-
-INCOMPLETE = "incomplete"  # stop_reason of a reply still streaming, or cut short by a crash
-
-
-class PartialReply:
-    """A streaming reply saved as it grows: the first text creates the message with stop
-    reason ``incomplete``; then it is rewritten at most every ``every_s`` seconds or
-    ``every_chars`` characters, so a crash loses at most that much; :meth:`finish` writes
-    the final text and stop reason. Writes happen on the caller's thread (the UI's), never
-    the generating one.
-    """
-
-    def __init__(self, history: "History", conv_id: int, parent_id: int, *, every_s: float = 0.5,
-                 every_chars: int = 200, **fields):
-        self.history, self.conv_id, self.parent_id = history, conv_id, parent_id
-        self.fields = fields
-        self.every_s, self.every_chars = every_s, every_chars
-        self.text = ""
-        self.msg_id: int | None = None
-        self._saved_len = 0
-        self._saved_at = 0.0
-        self.error: str | None = None  # the last failed save, if any
-
-    def append(self, text: str) -> None:
-        self.text += text
-        now = time.monotonic()
-        if self.msg_id is None or len(self.text) - self._saved_len >= self.every_chars or now - self._saved_at >= self.every_s:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.text == "" or (self.msg_id is not None and len(self.text) == self._saved_len):
-            return
-        try:
-            if self.msg_id is None:
-                self.msg_id = self.history.add_message(self.conv_id, role="assistant", text=self.text,
-                                                       parent_id=self.parent_id, stop_reason=INCOMPLETE,
-                                                       **self.fields).id
-            else:
-                self.history.update_message(self.msg_id, text=self.text)
-            self.error = None
-        except HistoryError as e:  # full disk, read-only folder: keep streaming, retry at the next piece
-            self.error = str(e)
-            return
-        self._saved_len, self._saved_at = len(self.text), time.monotonic()
-
-    def finish(self, text: str, **fields) -> Message:
-        """The final reply: updates the partial message (or adds it) and makes it current."""
-        merged = {**self.fields, **fields}
-        if self.msg_id is None:
-            return self.history.add_message(self.conv_id, role="assistant", text=text,
-                                            parent_id=self.parent_id, **merged)
-        m = self.history.update_message(self.msg_id, text=text, **merged)
-        self.history.set_current_leaf(self.conv_id, self.msg_id)
-        return m
 
 
 class _Transaction:
@@ -794,20 +540,3 @@ class _Transaction:
             raise HistoryError(f"history database error: {exc}") from exc
 
 
-def prompt_markdown(prompt: dict) -> str:
-    if isinstance(prompt.get("messages"), list):
-        return "\n\n".join(f"**{str(m.get('role', '?')).capitalize()}:** {m.get('content', m.get('text', ''))}"
-                           for m in prompt["messages"] if isinstance(m, dict))
-    return str(prompt.get("text", ""))
-
-
-def _comparison_text(data: dict) -> str:
-    """The words of a comparison that search should find (prompt and lane texts)."""
-    parts: list[str] = []
-    prompt = data.get("prompt") or {}
-    if isinstance(prompt, dict):
-        parts.append(prompt_markdown(prompt))
-    for lane in data.get("lanes") or []:
-        if isinstance(lane, dict):
-            parts.append(str(lane.get("text", "")))
-    return "\n".join(parts).casefold()

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import re
-import shutil
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from core.errors import LlamaDeskError, one_line
+from core.paths import data_dir
 
 STATE_NAME = "library.json"
 MODELS_DIR = "models"
@@ -82,13 +82,11 @@ class LibraryEntry:
 # --------------------------------------------------------------------------- where
 
 def state_path() -> Path:
-    from core.model.tuning import data_dir
     return data_dir() / STATE_NAME
 
 
 def default_models_folder() -> Path:
     """``models`` in the app's data folder: where downloads go unless the user chose another."""
-    from core.model.tuning import data_dir
     return data_dir() / MODELS_DIR
 
 

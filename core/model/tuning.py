@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from core.paths import data_dir
+
 CACHE_NAME = "cpu_probe.json"
 DTYPE_ENV = "LLAMADESK_CPU_DTYPE"  # float32 / bfloat16: skip the probe (tests, scripts)
 PROBE_VERSION = 2  # a cache written by another version of the probe is measured again
@@ -49,12 +51,6 @@ class CpuChoice:
         return (f"{self.dtype}: probe of this CPU ({self.measured}): bfloat16 decode "
                 f"{self.bf16_decode_speedup:.2f}x, prefill {self.bf16_prefill_speedup:.2f}x of float32; "
                 f"threads {self.prefill_threads} prefill / {self.decode_threads} decode")
-
-
-def data_dir() -> Path:
-    """``$LLAMADESK_DATA_DIR``, else the platform user data folder (as the history uses)."""
-    from core.history.store import History
-    return History.default_path().parent
 
 
 def fingerprint() -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, Signal
 
 from core.history import export as chat_export
-from core.history.store import History, Message
+from core.history.records import Message
+from core.history.store import History
 
 TITLE_CHARS = 48
 

@@ -11,7 +11,7 @@ import time
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QSortFilterProxyModel, Qt, Signal
 
-from core.history.store import Conversation
+from core.history.records import Conversation
 
 ID_ROLE = Qt.UserRole
 

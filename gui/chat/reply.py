@@ -14,7 +14,8 @@ from PySide6.QtCore import QObject, Signal
 
 from core.engine.events import Done, Prefilled
 from core.remote.runner import describe_error, public_url
-from core.history.store import HistoryError, Message, PartialReply
+from core.history.partial import PartialReply
+from core.history.records import HistoryError, Message
 from core.worker.worker import Error, GenerateRequest, Prompted
 
 from gui.bridge import Chunk

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QSettings, Qt, Signal
 
+from core import paths
 from core.library import library
 from core.library.downloads import DownloadFinished, DownloadManager
 from core.library.hub import HubClient
@@ -58,7 +59,7 @@ class LibraryService(QObject):
                  manager_factory=None, scan=None, parent: QObject | None = None):
         super().__init__(parent)
         self.settings = settings
-        self.data_dir = Path(library.state_path().parent if data_dir is None else data_dir)
+        self.data_dir = Path(paths.data_dir() if data_dir is None else data_dir)
         self._hub_factory = hub_factory or HubClient
         self._manager_factory = manager_factory or DownloadManager
         self._scan_fn = scan or library.scan

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtCore import Qt
 
-from core.history.store import INCOMPLETE
+from core.history.partial import INCOMPLETE
 from tests.gui.ui_helpers import bridge, close, data_dir, loop, run, settings, until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from core.history.store import INCOMPLETE, History, HistoryError, PartialReply
+from core.history.partial import INCOMPLETE, PartialReply
+from core.history.records import HistoryError
+from core.history.store import History
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,7 +192,8 @@ def test_two_processes_write_one_store(tmp_path):
 CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, ROOT)
-    from core.history.store import History, PartialReply
+    from core.history.partial import PartialReply
+    from core.history.store import History
     h = History(PATH)
     c = h.create_conversation(f"run {RUN}")
     parent = None

@@ -7,7 +7,7 @@ import pytest
 
 from core.history.export import EXPORT_FORMAT, export_json, export_markdown, import_json
 from core.errors import LlamaDeskError
-from core.history.store import HistoryError
+from core.history.records import HistoryError
 from tests.helpers import greetings_chat as chat, texts
 
 
@@ -84,7 +84,7 @@ def test_bad_import_raises_history_error(h, data, match):
 
 def test_read_export_refuses_non_json_in_the_users_words(tmp_path):
     from core.history.export import read_export
-    from core.history.store import HistoryError
+    from core.history.records import HistoryError
     (tmp_path / "a.json").write_text('{"format": "llamadesk.conversation"}', encoding="utf-8")
     assert read_export(tmp_path / "a.json") == {"format": "llamadesk.conversation"}
     for name, data, words in [("notes.txt", b"hello", "not JSON"), ("img.json", b"\xff\xd8\xff\xe0", "not a text file")]:

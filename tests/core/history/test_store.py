@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from core.history.export import export_json, export_markdown, import_json
-from core.history.store import SCHEMA_VERSION, History, HistoryError
+from core.history.records import HistoryError
+from core.history.schema import SCHEMA_VERSION
+from core.history.store import History
 from tests.helpers import greetings_chat as chat, texts
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -1,0 +1,79 @@
+"""The history database's schema: its tables, version and migrations, the columns code
+reads and writes, and the recursive queries that walk the message tree.
+
+The schema version lives in ``PRAGMA user_version``; :data:`MIGRATIONS` upgrades an older
+file in place, one version at a time, inside the transaction that opens it.
+"""
+from __future__ import annotations
+
+import sqlite3
+from typing import Callable
+
+SCHEMA_VERSION = 1
+
+SCHEMA_V1 = """
+CREATE TABLE conversations (
+    id              INTEGER PRIMARY KEY,
+    title           TEXT    NOT NULL,
+    created_at      REAL    NOT NULL,
+    updated_at      REAL    NOT NULL,
+    kind            TEXT    NOT NULL DEFAULT 'chat',
+    current_leaf_id INTEGER,
+    meta            TEXT    NOT NULL DEFAULT '{}',
+    -- text held in meta that search must see (a comparison's prompt and lanes)
+    search_text     TEXT    NOT NULL DEFAULT ''
+);
+CREATE TABLE messages (
+    id              INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    parent_id       INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+    role            TEXT    NOT NULL,
+    text            TEXT    NOT NULL,
+    settings        TEXT,
+    seed            INTEGER,
+    model_id        TEXT,
+    stats           TEXT,
+    stop_reason     TEXT,
+    created_at      REAL    NOT NULL,
+    meta            TEXT    NOT NULL DEFAULT '{}'
+);
+CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+CREATE INDEX messages_by_parent ON messages(parent_id);
+CREATE INDEX conversations_by_update ON conversations(updated_at);
+"""
+
+# MIGRATIONS[v] upgrades a version-v database to v+1 (run inside one transaction).
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+
+MESSAGE_COLUMNS = ("id", "conversation_id", "parent_id", "role", "text", "settings", "seed",
+                    "model_id", "stats", "stop_reason", "created_at", "meta")
+JSON_FIELDS = ("settings", "stats", "meta")
+UPDATABLE = ("role", "text", "settings", "seed", "model_id", "stats", "stop_reason", "meta")
+
+SUBTREE_SQL = """
+WITH RECURSIVE sub(id) AS (
+    SELECT id FROM messages WHERE id = ?
+    UNION ALL
+    SELECT m.id FROM messages m JOIN sub ON m.parent_id = sub.id
+)
+SELECT id FROM sub
+"""
+
+NEWEST_LEAF_SQL = """
+WITH RECURSIVE sub(id) AS (
+    SELECT id FROM messages WHERE id = ?
+    UNION ALL
+    SELECT m.id FROM messages m JOIN sub ON m.parent_id = sub.id
+)
+SELECT max(id) FROM sub WHERE NOT EXISTS (SELECT 1 FROM messages k WHERE k.parent_id = sub.id)
+"""
+
+ANCESTORS_SQL = """
+WITH RECURSIVE up(id, depth) AS (
+    SELECT id, 0 FROM messages WHERE id = ?
+    UNION ALL
+    SELECT m.parent_id, up.depth + 1 FROM messages m JOIN up ON m.id = up.id
+    WHERE m.parent_id IS NOT NULL
+)
+SELECT messages.* FROM up JOIN messages ON messages.id = up.id ORDER BY up.depth
+"""

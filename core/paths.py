@@ -1,0 +1,53 @@
+"""Where LlamaDesk keeps its files, decided in one place.
+
+The data folder holds what the app writes as it runs (conversation history, the model
+library's state, downloads, the CPU probe's cache): ``$LLAMADESK_DATA_DIR`` when set (tests,
+portable installs), else the platform's user data folder, the same one Qt's
+``AppDataLocation`` names for the app "LlamaDesk", so the app, the CLI and ``serve`` share it.
+
+The config folder is where the GUI's ``QSettings(APP_NAME, APP_NAME)`` keeps its file on
+Linux (``LlamaDesk.conf``; Qt's own rule, spelled out so tools and tests find it without Qt).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+APP_NAME = "LlamaDesk"
+DATA_ENV = "LLAMADESK_DATA_DIR"
+
+
+def _xdg(var: str, fallback: Path) -> Path:
+    # The XDG spec says relative values are invalid and must be ignored.
+    value = os.environ.get(var, "")
+    return Path(value) if value and os.path.isabs(value) else fallback
+
+
+def data_dir() -> Path:
+    """``$LLAMADESK_DATA_DIR``, else the platform user data folder for the app."""
+    env = os.environ.get(DATA_ENV)
+    if env:
+        return Path(env).expanduser()
+    home = Path.home()
+    if sys.platform == "win32":
+        base = Path(os.environ.get("APPDATA") or home / "AppData" / "Roaming")
+    elif sys.platform == "darwin":
+        base = home / "Library" / "Application Support"
+    else:
+        base = _xdg("XDG_DATA_HOME", home / ".local" / "share")
+    return base / APP_NAME
+
+
+def config_dir() -> Path:
+    """The app's config folder: on Linux the one holding the GUI's settings file (Qt keeps
+    them in the registry on Windows and in a plist on macOS; there it is the folder
+    for files of the same kind)."""
+    home = Path.home()
+    if sys.platform == "win32":
+        base = Path(os.environ.get("APPDATA") or home / "AppData" / "Roaming")
+    elif sys.platform == "darwin":
+        base = home / "Library" / "Preferences"
+    else:
+        base = _xdg("XDG_CONFIG_HOME", home / ".config")
+    return base / APP_NAME
