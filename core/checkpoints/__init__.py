@@ -6,8 +6,8 @@ from pathlib import Path
 import torch
 
 from core.errors import CheckpointError
-from core.checkpoints.common import (QUANT_DTYPES, LoadedModel, ProgressFn, auto_dtype, release_freed_heap, resolve_device,
-                     resolve_dtype)
+from core.checkpoints.common import QUANT_DTYPES, LoadedModel, ProgressFn, auto_dtype, resolve_device, resolve_dtype
+from core.model.memory import release_freed_heap
 
 GGUF_MAGIC = b"GGUF"
 

@@ -9,7 +9,7 @@ import struct
 
 from core.errors import TokenizerError
 from core.tokenizer import HFTokenizer, SentencePieceTokenizer
-from core.tokenizer.base import _B2U, LLAMA3_PATTERN
+from core.tokenizer.base import BYTE_TO_UNICODE, LLAMA3_PATTERN
 
 # Minimal protobuf wire encoding for sentencepiece's ModelProto. The package's generated
 # sentencepiece_model_pb2 needs the protobuf runtime, which this project does not depend on;
@@ -193,7 +193,7 @@ def byte_level_vocab_from_ranks(ranks: dict[bytes, int]) -> tuple[list[str], lis
     listing every such pair, ordered by the rank of the result, makes a BPE that agrees.
     """
     by_rank = sorted(ranks, key=ranks.__getitem__)
-    spell = [("".join(_B2U[b] for b in tok)) for tok in by_rank]
+    spell = [("".join(BYTE_TO_UNICODE[b] for b in tok)) for tok in by_rank]
     if ranks and (min(ranks.values()) != 0 or max(ranks.values()) != len(ranks) - 1):
         raise TokenizerError("tiktoken ranks are not the contiguous ids 0..n-1")
     merges: list[tuple[int, int, int]] = []

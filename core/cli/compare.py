@@ -17,9 +17,9 @@ from core.cli.common import (BACKEND_KEYS, CONSTRAINT_KEYS, LANE_KEYS, SPEC_KEYS
                              ended_in_error, spec_note)
 from core.engine.constraint import from_argument
 from core.engine.events import Done, Prefilled
-from core.engine.lanes import tokenizer_fingerprint
 from core.engine.settings import SamplingParams, parse_logit_bias
 from core.errors import SettingsError
+from core.tokenizer.fingerprint import tokenizer_fingerprint
 
 MAX_LANES = 8
 

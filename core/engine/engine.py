@@ -21,12 +21,12 @@ import torch
 
 from core.model import quant
 from core.engine.beam import beam_search
-from core.checkpoints.common import release_freed_heap
 from core.engine.events import Done, Event, Prefilled, Stats, Token
 from core.engine.constrain import ConstraintState, Vocabulary, allowed_tokens, fill_masks, new_bitmask
 from core.errors import SettingsError
 from core.model.decode_step import DecodeStep
 from core.model.kv_cache import KVCache, static_capacity
+from core.model.memory import release_freed_heap
 from core.engine.sampling import Choice, choose_tokens, top_alternatives, seeded_generator
 from core.engine.settings import SamplingParams
 from core.tokenizer import StreamDecoder, Tokenizer

@@ -7,7 +7,6 @@ repetitive a text is" and "what a sweep over a parameter means".
 from __future__ import annotations
 
 import difflib
-import hashlib
 import math
 import re
 from dataclasses import dataclass
@@ -144,30 +143,6 @@ def text_diff(baseline: str, pieces: Sequence[str], *, align: bool = True) -> To
             changed[owner[j]] = True
     div = owner[at] if at < len(text) else len(pieces)
     return TokenDiff(div, tuple(changed), removed)
-
-
-# --------------------------------------------------------------------------- tokenizers
-
-
-def tokenizer_fingerprint(tokenizer, vocab_size: int) -> str:
-    """A short hash of every token's bytes: two models whose fingerprints match tokenize
-    alike, so their token ids can be compared."""
-    cached = getattr(tokenizer, "_llamadesk_fingerprint", None)
-    if cached:
-        return cached
-    h = hashlib.sha256()
-    for i in range(vocab_size):
-        try:
-            b = tokenizer.token_bytes(i)
-        except Exception:
-            b = b"\xff<none>"
-        h.update(len(b).to_bytes(4, "little") + b)
-    fp = h.hexdigest()[:16]
-    try:
-        tokenizer._llamadesk_fingerprint = fp
-    except AttributeError:
-        pass
-    return fp
 
 
 # --------------------------------------------------------------------------- statistics

@@ -27,7 +27,7 @@ from typing import Iterator
 
 import torch
 
-from core.engine.lanes import tokenizer_fingerprint
+from core.tokenizer.fingerprint import tokenizer_fingerprint
 from core.errors import DraftModelError
 from core.model.kv_cache import KVCache
 from core.engine.constrain import allowed_tokens, new_bitmask

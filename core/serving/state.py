@@ -5,10 +5,10 @@ import time
 from typing import Callable
 
 from core.engine.engine import Engine
-from core.engine.lanes import tokenizer_fingerprint
 from core.engine.settings import MAX_LOOKUP
 from core.errors import SettingsError
 from core.serving.scheduler import Job, Scheduler
+from core.tokenizer.fingerprint import tokenizer_fingerprint
 from core.worker.worker import draft_loader
 
 

@@ -6,10 +6,12 @@ themselves (see ``core.prompt.chat_format``).
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Iterable, Protocol, runtime_checkable
 
-from core.errors import TokenizerError
+from core import limits
+from core.errors import TokenizerError, one_line
 
 #: Meta's Llama 3 pre-tokenizer regex (the cl100k pattern).
 LLAMA3_PATTERN = (
@@ -37,9 +39,6 @@ LLAMA3_SPECIAL_TOKENS: tuple[str, ...] = tuple(
     _LLAMA3_NAMED
     + [f"<|reserved_special_token_{2 + i}|>" for i in range(_LLAMA3_NUM_SPECIAL - len(_LLAMA3_NAMED))]
 )
-
-# Control tokens that end a turn in the Llama family; stop_ids gathers those present.
-_STOP_TOKEN_TEXTS = ("<|end_of_text|>", "<|eot_id|>", "<|eom_id|>")
 
 # Control tokens that end a turn in the Llama family; stop_ids gathers those present.
 _STOP_TOKEN_TEXTS = ("<|end_of_text|>", "<|eot_id|>", "<|eom_id|>")
@@ -133,11 +132,12 @@ def bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-_B2U = bytes_to_unicode()
-_U2B = {c: b for b, c in _B2U.items()}
+#: Byte-level BPE's spelling of each byte, and back.
+BYTE_TO_UNICODE = bytes_to_unicode()
+UNICODE_TO_BYTE = {c: b for b, c in BYTE_TO_UNICODE.items()}
 
 
-def _readable(data: bytes) -> str:
+def readable(data: bytes) -> str:
     """Bytes as text for a token inspector; bytes that are not valid UTF-8 become <0xNN>."""
     out = []
     i = 0
@@ -156,9 +156,8 @@ def _readable(data: bytes) -> str:
     return "".join(out)
 
 
-def _read_bytes(path: str | Path) -> bytes:
+def read_tokenizer_file(path: str | Path) -> bytes:
     """A tokenizer file's bytes: a regular file (never a FIFO or device), size-limited."""
-    from core import limits
     return limits.read_limited(path, limits.MAX_TOKENIZER_BYTES, error=TokenizerError)
 
 
@@ -170,7 +169,6 @@ def valid_text(text: str) -> str:
         return text
     except UnicodeEncodeError:
         pass
-    import re
     # Bytes Python escaped while decoding (argv, file names) decode as a UTF-8 decoder would;
     # any other lone surrogate is one U+FFFD.
     text = re.sub(r"[\udc80-\udcff]+",
@@ -181,7 +179,6 @@ def valid_text(text: str) -> str:
 def native_call(build, what: str):
     """``build()`` with any third-party failure (Rust panics included: they are
     BaseExceptions) turned into a TokenizerError saying ``what`` failed."""
-    from core.errors import one_line
     try:
         return build()
     except (KeyboardInterrupt, SystemExit, MemoryError, TokenizerError):

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Iterable
 
-from core.errors import TokenizerError, one_line
-
-from core.tokenizer.base import _U2B, TokenizerBase, _read_bytes, _readable, native_call, valid_text
+from core import limits
+from core.errors import TokenizerError
+from core.tokenizer.base import (UNICODE_TO_BYTE, TokenizerBase, native_call, read_tokenizer_file, readable,
+                                 valid_text)
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -32,7 +32,7 @@ class HFTokenizer(TokenizerBase):
         extra_stop_tokens: Iterable[str] = (),
         source: str | None = None,
     ):
-        from tokenizers import Tokenizer as _HFTok
+        from tokenizers import Tokenizer as _HFTok  # why: 0.1 s at start-up, only for tokenizer.json models
 
         src = tokenizer_json_path_or_str
         if isinstance(src, _HFTok):
@@ -41,11 +41,10 @@ class HFTokenizer(TokenizerBase):
             where = source or "tokenizer.json text"
             tok = _hf_from(lambda: _HFTok.from_str(src), where)
         else:
-            from core import limits
             where = str(src)
             # Read here (bounded, regular files only, nesting-limited), parsed from text:
             # tokenizers' from_file would read anything, and cannot open non-UTF-8 names.
-            data = _read_bytes(src)
+            data = read_tokenizer_file(src)
             limits.parse_json(data, file=where, error=TokenizerError)
             text = data.decode("utf-8")
             tok = _hf_from(lambda: _HFTok.from_str(text), where)
@@ -112,7 +111,7 @@ class HFTokenizer(TokenizerBase):
                 raise IndexError(f"token id {id} out of range for a vocabulary of {self.vocab_size}")
             if self._byte_level:
                 try:
-                    out = bytes(_U2B[c] for c in piece)
+                    out = bytes(UNICODE_TO_BYTE[c] for c in piece)
                 except KeyError:
                     out = piece.encode("utf-8")
             else:
@@ -123,7 +122,7 @@ class HFTokenizer(TokenizerBase):
 
     def id_to_piece(self, id: int) -> str:
         if self._byte_level and id not in self._special_set and id not in self._added_text:
-            return _readable(self.token_bytes(id))
+            return readable(self.token_bytes(id))
         piece = self._tok.id_to_token(id)
         if piece is None:
             raise IndexError(f"token id {id} out of range for a vocabulary of {self.vocab_size}")

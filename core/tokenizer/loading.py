@@ -1,13 +1,12 @@
 """Open a tokenizer file and recognise its kind by content."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
+from core import limits
 from core.errors import TokenizerError
-
-from core.tokenizer.base import Tokenizer, _read_bytes
+from core.tokenizer.base import Tokenizer, read_tokenizer_file
 from core.tokenizer.hf import HFTokenizer
 from core.tokenizer.sentencepiece import SentencePieceTokenizer
 from core.tokenizer.tiktoken_bpe import TiktokenTokenizer
@@ -25,10 +24,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             if (p / name).is_file():
                 return load_tokenizer(p / name)
         raise TokenizerError(f"no tokenizer.json or tokenizer.model in {p}")
-    data = _read_bytes(p)
+    data = read_tokenizer_file(p)
     head = data[:4096]
     if head.lstrip()[:1] == b"{":
-        from core import limits
         doc = limits.parse_json(data, file=str(p), error=TokenizerError)
         if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
             raise TokenizerError(f"JSON file is not a Hugging Face tokenizer.json: {p}")

@@ -680,7 +680,7 @@ def draft_loader(eng, *, named: bool = False):
 def _model_info(loaded, key: str | None = None) -> dict:
     """A model's info for Loaded/Held: the checkpoint's facts, its name, context length and
     tokenizer fingerprint (plus the hold key)."""
-    from core.engine.lanes import tokenizer_fingerprint
+    from core.tokenizer.fingerprint import tokenizer_fingerprint
     info = dict(loaded.info)
     info.setdefault("context_length", loaded.args.max_seq_len)
     info.setdefault("name", loaded.name)

@@ -203,16 +203,3 @@ def test_text_diff_aligns_lanes_of_different_tokenizers_by_text():
     # Without alignment (a reply still streaming): everything from the divergence on.
     d = text_diff("the cat sat on the mat", ["the", " dog", " sa", "t on", " the", " mat"], align=False)
     assert d.divergence == 1 and d.changed == (False, True, True, True, True, True)
-
-
-def test_tokenizer_fingerprint_tells_vocabularies_apart(fixtures):
-    from core.engine.lanes import tokenizer_fingerprint
-    from core.tokenizer import load_tokenizer
-    from core.checkpoints import load
-    story = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32").tokenizer
-    again = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32").tokenizer
-    assert tokenizer_fingerprint(story, 512) == tokenizer_fingerprint(again, 512)  # same vocab, separate objects
-    llama2 = fixtures / "llama2-tokenizer.model"
-    if llama2.exists():
-        t = load_tokenizer(llama2)
-        assert tokenizer_fingerprint(t, t.vocab_size) != tokenizer_fingerprint(story, 512)

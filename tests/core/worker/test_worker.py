@@ -417,7 +417,7 @@ def held_or_error(col, rid):
 
 
 def test_a_second_checkpoint_is_held_beside_the_model_and_runs_its_lanes(make_worker, gguf):
-    from core.engine.lanes import tokenizer_fingerprint
+    from core.tokenizer.fingerprint import tokenizer_fingerprint
     from core.worker.worker import Held
     w, col = make_worker()
     main = loaded_ok(col, w.load(gguf)).info

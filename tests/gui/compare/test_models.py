@@ -14,10 +14,11 @@ from core import limits
 from core.checkpoints import load
 from core.engine.engine import Engine
 from core.engine.events import Done
-from core.engine.lanes import text_diff, token_diff, tokenizer_fingerprint
+from core.engine.lanes import text_diff, token_diff
 from core.engine.settings import SamplingParams
 from core.history.store import History
 from core.remote.client import RemoteModel
+from core.tokenizer.fingerprint import tokenizer_fingerprint
 from gui.chat.conversation import ConversationModel
 from gui.compare.lane_column import CONNECT_SERVER
 from gui.compare.view import CompareView
