@@ -55,12 +55,14 @@ def load(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | No
     """
     p = Path(path).expanduser()
     kind = detect(p)
+    # why (these three): each format's loader and library (gguf, safetensors) are imported
+    # on the thread that loads, the first time, not by everything that imports this package.
     if kind == "meta":
-        from core.checkpoints.meta import load_meta as loader
+        from core.checkpoints.meta import load_meta as loader  # why: see above
     elif kind == "hf":
-        from core.checkpoints.hf import load_hf as loader
+        from core.checkpoints.hf import load_hf as loader  # why: see above
     else:
-        from core.checkpoints.gguf import load_gguf as loader
+        from core.checkpoints.gguf import load_gguf as loader  # why: see above
         if p.is_dir():
             p = next(iter(sorted(p.glob("*.gguf"))))
     loaded = loader(p, device=device, dtype=dtype, max_seq_len=max_seq_len, progress=progress)

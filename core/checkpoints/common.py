@@ -12,6 +12,7 @@ import torch
 from core.errors import CheckpointError, SettingsError
 from core.model.transformer import ModelArgs, Transformer
 from core.model.memory import release_mapped_pages
+from core.model.tuning import cpu_choice
 from core.model.quant import QUANT_DTYPES, Packed, describe, packable, packed_shape, quantizer, swap_linear
 
 ProgressFn = Callable[[float, str], None]
@@ -100,7 +101,6 @@ def auto_dtype(device: torch.device, args: ModelArgs | None = None) -> tuple[tor
         n = sum(math.prod(s) for s in expected_shapes(args).values())
         if 4 * n > total // 2:
             return torch.bfloat16, "bfloat16: float32 weights would take over half of this machine's memory"
-    from core.model.tuning import cpu_choice
     choice = cpu_choice()
     return DTYPES[choice.dtype], choice.reason
 
@@ -188,46 +188,62 @@ def build_model(args: ModelArgs, tensors: Mapping[str, Callable[[], torch.Tensor
             # tied: the output layer is the embedding, unless a loader packed it from the
             # embedding's quantized blocks (see gguf.holding)
             if getattr(load, "packs_tied_output", False):
-                packed[name] = layer = load()
-                if packed_shape(layer) != (args.vocab_size, args.dim):
-                    raise CheckpointError(f"shape {packed_shape(layer)} does not fit the model's "
-                                          f"{(args.vocab_size, args.dim)}", file=where(name), tensor=shown(name))
+                packed[name] = _checked_packed(load(), (args.vocab_size, args.dim), where(name), shown(name))
             continue
         if name not in shapes:
             raise CheckpointError("unexpected tensor (not part of a Llama model)", file=where(name), tensor=shown(name))
-        try:
-            t = load()
-        except CheckpointError:
-            raise
-        except Exception as e:  # a corrupt or truncated file surfaces here
-            raise CheckpointError(f"could not read tensor: {e}", file=where(name), tensor=shown(name)) from None
+        t = _read_tensor(load, where(name), shown(name))
         if isinstance(t, Packed):
-            if packed_shape(t) != shapes[name]:
-                raise CheckpointError(f"shape {packed_shape(t)} does not fit the model's "
-                                      f"{shapes[name]}", file=where(name), tensor=shown(name))
-            packed[name] = t  # loaders pack on the target device
-            if progress:
-                progress((i + 1) / total, f"loading {name}")
-            continue
-        if tuple(t.shape) != shapes[name]:
-            raise CheckpointError(
-                f"shape {tuple(t.shape)} does not fit the model's {shapes[name]}", file=where(name), tensor=shown(name))
-        if t.is_floating_point() is False:
-            raise CheckpointError(f"tensor has non-float dtype {t.dtype}", file=where(name), tensor=shown(name))
-        if quantize and t.dim() == 2 and name != "tok_embeddings.weight" \
-                and packable(quantize, tuple(t.shape), device) is None:
-            packed[name] = converted = quantizer(quantize)(t.to(device), device)
+            packed[name] = _checked_packed(t, shapes[name], where(name), shown(name))  # packed on the target device
         else:
-            state[name] = converted = t.to(device=device, dtype=dtype)
-            prefault(converted)
-        _check_finite(t if name in packed else converted, where(name), shown(name))
-        if mapped_sources and t.device.type == "cpu" and (name in packed or converted.data_ptr() != t.data_ptr()):
-            release_mapped_pages(t.data_ptr(), t.untyped_storage().nbytes())
+            converted, is_packed = _converted(t, name, shapes[name], device=device, dtype=dtype, quantize=quantize,
+                                              file=where(name), tensor=shown(name))
+            (packed if is_packed else state)[name] = converted
+            if mapped_sources and t.device.type == "cpu" and (is_packed or converted.data_ptr() != t.data_ptr()):
+                release_mapped_pages(t.data_ptr(), t.untyped_storage().nbytes())
         if progress:
             progress((i + 1) / total, f"loading {name}")
     missing = [k for k in shapes if k not in state and k not in packed]
     if missing:
         raise CheckpointError(f"missing tensor ({len(missing)} missing in all)", file=source, tensor=shown(missing[0]))
+    return _assembled(args, state, packed)
+
+
+def _read_tensor(load: Callable[[], Any], file: str, tensor: str) -> Any:
+    try:
+        return load()
+    except CheckpointError:
+        raise
+    except Exception as e:  # a corrupt or truncated file surfaces here
+        raise CheckpointError(f"could not read tensor: {e}", file=file, tensor=tensor) from None
+
+
+def _checked_packed(layer: torch.nn.Module, want: tuple[int, ...], file: str, tensor: str) -> torch.nn.Module:
+    if packed_shape(layer) != want:
+        raise CheckpointError(f"shape {packed_shape(layer)} does not fit the model's {want}", file=file, tensor=tensor)
+    return layer
+
+
+def _converted(t: torch.Tensor, name: str, want: tuple[int, ...], *, device: torch.device, dtype: torch.dtype,
+               quantize: str | None, file: str, tensor: str) -> tuple[Any, bool]:
+    """One loaded float tensor, checked and moved to ``device``: (a packed layer when
+    ``quantize`` takes it, else the tensor in ``dtype``; whether it was packed)."""
+    if tuple(t.shape) != want:
+        raise CheckpointError(f"shape {tuple(t.shape)} does not fit the model's {want}", file=file, tensor=tensor)
+    if t.is_floating_point() is False:
+        raise CheckpointError(f"tensor has non-float dtype {t.dtype}", file=file, tensor=tensor)
+    if quantize and t.dim() == 2 and name != "tok_embeddings.weight" \
+            and packable(quantize, tuple(t.shape), device) is None:
+        converted, is_packed = quantizer(quantize)(t.to(device), device), True
+    else:
+        converted, is_packed = t.to(device=device, dtype=dtype), False
+        prefault(converted)
+    _check_finite(t if is_packed else converted, file, tensor)
+    return converted, is_packed
+
+
+def _assembled(args: ModelArgs, state: dict[str, torch.Tensor], packed: dict[str, torch.nn.Module]) -> Transformer:
+    """The model built on the meta device, its tensors assigned and its packed layers swapped in."""
     with torch.device("meta"):
         model = Transformer(args)
     for name, layer in packed.items():

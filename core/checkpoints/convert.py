@@ -17,6 +17,9 @@ import torch
 
 from core.checkpoints import load
 from core.checkpoints.common import DTYPES, LoadedModel, ProgressFn
+from core.checkpoints.gguf_write import GGUF_TYPES, save_gguf
+from core.checkpoints.hf import save_hf
+from core.checkpoints.meta import save_meta
 from core.errors import CheckpointError
 
 # Stored type names (torch, safetensors and GGUF spellings) -> the dtype to keep on output.
@@ -65,7 +68,6 @@ def convert(src: str | Path, dst: str | Path, *, fmt: str = "hf", dtype: str = "
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
     try:
         if fmt == "hf":
-            from core.checkpoints.hf import save_hf
             save_hf(loaded, tmp)
         else:
             _save_meta_folder(loaded, tmp)
@@ -92,8 +94,6 @@ def _usual_permissions(folder: Path) -> None:
 
 
 def _convert_gguf(src: Path, dst: Path, qtype: str, progress: ProgressFn | None, overwrite: bool) -> Path:
-    from core.checkpoints.gguf_write import GGUF_TYPES, save_gguf
-
     if qtype not in GGUF_TYPES:
         raise CheckpointError(f"unknown GGUF tensor type '{qtype}' (use {', '.join(GGUF_TYPES)})")
     if dst.exists() and (dst.is_dir() or not overwrite):
@@ -120,8 +120,6 @@ def _convert_gguf(src: Path, dst: Path, qtype: str, progress: ProgressFn | None,
 
 
 def _save_meta_folder(loaded: LoadedModel, dst: Path) -> None:
-    from core.checkpoints.meta import save_meta
-
     save_meta(loaded, dst)
     tok = loaded.tokenizer
     if tok.kind == "sentencepiece":
@@ -138,8 +136,6 @@ def _save_meta_folder(loaded: LoadedModel, dst: Path) -> None:
 
 def add_convert_parser(subparsers) -> None:
     """Register ``convert SRC DST`` on the CLI's subparsers."""
-    from core.checkpoints.gguf_write import GGUF_TYPES
-
     p = subparsers.add_parser("convert", help="write a model as a Hugging Face or Meta folder, or a GGUF file")
     p.add_argument("src", help="Meta folder, Hugging Face folder or .gguf file")
     p.add_argument("dst", help="folder (hf, meta) or file (gguf) to write")

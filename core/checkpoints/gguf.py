@@ -8,9 +8,9 @@ GGUF "llama" tensors are already in Meta's interleaved RoPE layout: no permutati
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
-import struct
 import re
 import warnings
 from pathlib import Path
@@ -18,13 +18,20 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize
 
 from core import limits
+from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name,
+                                     model_info, quant_kind, resolve_device, resolve_dtype)
+from core.checkpoints.gguf_reader import DAMAGED, Metadata, open_reader
+from core.checkpoints.gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
 from core.errors import CheckpointError, TokenizerError, one_line
-from core.model.transformer import ModelArgs, rope_frequencies
 from core.model import quant
-from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info, quant_kind,
-                     release_mapped_pages, resolve_device, resolve_dtype)
+from core.model.memory import release_mapped_pages
+from core.model.transformer import ModelArgs, rope_frequencies
+from core.prompt.chat_format import chat_format_for
 
 # Types whose tensors are stored as plain floats; anything else is quantized blocks.
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -48,7 +55,6 @@ _TOP_MAP = {
 _BLK = re.compile(r"blk\.(\d+)\.(.+)")
 # Llama 3.1+ GGUFs carry the scaled-RoPE factors as a tensor; we turn them into constants.
 ROPE_FREQS = "rope_freqs.weight"
-_NONE_ID = 0xFFFFFFFF  # llama.cpp writes -1 (as uint32) for "no such token"
 
 
 def meta_name(gguf_name: str) -> str | None:
@@ -66,197 +72,7 @@ def gguf_name(meta: str) -> str:
     return foreign_name(meta, _TOP_MAP, _LAYER_MAP, "blk.")
 
 
-class _TensorProblem(Exception):
-    def __init__(self, tensor: str, message: str):
-        super().__init__(message)
-        self.tensor = tensor
-
 log = logging.getLogger(__name__)
-
-
-def _reader_class():
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField
-    from gguf.constants import GGML_QUANT_SIZES
-
-    class Reader(GGUFReader):
-        """GGUFReader that first checks each tensor's data lies inside the file, so a
-        truncated file is reported against the first tensor it cuts off, and that reads
-        metadata arrays in bulk (see _build_fields)."""
-
-        def _build_fields(self, offs, count):
-            # gguf parses arrays one element at a time through numpy views: 20+ s of
-            # GIL-held Python for a Llama 3 vocabulary (128k tokens, 280k merges), which
-            # stalls the UI. Arrays are read here in bulk into ``self.values``; scalars and
-            # strings still go through gguf. Big-endian files keep gguf's own path.
-            if self.byte_order != "I":
-                return super()._build_fields(offs, count)
-            self.values = {}
-            buf = memoryview(self.data)
-            for _ in range(count):
-                start = offs
-                kv_klen, kv_kdata = self._get_str(offs)
-                offs += int(kv_klen.nbytes + kv_kdata.nbytes)
-                raw_type = self._get(offs, np.uint32)
-                offs += 4
-                name = str(bytes(kv_kdata), encoding="utf-8")
-                if GGUFValueType(int(raw_type[0])) != GGUFValueType.ARRAY:
-                    size, parts, idxs, types = self._get_field_parts(offs, raw_type[0])
-                    self._push_field(ReaderField(start, name, [kv_klen, kv_kdata, raw_type] + parts,
-                                                 [i + 3 for i in idxs], types), skip_sum=True)
-                    offs += size
-                    continue
-                raw_itype, alen = self._get(offs, np.uint32), self._get(offs + 4, np.uint64)
-                itype, n = GGUFValueType(int(raw_itype[0])), int(alen[0])
-                offs += 12
-                if itype == GGUFValueType.STRING:
-                    items = []
-                    for _ in range(n):
-                        (ln,) = struct.unpack_from("<Q", buf, offs)
-                        items.append(str(buf[offs + 8: offs + 8 + ln], encoding="utf-8", errors="replace"))
-                        offs += 8 + ln
-                elif itype in self.gguf_scalar_to_np:
-                    dt = np.dtype(self.gguf_scalar_to_np[itype])
-                    items = np.frombuffer(buf, dtype=dt, count=n, offset=offs).tolist()
-                    if itype == GGUFValueType.BOOL:
-                        items = [bool(v) for v in items]
-                    offs += n * dt.itemsize
-                else:  # nested arrays: rare, leave them to gguf
-                    size, parts, idxs, types = self._get_field_parts(offs - 12, raw_type[0])
-                    self._push_field(ReaderField(start, name, [kv_klen, kv_kdata, raw_type] + parts,
-                                                 [i + 3 for i in idxs], types), skip_sum=True)
-                    offs += size - 12
-                    continue
-                self.values[name] = items
-                self._push_field(ReaderField(start, name, [kv_klen, kv_kdata, raw_type, raw_itype, alen], [],
-                                             [GGUFValueType.ARRAY, itype]), skip_sum=True)
-            return offs
-
-        def _build_tensors(self, start_offs, fields):
-            # Every tensor must be aligned, lie inside the file and tile the data section
-            # with the others: a tensor whose type was changed in the header (F32 -> F16)
-            # would otherwise read its neighbours' bytes, or half its own, silently.
-            size = len(self.data)
-            align = int(getattr(self, "alignment", 32)) or 32
-            spans = []
-            for field in fields:
-                try:
-                    _, name_data, _, dims, raw_dtype, offset = field.parts
-                    name = bytes(name_data).decode("utf-8", "replace")
-                except (TypeError, ValueError):  # another layout: leave the checks to gguf
-                    spans = None
-                    break
-                try:
-                    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
-                except (ValueError, KeyError):
-                    raise _TensorProblem(name, f"unknown tensor type {int(raw_dtype[0])}") from None
-                shape = [int(d) for d in dims]
-                if not 1 <= len(shape) <= 4 or any(d < 1 or d > 1 << 40 for d in shape):
-                    raise _TensorProblem(name, f"impossible shape {shape}")
-                if block > 1 and shape[0] % block:
-                    raise _TensorProblem(name, f"rows of {shape[0]} weights are not a multiple of "
-                                               f"{GGMLQuantizationType(int(raw_dtype[0])).name}'s block size {block}")
-                off = int(offset[0])
-                if off % align:
-                    raise _TensorProblem(name, f"data offset {off} is not a multiple of the file's "
-                                               f"alignment ({align}): corrupt header")
-                nbytes = math.prod(shape) * type_size // block
-                end = int(start_offs) + off + nbytes
-                if end > size:
-                    raise _TensorProblem(name, f"the file ends before this tensor's data does "
-                                               f"({size} of {end} bytes): truncated")
-                spans.append((off, off + nbytes, name))
-            if spans:
-                spans.sort()
-                prev_end, prev = 0, None
-                for off, end, name in spans:
-                    if off < prev_end:
-                        raise _TensorProblem(name, f"its data overlaps tensor '{prev}' (a tensor type or "
-                                                   "shape in the header does not match the data)")
-                    if off - prev_end >= align + (prev_end % align and align - prev_end % align):
-                        raise _TensorProblem(prev or name, "unused bytes follow its data (a tensor type or "
-                                                           "shape in the header does not match the data)")
-                    prev_end, prev = end, name
-                if size - int(start_offs) - prev_end >= 2 * align:
-                    raise _TensorProblem(prev, "unused bytes follow its data at the end of the file (a tensor "
-                                               "type or shape in the header does not match the data)")
-            super()._build_tensors(start_offs, fields)
-
-    return Reader
-
-
-GGUF_VERSIONS = (2, 3)  # what gguf's reader handles (version 1 lacks 64-bit sizes)
-DAMAGED = "the file is damaged (corrupt or not fully downloaded) and cannot be read as a GGUF model"
-
-
-def header_problem(head: bytes) -> str | None:
-    """What is wrong with a GGUF file's first 8 bytes, in the user's words; None when fine."""
-    if len(head) < 8 or head[:4] != b"GGUF":
-        return DAMAGED
-    versions = {int.from_bytes(head[4:8], "little"), int.from_bytes(head[4:8], "big")}  # either byte order
-    if versions & set(GGUF_VERSIONS):
-        return None
-    v = min(versions)
-    if v == 1:
-        return "the file uses GGUF version 1, too old to read: convert the model again with a current llama.cpp"
-    if max(GGUF_VERSIONS) < v < 100:  # a plausible future version
-        return f"the file uses GGUF version {v}, newer than this app reads (versions 2 and 3)"
-    return DAMAGED
-
-
-def open_reader(path: Path):
-    """GGUFReader on a copy-on-write map (tensors are writable, the file never is)."""
-    limits.check_regular(path)
-    try:
-        with open(path, "rb") as f:
-            problem = header_problem(f.read(8))
-    except OSError as e:
-        raise CheckpointError(f"cannot read the file: {e.strerror}", file=str(path)) from None
-    if problem:
-        raise CheckpointError(problem, file=str(path))
-    try:
-        return _reader_class()(path, "c")
-    except _TensorProblem as e:
-        raise CheckpointError(str(e), file=str(path), tensor=e.tensor) from None
-    except (MemoryError, KeyboardInterrupt):
-        raise
-    except Exception as e:  # corrupt metadata: numpy/struct/unicode errors of many kinds, none a user's words
-        log.info("gguf could not read %s: %s: %s", path, type(e).__name__, e)
-        raise CheckpointError(DAMAGED, file=str(path)) from None
-
-
-class Metadata:
-    """Typed access to a reader's key/value fields, with errors that name the key."""
-
-    def __init__(self, reader, path: Path):
-        self.fields = reader.fields
-        self.values = getattr(reader, "values", {})  # arrays the Reader read in bulk
-        self.path = path
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key in self.values:
-            return self.values[key]
-        f = self.fields.get(key)
-        if f is None:
-            return default
-        try:
-            v = f.contents()
-        except Exception as e:
-            log.info("metadata key %s of %s: %s", key, self.path, e)
-            raise CheckpointError(f"metadata key '{key}' cannot be read: {DAMAGED}", file=str(self.path)) from None
-        return v.item() if isinstance(v, np.generic) else v
-
-    def require(self, key: str) -> Any:
-        v = self.get(key)
-        if v is None:
-            raise CheckpointError(f"metadata key '{key}' is missing", file=str(self.path))
-        return v
-
-    def token_id(self, key: str) -> int | None:
-        v = self.get(key)
-        if v is None:
-            return None
-        v = limits.check_int(v, key, -1, _NONE_ID, file=str(self.path))
-        return None if v in (_NONE_ID, -1) else v
 
 
 # The GGUF key for each ModelArgs field, so range errors name what the user can find.
@@ -384,9 +200,6 @@ def scaling_from_rope_freqs(factors: np.ndarray, args: ModelArgs, orig_ctx: floa
 
 def tensor_loader(t, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
     """A loader that dequantizes one GGUF tensor into ``dtype`` in numpy (row-major) shape."""
-    from gguf import GGMLQuantizationType as Q
-    from gguf.quants import dequantize
-
     shape = tuple(int(n) for n in reversed(t.shape.tolist()))  # GGUF lists dims fastest-first
 
     def load() -> torch.Tensor:
@@ -451,8 +264,6 @@ def embedding_loader(t, device: torch.device, dtype: torch.dtype) -> Callable[[]
 
 def tokenizer_from_gguf(md: Metadata, source: str):
     """The tokenizer embedded in a GGUF file, with its chat template (or None)."""
-    from core.checkpoints.gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
-
     model = md.get("tokenizer.ggml.model")
     if model is None:
         raise CheckpointError("the file has no embedded tokenizer (tokenizer.ggml.model)", file=source)
@@ -536,8 +347,6 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
         not fit: another architecture, a truncated file, a missing or misshapen tensor, an
         unsupported quantization, a vocabulary larger than the embedding.
     """
-    from core.prompt.chat_format import chat_format_for
-
     path = Path(path)
     source = str(path)
     dev = resolve_device(device)
@@ -559,6 +368,28 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     types = sorted({t.tensor_type.name for t in reader.tensors})
     # An explicit float dtype asks for float weights: dequantize as before.
     keep_packed = dtype in (None, "auto") or quant_kind(dtype) is not None
+    items, paths, held = _tensor_plan(by_name, args, dev, dt, keep_packed, source)
+    unsupported = _unsupported_types(reader)
+    if unsupported:
+        raise CheckpointError(f"tensor type {unsupported[1]} cannot be dequantized", file=source,
+                              tensor=unsupported[0])
+    limits.check_model(args, dt, dev, source=source, held=held)
+    model = build_model(args, items, device=dev, dtype=dt, source=source, progress=progress,
+                        display={m: gguf_name(m) for m in expected_shapes(args)}, quantize=quant_kind(dtype))
+    fmt = chat_format_for(tok, template=template)
+    stop = set(tok.stop_ids) | fmt.stop_ids()
+    info = model_info("gguf", path, args, model, tok, fmt, tensor_types=types,
+                      dequantized=any(p.startswith("dequantized") for v in paths.values() for p in v),
+                      tensor_paths={k: sorted(v) for k, v in sorted(paths.items())},
+                      chat_template_source="gguf" if template else None,
+                      general_name=md.get("general.name"))
+    return LoadedModel(model, tok, fmt, args, stop, info, chat_template=template)
+
+
+def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt: torch.dtype, keep_packed: bool,
+                 source: str) -> tuple[list, dict[str, set[str]], int]:
+    """(Meta name -> loader pairs for build_model, how each tensor type is held, the bytes
+    they will take) by :func:`holding`'s rule."""
     items, paths, held = [], {}, 0
     for name, t in by_name.items():
         if name == ROPE_FREQS:
@@ -585,21 +416,7 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
             load = tensor_loader(t, dt)
         paths.setdefault(kind, set()).add(how)
         items.append((meta, _named_errors(load, name, source)))
-    unsupported = _unsupported_types(reader)
-    if unsupported:
-        raise CheckpointError(f"tensor type {unsupported[1]} cannot be dequantized", file=source,
-                              tensor=unsupported[0])
-    limits.check_model(args, dt, dev, source=source, held=held)
-    model = build_model(args, items, device=dev, dtype=dt, source=source, progress=progress,
-                        display={m: gguf_name(m) for m in expected_shapes(args)}, quantize=quant_kind(dtype))
-    fmt = chat_format_for(tok, template=template)
-    stop = set(tok.stop_ids) | fmt.stop_ids()
-    info = model_info("gguf", path, args, model, tok, fmt, tensor_types=types,
-                      dequantized=any(p.startswith("dequantized") for v in paths.values() for p in v),
-                      tensor_paths={k: sorted(v) for k, v in sorted(paths.items())},
-                      chat_template_source="gguf" if template else None,
-                      general_name=md.get("general.name"))
-    return LoadedModel(model, tok, fmt, args, stop, info, chat_template=template)
+    return items, paths, held
 
 
 def _named_errors(load: Callable[[], torch.Tensor], gguf_tensor: str, source: str):
@@ -615,14 +432,19 @@ def _named_errors(load: Callable[[], torch.Tensor], gguf_tensor: str, source: st
     return wrapped
 
 
-def _unsupported_types(reader) -> tuple[str, str] | None:
-    from gguf import GGMLQuantizationType as Q
+@functools.lru_cache(maxsize=None)
+def can_dequantize(kind: Q) -> bool:
+    """Whether gguf's ``dequantize`` reads tensors of ``kind`` (tried on one zero block)."""
+    _, type_size = GGML_QUANT_SIZES[kind]
     try:
-        from gguf.quants import _type_traits  # what gguf.quants.dequantize can do
-    except ImportError:  # a gguf without it: dequantize itself will say, per tensor
-        return None
+        dequantize(np.zeros((1, type_size), np.uint8), kind)
+    except NotImplementedError:
+        return False
+    return True
 
+
+def _unsupported_types(reader) -> tuple[str, str] | None:
     for t in reader.tensors:
-        if t.tensor_type not in (Q.F32, Q.F16) and t.tensor_type not in _type_traits:
+        if not can_dequantize(t.tensor_type):
             return t.name, t.tensor_type.name
     return None

@@ -64,22 +64,7 @@ def sentencepiece_from_vocab(
         raise TokenizerError(
             f"vocabulary arrays disagree: {n} tokens, {len(scores)} scores, {len(token_types)} types"
         )
-    types = [int(t) if 1 <= int(t) <= 6 else _SP_NORMAL for t in token_types]
-    if unk_id is None:
-        unk_id = next((i for i, t in enumerate(types) if t == _SP_UNKNOWN), None)
-        if unk_id is None:
-            raise TokenizerError("SentencePiece vocabulary has no unknown token")
-    types[unk_id] = _SP_UNKNOWN
-    for i in (bos_id, eos_id):
-        if i is not None:
-            types[i] = _SP_CONTROL
-    for i, t in enumerate(types):
-        # Some converters mark chat markers like <|eot_id|> as user-defined, which
-        # SentencePiece would match in user text; as control symbols they never are.
-        if t == _SP_USER and _CHAT_MARKER.fullmatch(tokens[i]):
-            types[i] = _SP_CONTROL
-    has_bytes = _SP_BYTE in types
-
+    types, unk_id = _sentencepiece_types(tokens, token_types, bos_id, eos_id, unk_id)
     parts = []
     for piece, score, t in zip(tokens, scores, types):
         body = _pb_bytes(1, piece.encode("utf-8")) + _pb_float(2, float(score))
@@ -94,7 +79,7 @@ def sentencepiece_from_vocab(
         [
             _pb_int(3, 2),  # model_type = BPE
             _pb_int(4, n),  # vocab_size
-            _pb_int(35, int(has_bytes)),  # byte_fallback
+            _pb_int(35, int(_SP_BYTE in types)),  # byte_fallback
             _pb_int(40, unk_id),
             _pb_int(41, -1 if bos_id is None else bos_id),
             _pb_int(42, -1 if eos_id is None else eos_id),
@@ -116,6 +101,27 @@ def sentencepiece_from_vocab(
     parts.append(_pb_bytes(2, trainer))
     parts.append(_pb_bytes(3, normalizer))
     return SentencePieceTokenizer(b"".join(parts))
+
+
+def _sentencepiece_types(tokens: list[str], token_types: list[int], bos_id: int | None, eos_id: int | None,
+                         unk_id: int | None) -> tuple[list[int], int]:
+    """(each token's SentencePiece type, the unknown token's id): BOS/EOS and chat markers
+    are control symbols."""
+    types = [int(t) if 1 <= int(t) <= 6 else _SP_NORMAL for t in token_types]
+    if unk_id is None:
+        unk_id = next((i for i, t in enumerate(types) if t == _SP_UNKNOWN), None)
+        if unk_id is None:
+            raise TokenizerError("SentencePiece vocabulary has no unknown token")
+    types[unk_id] = _SP_UNKNOWN
+    for i in (bos_id, eos_id):
+        if i is not None:
+            types[i] = _SP_CONTROL
+    for i, t in enumerate(types):
+        # Some converters mark chat markers like <|eot_id|> as user-defined, which
+        # SentencePiece would match in user text; as control symbols they never are.
+        if t == _SP_USER and _CHAT_MARKER.fullmatch(tokens[i]):
+            types[i] = _SP_CONTROL
+    return types, unk_id
 
 
 def hf_byte_level_from_vocab(
@@ -148,9 +154,18 @@ def hf_byte_level_from_vocab(
                     "special": t == _SP_CONTROL,
                 }
             )
+    tok = HFTokenizer(json.dumps(_byte_level_spec(tokens, merges, added), ensure_ascii=False))
+    # Explicit ids win over the name-based guess made from the usual spellings.
+    tok.bos_id, tok.eos_id = bos_id, eos_id
+    tok.stop_ids = tok.collect_stop_ids()
+    return tok
+
+
+def _byte_level_spec(tokens: list[str], merges: list[str], added: list[dict]) -> dict:
+    """A tokenizer.json of Llama 3's byte-level BPE over these tokens and merges."""
     # Built as JSON so the 128k-entry vocabulary and merges are handled by C/Rust code,
     # not by a long Python loop that would hold the GIL.
-    spec = {
+    return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
@@ -175,15 +190,10 @@ def hf_byte_level_from_vocab(
             "byte_fallback": False,
             # tiktoken takes a whole pre-token that is in the vocabulary as is; so must we.
             "ignore_merges": True,
-            "vocab": dict(zip(tokens, range(n))),
+            "vocab": dict(zip(tokens, range(len(tokens)))),
             "merges": list(merges),
         },
     }
-    tok = HFTokenizer(json.dumps(spec, ensure_ascii=False))
-    # Explicit ids win over the name-based guess made from the usual spellings.
-    tok.bos_id, tok.eos_id = bos_id, eos_id
-    tok.stop_ids = tok._collect_stop_ids()
-    return tok
 
 
 def byte_level_vocab_from_ranks(ranks: dict[bytes, int]) -> tuple[list[str], list[str]]:

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import quantize
 
+from core.checkpoints.common import LoadedModel
+from core.checkpoints.gguf import gguf_name
+from core.checkpoints.gguf_reader import Metadata, open_reader
 from core.errors import CheckpointError
 from core.model.transformer import ModelArgs, rope_frequencies
-from core.checkpoints.common import LoadedModel
 
 #: Tensor types ``convert --to gguf --type`` can write.
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
@@ -22,13 +29,6 @@ GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 
 def save_gguf(loaded: LoadedModel, dst: Path, qtype: str = "Q8_0") -> None:
     """Write ``loaded`` (float weights) to the file ``dst`` with matrices as ``qtype``."""
-    import gguf
-    from gguf import GGMLQuantizationType as Q
-    from gguf.constants import GGML_QUANT_SIZES
-    from gguf.quants import quantize
-
-    from core.checkpoints.gguf import gguf_name
-
     if qtype not in GGUF_TYPES:
         raise CheckpointError(f"unknown GGUF tensor type '{qtype}' (use {', '.join(GGUF_TYPES)})")
     a = loaded.args
@@ -66,8 +66,6 @@ def save_gguf(loaded: LoadedModel, dst: Path, qtype: str = "Q8_0") -> None:
 def add_llama_params(w, a: ModelArgs, name: str | None = None, qtype: str | None = None) -> None:
     """Write ``a`` as llama.cpp's llama.* metadata on a ``gguf.GGUFWriter`` (and the file
     type, when ``qtype`` names the matrices' tensor type)."""
-    import gguf
-
     if name:
         w.add_name(str(name))
     w.add_context_length(a.max_seq_len)
@@ -94,8 +92,6 @@ def _write_tokenizer(w, loaded: LoadedModel) -> None:
     """A GGUF source's tokenizer fields are copied; a SentencePiece one is written out."""
     tok = loaded.tokenizer
     if loaded.info.get("format") == "gguf":
-        from core.checkpoints.gguf import Metadata, open_reader
-
         path = Path(loaded.info["path"])
         reader = open_reader(path)
         md = Metadata(reader, path)
@@ -129,8 +125,6 @@ def _write_tokenizer(w, loaded: LoadedModel) -> None:
 
 def gguf_tensor_bytes(path: str | Path) -> int:
     """Total bytes of a GGUF file's tensor data (what a loader must hold)."""
-    from gguf import GGUFReader
-
     return int(sum(t.n_bytes for t in GGUFReader(str(path)).tensors))
 
 

@@ -9,11 +9,17 @@ from typing import Any, Callable
 
 import torch
 
+from safetensors import safe_open
+from safetensors.torch import save_file
+
 from core import limits
-from core.errors import CheckpointError, one_line
+from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name,
+                                     model_info, quant_kind, resolve_device, resolve_dtype)
+from core.checkpoints.meta import safe_torch_load
+from core.errors import CheckpointError, TokenizerError, one_line
 from core.model.transformer import ModelArgs
-from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name, model_info,
-                     quant_kind, resolve_device, resolve_dtype)
+from core.prompt.chat_format import chat_format_for
+from core.tokenizer import HFTokenizer, load_tokenizer
 
 
 def unpermute_rotary(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -207,7 +213,6 @@ def check_safetensors_header(file: Path) -> None:
 
 
 def _open_safetensors(file: Path):
-    from safetensors import safe_open
     check_safetensors_header(file)
     try:
         with limits.native_path(file) as native:
@@ -224,8 +229,6 @@ def hf_tensors(path: Path) -> tuple[list[tuple[str, Path, Callable[[], torch.Ten
 
     Nothing is read here beyond headers: loaders fetch one tensor each from a memory map.
     """
-    from core.checkpoints.meta import safe_torch_load
-
     kind, files = weight_files(path)
     out: list[tuple[str, Path, Callable[[], torch.Tensor]]] = []
     dtypes: set[str] = set()
@@ -297,9 +300,6 @@ def _eos_ids(*cfgs: dict[str, Any] | None) -> set[int]:
 
 def hf_tokenizer(path: Path, tcfg: dict[str, Any] | None):
     """The folder's tokenizer: tokenizer.json first, then tokenizer.model."""
-    from core.errors import TokenizerError
-    from core.tokenizer import HFTokenizer, load_tokenizer
-
     tj, tm = path / "tokenizer.json", path / "tokenizer.model"
     try:
         if tj.is_file():
@@ -322,8 +322,6 @@ def load_hf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int |
     Raises:
         CheckpointError naming the file (and tensor) for anything that does not fit.
     """
-    from core.prompt.chat_format import chat_format_for
-
     path = Path(path)
     dev = resolve_device(device)
     cfg_file = path / "config.json"
@@ -426,8 +424,6 @@ def write_tokenizer(tok, dst: Path) -> list[str]:
 def save_hf(loaded: LoadedModel, dst: str | Path, *, dtype: torch.dtype | None = None) -> Path:
     """Write a Hugging Face-style folder: config.json, model.safetensors (Q/K in HF's
     rotate-half layout), tokenizer files, tokenizer_config.json, generation_config.json."""
-    from safetensors.torch import save_file
-
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     args, tok = loaded.args, loaded.tokenizer

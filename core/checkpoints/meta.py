@@ -11,7 +11,6 @@ import torch
 from core.prompt.chat_format import chat_format_for
 from core import limits
 from core.errors import CheckpointError, TokenizerError, one_line
-from core.model.transformer import ModelArgs
 from core.tokenizer import load_tokenizer
 from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expected_shapes, model_info, quant_kind, resolve_device,
                      resolve_dtype)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from core.checkpoints import load
 from core.model.kv_cache import KVCache
 
 #: Written for this check (not from any training set): plain English prose a small story
@@ -82,8 +83,6 @@ def compare(model, reference, tokenizer, *, n: int = 256) -> dict[str, Any]:
 
 def quality_report(path, *, dtype: str = "auto", device: str = "cpu", n: int = 256) -> dict[str, Any]:
     """Load ``path`` with ``dtype`` and in float32, and :func:`compare` them."""
-    from core.checkpoints import load
-
     loaded = load(path, device=device, dtype=dtype)
     reference = load(path, device=device, dtype="float32")
     out = compare(loaded.model, reference.model, loaded.tokenizer, n=n)

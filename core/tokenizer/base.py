@@ -105,7 +105,7 @@ class TokenizerBase:
             ids.append(self.eos_id)
         return ids
 
-    def _collect_stop_ids(self, extra: Iterable[int] = ()) -> set[int]:
+    def collect_stop_ids(self, extra: Iterable[int] = ()) -> set[int]:
         stops = {self.special_tokens[t] for t in _STOP_TOKEN_TEXTS if t in self.special_tokens}
         if self.eos_id is not None:
             stops.add(self.eos_id)

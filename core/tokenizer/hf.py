@@ -69,7 +69,7 @@ class HFTokenizer(TokenizerBase):
             if i is None:
                 raise TokenizerError(f"stop token {text!r} is not in {where}")
             extra.add(i)
-        self.stop_ids = self._collect_stop_ids(extra)
+        self.stop_ids = self.collect_stop_ids(extra)
         if not self._byte_level:
             probe = native_call(lambda: tok.encode("a", add_special_tokens=False).tokens,
                                 f"not a valid tokenizer.json: {where}")

@@ -36,7 +36,7 @@ class SentencePieceTokenizer(TokenizerBase):
             sp.id_to_piece(i): i for i in range(n) if sp.is_control(i) or sp.is_unknown(i)
         }
         self._control = {i for i in self.special_tokens.values() if sp.is_control(i)}
-        self.stop_ids = self._collect_stop_ids()
+        self.stop_ids = self.collect_stop_ids()
         self.add_dummy_prefix = _sp_adds_dummy_prefix(sp)
         self._bytes_cache: dict[int, bytes] = {}
 

@@ -46,7 +46,7 @@ class TiktokenTokenizer(TokenizerBase):
         self.bos_id = self.special_tokens["<|begin_of_text|>"]
         self.eos_id = self.special_tokens["<|end_of_text|>"]
         self.pad_id = None  # Meta's tokenizer has none (pad_id = -1)
-        self.stop_ids = self._collect_stop_ids()
+        self.stop_ids = self.collect_stop_ids()
 
     def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
         enc = self._enc

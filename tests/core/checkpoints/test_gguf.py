@@ -138,7 +138,7 @@ def test_bulk_metadata_reader_equals_gguf_reader(tmp_path, fixtures):
     import gguf
     import numpy as np
 
-    from core.checkpoints.gguf import Metadata, open_reader
+    from core.checkpoints.gguf_reader import Metadata, open_reader
 
     path = tmp_path / "meta.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
