@@ -25,6 +25,7 @@ from gguf.quants import dequantize
 from core import limits
 from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expected_shapes, foreign_name,
                                      model_info, quant_kind, resolve_device, resolve_dtype)
+from core.checkpoints.gguf_header import ROPE_FREQS, args_from_gguf
 from core.checkpoints.gguf_reader import DAMAGED, Metadata, open_reader
 from core.checkpoints.gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
 from core.errors import CheckpointError, TokenizerError, one_line
@@ -53,8 +54,6 @@ _TOP_MAP = {
     "output.weight": "output.weight",
 }
 _BLK = re.compile(r"blk\.(\d+)\.(.+)")
-# Llama 3.1+ GGUFs carry the scaled-RoPE factors as a tensor; we turn them into constants.
-ROPE_FREQS = "rope_freqs.weight"
 
 
 def meta_name(gguf_name: str) -> str | None:
@@ -73,68 +72,6 @@ def gguf_name(meta: str) -> str:
 
 
 log = logging.getLogger(__name__)
-
-
-# The GGUF key for each ModelArgs field, so range errors name what the user can find.
-GGUF_KEYS = {
-    "dim": "llama.embedding_length", "n_layers": "llama.block_count", "n_heads": "llama.attention.head_count",
-    "n_kv_heads": "llama.attention.head_count_kv", "head_dim": "llama.attention.key_length",
-    "vocab_size": "llama.vocab_size", "hidden_dim": "llama.feed_forward_length",
-    "norm_eps": "llama.attention.layer_norm_rms_epsilon", "rope_theta": "llama.rope.freq_base",
-    "max_seq_len": "llama.context_length",
-}
-
-
-def args_from_gguf(md: Metadata, tensors: dict[str, Any], max_seq_len: int | None) -> ModelArgs:
-    """ModelArgs from GGUF llama metadata (and tensor shapes where metadata is silent),
-    every value range-checked before it sizes anything."""
-    arch = md.get("general.architecture")
-    if arch != "llama":
-        raise CheckpointError(f"architecture '{limits.brief(arch)}' is not supported (only 'llama')", file=str(md.path))
-    p = "llama."
-    src = str(md.path)
-    dim = limits.check_int(md.require(p + "embedding_length"), p + "embedding_length", *limits.INT_RANGES["dim"], file=src)
-    n_heads = limits.check_int(md.require(p + "attention.head_count"), p + "attention.head_count",
-                               *limits.INT_RANGES["n_heads"], file=src)
-    head_dim = md.get(p + "attention.key_length", dim // n_heads if dim % n_heads == 0 else None)
-    rot = md.get(p + "rope.dimension_count")
-    if rot is not None and head_dim is not None and rot != head_dim:
-        raise CheckpointError(f"partial rotary embeddings ({limits.brief(rot)} of {limits.brief(head_dim)} dims) "
-                              "are not supported", file=src)
-    emb = tensors.get("token_embd.weight")
-    vocab = md.get(p + "vocab_size")
-    if vocab is None:
-        if emb is None:
-            raise CheckpointError("missing tensor", file=src, tensor="token_embd.weight")
-        vocab = int(emb.shape[1]) if len(emb.shape) == 2 else 0  # ne order: [dim, vocab]
-    hidden = md.get(p + "feed_forward_length")
-    if hidden is None:
-        gate = tensors.get("blk.0.ffn_gate.weight")
-        if gate is None or len(gate.shape) != 2:
-            raise CheckpointError("metadata key 'llama.feed_forward_length' is missing", file=src)
-        hidden = int(gate.shape[1])
-    kind = md.get(p + "rope.scaling.type")
-    if kind not in (None, "none"):
-        if kind != "llama3":
-            raise CheckpointError(f"rope scaling type '{limits.brief(kind)}' is not supported "
-                                  "(only llama3 via rope_freqs)", file=src)
-    ctx = md.get(p + "context_length", 4096)
-    kw = dict(
-        dim=dim, n_layers=md.require(p + "block_count"), n_heads=n_heads,
-        n_kv_heads=md.get(p + "attention.head_count_kv", n_heads), vocab_size=vocab, hidden_dim=hidden,
-        head_dim=head_dim, norm_eps=_f32(md.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=_f32(md.get(p + "rope.freq_base", 10000.0)), rope_scaling=None,
-        tie_word_embeddings="output.weight" not in tensors, max_seq_len=max_seq_len or ctx,
-    )
-    return limits.checked_args(kw, file=src, names=GGUF_KEYS)
-
-
-def _f32(v: Any) -> Any:
-    """A float32 metadata value as the decimal it was written from (9.9999997e-06 -> 1e-05);
-    anything that is not a number is passed on for the range check to name."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return v
-    return float(f"{float(v):.7g}")
 
 
 def scaling_from_rope_freqs(factors: np.ndarray, args: ModelArgs, orig_ctx: float | None,

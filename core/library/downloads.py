@@ -18,8 +18,8 @@ resumes where the last one stopped, with a range request from the partial file's
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
+import logging
 import os
 import queue
 import shutil
@@ -30,10 +30,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from core.errors import DownloadError, HubError, LlamaDeskError, one_line
-from core.library.library import PARTIAL_DIR, LibraryState
+from huggingface_hub.utils import HFValidationError, get_session, hf_raise_for_status, validate_repo_id
 
-CHUNK = 1 << 20
+from core.errors import DownloadError, HubError, LlamaDeskError, one_line
+from core.library.checksums import StreamHasher, git_blob_sha1
+from core.library.hub import hub_errors, transport_errors
+from core.library.library import PARTIAL_DIR, LibraryState, human_size
+
+log = logging.getLogger(__name__)
+
 PROGRESS_EVERY_S = 0.1  # at most ten progress events a second per job
 RETRIES = 5  # attempts after a dropped connection without progress in between
 RETRY_WAIT_S = (0.2, 0.5, 1.0, 2.0, 4.0)
@@ -113,7 +118,6 @@ class _Stop(Exception):
 def _invalid(repo_id: str, names: list) -> str | None:
     """Why ``repo_id`` and ``names`` cannot be a job (they become paths under the models
     folder: no '..', no absolute paths), or None."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
     try:
         validate_repo_id(repo_id)
         ok = isinstance(repo_id, str) and repo_id.count("/") == 1
@@ -129,14 +133,6 @@ def _invalid(repo_id: str, names: list) -> str | None:
 
 def _write(f, chunk: bytes) -> None:
     f.write(chunk)
-
-
-def git_blob_sha1(path: Path) -> str:
-    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class DownloadManager:
@@ -309,8 +305,7 @@ class DownloadManager:
         try:
             self.on_event(event)
         except Exception:  # noqa: BLE001 — a listener's bug must not kill the downloads
-            import logging
-            logging.getLogger(__name__).exception("download event listener failed")
+            log.exception("download event listener failed")
 
     def _partial(self, job_id: str, path: str) -> Path:
         return self.partials / job_id / (path + ".part")
@@ -409,8 +404,8 @@ class DownloadManager:
         (self.partials / job.job_id).mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(self.partials).free
         if need + FREE_MARGIN > free:
-            raise DownloadError(f"not enough disk space for {job.name}: it needs {_human(need)} more, "
-                                f"{_human(free)} is free on {self.dest}", kind="disk")
+            raise DownloadError(f"not enough disk space for {job.name}: it needs {human_size(need)} more, "
+                                f"{human_size(free)} is free on {self.dest}", kind="disk")
         meter = _Meter(job, self)
         for f in job.files:
             digest = self._fetch(job, f, hub, meter)
@@ -422,7 +417,7 @@ class DownloadManager:
         is there; a dropped connection is retried (with waits) until it stops progressing.
         Returns the file's sha256 when the Hub gave one (hashed on a second thread while
         the bytes arrive: sha256 runs at a few hundred MB/s, as fast as the transfer)."""
-        hasher = _Hasher() if f.sha256 else None
+        hasher = StreamHasher() if f.sha256 else None
         try:
             self._transfer(job, f, hub, meter, hasher)
             return hasher.hexdigest() if hasher else None
@@ -430,10 +425,8 @@ class DownloadManager:
             if hasher:
                 hasher.close()
 
-    def _transfer(self, job: Job, f: JobFile, hub, meter: "_Meter", hasher: "_Hasher | None") -> None:
-        from huggingface_hub.utils import get_session
+    def _transfer(self, job: Job, f: JobFile, hub, meter: "_Meter", hasher: StreamHasher | None) -> None:
 
-        from core.library.hub import transport_errors
 
         part = self._partial(job.job_id, f.path)
         part.parent.mkdir(parents=True, exist_ok=True)
@@ -479,8 +472,8 @@ class DownloadManager:
                 failures = 0 if progressed else failures + 1
                 if failures > RETRIES:
                     raise DownloadError(f"the connection to the Hub keeps failing ({one_line(e, 120)}): "
-                                        f"{job.name} stopped at {_human(self._have(job))} of "
-                                        f"{_human(job.total_bytes)}; resume it when the network is back",
+                                        f"{job.name} stopped at {human_size(self._have(job))} of "
+                                        f"{human_size(job.total_bytes)}; resume it when the network is back",
                                         kind="network") from None
                 meter.reset_speed()
                 self._sleep(job, RETRY_WAIT_S[failures - 1] if failures else 0.05)
@@ -494,9 +487,7 @@ class DownloadManager:
     def _raise_http(self, job: Job, f: JobFile, r) -> None:
         """A 4xx/5xx from the resolve URL as the hub's typed error (huggingface_hub reads
         the X-Error-Code header: GatedRepo, RepoNotFound, EntryNotFound)."""
-        from huggingface_hub.utils import hf_raise_for_status
 
-        from core.library.hub import hub_errors
 
         with hub_errors(job.repo_id, token_given=self.hub.has_token, what=f.path):
             hf_raise_for_status(r)
@@ -541,53 +532,6 @@ class DownloadManager:
         self._emit(DownloadFinished(job.job_id, landed))
 
 
-class _Hasher:
-    """sha256 of a file as it is written, on its own thread (hashlib releases the GIL), so
-    hashing overlaps the transfer instead of following it. ``fed`` counts the bytes given."""
-
-    def __init__(self):
-        self._start(hashlib.sha256(), 0)
-
-    def _start(self, h, fed: int) -> None:
-        self.h, self.fed = h, fed
-        self.q: "queue.Queue[bytes | None]" = queue.Queue(maxsize=64)  # bounded: a few MB in flight
-        self.t = threading.Thread(target=self._run, args=(self.h, self.q), name="download-hash", daemon=True)
-        self.t.start()
-
-    @staticmethod
-    def _run(h, q) -> None:
-        while (chunk := q.get()) is not None:
-            h.update(chunk)
-
-    def feed(self, chunk: bytes) -> None:
-        self.q.put(chunk)
-        self.fed += len(chunk)
-
-    def close(self) -> None:
-        if self.t.is_alive():
-            self.q.put(None)
-            self.t.join()
-
-    def hexdigest(self) -> str:
-        self.close()
-        return self.h.hexdigest()
-
-    def restart(self, part: Path, have: int, check: Callable[[], None]) -> None:
-        """Start over from the first ``have`` bytes of the partial file (a resumed download)."""
-        self.close()
-        h, left = hashlib.sha256(), have
-        if have:
-            with open(part, "rb") as f:
-                while left > 0:
-                    chunk = f.read(min(CHUNK, left))
-                    if not chunk:
-                        break
-                    h.update(chunk)
-                    left -= len(chunk)
-                    check()
-        self._start(h, have - left)
-
-
 class _Meter:
     """Progress events for one job: bytes, speed (over the last few seconds) and time left."""
 
@@ -616,11 +560,6 @@ class _Meter:
         left = self.job.total_bytes - self.done
         eta = left / speed if speed > 0 else None
         self.mgr._emit(DownloadProgress(self.job.job_id, file, self.done, self.job.total_bytes, speed, eta))
-
-
-def _human(n: int) -> str:
-    from core.library.library import human_size
-    return human_size(n)
 
 
 __all__ = ["DownloadManager", "DownloadProgress", "DownloadFinished", "DownloadFailed", "DownloadStateChanged",

@@ -11,15 +11,35 @@ cache at the chosen context.
 from __future__ import annotations
 
 import contextlib
+import json
 import posixpath
+import re
 import threading
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Iterator
+from urllib.parse import urlsplit
 
-from core.checkpoints.gguf_header import NeedMore, parse_header
+import httpx
+import torch
+from huggingface_hub import HfApi, constants, get_token, hf_hub_url
+from huggingface_hub import errors as hf
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from core import limits
+from core.checkpoints.common import DTYPES, auto_dtype
+from core.checkpoints.gguf import holding, meta_name
+from core.checkpoints.gguf_header import NeedMore, header_args, parse_header
+from core.checkpoints.hf import args_from_config
 from core.errors import CheckpointError, HubAuthError, HubError, HubNetworkError, HubNotFoundError, LlamaDeskError, one_line
-from core.library.library import _HF_FILES, quant_from_name
+from core.library.library import HF_FILES, quant_from_name
+from core.model.kv_cache import rounded_capacity
+from core.model.quant import PACKED_TYPES
+
+try:
+    import httpx2  # the fork huggingface_hub 2.x uses, when installed
+except ImportError:
+    httpx2 = None
 
 SORTS = {"downloads": "downloads", "likes": "likes", "last_modified": "last_modified"}
 FORMATS = ("gguf", "safetensors")
@@ -82,8 +102,6 @@ def _status(e: Exception) -> int | None:
 @contextlib.contextmanager
 def hub_errors(repo_id: str, *, token_given: bool, what: str = "") -> Iterator[None]:
     """Turn ``huggingface_hub``/``httpx`` exceptions into HubError subclasses with one plain line."""
-    from huggingface_hub import errors as hf
-
     thing = f"'{what}' in '{repo_id}'" if what else f"'{repo_id}'"
     try:
         yield
@@ -118,13 +136,9 @@ def hub_errors(repo_id: str, *, token_given: bool, what: str = "") -> Iterator[N
 
 def transport_errors() -> tuple[type[Exception], ...]:
     """Connection-level exceptions of httpx and of httpx2 (the fork huggingface_hub 2.x uses)."""
-    import httpx
     out: list[type[Exception]] = [httpx.TransportError, httpx.StreamError]
-    try:
-        import httpx2
+    if httpx2 is not None:
         out += [httpx2.TransportError, httpx2.StreamError]
-    except ImportError:
-        pass
     return tuple(out)
 
 
@@ -138,10 +152,7 @@ class HubClient:
     """
 
     def __init__(self, endpoint: str | None = None, token: str | None = None):
-        from huggingface_hub import HfApi, constants
-
         self.endpoint = (endpoint or constants.ENDPOINT).strip().rstrip("/")
-        from urllib.parse import urlsplit
         try:
             parts = urlsplit(self.endpoint)
             ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0
@@ -160,17 +171,14 @@ class HubClient:
 
     @property
     def has_token(self) -> bool:
-        from huggingface_hub import get_token
         return bool(self.token or get_token())
 
     def headers(self) -> dict[str, str]:
         """Request headers for downloads (user agent, and the token when there is one)."""
-        from huggingface_hub.utils import build_hf_headers
         return build_hf_headers(token=self.token, library_name="llamadesk")
 
     def file_url(self, repo_id: str, path: str, revision: str = "main") -> str:
         """The resolve URL of one file (huggingface_hub's own helper)."""
-        from huggingface_hub import hf_hub_url
         return hf_hub_url(repo_id, path, revision=revision, endpoint=self.endpoint)
 
     def _errors(self, repo_id: str, what: str = ""):
@@ -235,7 +243,7 @@ class HubClient:
             base = {posixpath.basename(n): n for n in names}
             if "config.json" not in base or not any(b.endswith(".safetensors") for b in base):
                 continue
-            parts = tuple(sorted(n for b, n in base.items() if _HF_FILES.fullmatch(b) and not b.endswith(".bin")
+            parts = tuple(sorted(n for b, n in base.items() if HF_FILES.fullmatch(b) and not b.endswith(".bin")
                                  and b not in ("README.md", ".gitattributes") and not b.startswith("LICENSE")))
             size = sum(int(sib[n].size or 0) for n in parts)
             quant = dtypes[0] if len(dtypes) == 1 else None
@@ -250,8 +258,6 @@ class HubClient:
 
     def read_range(self, repo_id: str, path: str, start: int, length: int) -> bytes:
         """``length`` bytes of a file from ``start`` (an HTTP range request)."""
-        from huggingface_hub.utils import get_session, hf_raise_for_status
-
         headers = {**self.headers(), "Range": f"bytes={start}-{start + length - 1}"}
         with self._errors(repo_id, path):
             r = get_session().get(self.file_url(repo_id, path), headers=headers, follow_redirects=True, timeout=30)
@@ -259,9 +265,6 @@ class HubClient:
             return r.content
 
     def read_json(self, repo_id: str, path: str) -> Any:
-        import json
-        from huggingface_hub.utils import get_session, hf_raise_for_status
-
         with self._errors(repo_id, path):
             r = get_session().get(self.file_url(repo_id, path), headers=self.headers(), follow_redirects=True,
                                   timeout=30)
@@ -298,11 +301,7 @@ class HubClient:
     # ------------------------------------------------------------------ memory
     def model_args(self, file: HubFile):
         """(ModelArgs, tensors or None) of a remote file, from its GGUF header or config.json."""
-        from core.checkpoints.hf import args_from_config
-
         if file.kind == "gguf":
-            from core.checkpoints.gguf_header import header_args
-
             meta, tensors = self.gguf_header(file)
             try:
                 return header_args(meta, tensors, f"{file.repo_id}/{file.path}"), tensors
@@ -322,13 +321,6 @@ class HubClient:
         """Memory ``file`` needs once loaded at ``context_length`` (default: the model's own,
         capped at the model's maximum), against ``free_vram`` when given (a GPU: bfloat16,
         CUDA packing), else ``free_ram`` (default: this machine's available memory)."""
-        import torch
-
-        from core import limits
-        from core.checkpoints.common import DTYPES, auto_dtype
-        from core.checkpoints.gguf import holding, meta_name
-        from core.model.kv_cache import rounded_capacity
-
         args, tensors = self.model_args(file)
         gpu = free_vram is not None
         dev = torch.device("cuda" if gpu else "cpu")
@@ -361,8 +353,6 @@ class HubClient:
         """The pick among ``files``: the largest that fits (bigger quantizations lose less),
         preferring types that stay packed in memory (Q4_K, Q4_0, Q8_0) at equal footing; None
         when nothing fits. ``estimates`` (path -> FitEstimate) saves recomputing them."""
-        from core.model.quant import PACKED_TYPES
-
         best, best_key = None, None
         for f in files:
             try:
@@ -393,16 +383,13 @@ def _is_llama(m, tags: list[str]) -> bool:
 
 
 def _split_gguf(name: str) -> bool:
-    import re
     return re.search(r"-\d{5}-of-\d{5}\.gguf$", name) is not None
 
 
 def free_memory() -> tuple[int | None, int | None]:
     """(free RAM, free VRAM or None without a CUDA GPU), in bytes."""
-    from core import limits
     vram = None
     try:
-        import torch
         if torch.cuda.is_available():
             vram = limits.available_bytes("cuda")
     except Exception:  # noqa: BLE001 — a driver that does not answer: no GPU estimate

@@ -19,6 +19,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+import sentencepiece as spm
+from gguf.constants import LlamaFileType
+
+from core import limits
+from core.checkpoints.gguf_header import ROPE_FREQS, header_args, read_header
+from core.checkpoints.hf import args_from_config
+from core.checkpoints.meta import read_params
 from core.errors import LlamaDeskError, one_line
 from core.paths import data_dir
 
@@ -31,12 +38,12 @@ FAMILIES = ("Llama 2", "Llama 3", "Llama 3.1", "Llama 3.2", "Llama-compatible")
 OTHER = FAMILIES[-1]
 
 # Files an HF or Meta model folder is made of: delete() removes these and nothing else.
-_HF_FILES = re.compile(r"(config\.json|generation_config\.json|tokenizer(_config)?\.json|tokenizer\.model|"
-                       r"special_tokens_map\.json|added_tokens\.json|vocab\.json|merges\.txt|"
-                       r"model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json|"
-                       r"pytorch_model(-\d+-of-\d+)?\.bin|pytorch_model\.bin\.index\.json|"
-                       r"chat_template\.(json|jinja)|README\.md|LICENSE(\.txt)?|USE_POLICY\.md|"
-                       r"\.gitattributes)")
+HF_FILES = re.compile(r"(config\.json|generation_config\.json|tokenizer(_config)?\.json|tokenizer\.model|"
+                      r"special_tokens_map\.json|added_tokens\.json|vocab\.json|merges\.txt|"
+                      r"model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json|"
+                      r"pytorch_model(-\d+-of-\d+)?\.bin|pytorch_model\.bin\.index\.json|"
+                      r"chat_template\.(json|jinja)|README\.md|LICENSE(\.txt)?|USE_POLICY\.md|"
+                      r"\.gitattributes)")
 _META_FILES = re.compile(r"(params\.json|consolidated\.\d+\.pth|tokenizer\.model|checklist\.chk|"
                          r"README\.md|LICENSE(\.txt)?|USE_POLICY\.md|eval\.json|MODEL_CARD\.md)")
 
@@ -214,11 +221,6 @@ def _entry(path: Path, fmt: str, *, name: str, size: int, error: str | None = No
 def read_gguf(path: Path) -> LibraryEntry:
     """A GGUF file's entry from its header alone (core.checkpoints.gguf_header): metadata and
     tensor shapes, by the loader's own rules; the weights are never read."""
-    from gguf.constants import LlamaFileType
-
-    from core import limits
-    from core.checkpoints.gguf import ROPE_FREQS
-    from core.checkpoints.gguf_header import header_args, read_header
     size = path.stat().st_size
     name = path.stem
     try:
@@ -266,9 +268,7 @@ def _folder_size(path: Path, owned: re.Pattern | None = None) -> int:
 
 def read_hf(path: Path) -> LibraryEntry:
     """A Hugging Face folder's entry from ``config.json``."""
-    from core import limits
-    from core.checkpoints.hf import args_from_config
-    size = _folder_size(path, _HF_FILES)
+    size = _folder_size(path, HF_FILES)
     cfg_file = path / "config.json"
     try:
         cfg = limits.read_json(cfg_file)
@@ -301,7 +301,6 @@ def _meta_vocab(path: Path) -> int | None:
             if re.fullmatch(rb"[A-Za-z0-9+/=]+ \d+\n.*", head, re.S):  # tiktoken ranks: one token a line
                 f.seek(0)
                 return sum(1 for _ in f) + 256  # Meta adds 256 special tokens
-        import sentencepiece as spm
         return int(spm.SentencePieceProcessor(model_file=str(tok)).get_piece_size())
     except Exception:  # noqa: BLE001 — a missing or odd tokenizer only leaves the count unknown
         return None
@@ -309,8 +308,6 @@ def _meta_vocab(path: Path) -> int | None:
 
 def read_meta(path: Path) -> LibraryEntry:
     """A Meta folder's entry from ``params.json`` (and the tokenizer's size when it says -1)."""
-    from core import limits
-    from core.checkpoints.meta import read_params
     size = _folder_size(path, _META_FILES)
     try:
         params = read_params(path)
@@ -423,7 +420,7 @@ def owned_files(entry: LibraryEntry) -> list[Path]:
     p = Path(entry.path)
     if entry.format == "gguf" and p.is_file():
         return [p]
-    pattern = _META_FILES if entry.format == "meta" else _HF_FILES
+    pattern = _META_FILES if entry.format == "meta" else HF_FILES
     return sorted(f for f in p.iterdir() if f.is_file() and pattern.fullmatch(f.name)) if p.is_dir() else []
 
 
