@@ -8,6 +8,8 @@ are regular files, only up to a size limit, and JSON only up to a nesting depth.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import json
 import math
 import os
 import re
@@ -20,6 +22,11 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from core.errors import CheckpointError, LlamaDeskError, ResourceError
+
+try:
+    import resource
+except ImportError:  # not on Windows: no address-space limit to read
+    resource = None
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -90,7 +97,7 @@ def checked_args(kw: Mapping[str, Any], *, file: str, names: Mapping[str, str] |
         file: the file named in errors.
         names: Meta field -> the key the file uses, so errors name what the user can find.
     """
-    from core.model.transformer import ModelArgs
+    from core.model.transformer import ModelArgs  # why: torch; limits stays torch-free for tokenizers and headers
 
     names = names or {}
     key = lambda k: names.get(k, k)  # noqa: E731
@@ -205,9 +212,7 @@ def _cgroup_free() -> int | None:
 
 
 def _rlimit_free() -> int | None:
-    try:
-        import resource
-    except ImportError:
+    if resource is None:
         return None
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft == resource.RLIM_INFINITY:
@@ -228,7 +233,7 @@ def available_bytes(device=None) -> int | None:
     dev = str(getattr(device, "type", device) or "cpu")
     if dev == "cuda":
         try:
-            import torch
+            import torch  # why: only for a GPU; limits stays torch-free for tokenizers and headers
             return int(torch.cuda.mem_get_info()[0])
         except Exception:  # noqa: BLE001 — no driver answer: do not block the load on it
             return None
@@ -352,8 +357,6 @@ def json_depth(data: bytes) -> int:
 def parse_json(data: bytes, *, file: str, error=CheckpointError, depth: int = MAX_JSON_DEPTH,
                object_pairs_hook=None) -> Any:
     """JSON from bytes with a nesting limit; errors name ``file``."""
-    import json
-
     d = json_depth(data)
     if d > depth:
         raise _err(error, f"JSON nested {d} levels deep, more than the {depth} allowed", file)
@@ -412,15 +415,8 @@ def symlinks_in(paths) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- the load budget
 
-_hook: "contextvars.ContextVar" = None  # set below; kept out of the import-time namespace noise
-
-
-def _budget_hook():
-    global _hook
-    if _hook is None:
-        import contextvars
-        _hook = contextvars.ContextVar("llamadesk_before_build", default=None)
-    return _hook
+# The loader's caller (the worker) decides, per thread of work, what happens before a build.
+_before_build: contextvars.ContextVar = contextvars.ContextVar("llamadesk_before_build", default=None)
 
 
 @contextlib.contextmanager
@@ -429,11 +425,11 @@ def before_build(fn) -> Iterator[None]:
     header, config and tokenizer have been validated and its memory need is known, and
     before any weight is built (the worker releases its current model there only when
     both would not fit)."""
-    token = _budget_hook().set(fn)
+    token = _before_build.set(fn)
     try:
         yield
     finally:
-        _budget_hook().reset(token)
+        _before_build.reset(token)
 
 
 def check_model(args, dtype, device, *, source: str, held: int | None = None) -> int:
@@ -442,7 +438,7 @@ def check_model(args, dtype, device, *, source: str, held: int | None = None) ->
     Returns the bytes needed; raises ResourceError naming them."""
     itemsize = getattr(dtype, "itemsize", 4)
     need = model_bytes(args, itemsize, held=held)
-    hook = _budget_hook().get()
+    hook = _before_build.get()
     if hook is not None:
         hook(need, device)
     n = param_count(args)

@@ -481,70 +481,50 @@ class Worker:
         # would not fit beside the current one, is the current one released (before_build).
         checkpoints.detect(a["path"])
         checkpoints.resolve_dtype(a["dtype"], checkpoints.resolve_device(a["device"]))
-        held = self._held_bytes()
-        dropped = [False]
-
-        def before_build(needed: int, device) -> None:
-            if self._loaded is None or limits.fits(needed, device):
-                return  # nothing held, or both fit: build the new one beside the old
-            if not limits.fits(needed, device, releasable=held):
-                return  # will not fit even alone: check_fits refuses, the old model stays
-            self._drop_model()
-            dropped[0] = True
-            self._emit(Unloaded(rid))
-
-        last = [0.0]
-
-        def progress(fraction: float, stage: str) -> None:
-            if cmd.cancel.is_set():
-                raise _Cancelled
-            now = time.perf_counter()
-            # Per-tensor callbacks can come by the thousand: ~30 updates a second is plenty.
-            if fraction >= 1.0 or fraction == 0.0 or now - last[0] >= 0.033:
-                last[0] = now
-                self._emit(LoadProgress(rid, float(fraction), stage))
-
-        def suffix() -> str:
-            return " (the previous model was unloaded)" if dropped[0] else ""
-
+        watch = _LoadWatch(self, cmd, self._held_bytes())
         self._emit(LoadProgress(rid, 0.0, "opening"))
-        try:
-            with limits.before_build(before_build):
-                loaded = checkpoints.load(a["path"], device=a["device"], dtype=a["dtype"],
-                                          max_seq_len=a["max_seq_len"], progress=progress)
-        except _Cancelled:
-            self._emit(Error(rid, "loading cancelled" + suffix(), cancelled=True))
-            return
-        except LlamaDeskError as e:
-            # A loader may wrap the cancel exception; the flag tells the truth.
-            if cmd.cancel.is_set():
-                self._emit(Error(rid, "loading cancelled" + suffix(), cancelled=True))
-            else:
-                self._emit(Error(rid, one_line(e) + suffix()))
-            return
-        except (MemoryError, RuntimeError) as e:  # torch's allocator raises RuntimeError (OOM)
-            loaded = None
-            self._collect_garbage()
-            self._emit(Error(rid, load_failure(MemoryError() if _is_oom(e) else e) + suffix()))
-            if not _is_oom(e):
-                log.error("loading %s failed: %s: %s", a["path"], type(e).__name__, e)
-            return
-        except Exception as e:
-            if cmd.cancel.is_set():
-                self._emit(Error(rid, "loading cancelled" + suffix(), cancelled=True))
-            else:
-                log.exception("loading %s failed", a["path"])
-                self._emit(Error(rid, load_failure(e) + suffix()))
+        loaded = self._load_or_say_why(cmd, watch)
+        if loaded is None:
             return
         if cmd.cancel.is_set():  # cancelled after the last tensor: honour it
             del loaded
             self._collect_garbage()
-            self._emit(Error(rid, "loading cancelled" + suffix(), cancelled=True))
+            self._emit(Error(rid, "loading cancelled" + watch.suffix(), cancelled=True))
             return
         if self._drop_model():  # the new model was built beside the old one
             self._emit(Unloaded(rid))
         self._emit(LoadProgress(rid, 1.0, "ready"))
         self._install(loaded, rid, a.get("compile", False))
+
+    def _load_or_say_why(self, cmd: _Command, watch: "_LoadWatch"):
+        """The loaded checkpoint, or None once an Error event has said why not."""
+        from core import checkpoints
+
+        rid, a = cmd.request_id, cmd.args
+        try:
+            with limits.before_build(watch.before_build):
+                return checkpoints.load(a["path"], device=a["device"], dtype=a["dtype"],
+                                        max_seq_len=a["max_seq_len"], progress=watch.progress)
+        except _Cancelled:
+            self._emit(Error(rid, "loading cancelled" + watch.suffix(), cancelled=True))
+        except LlamaDeskError as e:
+            # A loader may wrap the cancel exception; the flag tells the truth.
+            if cmd.cancel.is_set():
+                self._emit(Error(rid, "loading cancelled" + watch.suffix(), cancelled=True))
+            else:
+                self._emit(Error(rid, one_line(e) + watch.suffix()))
+        except (MemoryError, RuntimeError) as e:  # torch's allocator raises RuntimeError (OOM)
+            self._collect_garbage()
+            self._emit(Error(rid, load_failure(MemoryError() if _is_oom(e) else e) + watch.suffix()))
+            if not _is_oom(e):
+                log.error("loading %s failed: %s: %s", a["path"], type(e).__name__, e)
+        except Exception as e:
+            if cmd.cancel.is_set():
+                self._emit(Error(rid, "loading cancelled" + watch.suffix(), cancelled=True))
+            else:
+                log.exception("loading %s failed", a["path"])
+                self._emit(Error(rid, load_failure(e) + watch.suffix()))
+        return None
 
     def _do_adopt(self, cmd: _Command) -> None:
         if self._drop_model():
@@ -663,6 +643,38 @@ class Worker:
             raise
         finally:
             events.close()
+
+
+class _LoadWatch:
+    """The callbacks of one load: ``progress`` (which honours cancel) and ``before_build``
+    (which releases the current model only when the new one would not fit beside it)."""
+
+    def __init__(self, worker: Worker, cmd: _Command, held: int):
+        self.worker, self.cmd, self.held = worker, cmd, held
+        self.dropped = False
+        self.last = 0.0
+
+    def before_build(self, needed: int, device) -> None:
+        w = self.worker
+        if w._loaded is None or limits.fits(needed, device):
+            return  # nothing held, or both fit: build the new one beside the old
+        if not limits.fits(needed, device, releasable=self.held):
+            return  # will not fit even alone: check_fits refuses, the old model stays
+        w._drop_model()
+        self.dropped = True
+        w._emit(Unloaded(self.cmd.request_id))
+
+    def progress(self, fraction: float, stage: str) -> None:
+        if self.cmd.cancel.is_set():
+            raise _Cancelled
+        now = time.perf_counter()
+        # Per-tensor callbacks can come by the thousand: ~30 updates a second is plenty.
+        if fraction >= 1.0 or fraction == 0.0 or now - self.last >= 0.033:
+            self.last = now
+            self.worker._emit(LoadProgress(self.cmd.request_id, float(fraction), stage))
+
+    def suffix(self) -> str:
+        return " (the previous model was unloaded)" if self.dropped else ""
 
 
 def draft_loader(eng, *, named: bool = False):
