@@ -26,7 +26,7 @@ class TiktokenTokenizer(TokenizerBase):
         import tiktoken  # why: 0.2 s at start-up, only for Llama 3 ranks files
 
         path = Path(ranks_path)
-        ranks = _parse_ranks(read_tokenizer_file(path), path)
+        ranks = parse_ranks(read_tokenizer_file(path), path)
         self.source = str(path)
         self._n_base = len(ranks)
         self.special_tokens = {name: self._n_base + i for i, name in enumerate(LLAMA3_SPECIAL_TOKENS)}
@@ -73,7 +73,8 @@ class TiktokenTokenizer(TokenizerBase):
         return name if name is not None else readable(self.token_bytes(id))
 
 
-def _parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
+def parse_ranks(data: bytes, path: Path) -> dict[bytes, int]:
+    """A tiktoken ranks file's token bytes -> rank (``path`` is named in errors)."""
     # Same format tiktoken.load.load_tiktoken_bpe reads, parsed here because that function
     # also copies every local file into a temp cache folder; map/zip keep the loop in C.
     parts = data.split()

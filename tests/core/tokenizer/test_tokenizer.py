@@ -56,10 +56,10 @@ def stories(fixtures) -> SentencePieceTokenizer:
 @pytest.fixture(scope="module")
 def hf_llama3(meta_fixtures) -> HFTokenizer:
     """A byte-level HF tokenizer built the way the GGUF loader builds one ("gpt2" vocab)."""
-    from core.tokenizer.tiktoken_bpe import _parse_ranks
+    from core.tokenizer.tiktoken_bpe import parse_ranks
 
     path = meta_fixtures / "llama3-tokenizer.model"
-    tokens, merges = byte_level_vocab_from_ranks(_parse_ranks(path.read_bytes(), path))
+    tokens, merges = byte_level_vocab_from_ranks(parse_ranks(path.read_bytes(), path))
     types = [1] * len(tokens) + [3] * len(LLAMA3_SPECIAL_TOKENS)
     return hf_byte_level_from_vocab(
         tokens + list(LLAMA3_SPECIAL_TOKENS), merges, types, bos_id=128000, eos_id=128001
