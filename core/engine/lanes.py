@@ -2,7 +2,7 @@
 
 Everything here works on plain token-id lists, log-probability lists and dicts, so the
 compare view, the CLI and tests share one definition of "where two lanes part", "how
-repetitive a text is" and "what a sweep over a parameter means".
+repetitive a text is", "what a sweep over a parameter means" and "what a lane spec says".
 """
 from __future__ import annotations
 
@@ -12,31 +12,31 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from core.engine.constraint import LABELS, from_argument
+from core.engine.settings import MAX_BIAS, SCHEMA, parse_logit_bias
 from core.errors import SettingsError
 
 MAX_LANES = 8
 
-# Parameters a sweep can vary: (type, lowest, highest or None). Bounds mirror
-# SamplingParams.validate so a sweep is refused before any lane is built.
-SWEEP_PARAMS: dict[str, tuple[type, float, float | None]] = {
-    "temperature": (float, 0.0, None),
-    "top_p": (float, 1e-9, 1.0),
-    "top_k": (int, 0, None),
-    "min_p": (float, 0.0, 0.999999),
-    "repetition_penalty": (float, 1e-9, None),
-    "seed": (int, 0, 2**63 - 1),
-    "max_new_tokens": (int, 1, None),
-    "lookup": (int, 0, 8),  # speculative decoding by prompt lookup (0: off); sampling.MAX_LOOKUP
-}
+# The numbers a sweep can vary; their kinds and ranges are the schema's, so a sweep is
+# refused before any lane is built exactly where SamplingParams.validate would refuse it.
+SWEEP_PARAMS = {s.name: s for s in SCHEMA.values() if s.sweep and s.numeric}
 # Settings a sweep can vary that are not one number: a logit bias (one TEXT over several
 # biases: "girl=-inf, -5, 0, 5"), the output format (lane 1's, "on, off") and the draft model
-# of speculative decoding ("off, /models/a.gguf, /models/b.gguf").
+# of speculative decoding ("off, /models/a.gguf, /models/b.gguf"), in the order offered.
 SWEEP_OTHER = ("logit_bias_text", "constraint", "draft")
 SWEEP_KEYS = (*SWEEP_PARAMS, *SWEEP_OTHER)
 
 # The per-lane settings a comparison shows and stores.
-LANE_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens", "lookup",
-             "draft", "constraint", "logit_bias_text")
+LANE_KEYS = tuple(s.name for s in SCHEMA.values() if s.lane)
+
+# A lane spec's keys (``compare --lane KEY=VALUE,...``): the lane's numbers and draft model
+# by the schema, a logit bias by text (logit_bias=TEXT=BIAS) or by token id
+# (logit_bias_id=ID=BIAS), each repeatable, and the output format.
+SPEC_SETTINGS = {s.name: s for s in SCHEMA.values() if s.lane and (s.numeric or s.kind is str)}
+SPEC_BIAS_KEYS = ("logit_bias", "logit_bias_id")
+CONSTRAINT_KEYS = ("json_schema", "json_object", "regex", "grammar", "constraint")
+LANE_SPEC_KEYS = (*SPEC_SETTINGS, *SPEC_BIAS_KEYS)
 
 
 # --------------------------------------------------------------------------- divergence
@@ -197,7 +197,12 @@ def lane_stats(tokens: Sequence[int], logprobs: Sequence[float], engine_stats: d
 # --------------------------------------------------------------------------- sweeps
 
 
-def _number(text: str) -> float:
+def _number(text: str) -> float | int:
+    """A typed value: an int when written as one (a 19-digit seed keeps every digit), else a float."""
+    try:
+        return int(text.strip())
+    except ValueError:
+        pass
     try:
         v = float(text)
     except ValueError:
@@ -222,19 +227,16 @@ def parse_sweep(text: str, param: str = "temperature") -> list[float | int]:
         return _switch_sweep(text)
     if param == "draft":
         return _draft_sweep(text)
-    kind, lo, hi = SWEEP_PARAMS[param]
+    setting = SWEEP_PARAMS[param]
     values: list[float | int] = []
     for v in _raw_values(text):
-        if kind is int:
+        if setting.kind is int:
             if abs(v - round(v)) > 1e-9:
                 raise SettingsError(f"{param} takes whole numbers, got {v:g}")
             v = int(round(v))
         else:
-            v = round(v, 10)  # 0.2 + 2 * 0.4 prints as 1.0, not 1.0000000000000002
-        if v < lo or (hi is not None and v > hi):
-            bound = f"at least {lo:g}" if hi is None else f"between {lo:g} and {hi:g}"
-            raise SettingsError(f"{param} must be {bound}, got {v:g}")
-        values.append(v)
+            v = float(round(v, 10))  # 0.2 + 2 * 0.4 prints as 1.0, not 1.0000000000000002
+        values.append(setting.check(v))
     return _lane_values(values, "values")
 
 
@@ -258,7 +260,7 @@ def _raw_values(text: str) -> list[float]:
         if len(parts) not in (2, 3) or not all(parts):
             raise SettingsError("a range is start:stop:step, e.g. 0.2:1.4:0.4")
         start, stop = _number(parts[0]), _number(parts[1])
-        step = _number(parts[2]) if len(parts) == 3 else 1.0
+        step = _number(parts[2]) if len(parts) == 3 else 1
         if step <= 0:
             raise SettingsError("a range's step must be above 0")
         if stop < start:
@@ -272,7 +274,6 @@ def _raw_values(text: str) -> list[float]:
 
 def _bias_sweep(text: str) -> list[str]:
     """'TEXT=B1, B2, …' or 'TEXT=start:stop:step' (biases -100..100, or -inf) as TEXT=B items."""
-    from core.engine.settings import MAX_BIAS, parse_logit_bias
     word, eq, rest = (text or "").partition("=")
     if not eq or not word.strip() or not rest.strip():
         raise SettingsError("a logit bias sweep is TEXT=biases, e.g. girl=-inf, -5, 0, 5 or girl=-10:10:5")
@@ -355,9 +356,6 @@ def lock_seeds(lanes: Sequence[dict], seed: int) -> list[dict]:
 def settings_label(settings: dict, differs_from: dict | None = None) -> str:
     """A short label for a lane: 'T 0.7 · top-p 0.9 · seed 7', only the keys that differ
     from ``differs_from`` when given (falls back to temperature)."""
-    names = {"temperature": "T", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p",
-             "repetition_penalty": "rep", "seed": "seed", "max_new_tokens": "max", "lookup": "lookup",
-             "draft": "draft", "constraint": "format", "logit_bias_text": "bias"}
     keys = [k for k in LANE_KEYS if k in settings]
     if differs_from is not None:
         keys = [k for k in keys if settings.get(k) != differs_from.get(k)] or ["temperature"]
@@ -365,7 +363,6 @@ def settings_label(settings: dict, differs_from: dict | None = None) -> str:
     for k in keys:
         v = settings.get(k)
         if k == "constraint":  # {"kind", "text"} or None: name the kind only
-            from core.engine.constraint import LABELS
             v = LABELS.get(v.get("kind"), "?") if isinstance(v, dict) else "free"
         elif k == "logit_bias_text":  # TEXT=BIAS items
             v = ", ".join(v or ()) or "none"
@@ -373,5 +370,49 @@ def settings_label(settings: dict, differs_from: dict | None = None) -> str:
             v = draft_name(v)
         elif k == "lookup" and not v:
             v = "off"
-        out.append(f"{names[k]} {v:g}" if isinstance(v, float) else f"{names[k]} {v}")
+        name = SCHEMA[k].short or k
+        out.append(f"{name} {v:g}" if isinstance(v, float) else f"{name} {v}")
     return " · ".join(out)
+
+
+# --------------------------------------------------------------------------- lane specs
+
+
+def parse_lane_spec(spec: str) -> dict:
+    """A lane spec's sampler part ("temperature=0.7,top_k=40,logit_bias=girl=-inf") as
+    SamplingParams keyword arguments. Numbers are checked against the schema's ranges;
+    logit_bias=TEXT=BIAS items become logit_bias_text, logit_bias_id=ID=BIAS items
+    logit_bias; json_schema=, regex=, grammar= (text or @FILE), json_object=1 and
+    constraint=none set the constraint. SettingsError (one line) names the bad part."""
+    kw: dict = {}
+    for part in filter(None, (s.strip() for s in spec.split(","))):
+        key, eq, val = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if eq and key in CONSTRAINT_KEYS:
+            if key == "constraint" and val.strip() != "none":
+                raise SettingsError(f"constraint= takes only 'none' in lane '{spec}': use json_schema=, regex= or grammar=")
+            kw["constraint"] = None if key == "constraint" else from_argument(key, val.strip())
+        elif not eq or key not in LANE_SPEC_KEYS:
+            raise SettingsError(f"bad lane setting '{part}': use key=value with key one of {', '.join(LANE_SPEC_KEYS)}")
+        elif key == "logit_bias":  # TEXT as typed: a space before it is part of the text
+            kw["logit_bias_text"] = (*kw.get("logit_bias_text", ()), val)
+        elif key == "logit_bias_id":
+            kw["logit_bias"] = {**kw.get("logit_bias", {}), **id_bias(val.strip())}
+        else:
+            try:
+                kw[key] = SPEC_SETTINGS[key].from_text(val)
+            except SettingsError:  # out of range: the schema's message says so
+                raise
+            except ValueError:
+                raise SettingsError(f"bad value for {key} in lane '{spec}': {val.strip()!r}") from None
+    return kw
+
+
+def id_bias(spec: str) -> dict[int, float]:
+    """``ID=BIAS`` (a lane's logit_bias_id) as {ID: BIAS}."""
+    def one_id(text: str) -> list[int]:
+        try:
+            return [int(text.strip())]
+        except ValueError:
+            raise SettingsError(f"bad logit bias by id {spec!r}: {text.strip()!r} is not a token id (use ID=BIAS)") from None
+    return parse_logit_bias(spec, one_id)

@@ -17,9 +17,184 @@ from core.errors import SettingsError
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this behave as 0 (greedy)
 # Outside these a penalty overflows float32 logits (1e-45 makes every seen token +inf).
 MIN_PENALTY, MAX_PENALTY = 0.01, 1e6
-MAX_LENGTH_PENALTY = 10.0
-MAX_LOOKUP = 8  # longest n-gram prompt lookup matches  # beam scores divide by length ** penalty: 1e308 overflows
+MAX_LENGTH_PENALTY = 10.0  # beam scores divide by length ** penalty: 1e308 overflows
+MAX_LOOKUP = 8  # longest n-gram prompt lookup matches
 MAX_BIAS = 100.0  # a logit bias is within ±100 (OpenAI's range), or -inf: never that token
+
+
+# --------------------------------------------------------------------------- the schema
+
+# Where a reply can run: this app's engine, LlamaDesk's serve, any OpenAI-compatible server
+# (OpenAI's API itself: vLLM, Ollama, LM Studio take at least that), llama.cpp's server.
+# A setting's ``backends`` are those known to honour it; a ``probed`` one goes to another
+# server only where RemoteModel.probe saw that server honour it (vLLM's top_k, say).
+LOCAL, LLAMADESK, OPENAI, LLAMA_CPP = "local", "llamadesk", "openai", "llama.cpp"
+BACKENDS = (LOCAL, LLAMADESK, OPENAI, LLAMA_CPP)
+_EVERYWHERE = frozenset(BACKENDS)
+_LOCAL_ONLY = frozenset({LOCAL})
+_APP = frozenset({LOCAL, LLAMADESK})  # this app's engine, here or behind serve
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One sampling setting, declared once; validation, CLI flags, serve's request fields,
+    the settings panel's widgets, sweeps and lane specs are built from it.
+
+    A numeric setting (``kind`` int or float) has an accepted range: ``lo``/``hi`` (None:
+    unbounded), each inclusive unless ``lo_open``/``hi_open``. ``widget`` is the panel's
+    range where the accepted one is wider than a control can usefully offer (a slider up to
+    temperature 2, a spin box's 32-bit seed); it always lies inside the accepted range.
+    ``step`` and ``decimals`` are the panel's; ``off`` is the value that turns it off.
+    """
+
+    name: str  # SamplingParams' field, serve's request field and a lane spec's key
+    kind: type
+    default: object
+    label: str  # what a person calls it (panel rows, sweep choices)
+    help: str  # one line: a CLI flag's help, a control's tooltip
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    step: float = 1
+    decimals: int = 0
+    widget: tuple[float, float] | None = None
+    off: object = None
+    optional: bool = False  # None is a value too (seed: draw a fresh one)
+    backends: frozenset = _EVERYWHERE
+    probed: bool = False  # sent to another OpenAI-compatible server only where its probe found it honoured
+    api: str = ""  # serve's request field when it is not ``name`` (max_tokens)
+    api_default: object = None  # serve's value for a field a request leaves out, where OpenAI's default differs
+    api_off: object = None  # a request's own word for ``off`` (vLLM's top_k -1)
+    flag: bool = False  # a flag of ``python -m core generate`` (and compare where it is every lane's default)
+    panel: bool = False  # a control of the settings panel
+    sweep: bool = False  # a comparison can sweep it
+    lane: bool = False  # a comparison lane shows and stores it
+    short: str = ""  # a lane's label where room is short ("T 0.7 · top-p 0.9"); the name by default
+
+    @property
+    def numeric(self) -> bool:
+        return self.kind in (int, float)
+
+    @property
+    def request_field(self) -> str:
+        """Its name in an OpenAI-style request (serve's, and what the client sends)."""
+        return self.api or self.name
+
+    @property
+    def flag_name(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def _num(self, v) -> str:
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    def range_text(self) -> str:
+        """The accepted range in words: 'between 0 (exclusive) and 1', 'a whole number
+        from 0 (off) to 8'."""
+        lo, hi = self.lo, self.hi
+        low = self._num(lo) + (" (off)" if self.off == lo and self.off is not None else "")
+        if self.kind is int:
+            return f"a whole number from {low} to {self._num(hi)}" if hi is not None else f"a whole number ≥ {low}"
+        if hi is None:
+            return f"above {low}" if self.lo_open else f"at least {low}"
+        return (f"between {low}{' (exclusive)' if self.lo_open else ''} and "
+                f"{self._num(hi)}{' (exclusive)' if self.hi_open else ''}")
+
+    def error(self, value, name: str = "") -> str:
+        shown = repr(value) if isinstance(value, str) else value
+        return f"{name or self.name} must be {self.range_text()}, got {shown}"
+
+    def accepts(self, value) -> bool:
+        """Whether ``value`` is in the declared range (of the right kind; None where optional)."""
+        if value is None:
+            return self.optional
+        if not self.numeric:
+            return isinstance(value, self.kind)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        if self.kind is int and int(value) != value:
+            return False
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return False
+        return self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+
+    def check(self, value, name: str = ""):
+        """``value`` itself when accepted, else SettingsError naming ``name`` (this
+        setting's own name by default: a CLI flag or request field may differ)."""
+        if not self.accepts(value):
+            raise SettingsError(self.error(value, name))
+        return value
+
+    def from_text(self, text: str):
+        """A value typed as text (a CLI flag, a lane spec): ValueError when it is not a
+        number of this kind (an int takes no fraction), SettingsError when out of range."""
+        return self.check(self.kind(text.strip()) if self.numeric else text.strip())
+
+    def widget_range(self) -> tuple[float, float]:
+        """The panel control's (minimum, maximum): ``widget`` or the accepted range, an
+        exclusive bound moved in by the control's smallest step."""
+        if self.widget is not None:
+            return self.widget
+        tick = 10 ** -self.decimals if self.kind is float else 1
+        return (self.lo + tick if self.lo_open else self.lo), (self.hi - tick if self.hi_open else self.hi)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("temperature", float, 0.8, "Temperature",
+            "Randomness of the reply: 0 always picks the likeliest token, higher is more varied.",
+            lo=0.0, step=0.05, decimals=2, widget=(0.0, 2.0), api_default=1.0,
+            flag=True, panel=True, sweep=True, lane=True, short="T"),
+    Setting("top_p", float, 0.95, "Top-p",
+            "Nucleus sampling: keep the likeliest tokens that together reach this probability (1 = off).",
+            lo=0.0, hi=1.0, lo_open=True, step=0.01, decimals=2, off=1.0, api_default=1.0,
+            flag=True, panel=True, sweep=True, lane=True, short="top-p"),
+    Setting("top_k", int, 0, "Top-k", "Keep only the k likeliest tokens at each step (0 = off).",
+            lo=0, widget=(0, 1000), off=0, api_off=-1, backends=frozenset({LOCAL, LLAMADESK, LLAMA_CPP}), probed=True,
+            flag=True, panel=True, sweep=True, lane=True, short="top-k"),
+    Setting("min_p", float, 0.0, "Min-p",
+            "Drop tokens less likely than this fraction of the top token's probability (0 = off).",
+            lo=0.0, hi=1.0, hi_open=True, step=0.01, decimals=2, off=0.0,
+            backends=frozenset({LOCAL, LLAMADESK, LLAMA_CPP}), probed=True,
+            flag=True, panel=True, sweep=True, lane=True, short="min-p"),
+    # llama.cpp's server calls its own penalty repeat_penalty, so it ignores this field.
+    Setting("repetition_penalty", float, 1.0, "Repetition penalty",
+            "Above 1 discourages repeating tokens already in the text (1 = off).",
+            lo=MIN_PENALTY, hi=MAX_PENALTY, step=0.05, decimals=2, widget=(0.5, 2.0), off=1.0,
+            backends=_APP, probed=True, flag=True, panel=True, sweep=True, lane=True, short="rep"),
+    Setting("seed", int, None, "Seed",
+            "The random seed: the same seed and settings give the same reply (none: a fresh one each time).",
+            lo=0, hi=2**63 - 1, widget=(0, 2**31 - 1), optional=True, probed=True,  # a spin box holds 32 bits
+            flag=True, panel=True, sweep=True, lane=True),
+    Setting("max_new_tokens", int, 256, "Max new tokens", "The most tokens one reply may have.",
+            lo=1, step=32, widget=(1, 8192), api="max_tokens",
+            flag=True, panel=True, sweep=True, lane=True, short="max"),
+    Setting("num_beams", int, 1, "Beams", "Beam search over this many beams (1 = off: sampling).",
+            lo=1, hi=16, off=1, backends=_LOCAL_ONLY, flag=True),
+    Setting("length_penalty", float, 1.0, "Length penalty",
+            "Beam search: scores divide by length ** penalty (above 0 favours longer beams).",
+            lo=-MAX_LENGTH_PENALTY, hi=MAX_LENGTH_PENALTY, step=0.1, decimals=1, backends=_LOCAL_ONLY, flag=True),
+    Setting("lookup", int, 0, "Prompt lookup",
+            "Speculative decoding by prompt lookup: draft what followed the last n tokens earlier in the "
+            "context (same reply, faster when it repeats the prompt).",
+            lo=0, hi=MAX_LOOKUP, widget=(1, MAX_LOOKUP), off=0, backends=_APP,  # the panel's mode combo is "off"
+            flag=True, panel=True, sweep=True, lane=True),
+    Setting("draft", str, "", "Draft model",
+            "Speculative decoding with a smaller draft model of the same vocabulary, a .gguf file or a "
+            "model folder (same reply).", backends=_APP, flag=True, panel=True, sweep=True, lane=True),
+    Setting("stop", tuple, (), "Stop at", "Stop the reply when it produces one of these strings.",
+            flag=True, panel=True),
+    # response_format reaches every server; regex and grammar fields LlamaDesk's and llama.cpp's.
+    Setting("constraint", object, None, "Output format",
+            "Hold the reply to a JSON schema, a regular expression or a grammar.", optional=True,
+            flag=True, panel=True, sweep=True, lane=True, short="format"),
+    Setting("logit_bias", dict, {}, "Logit bias by id",
+            "Added to token ids' logits before the filters: -100 to 100, or -inf for never."),
+    Setting("logit_bias_text", tuple, (), "Logit bias",
+            "Favour or ban words: TEXT=BIAS, BIAS (-100 to 100, or -inf: never) added to the logits of TEXT's "
+            "tokens before the filters.", backends=_APP, flag=True, panel=True, sweep=True, lane=True, short="bias"),
+)
+SCHEMA: dict[str, Setting] = {s.name: s for s in SETTINGS}
+NUMBERS = tuple(s for s in SETTINGS if s.numeric)
 
 
 @dataclass
@@ -71,33 +246,10 @@ class SamplingParams:
         """Raise SettingsError naming the first invalid setting; return self."""
         def bad(msg: str):
             raise SettingsError(msg)
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
-            bad(f"temperature must be 0 or more, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            bad(f"top_p must be in (0, 1], got {self.top_p}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
-            bad(f"top_k must be a whole number ≥ 0, got {self.top_k}")
-        if not 0 <= self.min_p < 1:
-            bad(f"min_p must be in [0, 1), got {self.min_p}")
-        if not (isinstance(self.repetition_penalty, (int, float)) and
-                MIN_PENALTY <= self.repetition_penalty <= MAX_PENALTY):
-            bad(f"repetition_penalty must be between {MIN_PENALTY} and {MAX_PENALTY:g}, got {self.repetition_penalty}")
-        if not (isinstance(self.length_penalty, (int, float)) and -MAX_LENGTH_PENALTY <= self.length_penalty
-                <= MAX_LENGTH_PENALTY):
-            bad(f"length_penalty must be between -{MAX_LENGTH_PENALTY:g} and {MAX_LENGTH_PENALTY:g}, "
-                f"got {self.length_penalty}")
-        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
-            bad(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if int(self.num_beams) != self.num_beams or not 1 <= self.num_beams <= 16:
-            bad(f"num_beams must be between 1 and 16, got {self.num_beams}")
-        if self.seed is not None and (int(self.seed) != self.seed or not 0 <= self.seed < 2**63):
-            bad(f"seed must be a whole number ≥ 0, got {self.seed}")
+        for setting in NUMBERS:  # each number in its declared range (a seed may be None: drawn later)
+            setting.check(getattr(self, setting.name))
         if any(not s for s in self.stop):
             bad("stop strings must not be empty")
-        if (isinstance(self.lookup, bool) or not isinstance(self.lookup, (int, float))
-                or not math.isfinite(self.lookup) or int(self.lookup) != self.lookup
-                or not 0 <= self.lookup <= MAX_LOOKUP):
-            bad(f"lookup must be a whole number from 0 (off) to {MAX_LOOKUP}, got {self.lookup!r}")
         if not isinstance(self.draft, str):
             bad(f"draft must be a model's path, got {self.draft!r}")
         if self.lookup and self.draft:

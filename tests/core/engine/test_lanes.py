@@ -159,7 +159,7 @@ def test_draft_model_sweep_and_its_exclusion_with_prompt_lookup():
 
 
 @pytest.mark.parametrize("text,param,needle", [
-    ("9", "lookup", "between 0 and 8"), ("-1", "lookup", "between"), ("1.5", "lookup", "whole"),
+    ("9", "lookup", r"from 0 \(off\) to 8"), ("-1", "lookup", r"from 0 \(off\) to 8"), ("1.5", "lookup", "whole"),
     ("girl", "logit_bias_text", "TEXT=biases"), ("=5", "logit_bias_text", "TEXT=biases"),
     ("girl=", "logit_bias_text", "TEXT=biases"), ("girl=lots", "logit_bias_text", "not a number"),
     ("girl=500", "logit_bias_text", "between"), ("girl=inf", "logit_bias_text", "finite"),
