@@ -8,7 +8,7 @@ untouched. The view follows the bottom unless the user has scrolled up.
 Messages given to the view are plain dicts (built by :mod:`gui.chat.conversation`):
 ``{"id", "role", "text", "stats", "stop_reason", "seed", "version": (i, n), "error"}``,
 plus ``"settings"`` and, for replies generated with token inspection, ``"tokens"``: the
-token record kept in the message meta (:meth:`gui.compare.lanes.LaneRun.token_record`,
+token record kept in the message meta (:meth:`gui.widgets.token_run.LaneRun.token_record`,
 optionally with ``"offset"``: leading characters of the text no token covers).
 
 A reply with token records has an "Inspect tokens" toggle that swaps its Markdown body
@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (QCheckBox, QFrame, QHBoxLayout, QLabel, QScrollAr
 from core.engine.lanes import draft_name, settings_label
 
 from gui import theme
-from gui.compare.lanes import LaneRun, lane_colors, parse_token_index, render_lane_html
+from gui.widgets.token_run import LaneRun, lane_colors, parse_token_index, render_lane_html
 
 _CODE_BLOCK = re.compile(r'(?:<div class="codehilite"[^>]*>\s*)?<pre[^>]*>(.*?)</pre>(?:\s*</div>)?', re.S)
 

@@ -19,7 +19,7 @@ from core.history.records import HistoryError, Message
 from core.worker.worker import Error, GenerateRequest, Prompted
 
 from gui.bridge import Chunk
-from gui.compare.lanes import LaneRun
+from gui.widgets.token_run import LaneRun
 from gui.chat.conversation import ConversationModel
 
 

@@ -17,7 +17,8 @@ from core.engine.lanes import MAX_LANES
 
 from gui import theme
 from gui.chat.chat_view import format_stats
-from gui.compare.lanes import LaneRun, divergence_label, lane_diff, parse_anchor, render_lane_html
+from gui.compare.lanes import divergence_label, lane_diff
+from gui.widgets.token_run import LaneRun, parse_anchor, render_lane_html
 from gui.compare.models import LaneModel
 from gui.settings.panel import (CONSTRAINT_HINTS, CONSTRAINT_KINDS, SpeculativeControls, bias_items,
                                 format_stop_strings)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from core.history import export as chat_export
 
-from gui.compare.lanes import LaneRun
+from gui.widgets.token_run import LaneRun
 from gui.compare.models import LaneModel
 
 

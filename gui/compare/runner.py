@@ -23,7 +23,7 @@ from core.remote.runner import describe_error
 from core.worker.worker import CompareRequest, Error, Prompted
 
 from gui.bridge import BridgeError, Chunk
-from gui.compare.lanes import LaneRun
+from gui.widgets.token_run import LaneRun
 from gui.compare.models import LaneModel, ModelShelf
 
 RETRY_HINT = " — press Run to try again."

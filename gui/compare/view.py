@@ -34,11 +34,12 @@ from gui.compare import records
 from gui.compare.controls import ActionBar, LanesArea, PromptRow, lane_inspector
 from gui.compare.lane_column import LaneColumn
 from gui.compare.model_picker import LaneModelPicker
-from gui.compare.lanes import ban_text, lane_colors
+from gui.compare.lanes import ban_text
 from gui.compare.models import LaneModel, ModelShelf, loaded_model_from, tokenizers_match
 from gui.compare.runner import (ComparisonRunner, LaneJob, base_request, branch_refusal, branch_spec, refusals,
                                running_line)
 from gui.compare.sweep_row import SweepRow, describe_sweep
+from gui.widgets.token_run import lane_colors
 
 DEFAULT_INSPECT = 5
 

@@ -222,7 +222,7 @@ def test_continued_reply_record():
     from types import SimpleNamespace
 
     from core.engine.events import Token
-    from gui.compare.lanes import LaneRun
+    from gui.widgets.token_run import LaneRun
     from gui.chat.reply import ReplyState, token_record
     top = {"raw": [(4, 0.5)], "filtered": [(4, 1.0)], "pieces": {4: "!"}}
     run = LaneRun()

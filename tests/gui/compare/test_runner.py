@@ -11,7 +11,7 @@ from core.engine.lanes import MAX_LANES
 from core.engine.settings import SamplingParams
 from core.worker.worker import CompareRequest, Error, Prompted
 from gui.bridge import BridgeError, Chunk
-from gui.compare.lanes import LaneRun
+from gui.widgets.token_run import LaneRun
 from gui.compare.models import LaneModel, ModelShelf
 from gui.compare.runner import (BIAS_ON_SERVER, DRAFT_HINT, RETRY_HINT, SPECULATIVE_ON_SERVER, ComparisonRunner,
                                 LaneJob, base_request, branch_refusal, branch_spec, missing_drafts, plan, refusals,
