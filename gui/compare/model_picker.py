@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QWidget
 from gui.bridge import BridgeError
 from gui.compare.lane_column import CONNECT_SERVER, OPEN_CHECKPOINT, LaneColumn
 from gui.compare.models import ModelShelf, tokenizers_match
-from gui.settings import panel as settings_panel
+from gui.settings import speculative
 
 
 class LaneModelPicker(QObject):
@@ -79,7 +79,7 @@ class LaneModelPicker(QObject):
 
     def ask_checkpoint_path(self) -> str | None:
         """Which checkpoint a lane should run on (a file dialog; tests replace this)."""
-        return settings_panel.choose_model_path(self.window, "Open a checkpoint for this lane")
+        return speculative.choose_model_path(self.window, "Open a checkpoint for this lane")
 
     def open_checkpoint(self, col: LaneColumn, path: str) -> asyncio.Task | None:
         """Load ``path`` beside the app's model and run ``col`` on it; a failure is shown in

@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QLineEdit,
 from core.engine.lanes import SWEEP_KEYS, draft_name
 
 from gui import theme
-from gui.settings import panel as settings_panel
+from gui.settings import speculative
 
 SWEEP_NAMES = {"lookup": "prompt lookup (speculative)", "draft": "draft model (speculative)",
                "logit_bias_text": "logit bias", "constraint": "output format"}
@@ -107,7 +107,7 @@ class SweepRow(QFrame):
 
     def _add_model(self) -> None:
         """"…" of a draft model sweep: a chosen model's path joins the values."""
-        path = settings_panel.choose_model_path(self, "Add a draft model to the sweep")
+        path = speculative.choose_model_path(self, "Add a draft model to the sweep")
         if path:
             text = self.values.text().strip().rstrip(",")
             self.values.setText(f"{text}, {path}" if text else f"off, {path}")

@@ -17,7 +17,7 @@ from gui.chat.chat_view import format_stats
 from gui.compare.lane_column import LaneColumn
 from gui.compare.models import LaneModel
 from gui.compare.view import CompareView
-from gui.settings import panel as sampling_panel
+from gui.settings import speculative
 
 from tests.gui.compare.common import (PROMPT, ROOT, FakeBridge, bridge, history, load_and_run, snapshot,  # noqa: F401  (fixtures)
                                       story, token_text_of)
@@ -50,7 +50,7 @@ def test_a_lane_sets_prompt_lookup_or_a_draft_model_never_both(qtbot, loop, hist
     chosen = tmp_path / "tiny draft.gguf"
     chosen.write_bytes(b"GGUF")
     asked = []
-    monkeypatch.setattr(sampling_panel, "choose_model_path", lambda parent, title, start="": asked.append(title)
+    monkeypatch.setattr(speculative, "choose_model_path", lambda parent, title, start="": asked.append(title)
                         or str(chosen))
     look.speculative.combo.setCurrentIndex(look.speculative.combo.findData("draft"))
     assert look.settings()["lookup"] == 0 and look.settings()["draft"] == ""  # a draft with no path yet: off

@@ -8,7 +8,7 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 
 from gui.compare.view import CompareView
-from gui.settings import panel as sampling_panel
+from gui.settings import speculative
 
 from tests.gui.compare.common import PROMPT, bridge, history, load_and_run, snapshot, story  # noqa: F401  (fixtures)
 from tests.gui.ui_helpers import loop, run, until  # noqa: F401  (fixtures)
@@ -68,7 +68,7 @@ def test_every_knob_sweeps_from_the_sweep_row_and_its_lanes_run_save_and_export(
     or pick a draft model with "…", Make lanes): the lanes carry the values, the worker runs
     them with exactly those settings (its Done echoes them), and the saved comparison's JSON
     and Markdown export name each lane's value."""
-    monkeypatch.setattr(sampling_panel, "choose_model_path", lambda *a, **k: str(random_draft))
+    monkeypatch.setattr(speculative, "choose_model_path", lambda *a, **k: str(random_draft))
     base = {"temperature": 0.8, "seed": 1, "max_new_tokens": 6}
     v = CompareView(bridge=bridge, history=history, prompt=PROMPT, mode="completion", lanes=[base])
     qtbot.addWidget(v)

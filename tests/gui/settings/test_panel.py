@@ -1,15 +1,18 @@
 """gui.settings.panel: linked controls, params, presets, QSettings persistence, names."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QScrollArea, QWidget
 
+from core.engine.constraint import Constraint
 from core.engine.settings import SamplingParams
-from gui.settings.panel import (BUILTIN_PRESETS, SamplingPanel, format_stop_strings,
-                                parse_stop_strings)
+from gui.settings.panel import SamplingPanel
+from gui.settings.presets import BUILTIN_PRESETS
+from gui.settings.text_items import format_stop_strings, parse_stop_strings
 
 ROOT = Path(__file__).resolve().parents[3]
 NAMES = ["temperatureSlider", "temperatureSpin", "topPSlider", "topPSpin", "topKSpin", "minPSpin",
@@ -137,7 +140,7 @@ def test_params_round_trip_and_dict(panel, qtbot):
     assert panel.chat_format() == "llama2"
     d = panel.to_dict()
     assert d["system_prompt"] == "Be brief.\nAnswer in French." and d["chat_format"] == "llama2"
-    other_panel = SamplingPanel(settings=QSettings(str(Path(panel._settings.fileName()).with_name("o.ini")),
+    other_panel = SamplingPanel(settings=QSettings(str(Path(panel.store.settings.fileName()).with_name("o.ini")),
                                                    QSettings.IniFormat))
     qtbot.addWidget(other_panel)
     other_panel.from_dict(d)
@@ -213,7 +216,7 @@ def test_persistence_across_instances(qtbot, ini):
     a.save_preset("Saved one")
     a.temperatureSlider.setValue(60)  # after saving: Custom
     want_params, want_dict = a.params(), a.to_dict()
-    a._settings.sync()
+    a.store.settings.sync()
     a.close()
     a.deleteLater()
 
@@ -225,7 +228,7 @@ def test_persistence_across_instances(qtbot, ini):
     assert b.params().temperature == pytest.approx(1.4)
 
     # The selected preset is remembered too.
-    b._settings.sync()
+    b.store.settings.sync()
     c = make(qtbot, ini)
     assert c.current_preset() == "Saved one"
 
@@ -248,7 +251,7 @@ def test_speculative_setting_gives_lookup_or_draft_and_persists(qtbot, ini):
     assert a.draftPath.isEnabled() and not a.lookupSpin.isEnabled()
     # The panel's state (mode, n and path kept while unused) survives a restart.
     want = a.to_dict()
-    a._settings.sync()
+    a.store.settings.sync()
     b = make(qtbot, ini)
     assert b.to_dict() == want and b.params() == a.params()
     # A reply's settings shown again choose the mode they used.
@@ -296,7 +299,7 @@ def test_logit_bias_field_gives_text_biases_and_says_what_it_left_out(qtbot, ini
     assert a.logitBiasNotice.isVisibleTo(a)
     assert "'oops'" in a.logitBiasNotice.text() and "'cat=+500'" in a.logitBiasNotice.text()
     want = a.params()
-    a._settings.sync()
+    a.store.settings.sync()
     b = make(qtbot, ini)  # kept across a restart
     assert b.params().logit_bias_text == want.logit_bias_text
     b.set_params(SamplingParams(logit_bias_text=("x=1",)))  # a reply's settings shown again
@@ -307,9 +310,6 @@ def test_logit_bias_field_gives_text_biases_and_says_what_it_left_out(qtbot, ini
 
 
 def test_constraint_setting_gives_params_checks_inline_and_persists(qtbot, ini):
-    import json
-
-    from core.engine.constraint import Constraint
     panel = make(qtbot, ini)
     assert panel.params().constraint is None and panel.constraintText.isHidden()
     schema = '{"type": "object", "properties": {"name": {"type": "string"}}}'

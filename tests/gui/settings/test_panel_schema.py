@@ -1,0 +1,45 @@
+"""The settings panel's controls are built from the schema: each numeric setting's spin
+box has the declared control range, step, decimals and help, and every value it can
+hold is one SamplingParams accepts."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import QDoubleSpinBox
+
+from core.engine.settings import NUMBERS, SamplingParams
+from gui.settings.panel import SamplingPanel
+
+SHOWN = [s for s in NUMBERS if s.panel]
+
+
+@pytest.fixture
+def panel(qtbot, tmp_path):
+    p = SamplingPanel(settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat))
+    qtbot.addWidget(p)
+    return p
+
+
+def test_numbers_without_a_control_are_the_local_only_ones(panel):
+    assert {s.name for s in NUMBERS if not s.panel} == {"num_beams", "length_penalty"}
+    assert all(panel.control(s.name) is None for s in NUMBERS if not s.panel)
+
+
+@pytest.mark.parametrize("s", SHOWN, ids=lambda s: s.name)
+def test_each_control_offers_exactly_the_declared_range(panel, s):
+    w = panel.control(s.name)
+    lo, hi = s.widget_range()
+    assert (w.minimum(), w.maximum()) == (pytest.approx(lo), pytest.approx(hi))
+    assert w.singleStep() == pytest.approx(s.step)
+    assert isinstance(w, QDoubleSpinBox) == (s.kind is float)
+    if s.kind is float:
+        assert w.decimals() == s.decimals
+    assert s.help in w.accessibleDescription()
+    for v in (lo, hi):  # both ends are settings SamplingParams takes
+        SamplingParams(**{s.name: s.kind(v)}).validate()
+    # and the control holds nothing outside them
+    if s.kind is float or hi + s.step < 2**31:  # a spin box holds 32-bit ints
+        w.setValue(hi + 10 * s.step)
+        assert w.value() == pytest.approx(hi)
+    w.setValue(lo - 10 * s.step)
+    assert w.value() == pytest.approx(lo)
