@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFrame, QGridLayout, Q
 
 from core.engine.constraint import Constraint, from_editor, syntax_error
 from core.engine.lanes import MAX_LANES
+from core.engine.settings import SCHEMA
 
 from gui import theme
 from gui.chat.chat_view import format_stats
@@ -27,16 +28,9 @@ from gui.settings.text_items import bias_items, format_stop_strings
 SEED_RANDOM = -1  # the seed spin's "random" value
 OPEN_CHECKPOINT, CONNECT_SERVER = -1, -2  # the lane model combo's two actions
 
-# key: (label, tooltip, minimum, maximum, step, decimals or None for ints)
-FIELDS = {
-    "temperature": ("T", "Temperature (0 = greedy)", 0.0, 2.0, 0.05, 2),
-    "top_p": ("top-p", "Top-p (1 = off)", 0.01, 1.0, 0.05, 2),
-    "top_k": ("top-k", "Top-k (0 = off)", 0, 1000, 1, None),
-    "min_p": ("min-p", "Min-p (0 = off)", 0.0, 0.99, 0.01, 2),
-    "repetition_penalty": ("rep", "Repetition penalty (1 = off)", 0.5, 2.0, 0.05, 2),
-    "max_new_tokens": ("max", "Most new tokens", 1, 8192, 16, None),
-    "seed": ("seed", "Seed (random: a new one each run; the one used is saved)", SEED_RANDOM, 2**31 - 1, 1, None),
-}
+# The numeric settings a lane edits, in the order shown (three to a row; the seed has its
+# own); their ranges, steps and help are the settings schema's.
+FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens", "seed")
 
 
 def _label(text: str, name: str, color: str | None = None) -> QLabel:
@@ -51,17 +45,19 @@ def _label(text: str, name: str, color: str | None = None) -> QLabel:
 
 
 def _field(key: str) -> QSpinBox | QDoubleSpinBox:
-    """One setting's spin box, as :data:`FIELDS` declares it."""
-    _, tip, lo, hi, step, dec = FIELDS[key]
-    if dec is None:
+    """One setting's spin box, as the settings schema declares it (the seed's also offers
+    "random", below its range)."""
+    setting = SCHEMA[key]
+    lo, hi = setting.widget_range()
+    if setting.kind is int:
         w = QSpinBox()
     else:
         w = QDoubleSpinBox()
-        w.setDecimals(dec)
-    w.setRange(lo, hi)
-    w.setSingleStep(step)
-    w.setToolTip(tip)
-    w.setAccessibleName(tip)
+        w.setDecimals(setting.decimals)
+    w.setRange(SEED_RANDOM if key == "seed" else lo, hi)
+    w.setSingleStep(setting.step)
+    w.setToolTip(setting.help)
+    w.setAccessibleName(f"Lane {setting.label.lower()}")
     w.setObjectName(f"lane_{key}")
     w.setButtonSymbols(QSpinBox.NoButtons)
     w.setKeyboardTracking(False)
@@ -181,10 +177,9 @@ class LaneColumn(QFrame):
         grid.setHorizontalSpacing(4)
         grid.setVerticalSpacing(2)
         self.fields: dict[str, QSpinBox | QDoubleSpinBox] = {}
-        order = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens", "seed"]
-        for n, key in enumerate(order):
+        for n, key in enumerate(FIELDS):
             w = self.fields[key] = _field(key)
-            lab = QLabel(FIELDS[key][0])
+            lab = QLabel(SCHEMA[key].short or key)
             lab.setToolTip(w.toolTip())
             lab.setBuddy(w)
             r, c = divmod(n, 3)

@@ -12,9 +12,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
 
 from core.engine.lanes import lane_stats
-from core.engine.settings import SamplingParams
+from core.engine.settings import SCHEMA, SamplingParams
 from gui.chat.chat_view import format_stats
-from gui.compare.lane_column import LaneColumn
+from gui.compare.lane_column import FIELDS, SEED_RANDOM, LaneColumn
 from gui.compare.models import LaneModel
 from gui.compare.view import CompareView
 from gui.settings import speculative
@@ -246,3 +246,21 @@ def test_lane_logit_bias_on_a_server_is_refused_inline(qtbot, loop, history):
     assert v.run() is None and not v.running
     assert "lane 2 sets a logit bias on a server" in v.status.text()
     assert not v.columns[1].notice.isHidden() and "server" in v.columns[1].notice.text()
+
+
+def test_a_lanes_fields_take_the_settings_schemas_ranges_and_steps(qtbot):
+    """Each numeric field of a lane is built from its setting's declaration: the control's
+    range (the seed's "random" below it), step, decimals and help."""
+    col = LaneColumn(settings={})
+    qtbot.addWidget(col)
+    assert tuple(col.fields) == FIELDS
+    for key, w in col.fields.items():
+        setting = SCHEMA[key]
+        lo, hi = setting.widget_range()
+        assert (w.minimum(), w.maximum()) == ((SEED_RANDOM if key == "seed" else lo), hi), key
+        assert w.singleStep() == setting.step and w.toolTip() == setting.help, key
+        assert setting.accepts(w.maximum()) and (key == "seed" or setting.accepts(w.minimum())), key
+        if setting.kind is float:
+            assert w.decimals() == setting.decimals, key
+    col.fields["seed"].setValue(SEED_RANDOM)
+    assert col.settings()["seed"] is None  # "random"
