@@ -71,7 +71,8 @@ def child(threads: int, seconds: float) -> dict:
     from core.engine.settings import SamplingParams
     from core.tokenizer import load_tokenizer
     from core.engine.events import Done, Token
-    from core.worker.worker import GenerateRequest, Worker
+    from core.worker.protocol import GenerateRequest
+    from core.worker.worker import Worker
     from core.engine.events import Reply
     from gui.bridge import Bridge, Chunk
 
@@ -199,7 +200,7 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
 
     from core.engine.events import Done, Prefilled, Stats, Token
     from core.history.store import History
-    from core.worker.worker import Prompted
+    from core.worker.protocol import Prompted
     from core.engine.events import Reply
     from gui.chat import chat_view
     from gui.app import UiThreadCollector

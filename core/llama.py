@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.prompt.chat_format import chat_format_for
+from core.checkpoints import load
 from core.engine.engine import Engine
 from core.engine.events import Done
-from core.errors import SettingsError
 from core.engine.settings import SamplingParams
+from core.errors import SettingsError
+from core.prompt.chat_format import chat_format_for
+from core.tokenizer import load_tokenizer
 
 
 class LLaMA:
@@ -32,13 +34,11 @@ class LLaMA:
             max_seq_len: cap the context (and so the KV cache) below the model's own.
             max_batch_size: most prompts per text_completion call.
         """
-        from core.checkpoints import load
         if not load_model:
             raise SettingsError("LLaMA.build(load_model=False) has nothing to generate with; "
                                 "use core.tokenizer.load_tokenizer for tokenization alone")
         loaded = load(checkpoints_dir, device=device, dtype=dtype, max_seq_len=max_seq_len)
         if tokenizer_path is not None:
-            from core.tokenizer import load_tokenizer
             tok = load_tokenizer(tokenizer_path)
             if tok.vocab_size > loaded.args.vocab_size:
                 raise SettingsError(f"{tokenizer_path} has {tok.vocab_size} tokens but the model only "

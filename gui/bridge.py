@@ -40,7 +40,9 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from core.engine.events import Done, Prefilled, Token
 from core.remote.runner import RemoteRunner
-from core.worker.worker import CompareRequest, Error, GenerateRequest, Held, Loaded, LoadProgress, Prompted, Unloaded, Worker
+from core.worker.protocol import (CompareRequest, Error, GenerateRequest, Held, LoadProgress, Loaded, Prompted,
+                                  Unloaded)
+from core.worker.worker import Worker
 from core.engine.events import Reply
 
 FRAME_S = 1 / 60

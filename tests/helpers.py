@@ -12,7 +12,7 @@ from core.engine.events import Done, Token
 from core.model.kv_cache import KVCache
 from core.model.transformer import Transformer
 from core.engine.settings import SamplingParams
-from core.worker.worker import Error, GenerateRequest, Loaded
+from core.worker.protocol import Error, GenerateRequest, Loaded
 from core.engine.events import Reply
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.engine.constraint import LABELS
 from core.history.records import KINDS, Conversation, HistoryError, prompt_markdown
 from core.history.schema import MESSAGE_COLUMNS
 from core.history.store import History
@@ -137,7 +138,6 @@ def _settings_line(settings: dict | None, seed: int | None, model_id: str | None
     if s.get("draft"):
         parts.append(f"draft model {s['draft']}")
     if isinstance(s.get("constraint"), dict):  # the output was held to a schema/regex/grammar
-        from core.engine.constraint import LABELS
         parts.append("format " + LABELS.get(s["constraint"].get("kind"), "?"))
     if seed is None:
         seed = s.get("seed")

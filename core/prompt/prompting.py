@@ -106,7 +106,7 @@ def strips_reply_space(tok, chat_format) -> bool:
     return bool(getattr(tok, "add_dummy_prefix", False)) and chat_format.name != "raw"
 
 def build_prompt(request, chat_format, stop_ids, context: int, max_new_tokens: int) -> Prompt:
-    """The prompt of a chat or completion request (``core.worker.worker.GenerateRequest`` fields:
+    """The prompt of a chat or completion request (``core.worker.protocol.GenerateRequest`` fields:
     mode, messages, prompt, continue_reply) for a ``context``-token model.
 
     Completion mode is BOS + the text; chat mode renders with ``chat_format``, dropping the

@@ -1,7 +1,7 @@
 """Replies from a server, delivered as the local worker's own events.
 
-:class:`RemoteRunner` runs a :class:`~core.worker.worker.GenerateRequest` or
-:class:`~core.worker.worker.CompareRequest` on a connected :class:`~core.remote.client.RemoteModel` and
+:class:`RemoteRunner` runs a :class:`~core.worker.protocol.GenerateRequest` or
+:class:`~core.worker.protocol.CompareRequest` on a connected :class:`~core.remote.client.RemoteModel` and
 emits exactly what :class:`~core.worker.worker.Worker` emits for a local model: ``Prompted``,
 ``Reply(request_id, Token)``…, ``Reply(request_id, Done)`` per lane, or ``Error`` (whose
 ``kind`` names a network failure: connection, timeout, auth, rate_limit, cut, ...).
@@ -34,7 +34,7 @@ from core.remote.client import RemoteError, RemoteModel
 from core.engine.events import Done, Stats, Token
 from core.errors import one_line
 from core.engine.settings import SamplingParams
-from core.worker.worker import MAX_INSPECT, CompareRequest, Error, GenerateRequest, Prompted
+from core.worker.protocol import MAX_INSPECT, CompareRequest, Error, GenerateRequest, Prompted
 from core.engine.events import Reply
 
 log = logging.getLogger(__name__)

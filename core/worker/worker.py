@@ -19,134 +19,25 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from core import checkpoints, limits
 from core.engine import engine as _engine
 from core.engine.events import Done, Reply, Stats
-from core.prompt.chat_format import chat_format_for
-from core import limits
 from core.errors import LlamaDeskError, SettingsError, one_line
+from core.model.tuning import plan_for
+from core.prompt.chat_format import chat_format_for
 from core.prompt.prompting import build_prompt
-from core.engine.settings import SamplingParams
+from core.tokenizer.fingerprint import tokenizer_fingerprint
+from core.worker.protocol import (MAX_INSPECT, MODES, CompareRequest, Error, GenerateRequest, Held, Loaded,
+                                  LoadProgress, Prompted, Unloaded)
 
 log = logging.getLogger(__name__)
 
-MODES = ("chat", "completion")
-MAX_INSPECT = 20
 THREADS_ENV = "LLAMADESK_THREADS"
-
-
-# --------------------------------------------------------------------------- requests
-
-@dataclass
-class _PromptRequest:
-    """What is prompted, shared by replies and comparisons.
-
-    Chat mode renders ``messages`` with the model's chat format (or ``chat_format``, an
-    override: auto | llama3 | llama2 | raw), dropping the oldest turns if the context is
-    too small. Completion mode continues ``prompt`` (BOS + its text). ``continue_reply``
-    carries on a chat reply that stopped on length: its text follows the assistant header
-    with no end-of-turn (``messages`` must not contain it). ``inspect`` > 0 attaches the
-    top-k alternatives to every token. A branch from a token of an earlier reply gives
-    that reply's tokens before it as ``reply_prefix`` (they end the prompt, so the KV cache
-    that still holds them is reused) and the chosen alternative as ``forced``. A branch of
-    a reply that ran on a server also gives ``prompt_ids``, the prompt as that server
-    tokenized it, and ``stop_ids`` (a chat reply's end of turn): the server is sent token
-    ids, not messages (the local worker renders its own prompt and ignores both).
-    """
-    messages: list[dict] = field(default_factory=list)
-    mode: str = "chat"
-    prompt: str = ""
-    chat_format: str = "auto"
-    continue_reply: str = ""
-    inspect: int = 0
-    reply_prefix: list[int] = field(default_factory=list)
-    forced: list[int] = field(default_factory=list)
-    prompt_ids: list[int] = field(default_factory=list)
-    stop_ids: list[int] = field(default_factory=list)
-
-    @property
-    def is_branch(self) -> bool:
-        """A branch of an earlier reply: kept tokens, a forced one, or both (a ban keeps
-        the tokens and forces none)."""
-        return bool(self.forced or self.reply_prefix)
-
-
-@dataclass
-class GenerateRequest(_PromptRequest):
-    """One reply, sampled with ``params``."""
-    params: SamplingParams = field(default_factory=SamplingParams)
-
-
-@dataclass
-class CompareRequest(_PromptRequest):
-    """One :class:`SamplingParams` per lane (1 to 8) over the same prompt.
-
-    The prompt is prefilled once and every lane decodes in the same batch; events carry
-    the lane index. ``model`` picks the checkpoint: "" the loaded model, else the key of
-    one held beside it (:meth:`Worker.hold`).
-    """
-    lanes: list[SamplingParams] = field(default_factory=list)
-    model: str = ""
-
-
-# --------------------------------------------------------------------------- events
-
-@dataclass
-class LoadProgress:
-    request_id: int
-    fraction: float
-    stage: str
-
-
-@dataclass
-class Loaded:
-    """A model is ready; ``info`` is the checkpoint's facts incl. "name" and "context_length"."""
-    request_id: int
-    info: dict
-
-
-@dataclass
-class Held:
-    """A second checkpoint is loaded beside the main model (:meth:`Worker.hold`); ``info``
-    as :class:`Loaded`'s, plus "key" (what ``CompareRequest.model`` names) and "tokenizer"
-    (its fingerprint: lanes whose fingerprints match can compare token ids)."""
-    request_id: int
-    info: dict
-
-
-@dataclass
-class Unloaded:
-    """No model is loaded any more (explicit unload, or the old model dropped before a load)."""
-    request_id: int
-
-
-@dataclass
-class Prompted:
-    """The prompt is built: ``dropped_messages`` oldest turns were left out to fit the
-    ``context_length``-token context. Comes before the request's first :class:`Reply`."""
-    request_id: int
-    dropped_messages: int
-    context_length: int
-
-
-@dataclass
-class Error:
-    """A command failed; ``message`` is one line a user can read (never a traceback).
-
-    ``cancelled`` is True when it failed because it was cancelled (nothing to show).
-    ``kind`` is set by remote requests (core/remote.py): the :class:`core.remote.client.RemoteError`
-    kind (connection, timeout, auth, rate_limit, busy, cut, ...); empty for local ones.
-    """
-    request_id: int
-    message: str
-    cancelled: bool = False
-    kind: str = ""
-
-
-WorkerEvent = LoadProgress | Loaded | Held | Unloaded | Prompted | Reply | Error
 
 
 # --------------------------------------------------------------------------- threads
@@ -452,7 +343,6 @@ class Worker:
         return had
 
     def _install(self, loaded, rid: int, compile: bool = False) -> None:
-        from core.model.tuning import plan_for
         args = loaded.args
         plan = plan_for(loaded.model.tok_embeddings.weight.device, self.torch_threads, self._threads_override)
         self._engine = _engine.Engine(loaded.model, loaded.tokenizer, max_context=args.max_seq_len,
@@ -469,8 +359,6 @@ class Worker:
         self._emit(Loaded(rid, dict(info)))
 
     def _do_load(self, cmd: _Command) -> None:
-        from core import checkpoints  # imports the loaders' dependencies on this thread, once
-
         rid, a = cmd.request_id, cmd.args
         if cmd.cancel.is_set():
             self._emit(Error(rid, "loading cancelled", cancelled=True))
@@ -498,8 +386,6 @@ class Worker:
 
     def _load_or_say_why(self, cmd: _Command, watch: "_LoadWatch"):
         """The loaded checkpoint, or None once an Error event has said why not."""
-        from core import checkpoints
-
         rid, a = cmd.request_id, cmd.args
         try:
             with limits.before_build(watch.before_build):
@@ -536,10 +422,6 @@ class Worker:
         self._emit(Unloaded(cmd.request_id))
 
     def _do_hold(self, cmd: _Command) -> None:
-        from pathlib import Path
-
-        from core import checkpoints
-
         rid, a = cmd.request_id, cmd.args
         key = str(Path(a["path"]).expanduser().resolve())
         if key in self._held:
@@ -683,7 +565,6 @@ def draft_loader(eng, *, named: bool = False):
     keeps it under its path (``named``: under the checkpoint's own name, which ``serve``
     lists) and checks its vocabulary (DraftModelError when it differs from the engine's)."""
     def load_draft(path: str):
-        from core import checkpoints
         d = checkpoints.load(path, device=eng.device.type, dtype="auto")
         return eng.add_draft(d.name if named else path, d.model, d.tokenizer)
     return load_draft
@@ -692,7 +573,6 @@ def draft_loader(eng, *, named: bool = False):
 def _model_info(loaded, key: str | None = None) -> dict:
     """A model's info for Loaded/Held: the checkpoint's facts, its name, context length and
     tokenizer fingerprint (plus the hold key)."""
-    from core.tokenizer.fingerprint import tokenizer_fingerprint
     info = dict(loaded.info)
     info.setdefault("context_length", loaded.args.max_seq_len)
     info.setdefault("name", loaded.name)
@@ -704,7 +584,4 @@ def _model_info(loaded, key: str | None = None) -> dict:
     return info
 
 
-__all__ = [
-    "GenerateRequest", "CompareRequest", "LoadProgress", "Loaded", "Held", "Unloaded", "Prompted",
-    "Error", "WorkerEvent", "Worker", "default_torch_threads", "resolve_torch_threads", "draft_loader",
-]
+__all__ = ["Worker", "THREADS_ENV", "default_torch_threads", "resolve_torch_threads", "draft_loader", "load_failure"]

@@ -16,7 +16,7 @@ from core.engine.events import Done, Prefilled
 from core.remote.runner import describe_error, public_url
 from core.history.partial import PartialReply
 from core.history.records import HistoryError, Message
-from core.worker.worker import Error, GenerateRequest, Prompted
+from core.worker.protocol import Error, GenerateRequest, Prompted
 
 from gui.bridge import Chunk
 from gui.widgets.token_run import LaneRun

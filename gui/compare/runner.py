@@ -20,7 +20,7 @@ from core.engine.events import Done, Prefilled
 from core.engine.lanes import MAX_LANES
 from core.engine.settings import SamplingParams
 from core.remote.runner import describe_error
-from core.worker.worker import CompareRequest, Error, Prompted
+from core.worker.protocol import CompareRequest, Error, Prompted
 
 from gui.bridge import BridgeError, Chunk
 from gui.widgets.token_run import LaneRun

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import QFileDialog, QLabel, QSplitter, QVBoxLayout, QWidg
 from core.engine.lanes import LANE_KEYS, MAX_LANES, parse_sweep, settings_label, sweep_lanes
 from core.engine.settings import SamplingParams
 from core.errors import LlamaDeskError
-from core.worker.worker import CompareRequest
+from core.worker.protocol import CompareRequest
 
 from gui import theme
 from gui.compare import records

@@ -17,7 +17,8 @@ import pytest
 
 from core.engine.events import Done, Prefilled, Stats, Token
 from core.engine.settings import SamplingParams
-from core.worker.worker import CompareRequest, Error, GenerateRequest, Prompted, Worker
+from core.worker.protocol import CompareRequest, Error, GenerateRequest, Prompted
+from core.worker.worker import Worker
 from core.engine.events import Reply
 from gui.bridge import Bridge, BridgeError, Chunk
 from tests.gui.ui_helpers import loop  # noqa: F401  (the shared qasync loop fixture)
@@ -364,7 +365,7 @@ APP_SCRIPT = textwrap.dedent("""
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QWidget
     from core.engine.sampling import SamplingParams
-    from core.worker.worker import GenerateRequest
+    from core.worker.protocol import GenerateRequest
     from gui import app
     from gui.bridge import Chunk, Done
 

@@ -13,7 +13,7 @@ import torch
 from core.remote.client import RemoteModel
 from core.engine.events import Done
 from core.engine.settings import SamplingParams
-from core.worker.worker import GenerateRequest, Prompted
+from core.worker.protocol import GenerateRequest, Prompted
 from core.worker.worker import Worker
 from gui.bridge import Bridge, Chunk
 from gui.widgets.token_inspector import _visible

@@ -6,7 +6,7 @@ import pytest
 
 from core import limits
 from core.engine.events import Done
-from core.worker.worker import Error, Loaded, Unloaded
+from core.worker.protocol import Error, Loaded, Unloaded
 from tests.helpers import completion, is_token, loaded_ok
 
 pytestmark = pytest.mark.timeout(120)

@@ -306,7 +306,7 @@ def test_cli_bad_constraint_exits_2_with_one_line(capsys, fixtures, args, words)
 def test_a_chat_reply_through_the_worker_is_held_and_a_bad_one_is_an_error_event(make_worker):
     """The app's path: a chat request with the panel's constraint reaches the engine through
     the worker; one that cannot compile comes back as one Error event, and the worker goes on."""
-    from core.worker.worker import Error, GenerateRequest
+    from core.worker.protocol import Error, GenerateRequest
     w, col = make_worker()
     w.load(str(DEMO))
     schema = json.dumps(PERSON)

@@ -14,7 +14,7 @@ from core.engine.settings import SamplingParams
 from core.remote.runner import RemoteRunner
 from core.serving.run import RunningServer
 from core.serving.state import ServerState
-from core.worker.worker import CompareRequest
+from core.worker.protocol import CompareRequest
 from tests.helpers import ROOT, Collector
 
 DEMO = ROOT / "assets" / "models" / "llamadesk-demo"

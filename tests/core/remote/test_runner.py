@@ -12,7 +12,7 @@ from core.remote.runner import RemoteRunner, describe_error
 from core.engine.settings import SamplingParams
 from core.serving.run import RunningServer
 from core.serving.state import ServerState
-from core.worker.worker import CompareRequest, Error, GenerateRequest, Prompted
+from core.worker.protocol import CompareRequest, Error, GenerateRequest, Prompted
 from core.engine.events import Reply
 from tests.helpers import Collector, free_port, is_token
 

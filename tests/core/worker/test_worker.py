@@ -12,7 +12,8 @@ from core.engine.events import Done, Prefilled, Token
 from core.errors import SettingsError
 from core.prompt.prompting import fit_dialog, reply_reserve
 from core.engine.settings import SamplingParams
-from core.worker.worker import CompareRequest, Error, GenerateRequest, Loaded, LoadProgress, Prompted, Unloaded, Worker, default_torch_threads, resolve_torch_threads
+from core.worker.protocol import CompareRequest, Error, GenerateRequest, LoadProgress, Loaded, Prompted, Unloaded
+from core.worker.worker import Worker, default_torch_threads, resolve_torch_threads
 from core.engine.events import Reply
 from tests.helpers import PROMPT, ROOT, Collector, completion, inner, is_token, loaded_ok
 
@@ -412,13 +413,13 @@ DEMO = __import__("tests.helpers", fromlist=["ROOT"]).ROOT / "assets" / "models"
 
 
 def held_or_error(col, rid):
-    from core.worker.worker import Held
+    from core.worker.protocol import Held
     return col.wait(lambda evs: [e for e in evs if e.request_id == rid and isinstance(e, (Held, Error))])[-1]
 
 
 def test_a_second_checkpoint_is_held_beside_the_model_and_runs_its_lanes(make_worker, gguf):
     from core.tokenizer.fingerprint import tokenizer_fingerprint
-    from core.worker.worker import Held
+    from core.worker.protocol import Held
     w, col = make_worker()
     main = loaded_ok(col, w.load(gguf)).info
     held = held_or_error(col, w.hold(DEMO))

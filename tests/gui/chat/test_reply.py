@@ -9,7 +9,7 @@ import pytest
 from core.engine.events import Done, Prefilled, Stats, Token
 from core.history.store import History
 from core.engine.settings import SamplingParams
-from core.worker.worker import Error, Prompted
+from core.worker.protocol import Error, Prompted
 from gui.bridge import Bridge, Chunk
 from gui.chat.conversation import ConversationModel
 from gui.chat.reply import ReplyController
@@ -163,7 +163,7 @@ def test_against_the_real_worker_on_the_fixture_model(qapp, loop, conv, fixtures
     from core import checkpoints
     from core.engine.engine import Engine
     from core.prompt.prompting import build_prompt
-    from core.worker.worker import GenerateRequest
+    from core.worker.protocol import GenerateRequest
 
     bridge = Bridge(torch_threads=1)
     r = ReplyController(bridge=bridge, conversation=conv, settings=Settings(max_new_tokens=16))

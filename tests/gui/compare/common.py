@@ -16,7 +16,7 @@ from core.checkpoints import load
 from core.engine.events import Done, Prefilled, Stats, Token
 from core.engine.settings import SamplingParams
 from core.history.store import History
-from core.worker.worker import Prompted
+from core.worker.protocol import Prompted
 from gui.bridge import Bridge, Chunk
 from tests.gui.ui_helpers import run, until
 

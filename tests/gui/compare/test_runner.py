@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from core.engine.events import Done, Prefilled, Stats, Token
 from core.engine.lanes import MAX_LANES
 from core.engine.settings import SamplingParams
-from core.worker.worker import CompareRequest, Error, Prompted
+from core.worker.protocol import CompareRequest, Error, Prompted
 from gui.bridge import BridgeError, Chunk
 from gui.widgets.token_run import LaneRun
 from gui.compare.models import LaneModel, ModelShelf
