@@ -733,7 +733,7 @@ def judge(r: Result, by_name: dict[str, Result]) -> list[str]:
 def run(cases: list[Case], tmp: Path, *, progress=True) -> list[Result]:
     import torch  # noqa: F401 — imported once here, inherited by every forked child
     import core.cli.main  # noqa: F401
-    import core.cli.compare, core.cli.generate, core.cli.info, core.cli.library  # noqa: F401,E401 — the commands load lazily
+    import core.cli.compare, core.cli.convert, core.cli.generate, core.cli.info, core.cli.library  # noqa: F401,E401 — the commands load lazily
     import core.checkpoints.gguf, core.checkpoints.hf, core.checkpoints.meta  # noqa: F401,E401
     import gguf, safetensors, sentencepiece, tiktoken, tokenizers  # noqa: F401,E401
     torch.set_num_threads(1)

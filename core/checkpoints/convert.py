@@ -1,15 +1,13 @@
 """Convert any supported checkpoint into a Hugging Face-style (or Meta) folder or a GGUF file.
 
-``python -m core convert SRC DST`` loads SRC with the ordinary loader (so everything it
+``python -m core convert SRC DST`` (core/cli/convert.py) loads SRC with the ordinary loader (so everything it
 checks is checked) and writes DST; quantized GGUF tensors are read dequantized. With
 ``--to gguf --type Q4_0`` (or Q8_0, F16, ...) DST is a GGUF file with quantized matrices.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -129,30 +127,3 @@ def _save_meta_folder(loaded: LoadedModel, dst: Path) -> None:
     else:
         raise CheckpointError("a Meta folder holds a SentencePiece or tiktoken tokenizer.model; this "
                               "model's tokenizer is a tokenizer.json (convert to hf instead)")
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def add_convert_parser(subparsers) -> None:
-    """Register ``convert SRC DST`` on the CLI's subparsers."""
-    p = subparsers.add_parser("convert", help="write a model as a Hugging Face or Meta folder, or a GGUF file")
-    p.add_argument("src", help="Meta folder, Hugging Face folder or .gguf file")
-    p.add_argument("dst", help="folder (hf, meta) or file (gguf) to write")
-    p.add_argument("--to", dest="fmt", default="hf", choices=["hf", "meta", "gguf"])
-    p.add_argument("--type", dest="qtype", default="Q8_0", choices=GGUF_TYPES,
-                   help="GGUF tensor type of the matrices (with --to gguf)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
-    p.add_argument("--json", action="store_true", help="print one JSON object describing the result")
-
-
-def run_convert(args) -> int:
-    """``convert``: errors propagate as CheckpointError (the CLI prints one line, exit 2)."""
-    dst = convert(args.src, args.dst, fmt=args.fmt, dtype=args.dtype, overwrite=args.overwrite, qtype=args.qtype)
-    files = sorted(p.name for p in dst.iterdir()) if dst.is_dir() else [dst.name]
-    if args.json:
-        print(json.dumps({"dst": str(dst), "format": args.fmt, "files": files}))
-    else:
-        print(f"wrote {dst} ({', '.join(files)})", file=sys.stdout)
-    return 0

@@ -1,9 +1,10 @@
 """Command line: ``python -m core generate|compare|serve|tokenize|info|convert|pull|models``.
 
 This module builds the parser and dispatches; each command family lives in its own module
-(generate, compare, serve, info, library; convert in core/checkpoints/convert.py), the
-options several share in common.py. stdout carries the text (or one JSON object with
---json); every user error exits with status 2 and one line on stderr, never a traceback.
+(generate, compare, serve, info, convert, library), the options several share in
+common.py, where a command's model runs in backends.py. stdout carries the text (or one
+JSON object with --json); every user error exits with status 2 and one line on stderr,
+never a traceback.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 
 import torch
 
-from core.checkpoints.convert import add_convert_parser, run_convert
+from core.checkpoints.gguf_write import GGUF_TYPES
 from core.cli.common import (BACKEND_KEYS, CHAT_FORMATS, LANE_KEYS, add_bias_opts, add_constraint_opts,
                              add_model_opts, add_prompt_opts, add_sampling_opts, add_server_opts, add_spec_opts)
 from core.errors import LlamaDeskError, SettingsError
@@ -24,7 +25,7 @@ from core.tokenizer.base import valid_text
 COMMANDS = {"generate": ("core.cli.generate", "cmd_generate"), "compare": ("core.cli.compare", "cmd_compare"),
             "serve": ("core.cli.serve", "cmd_serve"), "tokenize": ("core.cli.info", "cmd_tokenize"),
             "info": ("core.cli.info", "cmd_info"), "pull": ("core.cli.library", "cmd_pull"),
-            "models": ("core.cli.library", "cmd_models")}
+            "models": ("core.cli.library", "cmd_models"), "convert": ("core.cli.convert", "cmd_convert")}
 
 
 class UsageError(LlamaDeskError):
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     _compare_parser(sub)
     _serve_parser(sub)
     _inspect_parsers(sub)
-    add_convert_parser(sub)
+    _convert_parser(sub)
     _library_parsers(sub)
     return ap
 
@@ -112,6 +113,18 @@ def _inspect_parsers(sub) -> None:
                    help="add perplexity on a held-out text and greedy agreement over 256 tokens against float32")
 
 
+def _convert_parser(sub) -> None:
+    p = sub.add_parser("convert", help="write a model as a Hugging Face or Meta folder, or a GGUF file")
+    p.add_argument("src", help="Meta folder, Hugging Face folder or .gguf file")
+    p.add_argument("dst", help="folder (hf, meta) or file (gguf) to write")
+    p.add_argument("--to", dest="fmt", default="hf", choices=["hf", "meta", "gguf"])
+    p.add_argument("--type", dest="qtype", default="Q8_0", choices=GGUF_TYPES,
+                   help="GGUF tensor type of the matrices (with --to gguf)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty DST")
+    p.add_argument("--json", action="store_true", help="print one JSON object describing the result")
+
+
 def _library_parsers(sub) -> None:
     p = sub.add_parser("pull", help="download a model from the Hugging Face Hub into the models folder")
     p.add_argument("repo", help="the repository, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF")
@@ -153,8 +166,6 @@ def run(args) -> int:
         raise SettingsError("--draft needs a draft model's path (a .gguf file or a model folder)")
     _valid_arguments(args)
     torch.set_num_threads(os.cpu_count() or 1)  # the CLI owns the machine
-    if args.cmd not in COMMANDS:
-        return run_convert(args)
     module, name = COMMANDS[args.cmd]
     # start-up: a command loads only its own dependencies (the Hub client, the HTTP server)
     return getattr(importlib.import_module(module), name)(args)
