@@ -19,11 +19,11 @@ from core.engine.settings import SCHEMA
 from gui import theme
 from gui.chat.chat_view import format_stats
 from gui.compare.lanes import divergence_label, lane_diff
-from gui.widgets.token_run import LaneRun, parse_anchor, render_lane_html
 from gui.compare.models import LaneModel
 from gui.settings.output_format import CONSTRAINT_HINTS, CONSTRAINT_KINDS
 from gui.settings.speculative import SpeculativeControls
 from gui.settings.text_items import bias_items, format_stop_strings
+from gui.widgets.token_run import LaneRun, parse_anchor, render_lane_html
 
 SEED_RANDOM = -1  # the seed spin's "random" value
 OPEN_CHECKPOINT, CONNECT_SERVER = -1, -2  # the lane model combo's two actions

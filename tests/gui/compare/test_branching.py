@@ -72,8 +72,6 @@ def test_branch_from_a_lane_that_drafts_keeps_drafting_with_the_token_forced(
     assert [ln["branch"]["from_lane"] for ln in saved[2:]] == [1, 2]
 
 
-# Long on purpose: one scenario whose steps share one run of the real worker (split up, each part
-# would load and run the model again), read top to bottom as a user would go.
 def test_branch_from_a_lane_token_adds_a_lane_and_ban_edits_the_lanes_bias(
         qtbot, loop, bridge, history, story, fixtures, tmp_path):
     """'Continue with X' in a lane's inspector, through the real worker: a new lane with the
@@ -120,18 +118,34 @@ def test_branch_from_a_lane_token_adds_a_lane_and_ban_edits_the_lanes_bias(
     assert "Diverges at token 4" in col.divergence.text() and "Branch" in col.divergence.text()
     assert v.columns[0].run is base and v.columns[1].run.finished  # the other lanes kept their results
 
-    # saved with the comparison, reopened as a branch
+    check_branch_saved_and_reopened(qtbot, bridge, history, v, tmp_path, at, alt, token_text_of(tok))
+
+    # Ban X in lane 2: a word-start token of its reply, banned by its text
+    ban_and_run_again(qtbot, loop, v, tok)
+    again = v.columns[2].run
+    assert again.ids[:at] == base.ids[:at] and again.ids[at] == alt and again.ids == br.ids  # the same branch
+    v.inspect_token(2, at)
+    snapshot(v, "compare_branch")
+
+
+def check_branch_saved_and_reopened(qtbot, bridge, history, v, tmp_path, at: int, alt: int, token_text) -> None:
+    """Lane 3 of ``v``, branched from lane 1's token ``at`` with ``alt``: saved with the
+    comparison (its source, point and kept tokens), reopened as a branch."""
+    base, br = v.columns[0].run, v.columns[2].run
     js = json.loads(Path(v.export("json", str(tmp_path / "c.json"))).read_text())
     saved = js["conversation"]["meta"]["comparison"]["lanes"]
     assert saved[2]["branch"] == {"from_lane": 1, "at": at, "token_id": alt, "kept_tokens": base.ids[:at]}
     assert "branch" not in saved[0] and saved[2]["tokens"] == br.ids
-    v2 = CompareView(bridge=bridge, history=history, token_text=token_text_of(tok))
+    v2 = CompareView(bridge=bridge, history=history, token_text=token_text)
     qtbot.addWidget(v2)
     v2.open_comparison(v.saved_id)
     assert v2.columns[2].branch["at"] == at and v2.columns[2].branch_label.text() == "Branched from lane 1 at token 4"
     assert v2.columns[2].branch["kept"].ids == base.ids[:at]
 
-    # Ban X in lane 2: a word-start token of its reply, banned by its text
+
+def ban_and_run_again(qtbot, loop, v, tok) -> None:
+    """'Ban X' on a word-start token of lane 2's reply (banned by its text): the lane's
+    bias gains X=-inf and the next Run never draws X there."""
     lane2 = v.columns[1].run
     i, ban = next((i, t) for i, t in enumerate(lane2.tokens) if t.piece.startswith(" ") and len(t.piece) > 2
                   and tok.encode(t.piece[1:]) == [t.token_id])
@@ -139,10 +153,9 @@ def test_branch_from_a_lane_token_adds_a_lane_and_ban_edits_the_lanes_bias(
     assert v.inspector.ban_button.text() == f"Ban “{v.inspector.text_of(ban.token_id)}” in this lane"
     qtbot.mouseClick(v.inspector.ban_button, Qt.LeftButton)
     assert v.columns[1].logit_bias() == [f"{ban.piece[1:]}=-inf"]
-    v.run()
+
+    async def wait():
+        v.run()
+        await until(lambda: not v.running, 60, "the run without it")
     run(loop, wait(), 90)
     assert ban.token_id not in v.columns[1].run.ids
-    again = v.columns[2].run
-    assert again.ids[:at] == base.ids[:at] and again.ids[at] == alt and again.ids == br.ids  # the same branch
-    v.inspect_token(2, at)
-    snapshot(v, "compare_branch")

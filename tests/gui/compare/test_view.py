@@ -73,8 +73,6 @@ def test_lanes_names_sweep_and_seed_lock(qtbot, loop, history):
     assert len(seeds) == 1 and None not in seeds
 
 
-# Long on purpose: one scenario whose steps share one run of the real worker (split up, each part
-# would load and run the model again), read top to bottom as a user would go.
 def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_path):
     conv = ConversationModel(history=history)
     adopted = []
@@ -86,19 +84,7 @@ def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_p
     v.resize(1400, 760)
     v.show()
 
-    async def scenario():
-        info = await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
-        assert "stories" in info["name"].lower() or info["context_length"] > 0
-        chunks_before = v.renders
-        qtbot.mouseClick(v.bar.run_button, Qt.LeftButton)
-        assert v.running and v.bar.stop_button.isEnabled() and not v.bar.run_button.isEnabled()
-        await until(lambda: v.columns[0].run and len(v.columns[0].run.tokens) >= 6, 30, "tokens streaming")
-        mid = [len(c.run.tokens) for c in v.columns]
-        snapshot(v, "compare_midstream", in_coroutine=True)
-        await until(lambda: not v.running, 60, "the comparison to finish")
-        return mid, v.renders - chunks_before
-
-    mid, renders = run(loop, scenario(), 90)
+    renders = run_watched(qtbot, loop, bridge, fixtures, v)
     runs = [c.run for c in v.columns]
     assert all(r.finished for r in runs), [r.stop_reason for r in runs]
     # (mid-stream counts are not asserted: on a loaded machine the UI may see a lane finish
@@ -117,7 +103,50 @@ def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_p
     assert "baseline" in v.columns[0].title.text()
     assert "Diverges at token" in v.columns[1].divergence.text()
 
-    # inspector on lane 2 (top-k/top-p/min-p) and lane 3 (repetition penalty) vs. the model
+    check_inspector(qtbot, v, story, runs)
+
+    # the heatmap and the finished view with the inspector open
+    v.inspect_token(1, 5)
+    v.bar.heatmap_check.setChecked(True)
+    assert "background-color" in v.columns[0].browser.toHtml()
+    snapshot(v, "compare_heatmap")
+    v.bar.heatmap_check.setChecked(False)
+    snapshot(v, "compare_finished")
+
+    # adopt lane 2 into the chat: the prompt as the user's turn, the lane's reply after it
+    qtbot.mouseClick(v.columns[1].adopt_button, Qt.LeftButton)
+    assert adopted and adopted[0][0] == runs[1].text and adopted[0][1]["seed"] == 7
+    path = conv.path()
+    assert [m.role for m in path] == ["user", "assistant"]
+    assert path[0].text == PROMPT and path[1].text == runs[1].text and path[1].seed == 7
+    assert path[1].settings["top_k"] == 20
+
+    check_saved_reopened_and_rerun(qtbot, loop, bridge, history, v, runs, tmp_path, tok)
+
+
+def run_watched(qtbot, loop, bridge, fixtures, v) -> int:
+    """Load the fixture model, press Run, watch the lanes stream to the end (a screenshot
+    mid-stream); returns how many times the lanes were drawn meanwhile."""
+    async def scenario():
+        info = await bridge.load(str(fixtures / "stories260K.gguf"), device="cpu", dtype="float32")
+        assert "stories" in info["name"].lower() or info["context_length"] > 0
+        chunks_before = v.renders
+        qtbot.mouseClick(v.bar.run_button, Qt.LeftButton)
+        assert v.running and v.bar.stop_button.isEnabled() and not v.bar.run_button.isEnabled()
+        await until(lambda: v.columns[0].run and len(v.columns[0].run.tokens) >= 6, 30, "tokens streaming")
+        mid = [len(c.run.tokens) for c in v.columns]
+        snapshot(v, "compare_midstream", in_coroutine=True)
+        await until(lambda: not v.running, 60, "the comparison to finish")
+        return mid, v.renders - chunks_before
+
+    _mid, renders = run(loop, scenario(), 90)
+    return renders
+
+
+def check_inspector(qtbot, v, story, runs) -> None:
+    """The inspector on lane 2 (top-k/top-p/min-p) and lane 3 (repetition penalty) against
+    the model's own probabilities; a real click pins a token, hovering shows another."""
+    tok = story.tokenizer
     prompt_ids = tok.encode(PROMPT, bos=True)
     for lane, idx in ((1, 5), (2, 9)):
         v.columns[lane].browser.anchorClicked.emit(QUrl(f"tok:{lane}:{idx}"))
@@ -147,22 +176,9 @@ def test_compare_end_to_end(qtbot, loop, bridge, history, story, fixtures, tmp_p
     browser.highlighted.emit(QUrl(""))
     assert v.inspector.current == (2, 3)
 
-    # the heatmap and the finished view with the inspector open
-    v.inspect_token(1, 5)
-    v.bar.heatmap_check.setChecked(True)
-    assert "background-color" in v.columns[0].browser.toHtml()
-    snapshot(v, "compare_heatmap")
-    v.bar.heatmap_check.setChecked(False)
-    snapshot(v, "compare_finished")
 
-    # adopt lane 2 into the chat: the prompt as the user's turn, the lane's reply after it
-    qtbot.mouseClick(v.columns[1].adopt_button, Qt.LeftButton)
-    assert adopted and adopted[0][0] == runs[1].text and adopted[0][1]["seed"] == 7
-    path = conv.path()
-    assert [m.role for m in path] == ["user", "assistant"]
-    assert path[0].text == PROMPT and path[1].text == runs[1].text and path[1].seed == 7
-    assert path[1].settings["top_k"] == 20
-
+def check_saved_reopened_and_rerun(qtbot, loop, bridge, history, v, runs, tmp_path, tok) -> None:
+    """Save, export (Markdown, JSON), reopen in a fresh view and re-run exactly."""
     # save, reopen in a fresh view, re-run exactly
     qtbot.mouseClick(v.findChild(QWidget, "compareSaveButton"), Qt.LeftButton)
     cid = v.saved_id
