@@ -66,8 +66,6 @@ def view_for(bridge, history, lanes, **kw):
     return v
 
 
-# Long on purpose: one scenario whose steps share one run of the real worker (split up, each part
-# would load and run the model again), read top to bottom as a user would go.
 def test_lanes_on_a_second_checkpoint_and_on_another_vocabulary(qtbot, loop, bridge, history, fixtures,
                                                                 tiny_other_vocab, tmp_path, monkeypatch):
     story = fixtures / "stories260K.gguf"
@@ -105,38 +103,9 @@ def test_lanes_on_a_second_checkpoint_and_on_another_vocabulary(qtbot, loop, bri
     d = token_diff(runs[0].ids, runs[1].ids)
     assert d.divergence is not None and f"Diverges at token {d.divergence + 1}" in v.columns[1].divergence.text()
     assert "by text" not in v.columns[1].divergence.text()
-    # Another vocabulary: said plainly, and the diff is by text.
-    lm = load(tiny_other_vocab)
-    assert models[2].tokenizer == tokenizer_fingerprint(lm.tokenizer, lm.args.vocab_size) != models[0].tokenizer
-    label = v.columns[2].divergence.text()
-    assert "different tokenizers: divergence and diff by text only" in label
-    td = text_diff(runs[0].text, [t.text for t in runs[2].tokens])
-    assert f"Diverges at token {td.divergence + 1}" in label
-    shown = v.columns[2].browser.toPlainText().replace("\u2503", "")
-    assert shown == runs[2].text  # the lane shows its own text, marker aside
-    # The inspector names lane 3's alternatives in lane 3's vocabulary (single characters).
-    v.columns[2].browser.anchorClicked.emit(QUrl("tok:2:1"))
-    assert v.inspector.current == (2, 1)
-    names = [row[0] for row in v.inspector.shown_values()]
-    assert names and all(len(n.replace("\u2423", " ").replace("·", " ")) <= 5 for n in names), names
-    chars = {lm.tokenizer.token_bytes(i).decode("utf-8", "replace") for i in range(lm.tokenizer.vocab_size)}
-    rec = runs[2].tokens[1]
-    assert {rec.top["pieces"][r["id"]] for r in v.inspector.rows} <= chars
-    assert models[2].label() in v.inspector.summary.text()
+    check_other_vocabulary(v, models, runs, tiny_other_vocab)
 
-    # Export records every lane's model (name, kind, path, tokenizer); Markdown names them.
-    out = v.export("json", str(tmp_path / "c.json"))
-    lanes = json.loads((tmp_path / "c.json").read_text())["conversation"]["meta"]["comparison"]["lanes"]
-    assert [l["model"]["kind"] for l in lanes] == ["loaded", "checkpoint", "checkpoint"]
-    assert [l["model"]["name"] for l in lanes] == ["stories260K", "stories-copy", tiny_other_vocab.name]
-    assert lanes[1]["model"]["path"] == str(twin.resolve()) and lanes[2]["model"]["tokenizer"] == models[2].tokenizer
-    md = v.export("md", str(tmp_path / "c.md"))
-    text = (tmp_path / "c.md").read_text()
-    assert out and md and "## Lane 2 · stories-copy" in text and f"## Lane 3 · {tiny_other_vocab.name}" in text
-
-    # A lane adopted into the chat says which model wrote it.
-    msg = history.message(v.adopt(1)["message_id"])
-    assert msg.model_id == "stories-copy" and msg.meta["model"]["path"] == str(twin.resolve())
+    check_export_and_adopt(v, history, models, tiny_other_vocab, twin, tmp_path)
 
     # Reopened, each lane is on its model again.
     conv_id = v.saved_id
@@ -155,12 +124,55 @@ def test_lanes_on_a_second_checkpoint_and_on_another_vocabulary(qtbot, loop, bri
     run(loop, again(), 120)
     assert models[1].key and [c.run.text for c in v.columns] == [r.text for r in runs]
 
-    # A checkpoint that does not fit beside the loaded model: said in the lane, nothing changes.
+    check_a_checkpoint_that_does_not_fit(loop, v, models[0], monkeypatch)
+
+
+def check_other_vocabulary(v, models, runs, tiny_other_vocab) -> None:
+    """Lane 3 ran on another vocabulary: said plainly, the diff is by text, and the
+    inspector names its alternatives in its own vocabulary (single characters)."""
+    lm = load(tiny_other_vocab)
+    assert models[2].tokenizer == tokenizer_fingerprint(lm.tokenizer, lm.args.vocab_size) != models[0].tokenizer
+    label = v.columns[2].divergence.text()
+    assert "different tokenizers: divergence and diff by text only" in label
+    td = text_diff(runs[0].text, [t.text for t in runs[2].tokens])
+    assert f"Diverges at token {td.divergence + 1}" in label
+    shown = v.columns[2].browser.toPlainText().replace("\u2503", "")
+    assert shown == runs[2].text  # the lane shows its own text, marker aside
+    # The inspector names lane 3's alternatives in lane 3's vocabulary (single characters).
+    v.columns[2].browser.anchorClicked.emit(QUrl("tok:2:1"))
+    assert v.inspector.current == (2, 1)
+    names = [row[0] for row in v.inspector.shown_values()]
+    assert names and all(len(n.replace("\u2423", " ").replace("·", " ")) <= 5 for n in names), names
+    chars = {lm.tokenizer.token_bytes(i).decode("utf-8", "replace") for i in range(lm.tokenizer.vocab_size)}
+    rec = runs[2].tokens[1]
+    assert {rec.top["pieces"][r["id"]] for r in v.inspector.rows} <= chars
+    assert models[2].label() in v.inspector.summary.text()
+
+
+def check_export_and_adopt(v, history, models, tiny_other_vocab, twin, tmp_path) -> None:
+    """Export records every lane's model (name, kind, path, tokenizer) and Markdown names
+    them; a lane adopted into the chat says which model wrote it."""
+    out = v.export("json", str(tmp_path / "c.json"))
+    lanes = json.loads((tmp_path / "c.json").read_text())["conversation"]["meta"]["comparison"]["lanes"]
+    assert [l["model"]["kind"] for l in lanes] == ["loaded", "checkpoint", "checkpoint"]
+    assert [l["model"]["name"] for l in lanes] == ["stories260K", "stories-copy", tiny_other_vocab.name]
+    assert lanes[1]["model"]["path"] == str(twin.resolve()) and lanes[2]["model"]["tokenizer"] == models[2].tokenizer
+    md = v.export("md", str(tmp_path / "c.md"))
+    text = (tmp_path / "c.md").read_text()
+    assert out and md and "## Lane 2 · stories-copy" in text and f"## Lane 3 · {tiny_other_vocab.name}" in text
+
+    # A lane adopted into the chat says which model wrote it.
+    msg = history.message(v.adopt(1)["message_id"])
+    assert msg.model_id == "stories-copy" and msg.meta["model"]["path"] == str(twin.resolve())
+
+
+def check_a_checkpoint_that_does_not_fit(loop, v, loaded, monkeypatch) -> None:
+    """A checkpoint that does not fit beside the loaded model: said in the lane, nothing changes."""
     monkeypatch.setattr(limits, "available_bytes", lambda device=None: 1000)
     demo = ROOT / "assets" / "models" / "llamadesk-demo"
     run(loop, v.open_checkpoint(0, str(demo)), 60)
     assert "llamadesk-demo beside the loaded model needs" in v.columns[0].notice.text()
-    assert v.columns[0].notice.isVisibleTo(v) and v.model_of(0) is models[0]
+    assert v.columns[0].notice.isVisibleTo(v) and v.model_of(0) is loaded
 
 
 def test_a_local_lane_and_a_lane_on_a_server(qtbot, loop, bridge, history, fixtures, tmp_path):
@@ -332,8 +344,8 @@ def test_lanes_on_a_llamadesk_server_take_prompt_lookup_and_a_bias_by_text(qtbot
     assert girl & set(runs[0].ids) and not girl & set(runs[2].ids)
 
 
-# Long on purpose: one scenario whose steps share one run of the real worker (split up, each part
-# would load and run the model again), read top to bottom as a user would go.
+# Long on purpose: one scenario whose steps share one serve process and its run (split up, each
+# part would start the server and run the lane again), read top to bottom as a user would go.
 def test_a_lane_on_a_llamadesk_server_branches_at_a_token(qtbot, loop, bridge, history, fixtures, tmp_path):
     """'Continue with X' on a lane served by LlamaDesk's serve: the new lane runs on the same
     server (its prompt ids and the kept tokens, X forced), keeps the source's tokens before
