@@ -1,14 +1,24 @@
-"""Beam search over a step function, apart from any model or cache.
+"""Beam search: over a step function apart from any model or cache (:func:`beam_search`),
+and a reply by it on an engine's services (:func:`beam_generate`).
 
-The engine drives it with a step that reorders the KV cache rows and runs one batched
-forward; the tests drive it with a scripted distribution.
+The engine's step reorders the KV cache rows and runs one batched forward; the tests
+drive :func:`beam_search` with a scripted distribution.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
+
+from core.engine.batch import OVERFLOW, Lane, finish
+from core.engine.events import Event, Prefilled, Stats, Token
+from core.engine.prefill import cancelled
+from core.engine.sampling import seeded_generator
+from core.engine.settings import SamplingParams
+from core.errors import SettingsError
+from core.tokenizer import StreamDecoder
 
 
 @dataclass
@@ -74,3 +84,67 @@ def beam_search(step: Callable[[list[int], list[int]], torch.Tensor | None], fir
     pool += [(norm(s, len(toks)), toks, lps, None) for s, toks, lps in beams]
     best = max(pool, key=lambda f: f[0])
     return BeamResult(best[1], best[2], best[0], best[3])
+
+
+def beam_generate(engine, prompt: list[int], params: SamplingParams, cancel, strip_leading_space: bool,
+                  stops: frozenset[int]) -> Iterator[Event]:
+    """One reply by beam search on ``engine`` (an :class:`core.engine.engine.Engine`):
+    Prefilled, then the best beam's tokens once it is known, then Done."""
+    engine.check_prompt(prompt)
+    return _beam_events(engine, prompt, params, cancel, strip_leading_space, stops)
+
+
+@torch.inference_mode()
+def _beam_events(engine, prompt, params: SamplingParams, cancel, strip_leading_space, stops) -> Iterator[Event]:
+    t0 = time.perf_counter()
+    nb, cache = params.num_beams, engine.cache
+    max_new = min(params.max_new_tokens, engine.max_context - len(prompt))
+    cache.ensure(nb, len(prompt) + (max_new if engine.preallocate else 1))
+    logits, reuse = engine.prefill_row(0, prompt, cancel)
+    stats = Stats(prompt_tokens=len(prompt), cached_tokens=reuse, prefill_s=time.perf_counter() - t0)
+    yield Prefilled(len(prompt), reuse, stats.prefill_s)
+    lane = Lane(0, params, seeded_generator(params), StreamDecoder(engine.tokenizer, strip_leading_space=strip_leading_space),
+                prompt)
+    if logits is None:
+        yield finish(lane, "cancelled", stats)
+        return
+    for r in range(1, nb):
+        cache.copy_row(0, r, len(prompt))
+    pos = len(prompt)
+    t_dec = time.perf_counter()
+
+    def step(tokens: list[int], origin: list[int]) -> torch.Tensor | None:
+        nonlocal pos
+        if cancelled(cancel):
+            return None
+        cache.ensure(nb, pos + 1)
+        cache.reorder(torch.tensor(origin, device=engine.device), pos)
+        out = engine.forward(torch.tensor(tokens, device=engine.device).view(len(tokens), 1), pos, last_only=True)
+        pos += 1
+        return _checked(out[:, -1], engine.sample_limit)
+
+    result = beam_search(step, _checked(logits, engine.sample_limit), num_beams=nb, max_new_tokens=max_new,
+                         stop_ids=stops, length_penalty=params.length_penalty)
+    reason = "cancelled" if result.cancelled else ("eos" if result.stop_token is not None else
+                                                   ("length" if max_new == params.max_new_tokens else "context"))
+    cache.reset()  # beams reordered rows; nothing reliable to reuse
+    stats.ttft_s = time.perf_counter() - t0
+    for i, (tok, lp) in enumerate(zip(result.tokens, result.logprobs)):
+        lane.tokens.append(tok)
+        lane.logprobs.append(lp)
+        delta = lane.decoder.push(tok)
+        lane.text += delta
+        yield Token(0, i, tok, delta, engine.piece(tok), lp)
+    stats.generated_tokens = len(lane.tokens)
+    stats.decode_s = time.perf_counter() - t_dec
+    yield finish(lane, reason, stats, stop_token=result.stop_token)
+
+
+def _checked(out: torch.Tensor, sample_limit: int | None) -> torch.Tensor:
+    """A step's logits, refused when not finite, ids past ``sample_limit`` never chosen."""
+    if not bool(torch.isfinite(out).all()):
+        raise SettingsError(OVERFLOW)
+    if sample_limit is not None:
+        out = out.clone()
+        out[..., sample_limit:] = float("-inf")
+    return out

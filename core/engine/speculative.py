@@ -1,233 +1,39 @@
-"""Speculative decoding: draft a few tokens cheaply, verify them in one forward pass.
+"""Speculative decoding: a drafting strategy inside the engine's one decode loop.
 
-Two drafters. Prompt lookup proposes the tokens that followed the latest earlier
-occurrence of the context's last n-gram (cheap, and right whenever the reply repeats
-the prompt: editing a given text, quoting code). A draft model is a smaller model with
-the same vocabulary that samples k tokens ahead.
-
-The target model runs each lane's last token and its drafts in one batched forward.
-The standard rule (Leviathan et al. 2023; Chen et al. 2023) then keeps draft d with
-probability min(1, p(d) / q(d)) and, at the first rejection, draws from the residual
-max(0, p - q) normalised (prompt lookup's q is a point mass: p without d). Whatever q
-is, every token is distributed exactly as plain sampling's; greedy lanes keep a draft
-only if it is the target's own choice. p and q are both taken after the lane's filters
+Lanes that draft (prompt lookup or a draft model, :mod:`core.engine.drafters`) propose a
+few tokens; the target model runs each row's last token and its drafts in one batched
+forward, and the standard rule (Leviathan et al. 2023; Chen et al. 2023) keeps draft d
+with probability min(1, p(d) / q(d)) and, at the first rejection, draws from the residual
+max(0, p - q) normalised (prompt lookup's q is a point mass: p without d). Whatever q is,
+every token is distributed exactly as plain sampling's; greedy lanes keep a draft only if
+it is the target's own choice. p and q are both taken after the lane's filters
 (repetition penalty over the context so far, temperature, top-k, top-p, min-p).
 
 Drafting costs a wider forward (and draft-model steps). A step where no lane drafts is
-plain decoding's own step (the same operations, compiled when the engine compiles), and a
-lane whose drafts were all rejected sends drafts again only on evidence that its drafter
-is right now (:class:`Pace`), so nothing accepted costs close to nothing.
+the loop's plain step (the same operations, compiled when the engine compiles); at a
+step where some lanes draft, the others take their plain choice from the same forward.
+A lane whose drafts were all rejected sends drafts again only on evidence that its
+drafter is right now (:class:`Pace`), so nothing accepted costs close to nothing.
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Iterator
 
 import torch
 
-from core.tokenizer.fingerprint import tokenizer_fingerprint
-from core.errors import DraftModelError
-from core.model.kv_cache import KVCache
+from core.engine.batch import Batch, Lane, finish
 from core.engine.constrain import allowed_tokens, new_bitmask
-from core.engine.sampling import apply_bitmask, choose_tokens, draw, filter_rows, top_alternatives
+from core.engine.drafters import DraftAsk, DraftModel, NgramIndex
+from core.engine.events import Event
+from core.engine.sampling import apply_bitmask, choose_tokens, draw, filter_rows
 from core.engine.settings import SamplingParams
 
 LOOKUP_MAX_DRAFT = 8  # tokens prompt lookup proposes at most per step
 MODEL_MAX_DRAFT = 6  # tokens a draft model samples ahead at most per step
 MAX_PAUSE = 32  # steps a draft model with nothing accepted waits at most before probing again
-DRAFT_PREFILL_CHUNK = 256  # draft-model catch-up tokens per forward (cancel lands between)
-PROBE_TOKENS = 32  # latest tokens a probing draft model is checked against at most
-
-
-class NgramIndex:
-    """Prompt lookup over one lane's context (prompt and reply so far).
-
-    Maps every m-gram (m = 1..n) to where its latest occurrence ended, so a proposal is
-    a dictionary lookup; the context only ever grows by accepted tokens.
-    """
-
-    def __init__(self, n: int, context: list[int] = ()):
-        self.n = int(n)
-        self.maps: list[dict[tuple, int]] = [{} for _ in range(self.n)]
-        self.ctx: list[int] = list(context)
-        self._indexed = 0  # n-grams ending before this position are in the maps
-
-    def extend(self, tokens: list[int]) -> None:
-        self.ctx.extend(tokens)
-
-    def propose(self, k: int) -> list[int]:
-        """Up to k tokens that followed the longest (then latest) earlier match of the
-        context's last n..1 tokens; [] when there is none."""
-        ctx, L = self.ctx, len(self.ctx)
-        # The trailing n-gram is not indexed yet, so it cannot match itself.
-        for end in range(max(self._indexed, 1), L):
-            for m in range(1, min(self.n, end) + 1):
-                self.maps[m - 1][tuple(ctx[end - m:end])] = end
-        self._indexed = max(self._indexed, L)
-        if k <= 0:
-            return []
-        for m in range(min(self.n, L), 0, -1):
-            end = self.maps[m - 1].get(tuple(ctx[L - m:]))
-            if end is not None:
-                return ctx[end:end + k]
-        return []
-
-
-def same_vocabulary(a, b) -> bool:
-    """Whether tokenizers a and b map every id to the same bytes (and count alike)."""
-    n = int(getattr(a, "vocab_size", 0) or 0)
-    if n <= 0 or n != int(getattr(b, "vocab_size", 0) or 0):
-        return False
-    return tokenizer_fingerprint(a, n) == tokenizer_fingerprint(b, n)
-
-
-class DraftModel:
-    """A smaller model drafting for a target: same vocabulary, same device.
-
-    Keeps its own KV cache (one row per target row), so a chat's next turn reuses the
-    prefix it drafted over, as the target's cache does.
-
-    Raises:
-        DraftModelError: the vocabularies differ, or the models sit on different devices.
-    """
-
-    def __init__(self, model, tokenizer, *, target_tokenizer, target_device: torch.device, name: str = ""):
-        self.name = name or "draft model"
-        if not same_vocabulary(tokenizer, target_tokenizer):
-            raise DraftModelError(
-                f"the draft model {self.name} has another vocabulary than the model it would draft for "
-                f"({getattr(tokenizer, 'vocab_size', '?')} vs {getattr(target_tokenizer, 'vocab_size', '?')} "
-                "tokens, or different token texts): use a model with the same tokenizer")
-        dev = model.tok_embeddings.weight.device
-        if dev != torch.device(target_device):
-            raise DraftModelError(f"the draft model {self.name} is on {dev}, the model on {target_device}")
-        self.model = model
-        self.cache = KVCache.for_model(model)
-
-    def _catch_up(self, row: int, ctx: list[int], vocab: int, cancel: threading.Event | None,
-                  probe_from: int | None) -> torch.Tensor | None:
-        """Run row's cache up to the end of ``ctx``: the logits [V] after it, or None when
-        cancelled or a probe failed (see :meth:`propose`)."""
-        cache, dev = self.cache, self.model.tok_embeddings.weight.device
-        done = cache.reusable_prefix(row, ctx)
-        # Catch up on what the target accepted since last time; a probe reads every
-        # position from probe_from - 1 on (up to PROBE_TOKENS), the rest only the last,
-        # and runs those again when the row holds them already (from an earlier reply).
-        probe_at = len(ctx) - 1 if probe_from is None else max(probe_from - 1, len(ctx) - 1 - PROBE_TOKENS)
-        done = min(done, probe_at)
-        cache.rollback(row, done)
-        view = cache.row(row)
-        logits = None
-        while done < len(ctx):
-            if cancel is not None and cancel.is_set():
-                return None
-            all_rows = probe_from is not None and done >= probe_at
-            end = min(done + DRAFT_PREFILL_CHUNK, len(ctx) if all_rows or probe_from is None else probe_at)
-            chunk = ctx[done:end]
-            logits = self.model(torch.tensor([chunk], device=dev), done, view, last_only=not all_rows)[0]
-            done = end
-            cache.tokens[row] = list(ctx[:done])
-            if all_rows and len(chunk) > 1:
-                seen = torch.tensor(ctx[done - len(chunk) + 1:done], device=dev)
-                agree = int((logits[:-1, :vocab].argmax(-1) == seen).sum())
-                if 2 * agree < len(chunk) - 1:
-                    return None
-        return logits[-1]
-
-    @torch.inference_mode()
-    def propose(self, asks: list["DraftAsk"], vocab: int, limit: int | None
-                ) -> list[tuple[list[int], torch.Tensor | None]]:
-        """Sample up to ``ask.k`` tokens after each ``ask.ctx`` from the filtered draft
-        distribution q, for several target rows at once: after each row's catch-up, one
-        forward per drafted position serves every row still drafting.
-
-        ``ask.probe_from``: the lane's last drafts failed; it drafts only if this model's
-        own greedy choices agree with at least half of the tokens of ``ctx`` from there
-        on that it catches up on now (the target's latest choices), read off the catch-up
-        forward's logits. So a draft model that keeps being wrong costs its catch-up,
-        not a verification forward.
-
-        Returns:
-            per ask, (drafts, q [len(drafts), vocab] or None for greedy lanes, whose q is
-            the point mass on each draft); no drafts when cancelled or the probe failed.
-        """
-        cache, dev = self.cache, self.model.tok_embeddings.weight.device
-        cache.ensure(max(a.row for a in asks) + 1, max(len(a.ctx) + a.k for a in asks))
-        logits = {i: self._catch_up(a.row, a.ctx, vocab, a.cancel, a.probe_from) for i, a in enumerate(asks)}
-        drafts: list[list[int]] = [[] for _ in asks]
-        qs: list[list[torch.Tensor]] = [[] for _ in asks]
-        live = [i for i in logits if logits[i] is not None and asks[i].k > 0]
-        step = 0
-        while live:
-            rows = torch.stack([_fit(logits[i], vocab, limit) for i in live])
-            finite = torch.isfinite(rows).all(-1).tolist()
-            prev = [torch.tensor(asks[i].ctx + drafts[i], device=dev) if asks[i].params.repetition_penalty != 1.0
-                    else None for i in live]
-            filt = filter_rows(rows, [asks[i].params for i in live], prev)
-            best = filt.argmax(-1).tolist()
-            for j, i in enumerate(live):
-                if not finite[j]:
-                    continue  # a draft model that overflows drafts no further (the target decides alone)
-                if asks[i].params.greedy:
-                    drafts[i].append(best[j])
-                else:
-                    q = filt[j].softmax(-1)
-                    drafts[i].append(draw(q, asks[i].generator))
-                    qs[i].append(q)
-            step += 1
-            live = [i for j, i in enumerate(live) if finite[j] and step < asks[i].k]
-            if live:
-                self._advance([asks[i].row for i in live], [drafts[i][-1] for i in live], logits, live)
-        return [(d, None if a.params.greedy or not d else torch.stack(q)) for a, d, q in zip(asks, drafts, qs)]
-
-    def _advance(self, rows: list[int], tokens: list[int], logits: dict, keys: list[int]) -> None:
-        """Run each row's newest draft (one forward for all of them); logits[key] after it."""
-        cache, dev = self.cache, self.model.tok_embeddings.weight.device
-        if len(rows) == 1:
-            r = rows[0]
-            at = len(cache.tokens[r])
-            logits[keys[0]] = self.model(torch.tensor([tokens], device=dev), at, cache.row(r), last_only=True)[0, -1]
-            cache.tokens[r].append(tokens[0])
-            return
-        # The first B rows run together, each at its own position; a row that drafts no
-        # further runs a placeholder just past what it holds (never read before it is
-        # written again, as a rejected draft's slot).
-        B = max(rows) + 1
-        x, pos = [0] * B, [len(cache.tokens[r]) for r in range(B)]
-        for r, t in zip(rows, tokens):
-            x[r] = t
-        cache.ensure(B, max(pos) + 1)
-        out = self.model(torch.tensor(x, device=dev).view(B, 1), torch.tensor(pos, device=dev), cache)[:, -1]
-        for r, t, key in zip(rows, tokens, keys):
-            logits[key] = out[r]
-            cache.tokens[r].append(t)
-
-
-@dataclass
-class DraftAsk:
-    """One lane's request to a draft model: k tokens after ctx, in cache row ``row``."""
-    row: int
-    ctx: list[int]
-    k: int
-    params: SamplingParams
-    generator: torch.Generator | None
-    cancel: threading.Event | None = None
-    probe_from: int | None = None
-
-
-def _fit(logits: torch.Tensor, vocab: int, limit: int | None) -> torch.Tensor:
-    """Draft logits over the target's ``vocab`` rows, ids from ``limit`` on never drawn."""
-    out = logits.float()
-    if out.shape[-1] > vocab:
-        out = out[..., :vocab]
-    elif out.shape[-1] < vocab:
-        out = torch.cat([out, out.new_full((*out.shape[:-1], vocab - out.shape[-1]), float("-inf"))], -1)
-    if limit is not None:
-        out = out.clone()
-        out[..., limit:] = float("-inf")
-    return out
 
 
 def verify(logits: torch.Tensor, drafts: list[int], q: torch.Tensor | None, params: SamplingParams,
@@ -406,267 +212,216 @@ class _Spec:
         }
 
 
-def _plain_step(engine, batch: int) -> float | None:
-    """The measured time of an undrafted step at ``batch`` rows (the nearest batch measured)."""
-    steps = engine.spec_step_s
-    if not steps:
-        return None
-    return steps[min(steps, key=lambda b: (abs(b - batch), b))]
+@dataclass
+class Draft:
+    """What one row runs after its last token at a verification step."""
+    tokens: list[int]
+    q: torch.Tensor | None = None  # the draft distributions [k, V]; None: point masses
+    masks: torch.Tensor | None = None  # the lane's constraint masks at each position
+    closed: str | None = None  # why the lane stops after the last draft (its constraint allows nothing)
+    forced: bool = False  # the drafts are a branch's forced tokens, always kept
 
 
-@torch.inference_mode()
-def speculative_loop(engine, joining) -> Iterator:
-    """Engine._loop's job for lanes that may draft: prefill, then verify-and-emit steps.
+class Drafting:
+    """The lanes of one decode loop that draft, what they draft at each step, how the
+    target's verification forward is read for them, and their counts.
 
-    Lanes without a drafter take part with nothing drafted (a plain step), so a
-    comparison can mix them. Yields the engine's own events.
+    Lanes that do not draft never enter here. A step where nobody drafts is the loop's
+    plain step; a step where some do is :meth:`step`: one forward for every row, the
+    drafting rows verified, the others handed back to the loop's plain choice.
+
+    Args:
+        engine: the :class:`core.engine.engine.Engine` (its public services).
+        batch: the loop's lanes.
     """
-    from core.engine.engine import _check_cancel  # the engine imports this module lazily
 
-    dev = engine.device
-    cache = engine.cache
-    lanes, stats, positions, rows = [], [], [], []
-    logits_by_lane: dict[int, torch.Tensor] = {}
-    for j in joining:
-        yield from engine._join(j, lanes, stats, rows, positions, logits_by_lane)
-    specs: dict[int, _Spec] = {}
-    drafters = {}
-    for li in rows:
-        q = lanes[li].params
+    def __init__(self, engine, batch: Batch):
+        self.engine, self.batch = engine, batch
+        self.specs: dict[int, _Spec] = {}  # lane -> its drafter and counts
+        self.drafters: dict[str, DraftModel] = {}  # the draft models lanes of this loop use
+
+    def join(self, li: int) -> None:
+        """Lane li joined the loop: give it its drafter when its settings ask for one."""
+        lane = self.batch.lanes[li]
+        q = lane.params
         if q.draft:
-            d = drafters[q.draft] = drafters.get(q.draft) or engine.draft_model(q.draft)
-            specs[li] = _Spec(Pace(MODEL_MAX_DRAFT), draft=d)
+            d = self.drafters[q.draft] = self.drafters.get(q.draft) or self.engine.draft_model(q.draft)
+            spec = _Spec(Pace(MODEL_MAX_DRAFT), draft=d)
         elif q.lookup:
-            specs[li] = _Spec(Pace(LOOKUP_MAX_DRAFT, guesses=True), lookup=NgramIndex(q.lookup, lanes[li].prompt))
+            spec = _Spec(Pace(LOOKUP_MAX_DRAFT, guesses=True), lookup=NgramIndex(q.lookup, lane.prompt))
         else:
-            specs[li] = _Spec(Pace(0))
-    V = engine.model.args.vocab_size
-    limit = engine.sample_limit
+            return
+        self.specs[li] = spec
+        self.batch.reports[li] = partial(spec.stats, q)
 
-    def emit(li: int, toks: list[int], raw: torch.Tensor, filt: torch.Tensor | None, start: int,
-             masks: torch.Tensor | None):
-        """Accept toks (rows of raw/filt in order) into lane li; events out; returns how
-        many were appended to its reply. ``filt`` None: the inspector filters itself."""
-        lane, st = lanes[li], stats[li]
-        if not toks:
-            return 0
-        lps = torch.log_softmax(raw[: len(toks)], -1).gather(
-            -1, torch.tensor(toks, device=raw.device).view(-1, 1)).view(-1).tolist()
-        appended = 0
-        for i, (tok, lp) in enumerate(zip(toks, lps)):
-            top = None
-            if lane.inspect:
-                prev = (torch.tensor(lane.prompt + lane.tokens, device=dev)
-                        if lane.params.repetition_penalty != 1.0 else None)
-                allowed = None if masks is None else allowed_tokens(masks[i], raw.shape[-1]).to(raw.device)
-                top = top_alternatives(raw[i], lane.params, prev, k=lane.inspect,
-                                       filtered=None if filt is None else filt[i], allowed=allowed)
-                top["pieces"] = {t: engine._piece(t) for t, _ in top["raw"] + top["filtered"]}
-            before = len(lane.tokens)
-            ev = engine._accept(lane, tok, lp, top)
-            appended += len(lane.tokens) - before
-            if st.ttft_s == 0.0:
-                st.ttft_s = time.perf_counter() - lane.t_join
-            if ev is not None:
-                yield ev
-            if lane.done is None and start + i >= engine.max_context:
-                lane.done = engine._finish(lane, "context", None)
-            if lane.done is not None:
-                break
-        return appended
+    def took(self, li: int, token: int) -> None:
+        """The loop's plain choice gave lane li ``token``: prompt lookup reads it, and
+        learns whether its guess was right."""
+        sp = self.specs.get(li)
+        if sp is not None and sp.lookup is not None:
+            sp.lookup.extend([token])
+            if sp.guess is not None:
+                sp.pace.guessed(token == sp.guess)
 
-    def finish_if_done(li: int):
-        lane, st = lanes[li], stats[li]
-        if lane.done is None and _check_cancel(lane.cancel):
-            lane.done = engine._finish(lane, "cancelled", None)
-        if lane.done is not None:
-            st.generated_tokens = len(lane.tokens)
-            st.decode_s = time.perf_counter() - lane.t_decode
-            sp = specs[li]
-            if sp.lookup is not None or sp.draft is not None:
-                st.speculative = sp.stats(lane.params)
-            if engine._step.backend is not None:
-                st.decode = engine.compile_status
-            lane.done.stats = st
-            yield lane.done
+    def ran(self, li: int, took: float, plain: float | None) -> None:
+        """Lane li ran one plain position in a forward of ``took`` seconds."""
+        sp = self.specs.get(li)
+        if sp is not None:
+            sp.rounds += 1
+            sp.round_s += took
+            if plain is not None:
+                sp.plain_s += plain
 
-    def compact():
-        keep = [k for k, li in enumerate(rows) if lanes[li].done is None]
-        if not keep:
-            engine._remember(lanes, rows, positions)
-        elif len(keep) < len(rows):
-            for new_row, old_row in enumerate(keep):
-                if new_row != old_row:
-                    cache.copy_row(old_row, new_row, positions[rows[old_row]])
-                    for d in drafters.values():
-                        d.cache.ensure(new_row + 1, 0)
-                        if old_row < d.cache.batch:
-                            d.cache.copy_row(old_row, new_row, len(d.cache.tokens[old_row]))
-        rows[:] = [rows[k] for k in keep]
+    def moved(self, old_row: int, new_row: int) -> None:
+        """The loop moved a lane from cache row old_row to new_row: its draft rows follow."""
+        for d in self.drafters.values():
+            d.cache.ensure(new_row + 1, 0)
+            if old_row < d.cache.batch:
+                d.cache.copy_row(old_row, new_row, len(d.cache.tokens[old_row]))
 
-    def forced_left(lane) -> tuple[int, ...]:
-        return lane.forced[len(lane.tokens):]
+    def plain_step_s(self, rows: int) -> float | None:
+        """The measured time of an undrafted step at ``rows`` rows (the nearest measured)."""
+        steps = self.engine.spec_step_s
+        if not steps:
+            return None
+        return steps[min(steps, key=lambda b: (abs(b - rows), b))]
 
-    def take_forced(lane, n: int) -> None:
-        """Plain decoding draws at a forced position too (then replaces the draw): use the
-        generator alike, so a lane's later draws see the same random stream."""
-        if not lane.params.greedy:
-            for _ in range(n):
-                torch.rand((), generator=lane.generator, dtype=torch.float32, device=dev)
+    # -- what the rows draft ---------------------------------------------------------
 
-    def plain_step(step_logits: torch.Tensor, ran: list[int] | None, took: float):
-        """Plain decoding's own step for every row (its sampler, one read from the device):
-        the first tokens (from the prefill's logits) and every step nobody drafts in."""
-        step = engine._choose(lanes, rows, step_logits)
-        plain = _plain_step(engine, len(rows))
-        for r, li in enumerate(rows):
-            lane, st, sp = lanes[li], stats[li], specs[li]
-            if ran is not None:  # the row ran its last token at its position
-                cache.tokens[r].append(ran[r])
-                positions[li] += 1
-                sp.rounds += 1
-                sp.round_s += took
-                if plain is not None:
-                    sp.plain_s += plain
-            ev = engine._take(lane, r, step)
-            if st.ttft_s == 0.0:
-                st.ttft_s = time.perf_counter() - lane.t_join
-            if ev is not None:
-                yield ev
-                if sp.lookup is not None:
-                    sp.lookup.extend([ev.token_id])
-                    if sp.guess is not None:
-                        sp.pace.guessed(ev.token_id == sp.guess)
-            if lane.done is None and positions[li] >= engine.max_context:
-                lane.done = engine._finish(lane, "context", None)
-            yield from finish_if_done(li)
-
-    # The first token of every lane comes from its prefill's logits.
-    yield from plain_step(torch.stack([logits_by_lane.pop(li) for li in rows]), None, 0.0)
-    compact()
-
-    measure = not engine.spec_step_s  # an undrafted step first, to estimate the speed-up
-    while rows:
-        plan: list[tuple[list[int], torch.Tensor | None, torch.Tensor | None, str | None]] = []
-        forcing: set[int] = set()  # rows whose drafts are a branch's forced tokens
-        asks: dict[DraftModel, list[tuple[int, DraftAsk]]] = {}
-        for r, li in enumerate(rows):
-            lane, sp = lanes[li], specs[li]
-            room = min(engine.max_context - positions[li] - 1, lane.params.max_new_tokens - len(lane.tokens) - 1)
-            k = 0 if measure else min(sp.pace.next(), room)
-            drafts, q = [], None
+    def plan(self) -> dict[int, Draft]:
+        """Row -> what it drafts at this step; rows that draft nothing are left out."""
+        if not self.specs:
+            return {}
+        b, eng = self.batch, self.engine
+        measuring = not eng.spec_step_s  # an undrafted step first, to estimate the speed-up
+        plan: dict[int, Draft] = {}
+        asks: dict[DraftModel, list[DraftAsk]] = {}
+        for r, li in enumerate(b.rows):
+            sp = self.specs.get(li)
+            if sp is None:
+                continue
+            lane = b.lanes[li]
+            room = min(eng.max_context - b.positions[li] - 1, lane.params.max_new_tokens - len(lane.tokens) - 1)
+            k = 0 if measuring else min(sp.pace.next(), room)
             sp.guess = None
-            forced = forced_left(lane)
+            forced = lane.forced[len(lane.tokens):]
             if forced:  # the branch's remaining tokens run as drafts that are always kept
-                drafts = list(forced[: max(room, 0)])
-                forcing.add(r)
+                plan[r] = Draft(list(forced[: max(room, 0)]), forced=True)
             elif sp.lookup is not None:
                 if k > 0:
-                    drafts = sp.lookup.propose(k)
+                    plan[r] = Draft(sp.lookup.propose(k))
                 else:  # what it would draft: free to check against the step's token
                     guess = sp.lookup.propose(1)
                     sp.guess = guess[0] if guess else None
             elif k > 0 and sp.draft is not None:
                 asks.setdefault(sp.draft, []).append(
-                    (r, DraftAsk(r, lane.prompt + lane.tokens, k, lane.params, lane.generator, lane.cancel,
-                                 probe_from=len(lane.prompt) if sp.pace.probing else None)))
-            plan.append((drafts, q, None, None))
-        for d, rq in asks.items():  # every lane drafting with one draft model, together
-            for (r, _), (drafts, q) in zip(rq, d.propose([a for _, a in rq], V, limit)):
-                plan[r] = (drafts, q, None, None)
+                    DraftAsk(r, lane.context, k, lane.params, lane.generator, lane.cancel,
+                             probe_from=len(lane.prompt) if sp.pace.probing else None))
+        self._ask(asks, plan)
+        return self._constrained(plan)
+
+    def _ask(self, asks: dict[DraftModel, list[DraftAsk]], plan: dict[int, Draft]) -> None:
+        """Every lane drafting with one draft model drafts together."""
+        eng = self.engine
+        for d, rows in asks.items():
+            for a, (drafts, q) in zip(rows, d.propose(rows, eng.model.args.vocab_size, eng.sample_limit)):
+                plan[a.row] = Draft(drafts, q)
                 if not drafts:
-                    specs[rows[r]].pace.miss()  # its latest choices disagreed with the model's: no check
-        for r, li in enumerate(rows):
-            lane, (drafts, q, _, _) = lanes[li], plan[r]
-            if drafts and lane.constraint is not None:
-                masks, drafts, closed = constraint_masks(lane.constraint, drafts, lane.stop_ids, V)
-                plan[r] = (drafts, None if q is None else q[: len(drafts)], masks, closed)
-        T = 1 + max(len(p[0]) for p in plan)
-        B = len(rows)
-        pos_list = [positions[li] for li in rows]
-        cache.ensure(B, engine._capacity(max(pos_list) + T))
-        pos = pos_list[0] if all(p == pos_list[0] for p in pos_list) else torch.tensor(pos_list, device=dev)
-        if T == 1:  # nobody drafts: a plain decoding step (compiled, when the engine compiles)
-            last = [lanes[li].tokens[-1] for li in rows]
-            warm = engine._step.warmup_s
-            t0 = time.perf_counter()
-            out = engine._decode(torch.tensor(last, device=dev).view(B, 1), pos)[:, -1]  # [B, V]
-            took = time.perf_counter() - t0
-            warm = engine._step.warmup_s - warm
-            if warm:  # compiling or recording a graph is not decoding: keep it out of the speed
-                took -= warm
-                for li in rows:
-                    lanes[li].t_decode += warm
-                    stats[li].warmup_s += warm
-            engine.spec_step_s[B] = took if B not in engine.spec_step_s else 0.5 * (engine.spec_step_s[B] + took)
-            measure = False
-            yield from plain_step(out, last, took)
-            compact()
-            continue
-        inputs = [[lanes[li].tokens[-1]] + p[0] + [0] * (T - 1 - len(p[0])) for li, p in zip(rows, plan)]
+                    self.specs[self.batch.rows[a.row]].pace.miss()  # its latest choices disagreed: no check
+
+    def _constrained(self, plan: dict[int, Draft]) -> dict[int, Draft]:
+        """The constraint's masks at each drafted position; drafts it ends are cut."""
+        b, V = self.batch, self.engine.model.args.vocab_size
+        for r, d in plan.items():
+            lane = b.lanes[b.rows[r]]
+            if d.tokens and lane.constraint is not None:
+                d.masks, d.tokens, d.closed = constraint_masks(lane.constraint, d.tokens, lane.stop_ids, V)
+                d.q = None if d.q is None else d.q[: len(d.tokens)]
+        # A row left with nothing to run takes the plain choice (its constraint's end included).
+        return {r: d for r, d in plan.items() if d.tokens}
+
+    # -- the verification step -------------------------------------------------------
+
+    def step(self, plan: dict[int, Draft]) -> Iterator[Event]:
+        """One forward for every row: its last token, then its drafts (padded to the
+        widest). Drafting rows keep what the target confirms (their events out); the
+        others get their position's logits for the loop's plain choice."""
+        b, eng = self.batch, self.engine
+        width = 1 + max(len(d.tokens) for d in plan.values())
+        inputs = [[tok] + (plan[r].tokens if r in plan else []) for r, tok in enumerate(b.last_tokens())]
+        inputs = [x + [0] * (width - len(x)) for x in inputs]
+        eng.cache.ensure(len(inputs), eng.capacity(b.furthest() + width))
         t0 = time.perf_counter()
-        engine._use_threads(1)
-        out = engine.model(torch.tensor(inputs, device=dev), pos, cache)  # [B, T, V]
-        for r in range(B):
-            cache.tokens[r].extend(inputs[r])
-        finite = torch.isfinite(out).all(-1).tolist()  # [B][T]
-        if limit is not None:
-            out[..., limit:] = float("-inf")
-        results = []
-        for r, li in enumerate(rows):
-            drafts, q, masks, closed = plan[r]
-            lane = lanes[li]
-            if not all(finite[r][: len(drafts) + 1]):
-                results.append(None)
-                continue
-            if not drafts and lane.constraint is not None:
-                masks, _, closed = constraint_masks(lane.constraint, [], lane.stop_ids, V)
-                plan[r] = (drafts, q, masks, closed)
-            context = lane.prompt + lane.tokens if lane.params.repetition_penalty != 1.0 else []  # read by the penalty only
-            if r in forcing:
-                forced = forced_left(lane)
-                # Rows 0..len(drafts) give the forced tokens' log-probs; the row after the
-                # last forced one draws, as plain decoding would there.
-                n = len(drafts)
-                # A constraint that allows nothing at row n ends the lane before it.
-                toks = list(forced[: n + (closed is None)])
-                take_forced(lane, len(toks))
-                if len(toks) == n and closed is None:
-                    toks += verify(out[r, n:n + 1], [], None, lane.params, context + toks,
-                                   lane.generator, None if masks is None else masks[n:n + 1])[0]
-                results.append((toks, n, None))
-                continue
-            results.append(verify(out[r], drafts, q, lane.params, context, lane.generator,
-                                  masks, last_open=closed is None))
+        out = eng.forward(torch.tensor(inputs, device=eng.device), b.pos(eng.device))  # [B, T, V]
+        for r, x in enumerate(inputs):
+            eng.cache.tokens[r].extend(x)
+        results = {r: self._verify(b.rows[r], out[r], d) for r, d in plan.items()}
         took = time.perf_counter() - t0
-        plain = _plain_step(engine, B)
-        for r, li in enumerate(rows):
-            lane, sp, res = lanes[li], specs[li], results[r]
-            drafts, _, masks, closed = plan[r]
-            if res is None:
-                lane.done = engine._finish(lane, "error", None)
-                cache.rollback(r, positions[li])
-            else:
-                toks, n, filt = res
-                start = positions[li] + 1
-                appended = yield from emit(li, toks, out[r], filt, start, masks)
-                if lane.done is None and closed is not None and len(toks) == n:
-                    lane.done = engine._finish(lane, closed, None)  # the constraint allows nothing more
-                valid = min(appended, n)
-                cache.rollback(r, positions[li] + 1 + valid)
-                positions[li] += 1 + valid
-                sp.rounds += 1
-                sp.round_s += took
-                if plain is not None:
-                    sp.plain_s += appended * plain
-                if drafts and r not in forcing:
-                    sp.drafting_rounds += 1
-                    sp.drafted += len(drafts)
-                    sp.accepted += n
-                    sp.pace.update(len(drafts), n)
-                elif sp.guess is not None and toks:
-                    sp.pace.guessed(toks[0] == sp.guess)
-                if sp.lookup is not None:
-                    sp.lookup.extend(toks[:appended])
-            yield from finish_if_done(li)
-        compact()
+        plain = self.plain_step_s(len(inputs))
+        for r, li in enumerate(b.rows):
+            if r in plan:
+                yield from self._keep(r, li, plan[r], results[r], out[r], took, plain)
+                done = b.settle(li)
+                if done is not None:
+                    yield done
+            else:  # an undrafted row: its plain choice comes with the others'
+                eng.cache.rollback(r, b.positions[li] + 1)
+                b.ran(r, out[r, 0])
+                self.ran(li, took, plain)
+
+    def _verify(self, li: int, out: torch.Tensor, d: Draft) -> tuple[list[int], int, torch.Tensor | None] | None:
+        """The tokens lane li keeps from its row ``out`` [T, V] of the forward (see
+        :func:`verify`); None when the logits it reads are not finite."""
+        lane, n = self.batch.lanes[li], len(d.tokens)
+        if not bool(torch.isfinite(out[: n + 1]).all()):
+            return None
+        if self.engine.sample_limit is not None:
+            out[:, self.engine.sample_limit:] = float("-inf")
+        context = lane.context if lane.params.repetition_penalty != 1.0 else []  # read by the penalty only
+        if not d.forced:
+            return verify(out, d.tokens, d.q, lane.params, context, lane.generator, d.masks,
+                          last_open=d.closed is None)
+        # Rows 0..n give the forced tokens' log-probs; the row after the last forced one
+        # draws, as plain decoding would there. A constraint that allows nothing at row n
+        # ends the lane before it.
+        toks = list(lane.forced[len(lane.tokens):][: n + (d.closed is None)])
+        _draw_forced(lane, len(toks), out.device)
+        if len(toks) == n and d.closed is None:
+            toks += verify(out[n:n + 1], [], None, lane.params, context + toks, lane.generator,
+                           None if d.masks is None else d.masks[n:n + 1])[0]
+        return toks, n, None
+
+    def _keep(self, r: int, li: int, d: Draft, res, out: torch.Tensor, took: float, plain: float | None):
+        """Lane li's verified tokens into its reply (events out), its cache row rolled
+        back to what it kept, its drafter told how the drafts fared."""
+        b, sp, lane = self.batch, self.specs[li], self.batch.lanes[li]
+        if res is None:
+            lane.done = finish(lane, "error")
+            self.engine.cache.rollback(r, b.positions[li])
+            return
+        toks, n, filt = res
+        appended = yield from b.accept_run(li, toks, out, filt, d.masks)
+        if lane.done is None and d.closed is not None and len(toks) == n:
+            lane.done = finish(lane, d.closed)  # the constraint allows nothing more
+        valid = min(appended, n)
+        self.engine.cache.rollback(r, b.positions[li] + 1 + valid)
+        b.positions[li] += 1 + valid
+        sp.rounds += 1
+        sp.round_s += took
+        if plain is not None:
+            sp.plain_s += appended * plain
+        if d.tokens and not d.forced:
+            sp.drafting_rounds += 1
+            sp.drafted += len(d.tokens)
+            sp.accepted += n
+            sp.pace.update(len(d.tokens), n)
+        if sp.lookup is not None:
+            sp.lookup.extend(toks[:appended])
+
+
+def _draw_forced(lane: Lane, n: int, device: torch.device) -> None:
+    """Plain decoding draws at a forced position too (then replaces the draw): use the
+    generator alike, so a lane's later draws see the same random stream."""
+    if not lane.params.greedy:
+        for _ in range(n):
+            torch.rand((), generator=lane.generator, dtype=torch.float32, device=device)

@@ -28,7 +28,7 @@ def static_step(model, tokens: torch.Tensor, pos: torch.Tensor, k: list[torch.Te
 
 
 def _counter(group: str, name: str) -> int:
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # dynamo takes seconds to import: only once compiling
     return int(counters[group][name])
 
 
@@ -58,7 +58,7 @@ class DecodeStep:
         what = name + (", CUDA graphs" if self.graphs else ", static cache" if self.static else "")
         try:
             if self.static:
-                import torch._dynamo.config as dynamo_config
+                import torch._dynamo.config as dynamo_config  # start-up time: dynamo only when compiling
                 # One graph per lanes count and cache size: serving up to 16 rows at a few
                 # sizes passes dynamo's default of 8 recompiles, after which it would
                 # quietly run the step eagerly.

@@ -2,10 +2,9 @@
 
 A request that arrives while others decode joins their batch at the next step
 (:meth:`core.engine.engine.Engine.serve`); ``n > 1`` is one job whose lanes share a
-prefill. Jobs that speculate (prompt lookup or a draft model) run in batches of their
-own, through the engine's speculative loop: they join no running plain batch and no plain
-job joins theirs, and one waits for the other's batch to end. A client that goes away
-sets its job's cancel event, which the engine checks every decode step.
+prefill. Jobs that speculate (prompt lookup or a draft model) join the same batch: the
+engine's one loop verifies their drafts in the forward that runs the other rows. A client
+that goes away sets its job's cancel event, which the engine checks every decode step.
 """
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ from typing import Callable
 from core.engine.engine import Engine, Joining
 from core.engine.events import Done, Prefilled
 from core.engine.settings import SamplingParams
-from core.engine.speculative import speculative_loop
 from core.serving.protocol import APIError, QueueFull
 
 
@@ -35,11 +33,6 @@ class Job:
     events: asyncio.Queue | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     done: list[Done | None] = field(default_factory=list)
-
-    @property
-    def speculative(self) -> bool:
-        """Whether any lane drafts (prompt lookup or a draft model)."""
-        return any(q.speculative for q in self.lanes)
 
     def emit(self, item) -> None:
         """Hand (choice, event), an exception, or None (finished) to the request's coroutine."""
@@ -108,13 +101,8 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping:
                     return
-                speculative = self._waiting[0].speculative
             try:
-                if speculative:
-                    events = self._speculative_batch()
-                else:
-                    events = self.engine.serve(self._admit, max_rows=self.max_batch)
-                for ev in events:
+                for ev in self.engine.serve(self._admit, max_rows=self.max_batch):
                     self._dispatch(ev)
             except Exception as e:  # a bug or out of memory: fail the requests, keep serving
                 self.engine.cache.reset()  # it may hold a half-written step: never reuse it
@@ -124,16 +112,8 @@ class Scheduler:
                 for job in jobs:
                     job.emit(e)
 
-    def _speculative_batch(self):
-        """The speculative jobs at the head of the queue (as many lanes as fit), decoded
-        together from the start by the engine's speculative loop; nobody joins later."""
-        joining = self._admit(self.max_batch, 0, speculative=True)
-        return speculative_loop(self.engine, joining) if joining else iter(())
-
-    def _admit(self, free: int, next_lane: int, *, speculative: bool = False) -> list[Joining]:
-        """Start the jobs at the head of the queue that fit in ``free`` lanes and are of the
-        kind asked for: a speculative job at the head waits for the plain batch to end
-        (then it runs, with the speculative jobs behind it), and the other way round."""
+    def _admit(self, free: int, next_lane: int) -> list[Joining]:
+        """Start the jobs at the head of the queue that fit in ``free`` lanes, in order."""
         out = []
         with self._cond:
             while self._waiting and not self._stopping:
@@ -142,7 +122,7 @@ class Scheduler:
                     self._waiting.popleft()
                     job.emit(None)
                     continue
-                if len(job.lanes) > free or job.speculative != speculative:
+                if len(job.lanes) > free:
                     break
                 self._waiting.popleft()
                 for c in range(len(job.lanes)):

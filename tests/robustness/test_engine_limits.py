@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from core.engine import engine as engine_mod
+from core.engine import prefill as prefill_mod
 from core.checkpoints import load
 from core.engine.engine import Engine
 from core.engine.events import Done, Token
@@ -128,7 +128,7 @@ class FakeClock:
 
 def test_prefill_chunks_follow_measured_speed(lm, monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(engine_mod, "time", clock)
+    monkeypatch.setattr(prefill_mod, "time", clock)
     sizes = []
     forward = lm.model.forward
 
@@ -141,8 +141,8 @@ def test_prefill_chunks_follow_measured_speed(lm, monkeypatch):
     eng = Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids, prefill_chunk=512)
     prompt = lm.tokenizer.encode("the little dog ran to the park " * 60, bos=True)
     list(eng.generate(prompt, SamplingParams(temperature=0, max_new_tokens=1)))
-    target = int(1000 * engine_mod.PREFILL_TARGET_S)  # tokens that run in the target time
-    assert sizes[0] == 4 * engine_mod.MIN_PREFILL_CHUNK  # first a small chunk, to measure
+    target = int(1000 * prefill_mod.PREFILL_TARGET_S)  # tokens that run in the target time
+    assert sizes[0] == 4 * prefill_mod.MIN_PREFILL_CHUNK  # first a small chunk, to measure
     assert set(sizes[1:-1]) == {target} and sizes[-1] <= target
     assert sum(sizes) == len(prompt)
 

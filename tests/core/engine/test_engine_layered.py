@@ -1,4 +1,4 @@
-"""Layered prefill of CPU-packed models (Engine._prefill_layered): a long prompt runs one
+"""Layered prefill of CPU-packed models (core.engine.prefill.Prefill.layered): a long prompt runs one
 layer at a time over all its chunks, each layer's packed weights dequantized to bfloat16
 once; the logits match one full forward, cancel lands between a layer's chunks."""
 import threading
@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from core.engine import engine as engine_mod
+from core.engine import prefill as prefill_mod
 from core.model import quant
 from core.checkpoints import load
 from core.engine.engine import Engine
@@ -56,7 +56,7 @@ def test_layered_prefill_logits_match_one_full_forward(files, packed):
     spy_layers(packed.model, calls)
     eng.cache.ensure(1, len(prompt) + 1)
     with torch.inference_mode():
-        logits, reuse = eng._prefill_row(0, prompt, None)
+        logits, reuse = eng.prefill_row(0, prompt, None)
     n_layers = packed.model.args.n_layers
     # every layer ran all its chunks before the next layer began, none over 32 tokens
     assert [i for i, _ in calls] == sorted(i for i, _ in calls)
@@ -100,7 +100,7 @@ def test_each_layer_is_dequantized_once_per_prompt(packed, monkeypatch):
     orig = quant.Int4Linear.dequantize
     monkeypatch.setattr(quant.Int4Linear, "dequantize", lambda self, *a: count.append(self) or orig(self, *a))
     # and the freed copies are handed back to the OS after each layer (glibc keeps them)
-    monkeypatch.setattr(engine_mod, "release_freed_heap", lambda: trims.append(len(count)))
+    monkeypatch.setattr(prefill_mod, "release_freed_heap", lambda: trims.append(len(count)))
     eng = Engine(packed.model, packed.tokenizer, stop_ids=(), prefill_chunk=32)
     list(eng.generate(long_prompt(), SamplingParams(temperature=0, max_new_tokens=2)))
     in_layers = [m for m in packed.model.layers.modules() if isinstance(m, quant.Int4Linear)]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from core.checkpoints import load
-from core.engine.engine import Engine
+from core.engine.engine import Engine, Joining
 from core.engine.events import Done, Prefilled, Token
 from core.errors import DraftModelError, SettingsError
 from core.model.kv_cache import KVCache
@@ -14,7 +14,8 @@ from core.model.transformer import ModelArgs, Transformer
 from core.engine.sampling import filter_logits
 from core.engine.settings import SamplingParams
 from core.engine import speculative
-from core.engine.speculative import LOOKUP_MAX_DRAFT, NgramIndex, Pace, verify
+from core.engine.drafters import NgramIndex
+from core.engine.speculative import LOOKUP_MAX_DRAFT, Pace, verify
 from tests.core.checkpoints.util import write_tiny_tokenizer
 
 
@@ -667,3 +668,47 @@ def test_lanes_that_draft_with_one_draft_model_draft_together(stories, pacing):
              if isinstance(e, Done)]
     assert [d.tokens for d in sorted(batch, key=lambda d: d.lane)] == base
     assert max(batches) == 2 and all(d.stats.speculative["acceptance"] == 1.0 for d in batch)
+
+
+# -- one loop: drafting and plain requests in one continuous batch -----------------------
+
+def test_serve_batches_drafting_and_plain_requests_together(stories, pacing):
+    """Continuous batching takes any request: a plain one and one drafting by prompt
+    lookup start together, one drafting with a draft model joins while they run; they
+    share the loop's forwards (fewer than each alone, and verification forwards carry the
+    plain lane) and each gives exactly its greedy tokens alone."""
+    import copy
+    tok = stories.tokenizer
+    eng = Engine(stories.model, tok, stop_ids=())
+    eng.add_draft("twin", copy.deepcopy(stories.model), tok)
+    prompts = [tok.encode(t, bos=True) for t in ("Once upon a time", REPEAT, "Lily and Ben went to the park")]
+    specs = [{}, dict(lookup=2), dict(draft="twin")]
+    forwards = []
+    real = stories.model.forward
+
+    def counting(x, pos=0, cache=None, *a, **kw):
+        if isinstance(cache, KVCache):  # decode and verification steps (a prefill runs on a row view)
+            forwards.append(tuple(x.shape))
+        return real(x, pos, cache, *a, **kw)
+
+    def joining(i):
+        return Joining(prompts[i], eng.check_request(prompts[i], [SamplingParams(temperature=0, max_new_tokens=40,
+                                                                                 **specs[i])]))
+    stories.model.forward = counting
+    try:
+        alone = []
+        for p, s in zip(prompts, specs):
+            forwards.clear()
+            alone.append((tokens_of(eng, p, temperature=0, max_new_tokens=40, **s).tokens, len(forwards)))
+        forwards.clear()
+        queue = [[joining(0), joining(1)], [], [], [joining(2)]]
+        dones = sorted((e for e in eng.serve(lambda free, nxt: queue.pop(0) if queue else [])
+                        if isinstance(e, Done)), key=lambda d: d.lane)
+    finally:
+        del stories.model.forward
+    assert [d.tokens for d in dones] == [a for a, _ in alone]
+    assert [d.stats.speculative is not None for d in dones] == [False, True, True]
+    assert dones[1].stats.speculative["accepted"] > 0 and dones[2].stats.speculative["accepted"] > 0
+    assert len(forwards) <= max(n for _, n in alone) + 3  # shared: about the longest alone, not the sum
+    assert any(b >= 2 and t > 1 for b, t in forwards)  # drafts verified with the plain lane in the rows
+    assert max(b for b, _ in forwards) == 3  # the draft-model request joined the running two

@@ -53,7 +53,7 @@ def test_a_remote_reply_is_the_workers_event_vocabulary_with_negative_ids(served
         keys = [k for k, _ in t.top["raw"]]
         assert keys[0] == t.token_id and t.top["pieces"][t.token_id] == t.piece
         assert all(k >= 0 for k in keys) and len(set(keys)) == 3 and t.top["filtered"] == []
-        assert all(srv.state.engine._piece(k) == t.top["pieces"][k] for k in keys)
+        assert all(srv.state.engine.piece(k) == t.top["pieces"][k] for k in keys)
     assert runner.active == 0
 
 

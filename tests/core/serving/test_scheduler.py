@@ -13,6 +13,8 @@ from core.engine.engine import Engine  # noqa: E402
 from core.engine.events import Done  # noqa: E402
 from core.prompt.prompting import render_chat  # noqa: E402
 from core.engine.settings import SamplingParams  # noqa: E402
+from core.model.kv_cache import KVCache  # noqa: E402
+from core.serving.scheduler import Job, Scheduler  # noqa: E402
 from core.serving.run import RunningServer  # noqa: E402
 from core.serving.state import ServerState  # noqa: E402
 from tests.core.serving.served import DEMO, Served  # noqa: E402
@@ -185,3 +187,44 @@ def test_a_seeded_reply_is_the_same_alone_and_batched_beside_others(fixtures):
         for o in others:
             o.close()
     assert alone == batched == ref.text
+
+
+# -- jobs of any kind share the batch (no HTTP) ------------------------------------------
+
+LOOKUP_STORY = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+                "Once upon a time, there was a little girl named Lily.")
+
+
+def test_plain_and_drafting_jobs_decode_in_one_batch(fixtures):
+    """A plain job and one drafting by prompt lookup, waiting together, are admitted
+    together: the same forwards carry both rows (before, the drafting job waited for the
+    plain batch to end), and each reply is its greedy reply alone."""
+    stories = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
+    tok = stories.tokenizer
+    eng = Engine(stories.model, tok, stop_ids=())
+    prompts = [tok.encode("Lily and Ben went to the park", bos=True), tok.encode(LOOKUP_STORY, bos=True)]
+    specs = [{}, dict(lookup=2)]
+    alone = [[e for e in eng.generate(p, SamplingParams(temperature=0, max_new_tokens=30, **s))
+              if isinstance(e, Done)][0].tokens for p, s in zip(prompts, specs)]
+    rows, real = [], stories.model.forward
+
+    def counting(x, pos=0, cache=None, *a, **kw):
+        if isinstance(cache, KVCache):
+            rows.append(x.shape[0])
+        return real(x, pos, cache, *a, **kw)
+
+    finished = threading.Semaphore(0)
+    sched = Scheduler(eng, on_done=lambda job: finished.release())
+    jobs = [Job(p, [SamplingParams(temperature=0, max_new_tokens=30, **s)]) for p, s in zip(prompts, specs)]
+    for job in jobs:
+        sched.submit(job)
+    stories.model.forward = counting
+    try:
+        sched.start()
+        assert finished.acquire(timeout=120) and finished.acquire(timeout=120)
+    finally:
+        sched.stop()
+        del stories.model.forward
+    assert [job.done[0].tokens for job in jobs] == alone
+    assert jobs[1].done[0].stats.speculative["drafted"] > 0
+    assert rows.count(2) >= 10  # both rows ran in the same forwards

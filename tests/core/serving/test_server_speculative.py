@@ -93,7 +93,7 @@ def test_streamed_chat_with_n_lanes_drafts_and_reports_in_the_last_chunks(served
 
 
 def test_plain_and_speculative_requests_arriving_together_are_all_answered_right(served):
-    """Plain requests and speculative ones run in batches of their own kind: eight streams
+    """Plain requests and speculative ones share the continuous batch: eight streams
     of both kinds at once each get the engine's own greedy reply."""
     state, server, client, direct = served
     want = engine_reply(direct, direct.tokenizer.encode(STORY, bos=True), 30).text
