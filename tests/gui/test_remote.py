@@ -9,17 +9,22 @@ import threading
 
 import pytest
 import torch
+from starlette.responses import JSONResponse
 
+from core.checkpoints import load as load_model
+from core.engine.engine import Engine
 from core.remote.client import RemoteModel
 from core.engine.events import Done
 from core.engine.settings import SamplingParams
+from core.serving.run import RunningServer
+from core.serving.state import ServerState
 from core.worker.protocol import GenerateRequest, Prompted
 from core.worker.worker import Worker
 from gui.bridge import Bridge, Chunk
 from gui.widgets.token_inspector import _visible
 from tests.gui.ui_helpers import (_KEEP, bridge, close, data_dir, load, loop, make_window, run,  # noqa: F401
                                   send, settings, snapshot, until, window)
-from tests.helpers import ServeProcess, free_port
+from tests.helpers import ServeProcess, free_port, lacking
 
 pytestmark = pytest.mark.timeout(240)
 KEY = "gui-test-key"
@@ -252,11 +257,6 @@ def test_a_wrong_key_is_an_inline_401_with_retry_and_nothing_is_lost(qtbot, wind
 
 
 def test_refused_unresolvable_silent_and_429_servers_are_inline_notices(qtbot, window, loop, remote, fixtures):
-    from starlette.responses import JSONResponse
-
-    from core.checkpoints import load as load_model
-    from core.serving.run import RunningServer
-    from core.serving.state import ServerState
 
     def limited(app):
         async def wrapped(scope, receive, send):
@@ -348,10 +348,6 @@ def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot,
     """A server that refuses seed and ignores top_k / repetition_penalty: those controls are
     off with the probe's reason, the reply records their off values (what the server did),
     and Use Local Model gives every control back."""
-    from core.checkpoints import load as load_model
-    from core.serving.run import RunningServer
-    from core.serving.state import ServerState
-    from tests.helpers import lacking
 
     panel = window.panel
     panel.topKSpin.setValue(40)
@@ -454,8 +450,6 @@ def test_a_reply_from_a_llamadesk_server_branches_and_bans_there(qtbot, window, 
     run on the server (its own prompt ids and the kept tokens as a token-id prompt, X forced;
     or X banned), keep the tokens before X and continue as the local engine's branch does;
     the server's KV cache holds the prefix."""
-    from core.checkpoints import load as load_model
-    from core.engine.engine import Engine
     lm = load_model(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
     i = 3
 

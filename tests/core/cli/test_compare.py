@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from core.checkpoints import load
 from tests.core.cli.helpers import run_cli
 
 
@@ -23,7 +24,6 @@ def test_compare_json(capsys, tiny_meta_dir):
 def test_logit_bias_per_lane_in_compare(capsys, fixtures):
     """A lane's own logit_bias= items bias only that lane (after --logit-bias's), and
     --json carries them as text and as the ids this checkpoint's tokenizer gave."""
-    from core.checkpoints import load
     model = fixtures / "stories260K.gguf"
     tok = load(model, device="cpu", dtype="float32").tokenizer
     girl, lily = tok.encode("girl"), tok.encode("Lily")

@@ -3,6 +3,8 @@ import json
 
 import pytest
 
+from core.checkpoints import load
+from core.tokenizer import load_tokenizer
 from tests.core.cli.helpers import run_cli
 from tests.helpers import ROOT
 
@@ -38,7 +40,6 @@ def test_chat_uses_the_format(capsys, tiny_meta_dir):
                          "--system", "Be brief.", "--max-new-tokens", "2", "--json")
     assert rc == 0
     ids = json.loads(out)["prompt_tokens"]
-    from core.tokenizer import load_tokenizer
     tok = load_tokenizer(tiny_meta_dir / "tokenizer.model")
     assert ids == tok.encode("[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]", bos=True)
 
@@ -89,7 +90,6 @@ def test_bad_speculative_settings_exit_2_with_one_line(capsys, fixtures, argv, n
 
 
 def test_logit_bias_bans_and_favours_text_in_generate_and_compare(capsys, fixtures):
-    from core.checkpoints import load
     model = fixtures / "stories260K.gguf"
     tok = load(model, device="cpu", dtype="float32").tokenizer
     girl = tok.encode("girl")

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 
 import pytest
 
 from core.cli.main import main
+from core.library.hub import HubClient
 from tests.hubserver import GATED_REPO, GGUF_REPO, HF_REPO
 
 
@@ -40,7 +42,6 @@ def test_pull_by_quant_then_list(capsys, data, hub_server):
 
 
 def test_pull_by_file_json_and_the_recommendation(capsys, data, hub_server):
-    from core.library.hub import HubClient
 
     rc, out, err = run(capsys, "pull", GGUF_REPO, "--file", "stories260K.gguf", "--endpoint", hub_server.url, "--json")
     assert rc == 0, err
@@ -89,7 +90,6 @@ def test_bad_input_exits_2_with_one_line(capsys, data, hub_server, argv, words):
 
 
 def test_no_network_exits_2(capsys, data):
-    import socket
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

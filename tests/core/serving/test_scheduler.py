@@ -2,6 +2,7 @@
 request alone), a full queue, clients that leave, a failure inside the engine."""
 import queue
 import threading
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -90,7 +91,6 @@ def test_16_concurrent_streams_are_batched_and_each_equals_its_request_alone(sto
 
 
 def test_a_client_that_gives_up_on_a_whole_reply_frees_its_generation(fixtures):
-    from dataclasses import replace
     lm = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
     finished: queue.Queue = queue.Queue()
     # No stop token: the reply runs to the end of the context unless cancelled.
@@ -124,7 +124,6 @@ def test_a_failure_inside_the_engine_fails_its_request_and_the_server_goes_on(st
 def test_a_chats_end_of_turn_stops_that_request_only(fixtures):
     """Stop ids are per request: a chat stops on its format's end of turn, a completion
     batched beside it runs on past the same token (never an engine-wide setting)."""
-    from dataclasses import replace
     lm = load(DEMO, device="cpu", dtype="float32")
     eot = lm.chat_format.stop_ids() - {2}
     assert eot  # the demo's chat format ends a turn with its own token
@@ -164,7 +163,6 @@ def test_a_chats_end_of_turn_stops_that_request_only(fixtures):
 
 
 def test_a_seeded_reply_is_the_same_alone_and_batched_beside_others(fixtures):
-    from dataclasses import replace
     lm = replace(load(fixtures / "stories260K.gguf", device="cpu", dtype="float32"), stop_ids=set())
     direct = Engine(lm.model, lm.tokenizer, stop_ids=set())
     kw = dict(prompt="Once upon a time", max_tokens=30, temperature=1.0, top_p=0.9, seed=4321)
