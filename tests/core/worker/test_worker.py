@@ -13,7 +13,7 @@ from core.errors import SettingsError
 from core.prompt.prompting import fit_dialog, reply_reserve
 from core.engine.settings import SamplingParams
 from core.worker.protocol import CompareRequest, Error, GenerateRequest, LoadProgress, Loaded, Prompted, Unloaded
-from core.worker.worker import Worker, default_torch_threads, resolve_torch_threads
+from core.worker.worker import Worker, default_torch_threads, load_failure, resolve_torch_threads
 from core.engine.events import Reply
 from tests.helpers import PROMPT, ROOT, Collector, completion, inner, is_token, loaded_ok
 
@@ -503,3 +503,13 @@ def test_compiled_load_says_its_decode_path_before_and_after_the_first_reply(mak
     assert done.tokens == plain.tokens and done.stop_reason == plain.stop_reason
     assert w.info["decode"].startswith("eager: compiling failed (RuntimeError: no C++ compiler")
     assert done.stats.decode == w.info["decode"] and plain.stats.decode == ""
+
+
+@pytest.mark.parametrize("exc, words", [
+    (MemoryError(), "not enough memory"),
+    (FileNotFoundError(2, "No such file or directory", "/m/consolidated.00.pth"), "could not read the model's files (/m/consolidated.00.pth)"),
+    (ValueError("could not broadcast input array from shape (3,) into shape (2,)"), "damaged or in a form"),
+])
+def test_unexpected_loader_exceptions_in_the_users_words(exc, words):
+    msg = load_failure(exc)
+    assert words in msg and "broadcast" not in msg
