@@ -167,7 +167,7 @@ def make_seeds(out: Path) -> dict[str, Path]:
     lm = load(seeds["gguf"], device="cpu", dtype="float32")
     if not (seeds["meta"] / "params.json").exists():
         tok_file = out / "seed_tokenizer.model"
-        tok_file.write_bytes(lm.tokenizer._sp.serialized_model_proto())
+        tok_file.write_bytes(lm.tokenizer.processor.serialized_model_proto())
         save_meta(lm, seeds["meta"], tokenizer_file=tok_file)
     if not (seeds["hf"] / "config.json").exists():
         save_hf(lm, seeds["hf"])

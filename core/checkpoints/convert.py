@@ -121,7 +121,7 @@ def _save_meta_folder(loaded: LoadedModel, dst: Path) -> None:
     save_meta(loaded, dst)
     tok = loaded.tokenizer
     if tok.kind == "sentencepiece":
-        (dst / "tokenizer.model").write_bytes(tok._sp.serialized_model_proto())
+        (dst / "tokenizer.model").write_bytes(tok.processor.serialized_model_proto())
     elif tok.kind == "tiktoken":
         shutil.copyfile(tok.source, dst / "tokenizer.model")
     else:

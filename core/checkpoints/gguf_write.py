@@ -103,7 +103,7 @@ def _write_tokenizer(w, loaded: LoadedModel) -> None:
     if getattr(tok, "kind", None) != "sentencepiece":
         raise CheckpointError(f"writing a GGUF needs a SentencePiece or GGUF tokenizer; this model's is "
                               f"'{getattr(tok, 'kind', '?')}' (convert to hf instead)")
-    sp = tok._sp
+    sp = tok.processor
     n = sp.get_piece_size()
     tokens, scores, types = [], [], []
     for i in range(n):

@@ -410,10 +410,10 @@ def write_tokenizer(tok, dst: Path) -> list[str]:
     """
     kind = getattr(tok, "kind", "")
     if kind == "hf":
-        (dst / "tokenizer.json").write_text(tok._tok.to_str(), encoding="utf-8")
+        (dst / "tokenizer.json").write_text(tok.backend.to_str(), encoding="utf-8")
         return ["tokenizer.json"]
     if kind == "sentencepiece":
-        (dst / "tokenizer.model").write_bytes(tok._sp.serialized_model_proto())
+        (dst / "tokenizer.model").write_bytes(tok.processor.serialized_model_proto())
         return ["tokenizer.model"]
     if kind == "tiktoken":
         (dst / "tokenizer.model").write_bytes(Path(tok.source).read_bytes())
@@ -459,7 +459,7 @@ def save_hf(loaded: LoadedModel, dst: str | Path, *, dtype: torch.dtype | None =
     elif tok.kind == "sentencepiece":
         tcfg["tokenizer_class"] = "LlamaTokenizer"
         tcfg["legacy"] = False
-        tcfg["unk_token"] = piece(getattr(tok._sp, "unk_id")())
+        tcfg["unk_token"] = piece(tok.processor.unk_id())
     if loaded.chat_template:
         tcfg["chat_template"] = loaded.chat_template
     (dst / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2, ensure_ascii=False) + "\n")

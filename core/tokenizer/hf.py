@@ -76,6 +76,11 @@ class HFTokenizer(TokenizerBase):
             self.add_dummy_prefix = bool(probe) and probe[0].startswith("\u2581")
         self._bytes_cache: dict[int, bytes] = {}
 
+    @property
+    def backend(self):
+        """The ``tokenizers.Tokenizer`` (its tokenizer.json, for writers)."""
+        return self._tok
+
     def _find(self, explicit: str | None, candidates: tuple[str, ...]) -> int | None:
         if explicit is not None:
             i = self._tok.token_to_id(explicit)

@@ -40,6 +40,11 @@ class SentencePieceTokenizer(TokenizerBase):
         self.add_dummy_prefix = _sp_adds_dummy_prefix(sp)
         self._bytes_cache: dict[int, bytes] = {}
 
+    @property
+    def processor(self):
+        """The ``sentencepiece.SentencePieceProcessor`` (its model proto and piece types, for writers)."""
+        return self._sp
+
     def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
         # SentencePiece never matches control symbols in input text, so no escaping needed.
         text = valid_text(text)

@@ -92,8 +92,8 @@ def test_stories260k_q8_0_packed_keeps_its_greedy_text(fixtures, tmp_path):
 
 def _vocab(tok):
     n = tok.vocab_size
-    return ([tok._sp.id_to_piece(i) for i in range(n)], [tok._sp.get_score(i) for i in range(n)],
-            [1] * n) if hasattr(tok, "_sp") else None
+    return ([tok.processor.id_to_piece(i) for i in range(n)], [tok.processor.get_score(i) for i in range(n)],
+            [1] * n) if hasattr(tok, "processor") else None
 
 
 def _patch_first_dim(path, tensor: str, new: int):

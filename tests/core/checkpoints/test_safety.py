@@ -42,7 +42,7 @@ def test_malicious_meta_pth_refused(tmp_path):
     write_json(folder / "params.json", {"dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 96})
     evil_file(folder / "consolidated.00.pth", marker)
     tok = sentencepiece_from_vocab(*sp_vocab(), bos_id=1, eos_id=2, unk_id=0)
-    (folder / "tokenizer.model").write_bytes(tok._sp.serialized_model_proto())
+    (folder / "tokenizer.model").write_bytes(tok.processor.serialized_model_proto())
     with pytest.raises(CheckpointError) as e:
         load(folder, device="cpu")
     assert not marker.exists()

@@ -68,7 +68,7 @@ def hf_llama3(meta_fixtures) -> HFTokenizer:
 
 def sp_style_tokenizer_json(sp: SentencePieceTokenizer) -> str:
     """HF's llama tokenizer.json layout for a SentencePiece BPE model (as HF converts it)."""
-    proc = sp._sp
+    proc = sp.processor
     n = proc.get_piece_size()
     vocab = {proc.id_to_piece(i): i for i in range(n)}
     scores = {proc.id_to_piece(i): proc.get_score(i) for i in range(n)}
@@ -172,7 +172,7 @@ def test_stories_gguf_vocab_builds_a_real_sentencepiece_model(stories):
 
 
 def test_sentencepiece_from_vocab_reproduces_llama2(llama2):
-    proc = llama2._sp
+    proc = llama2.processor
     n = proc.get_piece_size()
     types = [2 if proc.is_unknown(i) else 3 if proc.is_control(i) else 6 if proc.is_byte(i)
              else 5 if proc.is_unused(i) else 1 for i in range(n)]
@@ -388,7 +388,7 @@ def test_stream_decoder_holds_back_split_characters(llama3):
 
 def test_stream_decoder_flush_replaces_a_dangling_byte(llama2):
     dec = StreamDecoder(llama2)
-    assert dec.push(llama2._sp.piece_to_id("<0xF0>")) == ""
+    assert dec.push(llama2.processor.piece_to_id("<0xF0>")) == ""
     assert dec.flush() == "\ufffd"
 
 
