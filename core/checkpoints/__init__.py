@@ -1,4 +1,10 @@
-"""Checkpoint formats. :func:`load` looks at what is on disk and picks the loader."""
+"""Checkpoint formats. :func:`load` looks at what is on disk and picks the loader.
+
+common (devices, dtypes, build_model) · meta / hf / gguf (the loaders) · gguf_reader (the
+strict, bulk-reading GGUF reader) · gguf_header (header-only reading for listing and
+sizing) · gguf_vocab (GGUF vocabularies as tokenizers) · gguf_write / convert (writers) ·
+quality (perplexity and agreement against float32).
+"""
 from __future__ import annotations
 
 from pathlib import Path
