@@ -1,30 +1,84 @@
 """Resource bombs under a memory limit: each is refused quickly with exit 2 and one line,
-never a MemoryError or a climb to the limit (issue 12). Run as CLI subprocesses under
-``resource.setrlimit(RLIMIT_AS)``."""
+never a MemoryError or a climb to the limit (issue 12). Run as CLI subprocesses whose real
+memory is bounded (see :func:`run_limited`)."""
 import json
 import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tools.badinputs import write_gguf
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is Linux's")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_DATA is Linux's")]
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 3 << 30  # torch itself runs in this; every bomb below asks for far more
+SAMPLE_S = 0.05
 
 
 def run_limited(*argv):
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))
+    """``python -m core ARGV`` with its memory bounded the same way on every torch build."""
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "core", *map(str, argv)], cwd=ROOT, preexec_fn=limit,
-                       capture_output=True, text=True, timeout=120)
+    r = run_bounded([sys.executable, "-m", "core", *map(str, argv)])
     return r, time.monotonic() - t0
+
+
+def run_bounded(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``cmd`` with its real memory bounded by LIMIT.
+
+    RLIMIT_AS counted address space, and a CUDA build of torch maps more than 3 GB of
+    libraries before doing anything. RLIMIT_DATA counts only private writable memory (heap,
+    anonymous mappings: what an allocation takes), so libraries do not count and an
+    over-large allocation still fails at once. File pages mapped and read are not data: the
+    child's resident set is sampled too, and past LIMIT the child is killed and the test
+    fails."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_DATA, (LIMIT, LIMIT))
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # no pipe to fill
+        child = subprocess.Popen(cmd, cwd=ROOT, preexec_fn=limit, stdout=out, stderr=err, text=True)
+        peak, late = _watch_rss(child, time.monotonic() + timeout)
+        child.wait()
+        out.seek(0), err.seek(0)
+        r = subprocess.CompletedProcess(cmd, child.returncode, out.read(), err.read())
+    if late:
+        raise subprocess.TimeoutExpired(cmd, timeout, r.stdout, r.stderr)
+    assert peak <= LIMIT, f"resident memory reached {peak >> 20} MiB (bound {LIMIT >> 20} MiB): {r.stderr[-1000:]}"
+    return r
+
+
+def _watch_rss(child: subprocess.Popen, deadline: float) -> tuple[int, bool]:
+    """(the child's peak resident set, whether it ran past ``deadline``), sampled until it
+    ends; killed past LIMIT or the deadline."""
+    proc, peak = psutil.Process(child.pid), 0
+    while child.poll() is None:
+        try:
+            peak = max(peak, proc.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        late = time.monotonic() > deadline
+        if peak > LIMIT or late:
+            child.kill()
+            return peak, late
+        time.sleep(SAMPLE_S)
+    return peak, False
+
+
+def test_the_bound_counts_allocations_not_mapped_files(tmp_path):
+    """What RLIMIT_AS got wrong on a CUDA build: mapping more than LIMIT of library files
+    (here a sparse file) is fine; allocating more than LIMIT is refused at once."""
+    big = tmp_path / "libbig.so"
+    with open(big, "wb") as fh:
+        fh.truncate(LIMIT + (1 << 30))
+    mapped = run_bounded([sys.executable, "-c", "import mmap, sys; f = open(sys.argv[1], 'rb'); "
+                          "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ); print(len(m))", str(big)])
+    assert mapped.returncode == 0 and int(mapped.stdout) > LIMIT, mapped.stderr
+    alloc = run_bounded([sys.executable, "-c", f"b = bytearray({LIMIT + (1 << 30)})"])
+    assert alloc.returncode != 0 and "MemoryError" in alloc.stderr
 
 
 def refused(r, *words):
