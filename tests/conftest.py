@@ -70,15 +70,28 @@ def meta_fixtures() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_meta_dir(tmp_path_factory, meta_fixtures):
-    """A tiny random Llama (GQA, vocab 32000) saved as a Meta folder with Llama 2's tokenizer."""
+def llama2_kind_tokenizer(tmp_path_factory) -> Path:
+    """Meta's Llama 2 tokenizer file where it is present, else a SentencePiece model of the
+    same kind and size trained here (tests/generated.py): for tests that need a Llama 2-style
+    tokenizer, not Meta's exact ids."""
+    meta = fixtures_dir() / "llama2-tokenizer.model"
+    if meta.exists():
+        return meta
+    from tests.generated import sentencepiece_model
+    return sentencepiece_model(tmp_path_factory.mktemp("tokenizer") / "tokenizer.model")
+
+
+@pytest.fixture(scope="session")
+def tiny_meta_dir(tmp_path_factory, llama2_kind_tokenizer):
+    """A tiny random Llama (GQA, vocab 32000) saved as a Meta folder with a Llama 2 tokenizer
+    (Meta's own where present)."""
     from core.prompt.chat_format import chat_format_for
     from core.checkpoints.common import LoadedModel
     from core.checkpoints.meta import save_meta
     from core.tokenizer import load_tokenizer
     from tests.helpers import TINY_META, meta_from_hf, tiny_hf
 
-    tok_file = meta_fixtures / "llama2-tokenizer.model"
+    tok_file = llama2_kind_tokenizer
     tok = load_tokenizer(tok_file)
     model = meta_from_hf(tiny_hf(**TINY_META))
     out = tmp_path_factory.mktemp("tiny_meta")

@@ -6,6 +6,7 @@ import pytest
 from core.checkpoints import load
 from core.tokenizer import load_tokenizer
 from tests.core.cli.helpers import run_cli
+from tests.generated import hello_world_ids
 from tests.helpers import ROOT
 
 
@@ -14,7 +15,7 @@ def test_generate_json_fields(capsys, tiny_meta_dir):
                            "--temperature", "0", "--json", "--device", "cpu")
     assert rc == 0, err
     obj = json.loads(out.strip().splitlines()[-1])
-    assert obj["prompt_tokens"] == [1, 15043, 3186]  # BOS + Llama 2 ids from the fixtures README
+    assert obj["prompt_tokens"] == [1, *hello_world_ids(tiny_meta_dir)]
     assert len(obj["tokens"]) == len(obj["logprobs"]) == 6
     assert all(lp <= 0 for lp in obj["logprobs"])
     assert obj["stop_reason"] == "length"
