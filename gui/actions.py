@@ -77,8 +77,8 @@ ACTIONS: tuple[Action | Submenu | Separator, ...] = (
 
     Action("send", "&Send", "prompt.submit", CHAT, ("Ctrl+Return", "Ctrl+Enter"), "send"),
     Action("stop", "S&top", "stop", CHAT, ("Esc",), "stop", "stopAction"),
-    Action("regen", "&Regenerate Reply", "regenerate", CHAT, ("Ctrl+R",), "regenerate"),
-    Action("continue", "C&ontinue Reply", "continue_reply", CHAT, icon="continue"),
+    Action("regen", "&Regenerate Reply", "chats.regenerate", CHAT, ("Ctrl+R",), "regenerate"),
+    Action("continue", "C&ontinue Reply", "chats.continue_reply", CHAT, icon="continue"),
     Separator(CHAT),
     Action("rename", "Re&name Chat", "rename_current", CHAT, ("F2",)),
     Action("delete_chat", "&Delete Chat", "delete_current", CHAT, icon="delete"),

@@ -1,9 +1,11 @@
 """The main window: conversations | transcript + prompt | sampling settings, menus, status bar.
 
-It owns the widgets and the :class:`~gui.chat.conversation.ConversationModel`, turns user
-actions into bridge requests, and writes every finished message to the history store.
-The UI thread never waits on the worker: loads and replies are asyncio tasks on the
-qasync loop, and their events update the widgets as they arrive.
+It lays out the widgets and shows what its two controllers say: the
+:class:`~gui.model_controller.ModelController` (which model replies come from) and the
+:class:`~gui.chat.controller.ConversationController` (what the conversation becomes).
+Its commands come from the table in :mod:`gui.actions`. The UI thread never waits on the
+worker: loads and replies are asyncio tasks on the qasync loop, and their events update
+the widgets as they arrive.
 """
 from __future__ import annotations
 
@@ -29,11 +31,10 @@ from gui.dialogs import model_dialog
 from gui import actions, theme
 from gui.chat.chat_view import ChatView, format_stats, render_markdown
 from gui.compare.launch import compare_window_for
-from gui.chat.conversation import ConversationModel
+from gui.chat.controller import ConversationController
 from gui.chat.conversation_list import ID_ROLE, ConversationFilter, ConversationListModel
 from gui.dialogs.model_dialog import LoadProgress, ModelInfoDialog, info_summary
 from gui.chat.prompt_editor import PromptEditor
-from gui.chat.reply import ReplyController
 from gui.model_controller import ModelController, with_path
 from gui.settings.panel import SamplingPanel
 from gui.dialogs.server_dialog import ServerDialog
@@ -43,7 +44,6 @@ from gui.widgets.token_inspector import TokenInspector
 
 APP_NAME = "LlamaDesk"
 RECORD_PROBS_KEY = "chat/record_probs"
-INSPECT_TOP = 5  # alternatives recorded per token of a chat reply (the worker's ``inspect``)
 NO_MODEL_HINT = "No model loaded — open a .gguf file or a model folder with File → Open Model… (Ctrl+O), or drop it here."
 # The empty transcript also links to Model → Library… (find, download and open models).
 NO_MODEL_LINK = NO_MODEL_HINT + "<br><br><a href='library'>Get a model from the library…</a>"
@@ -108,19 +108,21 @@ class MainWindow(QMainWindow):
         self.history, self._history_notice = ((history, None) if history is not None
                                               else History.open_or_recover(History.default_path()))
         self.models = ModelController(bridge=bridge, settings=self.settings, device=device, dtype=dtype, parent=self)
-        self.conversation = ConversationModel(history=self.history, parent=self)
         self.servers = SavedServers(self.settings)
-        self._retry_parent: int | None = None  # the message a failed remote reply answered
         self._dialogs: list = []  # non-blocking dialogs kept alive while open
-        self._drafts: dict[int | None, str] = {}  # unsent prompt text per conversation (None: a new chat)
         self.context_used = 0
         self.context_length = 0
 
         self.setWindowIcon(theme.icon("app", theme.colors()["accent"]))
         self.setAcceptDrops(True)
         self._build()
+        # The conversation and its reply: the controller decides, the window shows.
+        self.chats = ConversationController(bridge=bridge, history=self.history, models=self.models,
+                                            settings=self.panel, parent=self)
+        self.conversation = self.chats.conversation
+        self.reply = self.chats.reply
         self._build_actions()
-        self.reply = ReplyController(bridge=bridge, conversation=self.conversation, settings=self.panel, parent=self)
+        self._sync_record_probs()
         self._wire_reply()
         self._wire_models()
         self.library = LibraryRoom(self, settings=self.settings)
@@ -205,8 +207,6 @@ class MainWindow(QMainWindow):
         self.chat = ChatView(inspector=self.inspector)
         if self._history_notice:
             self.chat.set_notice(self._history_notice)
-        self.chat.actionRequested.connect(self._on_message_action)
-        self.chat.branchRequested.connect(self.branch_reply)
         self.chat.empty_hint.linkActivated.connect(lambda _link: self.open_library())
         self.chat.copied.connect(lambda t: self.statusBar().showMessage("Copied to the clipboard", 2000))
         self.chat.tokenViewChanged.connect(self.inspector.setVisible)
@@ -272,11 +272,6 @@ class MainWindow(QMainWindow):
         # "Message deleted · Undo", shown for a few seconds after a message is deleted.
         self.undo_notice = NoticeBar(name="undoNotice", action="Undo", action_name="undoDeleteButton",
                                      dismissible=False, wrap=False, margins=(0, 0, 0, 0))
-        self.undo_notice.actionTriggered.connect(self.undo_delete)
-        self._undo_snapshot: dict | None = None
-        self._undo_timer = QTimer(self)
-        self._undo_timer.setSingleShot(True)
-        self._undo_timer.timeout.connect(self._drop_undo)
         sb.addPermanentWidget(self.undo_notice)
         self.stats_label = ElidedLabel()
         self.stats_label.setObjectName("statsLabel")
@@ -307,6 +302,12 @@ class MainWindow(QMainWindow):
 
     def set_record_probs(self, on: bool) -> None:
         self.settings.setValue(RECORD_PROBS_KEY, on)
+        self._sync_record_probs()
+
+    def _sync_record_probs(self) -> None:
+        """Replies record token alternatives when asked and the backend can give them."""
+        a = self._actions["record_probs"]
+        self.chats.record_probs = a.isEnabled() and a.isChecked()
 
     def fill_devices(self, menu: QMenu) -> None:
         group = QActionGroup(menu)
@@ -415,7 +416,6 @@ class MainWindow(QMainWindow):
     def _on_backend_changed(self, remote) -> None:
         """Replies come from a server (``remote``) or the local model (None) now: the panel
         and View → Record Token Probabilities offer what that backend can do."""
-        self.reply.backend = remote
         caps = remote.caps if remote is not None else None
         where = public_url(remote.url) if remote is not None else ""
         self.panel.set_capabilities(caps, where)
@@ -425,6 +425,7 @@ class MainWindow(QMainWindow):
             f"Not available with {where}: {caps.why.get('top_logprobs', 'no top_logprobs')}" if lacks_top
             else actions.RECORD_PROBS_TIP)
         self._actions["use_local"].setEnabled(remote is not None)
+        self._sync_record_probs()
         if remote is None:
             self.reply_notice.hide()
 
@@ -434,8 +435,6 @@ class MainWindow(QMainWindow):
         if ready:
             self._show_model_status(info)
             self.context_length = int(info.get("context_length") or 0)
-            self.reply.context_length = self.context_length
-            self.reply.model_id = info.get("name")
             try:
                 if self.context_length > 0:  # a server may not say its context length
                     self.panel.set_model_context(self.context_length)
@@ -542,37 +541,21 @@ class MainWindow(QMainWindow):
         if conv_id != self.conversation.conv_id:
             self.open_conversation(conv_id)
 
-    def open_conversation(self, conv_id: int) -> None:
-        if self.busy:
-            self.stop()
+    def open_conversation(self, conv_id: int | None) -> None:
+        """Open a conversation (None: a new chat); each chat keeps its own unsent draft."""
         try:
-            self._with_drafts(lambda: self.conversation.open(conv_id))
+            text = self.chats.open(conv_id, draft=self.prompt.text(), editing=self.prompt.editing is not None)
         except HistoryError as e:
             self.show_error("Could not open the conversation", str(e))
             self.refresh_conversations()
+            return
+        if text is not None:
+            self.prompt.end_edit()
+            self.prompt.set_text(text)
 
     def new_chat(self) -> None:
-        if self.busy:
-            self.stop()
-        self._with_drafts(self.conversation.new)
+        self.open_conversation(None)
         self.prompt.focus()
-
-    def _with_drafts(self, switch) -> None:
-        """Switch conversations keeping each one's unsent prompt text: the draft stays with
-        the chat it was typed in and comes back when that chat is opened again."""
-        before = self.conversation.conv_id
-        editing = self.prompt.editing is not None  # the text of a message being edited, not a draft
-        text = "" if editing else self.prompt.text()
-        switch()
-        after = self.conversation.conv_id
-        if after == before and not editing:
-            return
-        if text.strip():
-            self._drafts[before] = text
-        else:
-            self._drafts.pop(before, None)
-        self.prompt.end_edit()
-        self.prompt.set_text(self._drafts.pop(after, ""))
 
     def rename_current(self) -> None:
         index = self.conv_list.currentIndex()
@@ -589,9 +572,7 @@ class MainWindow(QMainWindow):
             return
         title = self.history.conversation(conv_id).title
         if self.confirm("Delete chat", f"Delete “{title}” and all its messages?"):
-            if conv_id == self.conversation.conv_id and self.busy:
-                self.stop()
-            self.conversation.delete_conversation(conv_id)
+            self.chats.delete_conversation(conv_id)
 
     def _conv_menu(self, pos) -> None:
         index = self.conv_list.indexAt(pos)
@@ -617,7 +598,7 @@ class MainWindow(QMainWindow):
         context use only when counted by the loaded model's tokenizer; nothing without a model."""
         if self.busy:  # a streaming reply owns the status bar
             return
-        last = next((m for m in reversed(self.conversation.path()) if m.role == "assistant"), None)
+        last = self.chats.last_reply()
         if self.info is None or last is None:
             self.show_context(0, self.context_length if self.info else 0)
             self.stats_label.setText("")
@@ -629,7 +610,7 @@ class MainWindow(QMainWindow):
         self.stats_label.setText(format_stats(self.conversation.view_message(last)))
 
     def refresh_transcript(self) -> None:
-        self.chat.set_messages(self._with_tokens(self.conversation.view_messages()))
+        self.chat.set_messages(self.chats.transcript())
         self._update_title()
 
     def _update_title(self) -> None:
@@ -645,7 +626,16 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ messages
     def _wire_reply(self) -> None:
-        r = self.reply
+        c, r = self.chats, self.reply
+        c.status.connect(self.statusBar().showMessage)
+        c.error.connect(self.show_error)
+        c.editRequested.connect(self.prompt.begin_edit)
+        c.retryOffered.connect(lambda message, kind: self.reply_notice.show_notice(f"⚠ {message}", kind))
+        self.undo_notice.actionTriggered.connect(c.undo_delete)
+        c.undoOffered.connect(self.undo_notice.show_notice)
+        c.undoEnded.connect(self.undo_notice.hide)
+        self.chat.actionRequested.connect(c.message_action)
+        self.chat.branchRequested.connect(c.branch)
         r.started.connect(self._on_reply_started)
         r.streamed.connect(self.chat.append_stream)
         r.contextUsed.connect(self.show_context)
@@ -653,30 +643,20 @@ class MainWindow(QMainWindow):
         r.notice.connect(self.chat.set_notice)
         r.finished.connect(self._on_reply_finished)
         r.failed.connect(self.show_error)
-        r.interrupted.connect(self._on_reply_interrupted)
         r.saveFailed.connect(self._on_save_failed)
         r.textRepaired.connect(lambda text: self.statusBar().showMessage(text, 10000))
         r.busyChanged.connect(self._set_busy)
 
     @property
     def busy(self) -> bool:
-        return self.reply.busy
+        return self.chats.busy
 
     def send(self, text: str) -> None:
         """Send the prompt box's text (a new turn, or the resend of an edited message)."""
-        if self.info is None:
-            return
-        self.reply.inspect = self._inspect()
-        if self.reply.send(text, editing=self.prompt.editing):
+        if self.chats.send(text, editing=self.prompt.editing):
             self.send_notice.hide()
             self.prompt.end_edit()
             self.prompt.clear()
-
-    def _inspect(self) -> int:
-        """Alternatives to record per token: View → Record Token Probabilities, where the
-        model (or the server) can give them."""
-        a = self._actions["record_probs"]
-        return INSPECT_TOP if a.isEnabled() and a.isChecked() else 0
 
     def retry_send(self) -> None:
         """Send again what the editor holds (after a message could not be saved)."""
@@ -686,48 +666,11 @@ class MainWindow(QMainWindow):
         self.send_notice.show_notice(message)
         self.send_notice.button.setFocus()
 
-    def branch_reply(self, msg_id: int, index: int, token_id: int, ban: bool = False) -> None:
-        """A new version of reply ``msg_id`` from its token ``index``: with ``token_id`` there
-        instead, or (``ban``) with ``token_id`` banned from there on."""
-        if self.backend is not None:
-            self.statusBar().showMessage("Branching from a token needs the local model: a server's token ids "
-                                         "and cache are its own", 8000)
-            return
-        if self.info is not None:
-            self.reply.inspect = self._inspect()
-            self.reply.branch(msg_id, index, token_id, ban=ban)
-
-    def regenerate(self, msg_id: int | None = None) -> None:
-        """A new version of a reply (default: the last one) — the old versions stay."""
-        if self.info is not None:
-            self.reply.inspect = self._inspect()
-            self.reply.regenerate(msg_id)
-
-    def continue_reply(self, msg_id: int | None = None) -> None:
-        """Carry on a reply that stopped on length (default: the last message)."""
-        if self.backend is not None:
-            self.statusBar().showMessage("A server cannot carry on a reply (OpenAI's API has no way to ask): "
-                                         "regenerate it, or use the local model to continue it", 8000)
-            return
-        if self.info is not None:
-            self.reply.inspect = self._inspect()
-            self.reply.continue_reply(msg_id)
-
-    def _on_reply_interrupted(self, message: str, kind: str, parent_id: int) -> None:
-        """A server's reply failed: say so above the prompt, with Retry (no dialog)."""
-        self._retry_parent = parent_id
-        self.reply_notice.show_notice(f"⚠ {message}", kind)
-
     def retry_reply(self) -> None:
         """Ask again for the reply that failed (a new version beside any partial one)."""
-        if self._retry_parent is None or self.busy:
-            return
-        self.reply_notice.hide()
-        self.reply.inspect = self._inspect()
-        try:
-            self.reply.regenerate(self._retry_parent)
-        except HistoryError as e:  # the message was deleted meanwhile
-            self.statusBar().showMessage(f"Could not retry: {e}", 6000)
+        if self.chats.can_retry:
+            self.reply_notice.hide()
+            self.chats.retry()
 
     def _on_reply_started(self, view: dict) -> None:
         self.chat.set_notice(None)
@@ -739,8 +682,7 @@ class MainWindow(QMainWindow):
         if view.get("id") is None:  # nothing came back: the error shows in place of the reply
             self.chat.end_stream(view)
             return
-        if "tokens" not in view:
-            view = self._with_tokens([view], {view["id"]: self.conversation.message(view["id"]).meta})[0]
+        view = self.chats.finished_view(view)
         self.chat.end_stream(view)
         self.stats_label.setText(format_stats(view))
         s = view["stats"]
@@ -756,20 +698,10 @@ class MainWindow(QMainWindow):
             self._actions[name].setEnabled(not busy and (name == "send" or self.info is not None))
         self.busyChanged.emit(busy)
 
-    def _with_tokens(self, views: list[dict], metas: dict | None = None) -> list[dict]:
-        """Attach each reply's stored token record (meta "tokens") to its view dict."""
-        if metas is None:
-            metas = {m.id: m.meta for m in self.conversation.path()}
-        for v in views:
-            rec = (metas.get(v.get("id")) or {}).get("tokens")
-            if v.get("role") == "assistant" and isinstance(rec, dict):
-                v["tokens"] = rec
-        return views
-
     def stop(self) -> None:
         """Stop the running reply (what streamed so far is kept); cancel an edit otherwise."""
         if self.busy:
-            self.reply.stop()
+            self.chats.stop()
         elif self.prompt.editing is not None:
             self.prompt.end_edit()
             self.prompt.clear()
@@ -783,50 +715,8 @@ class MainWindow(QMainWindow):
         self.context_bar.setToolTip(f"Context: {used} of {total} tokens used" if total else "No model loaded")
         self.context_bar.setTextVisible(True)
 
-    def _on_message_action(self, name: str, msg_id: int) -> None:
-        if name in ("prev", "next"):
-            if not self.busy:
-                self.conversation.switch_version(msg_id, -1 if name == "prev" else 1)
-        elif name == "edit":
-            if not self.busy:
-                self.prompt.begin_edit(msg_id, self.conversation.message(msg_id).text)
-        elif name == "regenerate":
-            self.regenerate(msg_id)
-        elif name == "continue":
-            self.continue_reply(msg_id)
-        elif name == "delete":
-            if not self.busy:
-                self._offer_undo(self.conversation.delete_message(msg_id))
-
-    undo_ms = 8000  # how long a deleted message can be brought back
-
-    def _offer_undo(self, snapshot: dict) -> None:
-        """Deleting asks nothing; instead the status bar offers Undo for a few seconds."""
-        self._undo_snapshot = snapshot
-        n = len(snapshot["rows"])
-        self.undo_notice.show_notice("Message deleted" if n == 1 else f"Message and {n - 1} below it deleted")
-        self._undo_timer.start(self.undo_ms)
-
-    def _drop_undo(self) -> None:
-        self._undo_snapshot = None
-        self._undo_timer.stop()
-        self.undo_notice.hide()
-
-    def undo_delete(self) -> None:
-        """Put back the message deleted last (while its Undo is offered)."""
-        snapshot, self._undo_snapshot = self._undo_snapshot, None
-        self._drop_undo()
-        if snapshot is None:
-            return
-        try:
-            self.conversation.restore(snapshot)
-        except HistoryError as e:
-            self.statusBar().showMessage(f"Could not undo: {e}", 6000)
-            return
-        self.statusBar().showMessage("Message restored", 3000)
-
     def copy_last_reply(self) -> None:
-        last = next((m for m in reversed(self.conversation.path()) if m.role == "assistant"), None)
+        last = self.chats.last_reply()
         if last is not None:
             QGuiApplication.clipboard().setText(last.text)
             self.statusBar().showMessage("Last reply copied", 2000)
@@ -928,7 +818,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event):
         """Quitting mid-reply: stop it, save what streamed, then close."""
-        self.reply.abandon()
+        self.chats.close()
         self.models.close()
         for d in list(self._dialogs):
             d.close()

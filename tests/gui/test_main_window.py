@@ -493,7 +493,7 @@ def test_status_bar_follows_the_shown_version_the_model_and_unload(qtbot, window
         window.panel.maxTokensSpin.setValue(12)
         done = []
         window.replyFinished.connect(done.append)
-        window.regenerate()
+        window.chats.regenerate()
         await until(lambda: done, 30, "regenerated reply")
         return True
 
@@ -695,11 +695,11 @@ def test_deleting_a_message_offers_undo_that_restores_it_and_its_branch(qtbot, w
                                                                 "dogs bark"]
     assert not window.undo_notice.isVisible()
     # Unused, the offer goes away by itself and the deletion stays.
-    window.undo_ms = 50
+    window.chats.undo_ms = 50
     qtbot.mouseClick(window.chat.widgets[3].buttons["delete"], Qt.LeftButton)
     assert window.undo_notice.isVisible()
     qtbot.waitUntil(lambda: not window.undo_notice.isVisible(), timeout=5000)
-    window.undo_delete()  # nothing offered: nothing happens
+    window.chats.undo_delete()  # nothing offered: nothing happens
     assert [m.text for m in window.history.current_path(cid)] == ["tell me about cats", "cats purr", "and dogs?"]
 
 

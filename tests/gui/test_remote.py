@@ -192,7 +192,7 @@ def test_a_remote_chat_equals_the_local_model_and_its_tokens_can_be_inspected(qt
         local = await send(qtbot, window, "Tell me a story about a dog.")
         window.use_remote(remote)
         assert window.info["server"] and window.reply.backend is remote
-        window.regenerate()  # the same question, now to the server
+        window.chats.regenerate()  # the same question, now to the server
         await until(lambda: not window.busy and window.chat.widgets[-1].message.get("version") == (2, 2), 60,
                     "the remote reply")
         remote_view = window.chat.widgets[-1].message

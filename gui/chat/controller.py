@@ -1,0 +1,243 @@
+"""What the user does to a conversation, decided in one place.
+
+:class:`ConversationController` owns the conversation tree on screen
+(:class:`~gui.chat.conversation.ConversationModel`) and the reply being generated
+(:class:`~gui.chat.reply.ReplyController`), and applies the rules of a chat: send,
+regenerate, continue, edit and resend, branch from a token, retry a failed server reply,
+delete with undo, switch versions, and keep each chat's unsent draft. The view shows what
+it says and forwards what the user asks; it never decides what a conversation becomes.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from core.history.store import History, HistoryError, Message
+
+from gui.chat.conversation import ConversationModel
+from gui.chat.reply import ReplyController
+
+INSPECT_TOP = 5  # alternatives recorded per token of a chat reply (the worker's ``inspect``)
+
+
+class ConversationController(QObject):
+    """The open conversation and the rules for changing it.
+
+    Args:
+        bridge: the :class:`gui.bridge.Bridge` replies are generated through.
+        history: the message store.
+        models: the :class:`gui.model_controller.ModelController` replies come from
+            (``info``, ``backend`` and its ``modelChanged`` / ``backendChanged``).
+        settings: the reply's settings (``params()``, ``system_prompt()``,
+            ``chat_format()``: the sampling panel).
+
+    Attributes:
+        conversation: the :class:`ConversationModel` (the tree and the branch on screen).
+        reply: the :class:`ReplyController` (its signals stream the reply to the view).
+        record_probs: new replies keep each token's alternatives (View → Record Token
+            Probabilities, where the backend can give them).
+        undo_ms: how long a deleted message can be brought back.
+
+    Signals:
+        status(str, int): a line for the status bar (a refusal, a restore) and its ms.
+        error(str, str): a title and message for an error dialog.
+        editRequested(int, str): the user message to edit in the prompt editor, its text.
+        retryOffered(str, str): a server's reply failed: what to say and the failure's kind
+            (:meth:`retry` asks again).
+        undoOffered(str): a message was deleted ("Message deleted"); :meth:`undo_delete`
+            brings it back until :attr:`undo_ms` pass.
+        undoEnded(): undo is no longer offered.
+    """
+
+    status = Signal(str, int)
+    error = Signal(str, str)
+    editRequested = Signal(int, str)
+    retryOffered = Signal(str, str)
+    undoOffered = Signal(str)
+    undoEnded = Signal()
+
+    undo_ms = 8000
+
+    def __init__(self, *, bridge, history: History, models, settings, parent=None):
+        super().__init__(parent)
+        self.models = models
+        self.conversation = ConversationModel(history=history, parent=self)
+        self.reply = ReplyController(bridge=bridge, conversation=self.conversation, settings=settings, parent=self)
+        self.record_probs = False
+        self._retry_parent: int | None = None  # the message a failed server reply answered
+        self._drafts: dict[int | None, str] = {}  # unsent prompt text per conversation (None: a new chat)
+        self._undo_snapshot: dict | None = None
+        self._undo_timer = QTimer(self)
+        self._undo_timer.setSingleShot(True)
+        self._undo_timer.timeout.connect(self.drop_undo)
+        self.reply.interrupted.connect(self._on_interrupted)
+        models.modelChanged.connect(self._on_model)
+        models.backendChanged.connect(self._on_backend)
+
+    @property
+    def busy(self) -> bool:
+        return self.reply.busy
+
+    @property
+    def can_generate(self) -> bool:
+        return self.models.info is not None
+
+    def _on_model(self, info: dict | None) -> None:
+        if info is not None:
+            self.reply.context_length = int(info.get("context_length") or 0)
+            self.reply.model_id = info.get("name")
+
+    def _on_backend(self, remote) -> None:
+        self.reply.backend = remote
+
+    def _prepare(self) -> bool:
+        """Whether a reply can start now; sets how many alternatives it records."""
+        if not self.can_generate:
+            return False
+        self.reply.inspect = INSPECT_TOP if self.record_probs else 0
+        return True
+
+    # ---- replies
+    def send(self, text: str, *, editing: int | None = None) -> bool:
+        """A new turn (or the resend of edited message ``editing`` beside the old one)."""
+        return self._prepare() and self.reply.send(text, editing=editing)
+
+    def regenerate(self, msg_id: int | None = None) -> bool:
+        """A new version of a reply (default: the last one); the old versions stay."""
+        return self._prepare() and self.reply.regenerate(msg_id)
+
+    def continue_reply(self, msg_id: int | None = None) -> bool:
+        """Carry on a reply that stopped on length (default: the last message)."""
+        if self.models.backend is not None:
+            self.status.emit("A server cannot carry on a reply (OpenAI's API has no way to ask): "
+                             "regenerate it, or use the local model to continue it", 8000)
+            return False
+        return self._prepare() and self.reply.continue_reply(msg_id)
+
+    def branch(self, msg_id: int, index: int, token_id: int, ban: bool = False) -> bool:
+        """A new version of reply ``msg_id`` from its token ``index``: with ``token_id`` there
+        instead, or (``ban``) with ``token_id`` banned from there on."""
+        if self.models.backend is not None:
+            self.status.emit("Branching from a token needs the local model: a server's token ids "
+                             "and cache are its own", 8000)
+            return False
+        return self._prepare() and self.reply.branch(msg_id, index, token_id, ban=ban)
+
+    def _on_interrupted(self, message: str, kind: str, parent_id: int) -> None:
+        self._retry_parent = parent_id
+        self.retryOffered.emit(message, kind)
+
+    @property
+    def can_retry(self) -> bool:
+        """A server's reply failed and no other reply runs: :meth:`retry` would ask again."""
+        return self._retry_parent is not None and not self.busy
+
+    def retry(self) -> bool:
+        """Ask again for the server reply that failed (a new version beside any partial one)."""
+        if not self.can_retry:
+            return False
+        self.reply.inspect = INSPECT_TOP if self.record_probs else 0
+        try:
+            return self.reply.regenerate(self._retry_parent)
+        except HistoryError as e:  # the message was deleted meanwhile
+            self.status.emit(f"Could not retry: {e}", 6000)
+            return False
+
+    def stop(self) -> None:
+        """Stop the running reply; what streamed so far is kept."""
+        if self.busy:
+            self.reply.stop()
+
+    def close(self) -> None:
+        """The window is closing: save what streamed and stop."""
+        self.reply.abandon()
+
+    # ---- messages
+    def message_action(self, name: str, msg_id: int) -> None:
+        """A message's button: "prev", "next", "edit", "regenerate", "continue", "delete"."""
+        if name in ("regenerate", "continue"):
+            (self.regenerate if name == "regenerate" else self.continue_reply)(msg_id)
+        elif self.busy:  # the branch on screen is the streaming reply's until it ends
+            return
+        elif name in ("prev", "next"):
+            self.conversation.switch_version(msg_id, -1 if name == "prev" else 1)
+        elif name == "edit":
+            self.editRequested.emit(msg_id, self.conversation.message(msg_id).text)
+        elif name == "delete":
+            self.delete_message(msg_id)
+
+    def delete_message(self, msg_id: int) -> None:
+        """Delete a message and the messages below it; nothing is asked, Undo is offered."""
+        snapshot = self.conversation.delete_message(msg_id)
+        self._undo_snapshot = snapshot
+        n = len(snapshot["rows"])
+        self.undoOffered.emit("Message deleted" if n == 1 else f"Message and {n - 1} below it deleted")
+        self._undo_timer.start(self.undo_ms)
+
+    def drop_undo(self) -> None:
+        self._undo_snapshot = None
+        self._undo_timer.stop()
+        self.undoEnded.emit()
+
+    def undo_delete(self) -> None:
+        """Put back the message deleted last (while its Undo is offered)."""
+        snapshot = self._undo_snapshot
+        self.drop_undo()
+        if snapshot is None:
+            return
+        try:
+            self.conversation.restore(snapshot)
+        except HistoryError as e:
+            self.status.emit(f"Could not undo: {e}", 6000)
+            return
+        self.status.emit("Message restored", 3000)
+
+    def last_reply(self) -> Message | None:
+        return next((m for m in reversed(self.conversation.path()) if m.role == "assistant"), None)
+
+    def transcript(self) -> list[dict]:
+        """The branch on screen as the transcript shows it, replies with their token records."""
+        return with_tokens(self.conversation.view_messages(), {m.id: m.meta for m in self.conversation.path()})
+
+    def finished_view(self, view: dict) -> dict:
+        """A finished reply's view with its token record (read from the store if missing)."""
+        if view.get("id") is None or "tokens" in view:
+            return view
+        return with_tokens([view], {view["id"]: self.conversation.message(view["id"]).meta})[0]
+
+    # ---- conversations
+    def open(self, conv_id: int | None, *, draft: str = "", editing: bool = False) -> str | None:
+        """Open conversation ``conv_id`` (None: a new chat), stopping a running reply.
+
+        ``draft`` is the editor's unsent text (``editing``: it is a message being edited,
+        not a draft): it stays with the chat it was typed in. Returns what the editor
+        should hold now (that chat's own draft), or None when it stays as it is.
+        Raises HistoryError when the conversation is gone.
+        """
+        self.stop()
+        before = self.conversation.conv_id
+        if conv_id is None:
+            self.conversation.new()
+        else:
+            self.conversation.open(conv_id)
+        after = self.conversation.conv_id
+        if after == before and not editing:
+            return None
+        if draft.strip() and not editing:
+            self._drafts[before] = draft
+        else:
+            self._drafts.pop(before, None)
+        return self._drafts.pop(after, "")
+
+    def delete_conversation(self, conv_id: int) -> None:
+        if conv_id == self.conversation.conv_id:
+            self.stop()
+        self.conversation.delete_conversation(conv_id)
+
+
+def with_tokens(views: list[dict], metas: dict) -> list[dict]:
+    """Attach each reply's stored token record (meta "tokens") to its view dict."""
+    for v in views:
+        rec = (metas.get(v.get("id")) or {}).get("tokens")
+        if v.get("role") == "assistant" and isinstance(rec, dict):
+            v["tokens"] = rec
+    return views
