@@ -202,7 +202,7 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
     from core.history.store import History
     from core.worker.protocol import Prompted
     from core.engine.events import Reply
-    from gui.chat import chat_view
+    from gui.chat import message as message_widget
     from gui.app import UiThreadCollector
     from gui.bridge import Bridge
     from gui.main_window import MainWindow
@@ -251,7 +251,7 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
         def append_text(self, delta):
             self.message["text"] = self.message.get("text", "") + delta
             self.body.set_markdown(self.message["text"])
-        chat_view.MessageWidget.append_text = append_text
+        message_widget.MessageWidget.append_text = append_text
 
     tmp = tempfile.TemporaryDirectory()
     app = QApplication.instance() or QApplication([])

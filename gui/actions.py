@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from PySide6.QtCore import QSize
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QMainWindow, QMenu, QSizePolicy, QToolBar, QWidget
 
 from gui import theme
@@ -80,7 +80,7 @@ ACTIONS: tuple[Action | Submenu | Separator, ...] = (
     Action("regen", "&Regenerate Reply", "chats.regenerate", CHAT, ("Ctrl+R",), "regenerate"),
     Action("continue", "C&ontinue Reply", "chats.continue_reply", CHAT, icon="continue"),
     Separator(CHAT),
-    Action("rename", "Re&name Chat", "rename_current", CHAT, ("F2",)),
+    Action("rename", "Re&name Chat", "sidebar.rename_current", CHAT, ("F2",)),
     Action("delete_chat", "&Delete Chat", "delete_current", CHAT, icon="delete"),
 
     Action("library", "&Library…", "open_library", MODEL, object_name="libraryAction",
@@ -200,6 +200,20 @@ def _toolbar(window: QMainWindow, actions: dict[str, QAction]) -> QToolBar:
             if name in NAMED_BUTTONS:
                 tb.widgetForAction(actions[name]).setObjectName(actions[name].objectName())
     return tb
+
+
+def fill_choices(menu: QMenu, choices, current, pick, *, name: str = "", label=str) -> None:
+    """Fill ``menu`` with one checkable entry per choice, ``current`` checked; choosing one
+    calls ``pick(choice)``. ``name``: entries are found as ``{name}_{choice}``."""
+    group = QActionGroup(menu)
+    for choice in choices:
+        a = menu.addAction(label(choice))
+        a.setCheckable(True)
+        a.setChecked(choice == current)
+        if name:
+            a.setObjectName(f"{name}_{choice}")
+        group.addAction(a)
+        a.triggered.connect(lambda _checked=False, choice=choice: pick(choice))
 
 
 def icons() -> dict[str, str]:

@@ -10,16 +10,13 @@ the widgets as they arrive.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QItemSelectionModel, QModelIndex, QSettings, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QActionGroup, QGuiApplication
-from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QLabel, QLineEdit,
-                               QListView, QMainWindow, QMenu, QMessageBox,
-                               QProgressBar, QSizePolicy, QSplitter, QToolButton, QVBoxLayout,
-                               QWidget)
+from PySide6.QtCore import QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QGuiApplication
+from PySide6.QtWidgets import (QApplication, QFileDialog, QMainWindow, QMenu, QMessageBox, QSplitter,
+                               QVBoxLayout, QWidget)
 
 from core.history import export as chat_export
 from core.history.records import HistoryError
@@ -29,17 +26,20 @@ from core.remote.runner import public_url
 from gui.library.window import LibraryRoom
 from gui.dialogs import model_dialog
 from gui import actions, theme
-from gui.chat.chat_view import ChatView, format_stats, render_markdown
+from gui.chat.chat_view import ChatView
+from gui.chat.markdown import render_markdown
+from gui.chat.message import format_stats
 from gui.compare.launch import compare_window_for
 from gui.chat.controller import ConversationController
-from gui.chat.conversation_list import ID_ROLE, ConversationFilter, ConversationListModel
-from gui.dialogs.model_dialog import LoadProgress, ModelInfoDialog, info_summary
+from gui.chat.sidebar import ConversationSidebar
+from gui.dialogs.model_dialog import ModelInfoDialog
 from gui.chat.prompt_editor import PromptEditor
 from gui.model_controller import ModelController, with_path
 from gui.settings.panel import SamplingPanel
 from gui.dialogs.server_dialog import ServerDialog
 from gui.dialogs.servers import SavedServers
 from gui.widgets.notice_bar import NoticeBar
+from gui.widgets.status_bar import MainStatusBar
 from gui.widgets.token_inspector import TokenInspector
 
 APP_NAME = "LlamaDesk"
@@ -47,38 +47,6 @@ RECORD_PROBS_KEY = "chat/record_probs"
 NO_MODEL_HINT = "No model loaded — open a .gguf file or a model folder with File → Open Model… (Ctrl+O), or drop it here."
 # The empty transcript also links to Model → Library… (find, download and open models).
 NO_MODEL_LINK = NO_MODEL_HINT + "<br><br><a href='library'>Get a model from the library…</a>"
-
-
-class ElidedLabel(QLabel):
-    """A one-line status text that ends in "…" when the bar is narrower than it, so status bar
-    widgets never draw over each other; ``text()`` is still the whole text."""
-
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self._full = ""
-        self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Preferred)
-
-    def setText(self, text: str) -> None:  # noqa: N802 (Qt's name)
-        self._full = text
-        self._elide()
-        self.updateGeometry()
-
-    def text(self) -> str:
-        return self._full
-
-    def sizeHint(self) -> QSize:  # noqa: N802
-        return QSize(self.fontMetrics().horizontalAdvance(self._full) + 8, super().sizeHint().height())
-
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
-        return QSize(min(self.sizeHint().width(), 60), super().minimumSizeHint().height())
-
-    def resizeEvent(self, event) -> None:  # noqa: N802
-        super().resizeEvent(event)
-        self._elide()
-
-    def _elide(self) -> None:
-        shown = self.fontMetrics().elidedText(self._full, Qt.ElideRight, max(self.contentsRect().width(), 0))
-        QLabel.setText(self, shown)
 
 
 class MainWindow(QMainWindow):
@@ -110,17 +78,17 @@ class MainWindow(QMainWindow):
         self.models = ModelController(bridge=bridge, settings=self.settings, device=device, dtype=dtype, parent=self)
         self.servers = SavedServers(self.settings)
         self._dialogs: list = []  # non-blocking dialogs kept alive while open
-        self.context_used = 0
         self.context_length = 0
 
         self.setWindowIcon(theme.icon("app", theme.colors()["accent"]))
         self.setAcceptDrops(True)
-        self._build()
+        self.panel = SamplingPanel(settings=self.settings)  # the settings each reply is sent with
         # The conversation and its reply: the controller decides, the window shows.
         self.chats = ConversationController(bridge=bridge, history=self.history, models=self.models,
                                             settings=self.panel, parent=self)
         self.conversation = self.chats.conversation
         self.reply = self.chats.reply
+        self._build()
         self._build_actions()
         self._sync_record_probs()
         self._wire_reply()
@@ -130,12 +98,12 @@ class MainWindow(QMainWindow):
         resume_error = self.library.resume_downloads()  # downloads a previous run left go on
         if resume_error:
             self.statusBar().showMessage(resume_error, 8000)
-        self.conversation.listChanged.connect(self.refresh_conversations)
+        self.conversation.listChanged.connect(self.sidebar.refresh)
         self.conversation.pathChanged.connect(self.refresh_transcript)
         self.conversation.pathChanged.connect(self._status_from_path)
         self.conversation.messageAdded.connect(self.chat.append_message)
         self.conversation.currentChanged.connect(self._on_conversation_switched)
-        self.refresh_conversations()
+        self.sidebar.refresh()
         self.refresh_transcript()
         self.models.set_model(None)
         self.resize(1200, 780)
@@ -152,50 +120,27 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ layout
     def _build(self) -> None:
+        """Conversations | transcript and prompt | sampling settings, and the status bar."""
         self.splitter = QSplitter(Qt.Horizontal)
         self.splitter.setObjectName("mainSplitter")
         self.splitter.setChildrenCollapsible(True)
+        self.sidebar = ConversationSidebar(conversation=self.conversation)
+        self.sidebar.openRequested.connect(self.open_conversation)
+        self.sidebar.newRequested.connect(self.new_chat)
+        self.sidebar.deleteRequested.connect(self.delete_current)
+        self.panel.setMinimumWidth(240)
+        for w in (self.sidebar, self._build_middle(), self.panel):
+            self.splitter.addWidget(w)
+        self.splitter.setStretchFactor(0, 0)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setStretchFactor(2, 0)
+        self.splitter.setCollapsible(1, False)
+        self.splitter.setSizes([230, 680, 290])
+        self.setCentralWidget(self.splitter)
+        self._build_status_bar()
 
-        # left: conversations
-        left = QWidget()
-        left.setObjectName("conversationPane")
-        ll = QVBoxLayout(left)
-        ll.setContentsMargins(8, 8, 4, 8)
-        top = QHBoxLayout()
-        self.search = QLineEdit()
-        self.search.setObjectName("conversationSearch")
-        self.search.setAccessibleName("Search conversations")
-        self.search.setPlaceholderText("Search chats…")
-        self.search.setClearButtonEnabled(True)
-        self.search.textChanged.connect(self._search_conversations)
-        self.new_button = QToolButton()
-        self.new_button.setObjectName("newChatButton")
-        self.new_button.setAccessibleName("New chat")
-        self.new_button.setToolTip("New chat (Ctrl+N)")
-        self.new_button.setIcon(theme.icon("new"))
-        self.new_button.clicked.connect(self.new_chat)
-        top.addWidget(self.search, 1)
-        top.addWidget(self.new_button)
-        ll.addLayout(top)
-        self.conv_model = ConversationListModel(self)
-        self.conv_model.renamed.connect(lambda conv_id, title: self.conversation.rename(conv_id, title))
-        self.conv_filter = ConversationFilter(self)
-        self.conv_filter.setSourceModel(self.conv_model)
-        self.conv_list = QListView()
-        self.conv_list.setModel(self.conv_filter)
-        self.conv_list.setEditTriggers(QListView.DoubleClicked | QListView.EditKeyPressed)
-        self.conv_list.setObjectName("conversationList")
-        self.conv_list.setAccessibleName("conversationList")
-        # Long titles are shortened in the middle (full title in the tooltip) instead of a
-        # sideways scrollbar, so the "(date)" that tells same-titled chats apart stays visible.
-        self.conv_list.setTextElideMode(Qt.ElideMiddle)
-        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
-        self.conv_list.customContextMenuRequested.connect(self._conv_menu)
-        self.conv_list.clicked.connect(self._on_conv_clicked)
-        ll.addWidget(self.conv_list, 1)
-
-        # middle: transcript + prompt
+    def _build_middle(self) -> QWidget:
+        """The transcript (with the token inspector beside it), the notices and the prompt."""
         mid = QWidget()
         ml = QVBoxLayout(mid)
         ml.setContentsMargins(0, 0, 0, 0)
@@ -238,46 +183,12 @@ class MainWindow(QMainWindow):
         self.prompt.sendRequested.connect(self.send)
         self.prompt.stopRequested.connect(self.stop)
         ml.addWidget(self.prompt)
+        return mid
 
-        # right: sampling panel
-        self.panel = SamplingPanel(settings=self.settings)
-        self.panel.setMinimumWidth(240)
-
-        for w in (left, mid, self.panel):
-            self.splitter.addWidget(w)
-        self.splitter.setStretchFactor(0, 0)
-        self.splitter.setStretchFactor(1, 1)
-        self.splitter.setStretchFactor(2, 0)
-        self.splitter.setCollapsible(1, False)
-        self.splitter.setSizes([230, 680, 290])
-        self.setCentralWidget(self.splitter)
-
-        # status bar: model | load progress | context | stats
-        sb = self.statusBar()
-        self.model_status = ElidedLabel()
-        self.model_status.setObjectName("modelStatus")
-        self.model_status.setAccessibleName("modelStatus")
-        sb.addWidget(self.model_status, 1)
-        self.load_progress = LoadProgress()
-        self.load_progress.cancelRequested.connect(self.models.cancel_load)
-        sb.addWidget(self.load_progress)
-        self.context_bar = QProgressBar()
-        self.context_bar.setObjectName("contextBar")
-        self.context_bar.setAccessibleName("Context used")
-        self.context_bar.setMinimumWidth(120)
-        self.context_bar.setMaximumWidth(190)
-        self.context_bar.setRange(0, 1)
-        self.context_bar.setValue(0)
-        sb.addPermanentWidget(self.context_bar)
-        # "Message deleted · Undo", shown for a few seconds after a message is deleted.
-        self.undo_notice = NoticeBar(name="undoNotice", action="Undo", action_name="undoDeleteButton",
-                                     dismissible=False, wrap=False, margins=(0, 0, 0, 0))
-        sb.addPermanentWidget(self.undo_notice)
-        self.stats_label = ElidedLabel()
-        self.stats_label.setObjectName("statsLabel")
-        self.stats_label.setAccessibleName("statsLabel")
-        sb.addPermanentWidget(self.stats_label)
-        self.show_context(0, 0)
+    def _build_status_bar(self) -> None:
+        self.status = MainStatusBar()
+        self.setStatusBar(self.status)
+        self.status.load_progress.cancelRequested.connect(self.models.cancel_load)
 
     def _build_actions(self) -> None:
         """Menus, toolbar and shortcuts, from the table in gui/actions.py."""
@@ -310,34 +221,15 @@ class MainWindow(QMainWindow):
         self.chats.record_probs = a.isEnabled() and a.isChecked()
 
     def fill_devices(self, menu: QMenu) -> None:
-        group = QActionGroup(menu)
-        for d in model_dialog.available_devices():
-            a = menu.addAction(d)
-            a.setCheckable(True)
-            a.setChecked(d == self.device)
-            a.setObjectName(f"device_{d}")
-            group.addAction(a)
-            a.triggered.connect(lambda checked=False, d=d: self.models.set_device(d))
+        actions.fill_choices(menu, model_dialog.available_devices(), self.device, self.models.set_device,
+                             name="device")
 
     def fill_dtypes(self, menu: QMenu) -> None:
-        group = QActionGroup(menu)
-        for d in model_dialog.DTYPES:
-            a = menu.addAction(d)
-            a.setCheckable(True)
-            a.setChecked(d == self.dtype)
-            a.setObjectName(f"dtype_{d}")
-            group.addAction(a)
-            a.triggered.connect(lambda checked=False, d=d: self.models.set_dtype(d))
+        actions.fill_choices(menu, model_dialog.DTYPES, self.dtype, self.models.set_dtype, name="dtype")
 
     def fill_themes(self, menu: QMenu) -> None:
-        group = QActionGroup(menu)
-        current = str(self.settings.value("ui/theme", "system"))
-        for mode in ("system", "light", "dark"):
-            a = menu.addAction(mode.capitalize())
-            a.setCheckable(True)
-            a.setChecked(mode == current)
-            group.addAction(a)
-            a.triggered.connect(lambda checked=False, mode=mode: self.set_theme(mode))
+        actions.fill_choices(menu, ("system", "light", "dark"), str(self.settings.value("ui/theme", "system")),
+                             self.set_theme, label=str.capitalize)
 
     def _show_pane(self, index: int, on: bool) -> None:
         sizes = self.splitter.sizes()
@@ -352,13 +244,13 @@ class MainWindow(QMainWindow):
         m = self.models
         m.switching.connect(self._stop_reply)
         m.loadStarted.connect(self._on_load_started)
-        m.loadEnded.connect(self.load_progress.finish)
+        m.loadEnded.connect(self.status.load_progress.finish)
         m.loaded.connect(self.modelReady)
         m.modelChanged.connect(self._show_model)
         m.backendChanged.connect(self._on_backend_changed)
         m.failed.connect(self.show_error)
         m.message.connect(self.statusBar().showMessage)
-        self.bridge.loadProgress.connect(self.load_progress.update_progress)
+        self.bridge.loadProgress.connect(self.status.load_progress.update_progress)
 
     # What the model controller holds, read where the window and its tests look for it.
     info = property(lambda self: self.models.info, doc="the model replies come from (local or remote)")
@@ -391,8 +283,8 @@ class MainWindow(QMainWindow):
             self.stop()
 
     def _on_load_started(self, name: str) -> None:
-        self.load_progress.start(name)
-        self.model_status.setText(f"Loading {name}…")
+        self.status.load_progress.start(name)
+        self.status.model_status.setText(f"Loading {name}…")
         self.prompt.set_model_ready(False, f"Loading {name}…")
         self.chat.set_empty_hint(f"Loading {name}…")
 
@@ -433,7 +325,7 @@ class MainWindow(QMainWindow):
         """The status bar, prompt, transcript and actions for the model replies come from."""
         ready = info is not None
         if ready:
-            self._show_model_status(info)
+            self.status.show_model(info)
             self.context_length = int(info.get("context_length") or 0)
             try:
                 if self.context_length > 0:  # a server may not say its context length
@@ -442,8 +334,7 @@ class MainWindow(QMainWindow):
                 pass
             self.chat.set_empty_hint("Start a conversation: type below and press Ctrl+Enter.")
         elif not self.models.loading:
-            self.model_status.setText("No model loaded")
-            self.model_status.setToolTip("")
+            self.status.show_model(None)
             self.chat.set_empty_hint(NO_MODEL_LINK)
         self.prompt.set_model_ready(ready, None if ready else NO_MODEL_HINT)
         self.chat.set_can_generate(ready)
@@ -456,17 +347,6 @@ class MainWindow(QMainWindow):
             self.context_length = 0
         self._status_from_path()
         self._update_title()
-
-    def _show_model_status(self, info: dict) -> None:
-        if info.get("server"):
-            ctx = info.get("context_length")
-            self.model_status.setText(f"{info['name']} on {info['server']}" + (f" · ctx {ctx}" if ctx else ""))
-            self.model_status.setToolTip(f"Replies come from the server {info['server']} (model {info['name']}). "
-                                         f"The server lacks: {info.get('server_lacks', 'unknown')}. "
-                                         "Model → Use Local Model switches back.")
-        else:
-            self.model_status.setText(info_summary(info))
-            self.model_status.setToolTip("\n".join(f"{k}: {v}" for k, v in model_dialog.info_rows(info)))
 
     def show_model_info(self) -> None:
         if self.info:
@@ -509,45 +389,13 @@ class MainWindow(QMainWindow):
             self.load_model(path)
 
     # ------------------------------------------------------------------ conversations
-    def refresh_conversations(self) -> None:
-        """Bring the sidebar up to date with the store (rows that stay are kept)."""
-        self.conv_model.reload(self.conversation.conversations())
-        if self.search.text().strip():
-            self._search_conversations()
-        self._highlight_current()
-
-    def _highlight_current(self) -> None:
-        """Select the open conversation in the sidebar (none for a new chat)."""
-        row = self.conv_model.row_of(self.conversation.conv_id)
-        index = self.conv_filter.mapFromSource(self.conv_model.index(row)) if row is not None else None
-        sel = self.conv_list.selectionModel()
-        if index is None or not index.isValid():
-            sel.clearSelection()
-            sel.setCurrentIndex(QModelIndex(), QItemSelectionModel.Clear)
-        else:
-            self.conv_list.setCurrentIndex(index)
-
-    def _search_conversations(self) -> None:
-        text = self.search.text().strip()
-        # The store searches titles and message text; the proxy shows what matched.
-        self.conv_filter.set_matches({c.id for c in self.conversation.conversations(text)} if text else None)
-
-    def conversation_index(self, row: int):
-        """The sidebar's index for visible row ``row`` (its ID_ROLE is the conversation id)."""
-        return self.conv_filter.index(row, 0)
-
-    def _on_conv_clicked(self, index) -> None:
-        conv_id = index.data(ID_ROLE)
-        if conv_id != self.conversation.conv_id:
-            self.open_conversation(conv_id)
-
     def open_conversation(self, conv_id: int | None) -> None:
         """Open a conversation (None: a new chat); each chat keeps its own unsent draft."""
         try:
             text = self.chats.open(conv_id, draft=self.prompt.text(), editing=self.prompt.editing is not None)
         except HistoryError as e:
             self.show_error("Could not open the conversation", str(e))
-            self.refresh_conversations()
+            self.sidebar.refresh()
             return
         if text is not None:
             self.prompt.end_edit()
@@ -556,11 +404,6 @@ class MainWindow(QMainWindow):
     def new_chat(self) -> None:
         self.open_conversation(None)
         self.prompt.focus()
-
-    def rename_current(self) -> None:
-        index = self.conv_list.currentIndex()
-        if index.isValid():
-            self.conv_list.edit(index)
 
     def confirm(self, title: str, text: str) -> bool:
         """Ask yes/no (a modal box, never called from a coroutine); tests replace it."""
@@ -574,23 +417,11 @@ class MainWindow(QMainWindow):
         if self.confirm("Delete chat", f"Delete “{title}” and all its messages?"):
             self.chats.delete_conversation(conv_id)
 
-    def _conv_menu(self, pos) -> None:
-        index = self.conv_list.indexAt(pos)
-        if not index.isValid():
-            return
-        # The right-button press moved the highlight to this item; the transcript shows the open
-        # chat, so the highlight goes back to it (the menu acts on the item clicked).
-        self._highlight_current()
-        menu = QMenu(self)
-        menu.addAction("Rename", lambda: self.conv_list.edit(index))
-        menu.addAction("Delete", lambda: self.delete_current(index.data(ID_ROLE)))
-        menu.popup(self.conv_list.viewport().mapToGlobal(pos))
-
     def _on_conversation_switched(self) -> None:
         self.chat.set_notice(None)
         self.prompt.end_edit()
         self._status_from_path()
-        self.refresh_conversations()
+        self.sidebar.refresh()
         self._update_title()
 
     def _status_from_path(self) -> None:
@@ -600,14 +431,14 @@ class MainWindow(QMainWindow):
             return
         last = self.chats.last_reply()
         if self.info is None or last is None:
-            self.show_context(0, self.context_length if self.info else 0)
-            self.stats_label.setText("")
+            self.status.show_context(0, self.context_length if self.info else 0)
+            self.status.stats_label.setText("")
             return
         s = last.stats or {}
         counted_here = last.model_id == self.info.get("name")
         used = int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)) if counted_here else 0
-        self.show_context(used, self.context_length)
-        self.stats_label.setText(format_stats(self.conversation.view_message(last)))
+        self.status.show_context(used, self.context_length)
+        self.status.stats_label.setText(format_stats(self.conversation.view_message(last)))
 
     def refresh_transcript(self) -> None:
         self.chat.set_messages(self.chats.transcript())
@@ -631,15 +462,15 @@ class MainWindow(QMainWindow):
         c.error.connect(self.show_error)
         c.editRequested.connect(self.prompt.begin_edit)
         c.retryOffered.connect(lambda message, kind: self.reply_notice.show_notice(f"⚠ {message}", kind))
-        self.undo_notice.actionTriggered.connect(c.undo_delete)
-        c.undoOffered.connect(self.undo_notice.show_notice)
-        c.undoEnded.connect(self.undo_notice.hide)
+        self.status.undo_notice.actionTriggered.connect(c.undo_delete)
+        c.undoOffered.connect(self.status.undo_notice.show_notice)
+        c.undoEnded.connect(self.status.undo_notice.hide)
         self.chat.actionRequested.connect(c.message_action)
         self.chat.branchRequested.connect(c.branch)
         r.started.connect(self._on_reply_started)
         r.streamed.connect(self.chat.append_stream)
-        r.contextUsed.connect(self.show_context)
-        r.rateChanged.connect(self.stats_label.setText)
+        r.contextUsed.connect(self.status.show_context)
+        r.rateChanged.connect(self.status.stats_label.setText)
         r.notice.connect(self.chat.set_notice)
         r.finished.connect(self._on_reply_finished)
         r.failed.connect(self.show_error)
@@ -684,12 +515,12 @@ class MainWindow(QMainWindow):
             return
         view = self.chats.finished_view(view)
         self.chat.end_stream(view)
-        self.stats_label.setText(format_stats(view))
+        self.status.stats_label.setText(format_stats(view))
         s = view["stats"]
-        self.show_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
+        self.status.show_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
         if self.models.note_decode(s.get("decode")):
             # The first reply compiled (or fell back): the model's status says which path runs now.
-            self._show_model_status(self.info)
+            self.status.show_model(self.info)
         self.replyFinished.emit(view)
 
     def _set_busy(self, busy: bool) -> None:
@@ -705,15 +536,6 @@ class MainWindow(QMainWindow):
         elif self.prompt.editing is not None:
             self.prompt.end_edit()
             self.prompt.clear()
-
-    def show_context(self, used: int, total: int) -> None:
-        """The context bar: ``used`` of ``total`` tokens (total 0: no model)."""
-        self.context_used = used
-        self.context_bar.setRange(0, max(total, 1))
-        self.context_bar.setValue(min(used, max(total, 1)))
-        self.context_bar.setFormat(f"{used} / {total} tokens" if total else "context —")
-        self.context_bar.setToolTip(f"Context: {used} of {total} tokens used" if total else "No model loaded")
-        self.context_bar.setTextVisible(True)
 
     def copy_last_reply(self) -> None:
         last = self.chats.last_reply()
@@ -733,22 +555,17 @@ class MainWindow(QMainWindow):
         return path or None
 
     def export_conversation(self, fmt: str) -> str | None:
+        """File → Export as Markdown ("md") or JSON ("json"); returns the file written."""
         if self.conversation.conv_id is None:
             self.statusBar().showMessage("Nothing to export yet", 3000)
             return None
         name = chat_export.export_file_name(self.conversation.title(), fmt)
-        if fmt == "md":
-            path = self.ask_save_path("Export as Markdown", name, "Markdown (*.md)")
-        else:
-            path = self.ask_save_path("Export as JSON", name, "JSON (*.json)")
+        title, filt = ("Export as Markdown", "Markdown (*.md)") if fmt == "md" else ("Export as JSON", "JSON (*.json)")
+        path = self.ask_save_path(title, name, filt)
         if not path:
             return None
         try:
-            if fmt == "md":
-                Path(path).write_text(self.conversation.export_markdown(), encoding="utf-8")
-            else:
-                Path(path).write_text(json.dumps(self.conversation.export_json(), indent=2, ensure_ascii=False),
-                                      encoding="utf-8")
+            self.conversation.export_file(path, fmt)
         except (OSError, HistoryError) as e:
             self.show_error("Export failed", str(e))
             return None
@@ -760,7 +577,7 @@ class MainWindow(QMainWindow):
         if not path:
             return None
         try:
-            return self.conversation.import_json(chat_export.read_export(path))
+            return self.conversation.import_file(path)
         except HistoryError as e:
             self.show_error("Import failed", with_path(path, str(e)))
             return None
@@ -791,7 +608,7 @@ class MainWindow(QMainWindow):
 
     def retheme(self) -> None:
         """Re-tint icons and re-render the transcript for the current theme."""
-        self.new_button.setIcon(theme.icon("new"))
+        self.sidebar.new_button.setIcon(theme.icon("new"))
         self.prompt.stop_button.setIcon(theme.icon("stop"))
         self.prompt.send_button.setIcon(theme.icon("send", theme.colors()["accent_text"]))
         for name, icon in actions.icons().items():

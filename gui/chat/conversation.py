@@ -7,6 +7,9 @@ completes), so a restart finds everything.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from PySide6.QtCore import QObject, Signal
 
 from core.history import export as chat_export
@@ -182,6 +185,16 @@ class ConversationModel(QObject):
 
     def export_json(self) -> dict:
         return chat_export.export_json(self.history, self.conv_id)
+
+    def export_file(self, path: str, fmt: str) -> None:
+        """Write the open conversation to ``path`` as Markdown ("md") or JSON (OSError,
+        HistoryError when it cannot)."""
+        text = self.export_markdown() if fmt == "md" else json.dumps(self.export_json(), indent=2, ensure_ascii=False)
+        Path(path).write_text(text, encoding="utf-8")
+
+    def import_file(self, path: str) -> int:
+        """Import an exported conversation (JSON) and open it; HistoryError says what is wrong."""
+        return self.import_json(chat_export.read_export(path))
 
     def import_json(self, data: dict) -> int:
         conv = chat_export.import_json(self.history, data)

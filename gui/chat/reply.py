@@ -305,6 +305,37 @@ class ReplyController(QObject):
         stop_reason = done.stop_reason if done is not None else ("error" if st.error and not cancelled else "cancelled")
         params = done.params.to_dict() if done is not None else st.settings
         stats = done.stats.to_dict() if done is not None else {"generated_tokens": st.tokens}
+        meta = self._meta(st)
+        if self.state is st:
+            self.state = None
+        self.busyChanged.emit(False)
+        if not text and st.error and st.continue_of is None and (st.partial is None or st.partial.msg_id is None):
+            # Nothing came back: no empty reply in the store, just the error.
+            if not quiet:
+                self.finished.emit({"id": None, "role": "assistant", "text": "", "error": st.error})
+                self._report(st)
+            return
+        try:
+            m = self._store(st, text, params=params, stats=stats, stop_reason=stop_reason, meta=meta)
+        except HistoryError as e:
+            if not quiet:
+                self.failed.emit("Could not save the reply", str(e))
+            return
+        if quiet:
+            return
+        view = self.conversation.view_message(m)
+        if isinstance((m.meta or {}).get("tokens"), dict):  # read once, here: the window need not again
+            view["tokens"] = m.meta["tokens"]
+        self.finished.emit(view)
+        if st.error:
+            self._report(st)
+
+    @staticmethod
+    def _meta(st: ReplyState) -> dict:
+        """What the stored reply's meta says beside its text: dropped turns, the server,
+        the error (a server's, reworded for a reader into ``st.error``; a cut reply is
+        marked), and the token record."""
+        done = st.done
         meta: dict = {}
         if st.prompted is not None and st.prompted.dropped_messages:
             meta["dropped_messages"] = st.prompted.dropped_messages
@@ -327,46 +358,28 @@ class ReplyController(QObject):
                 elif isinstance(st.prefix_record, dict) and st.prefix_record.get("stop_token") is not None:
                     record["stop_token"] = int(st.prefix_record["stop_token"])
             meta["tokens"] = record
-        if self.state is st:
-            self.state = None
-        self.busyChanged.emit(False)
-        if not text and st.error and st.continue_of is None and (st.partial is None or st.partial.msg_id is None):
-            # Nothing came back: no empty reply in the store, just the error.
-            if not quiet:
-                self.finished.emit({"id": None, "role": "assistant", "text": "", "error": st.error})
-                self._report(st)
-            return
-        try:
-            if st.continue_of is not None:
-                old = st.continue_of
-                merged = dict(old.stats or {})
-                merged["generated_tokens"] = int(merged.get("generated_tokens", 0)) + int(stats.get("generated_tokens", 0))
-                for k in ("ttft_s", "decode_tok_s", "prompt_tokens", "cached_tokens"):
-                    if k in stats:
-                        merged[k] = stats[k]
-                m = self.conversation.update_reply(old.id, text=st.prefix + text, stats=merged,
-                                                   stop_reason=stop_reason, settings=params,
-                                                   seed=params.get("seed"), meta={**(old.meta or {}), **meta})
-            elif st.partial is not None:  # a new reply (a branch's starts with its prefix)
-                m = st.partial.finish(st.prefix + text, settings=params, seed=params.get("seed"), stats=stats,
-                                      stop_reason=stop_reason, meta=meta)
-                self.conversation.listChanged.emit()
-            else:
-                m = self.conversation.add_reply(st.parent_id, text, settings=params, seed=params.get("seed"),
-                                                model_id=self.model_id, stats=stats, stop_reason=stop_reason,
-                                                meta=meta)
-        except HistoryError as e:
-            if not quiet:
-                self.failed.emit("Could not save the reply", str(e))
-            return
-        if quiet:
-            return
-        view = self.conversation.view_message(m)
-        if isinstance((m.meta or {}).get("tokens"), dict):  # read once, here: the window need not again
-            view["tokens"] = m.meta["tokens"]
-        self.finished.emit(view)
-        if st.error:
-            self._report(st)
+        return meta
+
+    def _store(self, st: ReplyState, text: str, *, params: dict, stats: dict, stop_reason: str, meta: dict) -> Message:
+        """Write the reply: onto the reply it continues, as the growing partial reply's end,
+        or as a new message."""
+        seed = params.get("seed")
+        if st.continue_of is not None:
+            old = st.continue_of
+            merged = dict(old.stats or {})
+            merged["generated_tokens"] = int(merged.get("generated_tokens", 0)) + int(stats.get("generated_tokens", 0))
+            for k in ("ttft_s", "decode_tok_s", "prompt_tokens", "cached_tokens"):
+                if k in stats:
+                    merged[k] = stats[k]
+            return self.conversation.update_reply(old.id, text=st.prefix + text, stats=merged, stop_reason=stop_reason,
+                                                  settings=params, seed=seed, meta={**(old.meta or {}), **meta})
+        if st.partial is not None:  # a new reply (a branch's starts with its prefix)
+            m = st.partial.finish(st.prefix + text, settings=params, seed=seed, stats=stats,
+                                  stop_reason=stop_reason, meta=meta)
+            self.conversation.listChanged.emit()
+            return m
+        return self.conversation.add_reply(st.parent_id, text, settings=params, seed=seed, model_id=self.model_id,
+                                           stats=stats, stop_reason=stop_reason, meta=meta)
 
     def _report(self, st: ReplyState) -> None:
         if st.error_kind:  # a server's failure: inline, with Retry

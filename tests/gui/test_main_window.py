@@ -45,7 +45,7 @@ def test_chat_end_to_end(qtbot, window, loop, gguf, data_dir):
         await until(lambda: window.info is not None, 30, "model load")
         assert "stories260K" in window.windowTitle() and "LlamaDesk" in window.windowTitle()
         assert window.prompt.send_button.isEnabled() is False  # empty prompt
-        assert "260" in window.model_status.text() or "stories" in window.model_status.text()
+        assert "260" in window.status.model_status.text() or "stories" in window.status.model_status.text()
 
         # Enter is a newline, Ctrl+Enter sends
         qtbot.keyClicks(window.prompt.editor, "Once upon a time")
@@ -65,14 +65,14 @@ def test_chat_end_to_end(qtbot, window, loop, gguf, data_dir):
         assert view["text"].strip()
         assert view["stop_reason"] in ("eos", "length", "stop", "context")
         assert view["seed"] is not None
-        assert "tokens" in window.stats_label.text() and "stop:" in window.stats_label.text()
+        assert "tokens" in window.status.stats_label.text() and "stop:" in window.status.stats_label.text()
         assert view["text"] in window.chat.toPlainText()
-        assert window.context_used > 0 and window.context_bar.maximum() == window.context_length
+        assert window.status.context_used > 0 and window.status.context_bar.maximum() == window.context_length
         # stored
         path = window.history.current_path(window.conversation.conv_id)
         assert [m.role for m in path] == ["user", "assistant"]
         assert path[1].text == view["text"] and path[1].settings["temperature"] == 0
-        assert window.conv_list.model().rowCount() == 1
+        assert window.sidebar.list.model().rowCount() == 1
 
         # regenerate (Ctrl+R) keeps versions, switch between them
         slider.setValue(slider.maximum() // 2)  # temperature 1: another version
@@ -206,7 +206,7 @@ def test_quit_mid_generation_then_restart(qtbot, loop, bridge, settings, data_di
     # "restart": a new window over the same data finds the conversation and the partial reply
     w2 = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
     qtbot.addWidget(w2)
-    assert w2.conv_list.model().rowCount() == 1
+    assert w2.sidebar.list.model().rowCount() == 1
     w2.open_conversation(conv_id)
     roles = [m["role"] for m in w2.conversation.view_messages()]
     assert roles == ["user", "assistant"]
@@ -241,16 +241,16 @@ def test_export_import_round_trip(qtbot, window, loop, gguf, tmp_path):
     assert all("tokens" not in (m.get("meta") or {}) for m in data["messages"])
     # Ctrl+Shift+C copies the last reply; Ctrl+L comes back to the prompt
     from PySide6.QtGui import QGuiApplication
-    window.conv_list.setFocus()
-    qtbot.keyClick(window.conv_list, Qt.Key_C, Qt.ControlModifier | Qt.ShiftModifier)
+    window.sidebar.list.setFocus()
+    qtbot.keyClick(window.sidebar.list, Qt.Key_C, Qt.ControlModifier | Qt.ShiftModifier)
     assert QGuiApplication.clipboard().text() == texts[-1]
-    qtbot.keyClick(window.conv_list, Qt.Key_L, Qt.ControlModifier)
+    qtbot.keyClick(window.sidebar.list, Qt.Key_L, Qt.ControlModifier)
     assert window.focusWidget() is window.prompt.editor
     window.ask_open_path = lambda title, filt: str(js_path)
     new_id = window.import_conversation()
     assert new_id != conv_id and window.conversation.conv_id == new_id
     assert [m.text for m in window.history.current_path(new_id)] == texts
-    assert window.conv_list.model().rowCount() == 2
+    assert window.sidebar.list.model().rowCount() == 2
     assert json.loads(json.dumps(export_json(window.history, new_id)))["messages"][0]["text"] == data["messages"][0]["text"]
 
 
@@ -264,22 +264,22 @@ def test_conversation_list_new_rename_search_delete(qtbot, window, loop, gguf):
         return True
 
     run(loop, scenario(), 60)
-    assert window.conv_list.model().rowCount() == 2
-    index = window.conversation_index(0)
+    assert window.sidebar.list.model().rowCount() == 2
+    index = window.sidebar.index(0)
     cid = index.data(Qt.UserRole)
-    window.conv_list.model().setData(index, "Cats")  # what an in-place edit (F2 / double-click) does
-    assert window.history.conversation(cid).title == "Cats" and window.conversation_index(0).data() == "Cats"
-    window.search.setText("upon")
-    assert window.conv_list.model().rowCount() == 1
-    window.search.setText("")
-    first = window.conversation_index(1)
+    window.sidebar.list.model().setData(index, "Cats")  # what an in-place edit (F2 / double-click) does
+    assert window.history.conversation(cid).title == "Cats" and window.sidebar.index(0).data() == "Cats"
+    window.sidebar.search.setText("upon")
+    assert window.sidebar.list.model().rowCount() == 1
+    window.sidebar.search.setText("")
+    first = window.sidebar.index(1)
     first_id = first.data(Qt.UserRole)
-    qtbot.mouseClick(window.conv_list.viewport(), Qt.LeftButton, pos=window.conv_list.visualRect(first).center())
+    qtbot.mouseClick(window.sidebar.list.viewport(), Qt.LeftButton, pos=window.sidebar.list.visualRect(first).center())
     assert window.conversation.conv_id == first_id
     assert window.chat.widgets[0].message["text"] == "Once upon a time"
     window.confirm = lambda title, text: True
     window.delete_current()
-    assert window.conv_list.model().rowCount() == 1 and window.conversation.conv_id is None
+    assert window.sidebar.list.model().rowCount() == 1 and window.conversation.conv_id is None
 
 
 def test_drop_and_recent_models(qtbot, window, loop, gguf, settings):
@@ -319,8 +319,8 @@ def test_context_bar_and_dropped_turns_notice(qtbot, window, loop, gguf):
 
     view = run(loop, scenario(), 60)
     ctx = window.info["context_length"]
-    assert window.context_bar.maximum() == ctx
-    assert 0 < window.context_used <= ctx
+    assert window.status.context_bar.maximum() == ctx
+    assert 0 < window.status.context_used <= ctx
     assert window.chat.notice.isVisible() and "left out" in window.chat.notice.text()
     assert window.history.message(view["id"]).meta.get("dropped_messages", 0) > 0
 
@@ -360,16 +360,16 @@ def test_load_progress_and_cancel(qtbot, window, loop, bridge, monkeypatch):
 
     async def scenario():
         task = window.load_model("/some/model")
-        await until(lambda: window.load_progress.isVisible() and window.load_progress.bar.value() == 400, 5,
+        await until(lambda: window.status.load_progress.isVisible() and window.status.load_progress.bar.value() == 400, 5,
                     "progress")
-        assert window.load_progress.stage.text() == "Reading tensors"
+        assert window.status.load_progress.stage.text() == "Reading tensors"
         snapshot(window, "main_loading")
         assert not window.prompt.send_button.isEnabled()
-        window.load_progress.cancel.click()
+        window.status.load_progress.cancel.click()
         await task
-        assert not window.load_progress.isVisible() and window.info is None
+        assert not window.status.load_progress.isVisible() and window.info is None
         assert not [b for b in window.findChildren(QMessageBox) if b.isVisible()]
-        assert "No model" in window.model_status.text()
+        assert "No model" in window.status.model_status.text()
         return True
 
     assert run(loop, scenario(), 20)
@@ -386,7 +386,7 @@ def test_import_of_a_file_that_is_not_an_export_says_so(qtbot, window, loop, tmp
         assert "is not a LlamaDesk conversation file" in text and "Export as JSON" in text
         assert "Expecting value" not in text and "codec" not in text and text.count(str(path)) == 1, text
         box.accept()
-    assert window.conv_list.model().rowCount() == 0  # nothing was imported
+    assert window.sidebar.list.model().rowCount() == 0  # nothing was imported
 
 
 def test_export_file_names_are_the_title_without_trailing_punctuation(window, tmp_path):
@@ -448,8 +448,8 @@ def test_context_bar_text_reads_on_the_fill(qapp, window, mode):
     from gui import theme
     theme.apply(qapp, mode)
     try:
-        window.show_context(600, 1000)
-        bar = window.context_bar
+        window.status.show_context(600, 1000)
+        bar = window.status.context_bar
         img = bar.grab().toImage()
         text = QColor(theme.colors()["text"])
         # the fill, left of the centred text, and the track, right of it
@@ -480,12 +480,12 @@ def _chat_with_history(window, title, messages):
     for role, text, stats, model_id, stop in messages:
         parent = window.history.add_message(conv.id, role=role, text=text, parent_id=parent, stats=stats,
                                             model_id=model_id, stop_reason=stop).id
-    window.refresh_conversations()
+    window.sidebar.refresh()
     return conv.id
 
 
 def test_status_bar_follows_the_shown_version_the_model_and_unload(qtbot, window, loop, gguf):
-    from gui.chat.chat_view import format_stats
+    from gui.chat.message import format_stats
 
     async def scenario():
         await load(window, gguf)
@@ -500,27 +500,27 @@ def test_status_bar_follows_the_shown_version_the_model_and_unload(qtbot, window
     run(loop, scenario(), 60)
     path = window.conversation.path()
     v2 = path[-1]
-    assert window.stats_label.text() == format_stats(window.conversation.view_message(v2))
+    assert window.status.stats_label.text() == format_stats(window.conversation.view_message(v2))
     v1_id = window.conversation.switch_version(v2.id, -1)  # what ‹ does
     v1 = window.history.message(v1_id)
-    assert window.stats_label.text() == format_stats(window.conversation.view_message(v1))
-    assert window.stats_label.text() != format_stats(window.conversation.view_message(v2))
-    assert window.context_used == v1.stats["prompt_tokens"] + v1.stats["generated_tokens"]
+    assert window.status.stats_label.text() == format_stats(window.conversation.view_message(v1))
+    assert window.status.stats_label.text() != format_stats(window.conversation.view_message(v2))
+    assert window.status.context_used == v1.stats["prompt_tokens"] + v1.stats["generated_tokens"]
 
     # another model (another tokenizer): the old count is not shown as this model's
     window.models.set_model({**window.info, "name": "another-model", "context_length": 4096})
-    assert window.context_used == 0 and window.context_bar.maximum() == 4096
+    assert window.status.context_used == 0 and window.status.context_bar.maximum() == 4096
 
     run(loop, window.bridge.unload(), 30)
     assert window.info is None
-    assert window.stats_label.text() == "" and window.context_used == 0
-    assert "—" in window.context_bar.format()
+    assert window.status.stats_label.text() == "" and window.status.context_used == 0
+    assert "—" in window.status.context_bar.format()
 
 
 def test_continue_and_regenerate_hidden_without_a_model(qtbot, window, loop, gguf):
     _chat_with_history(window, "Cut short", [("user", "Hi", None, None, None),
                                              ("assistant", "Once upon", {"generated_tokens": 2}, "stories260K", "length")])
-    window.open_conversation(window.conversation_index(0).data(Qt.UserRole))
+    window.open_conversation(window.sidebar.index(0).data(Qt.UserRole))
     reply = window.chat.widgets[-1]
     assert window.info is None
     shown = lambda name: not reply.buttons[name].isHidden()  # noqa: E731  (buttons show on hover)
@@ -538,17 +538,17 @@ def test_right_click_in_the_chat_list_keeps_list_and_transcript_together(qtbot, 
     a = _chat_with_history(window, "Apples", [("user", "about apples", None, None, None)])
     b = _chat_with_history(window, "Bananas", [("user", "about bananas", None, None, None)])
     window.open_conversation(a)
-    item_b = next(window.conversation_index(i) for i in range(window.conv_list.model().rowCount())
-                  if window.conversation_index(i).data(Qt.UserRole) == b)
-    pos = window.conv_list.visualRect(item_b).center()
-    vp = window.conv_list.viewport()
+    item_b = next(window.sidebar.index(i) for i in range(window.sidebar.list.model().rowCount())
+                  if window.sidebar.index(i).data(Qt.UserRole) == b)
+    pos = window.sidebar.list.visualRect(item_b).center()
+    vp = window.sidebar.list.viewport()
     qtbot.mousePress(vp, Qt.RightButton, pos=pos)
     qtbot.mouseRelease(vp, Qt.RightButton, pos=pos)
     QApplication.sendEvent(vp, QContextMenuEvent(QContextMenuEvent.Mouse, pos, vp.mapToGlobal(pos)))
 
     def agree():
-        current = window.conv_list.currentIndex()
-        selected = [i.data(Qt.UserRole) for i in window.conv_list.selectionModel().selectedIndexes()]
+        current = window.sidebar.list.currentIndex()
+        selected = [i.data(Qt.UserRole) for i in window.sidebar.list.selectionModel().selectedIndexes()]
         return (current.isValid() and current.data(Qt.UserRole) == window.conversation.conv_id == a
                 and selected == [a] and window.chat.widgets[0].message["text"] == "about apples"
                 and window.windowTitle().startswith("Apples"))
@@ -558,7 +558,7 @@ def test_right_click_in_the_chat_list_keeps_list_and_transcript_together(qtbot, 
     menu.close()
     window.confirm = lambda title, text: False  # Delete of the right-clicked chat, cancelled
     window.delete_current(b)
-    assert agree() and window.conv_list.model().rowCount() == 2
+    assert agree() and window.sidebar.list.model().rowCount() == 2
 
 
 def test_prompt_draft_stays_with_its_chat(qtbot, window):
@@ -580,20 +580,20 @@ def test_prompt_draft_stays_with_its_chat(qtbot, window):
 @pytest.mark.parametrize("size", ["800x560", "minimum"])
 def test_status_bar_texts_never_overlap(window, size):
     from tests.gui.ui_helpers import clipped_texts
-    window.model_status.setText("stories260K · llama · 0.3M params · float32 · cpu · context 512")
-    window.stats_label.setText("24 tokens · TTFT 12 ms · 310.2 tok/s · stop: length · seed 123456")
-    window.show_context(300, 512)
+    window.status.model_status.setText("stories260K · llama · 0.3M params · float32 · cpu · context 512")
+    window.status.stats_label.setText("24 tokens · TTFT 12 ms · 310.2 tok/s · stop: length · seed 123456")
+    window.status.show_context(300, 512)
     window.resize(window.minimumSizeHint() if size == "minimum" else QSize(800, 560))
     QApplication.processEvents()
-    parts = [w for w in (window.model_status, window.load_progress, window.context_bar, window.stats_label)
+    parts = [w for w in (window.status.model_status, window.status.load_progress, window.status.context_bar, window.status.stats_label)
              if w.isVisible()]
-    assert window.stats_label in parts and window.model_status in parts
+    assert window.status.stats_label in parts and window.status.model_status in parts
     for i, a in enumerate(parts):
         assert a.width() > 0, a.objectName()
         for b in parts[i + 1:]:
             assert not a.geometry().intersects(b.geometry()), (a.objectName(), b.objectName())
     assert clipped_texts(window.statusBar()) == []
-    assert window.stats_label.text().endswith("seed 123456")  # the whole text, even when shown shortened
+    assert window.status.stats_label.text().endswith("seed 123456")  # the whole text, even when shown shortened
 
 
 def _messages_fit(window) -> list[str]:
@@ -652,8 +652,8 @@ def test_chats_with_the_same_long_title_can_be_told_apart_in_the_list(window):
     b = _chat_with_history(window, title, [("user", "second", None, None, None)])
     _chat_with_history(window, "Apples", [("user", "about apples", None, None, None)])
     QApplication.processEvents()
-    view = window.conv_list
-    rows = {window.conversation_index(i).data(Qt.UserRole): window.conversation_index(i)
+    view = window.sidebar.list
+    rows = {window.sidebar.index(i).data(Qt.UserRole): window.sidebar.index(i)
             for i in range(view.model().rowCount())}
     # What the list draws: each row's text shortened to the row's width as the view does.
     shown = {cid: view.fontMetrics().elidedText(idx.data(Qt.DisplayRole), view.textElideMode(),
@@ -667,9 +667,9 @@ def test_chats_with_the_same_long_title_can_be_told_apart_in_the_list(window):
         assert rows[cid].data(Qt.EditRole) == title  # renaming starts from the plain title
     assert [idx.data(Qt.DisplayRole) for cid, idx in rows.items() if cid not in (a, b)] == ["Apples"]
     window.conversation.rename(b, "Bananas")  # no longer twins: the plain title again
-    window.refresh_conversations()
-    assert window.conversation_index(next(i for i in range(view.model().rowCount())
-                                           if window.conversation_index(i).data(Qt.UserRole) == a)
+    window.sidebar.refresh()
+    assert window.sidebar.index(next(i for i in range(view.model().rowCount())
+                                           if window.sidebar.index(i).data(Qt.UserRole) == a)
                                      ).data(Qt.DisplayRole) == title
 
 
@@ -681,24 +681,24 @@ def test_deleting_a_message_offers_undo_that_restores_it_and_its_branch(qtbot, w
     window.open_conversation(cid)
     before = [(m.id, m.parent_id, m.role, m.text) for m in window.history.messages(cid)]
     leaf = window.history.conversation(cid).current_leaf_id
-    assert not window.undo_notice.isVisible()
+    assert not window.status.undo_notice.isVisible()
     target = window.chat.widgets[1]  # the first reply: it and the two messages below it go
     window.confirm = lambda *a: pytest.fail("deleting a message asks no question")
     qtbot.mouseClick(target.buttons["delete"], Qt.LeftButton)
     assert [w.message["text"] for w in window.chat.widgets] == ["tell me about cats"]
     assert len(window.history.messages(cid)) == 1
-    assert window.undo_notice.isVisible() and "deleted" in window.undo_notice.text()
-    qtbot.mouseClick(window.undo_notice.button, Qt.LeftButton)
+    assert window.status.undo_notice.isVisible() and "deleted" in window.status.undo_notice.text()
+    qtbot.mouseClick(window.status.undo_notice.button, Qt.LeftButton)
     assert [(m.id, m.parent_id, m.role, m.text) for m in window.history.messages(cid)] == before
     assert window.history.conversation(cid).current_leaf_id == leaf
     assert [w.message["text"] for w in window.chat.widgets] == ["tell me about cats", "cats purr", "and dogs?",
                                                                 "dogs bark"]
-    assert not window.undo_notice.isVisible()
+    assert not window.status.undo_notice.isVisible()
     # Unused, the offer goes away by itself and the deletion stays.
     window.chats.undo_ms = 50
     qtbot.mouseClick(window.chat.widgets[3].buttons["delete"], Qt.LeftButton)
-    assert window.undo_notice.isVisible()
-    qtbot.waitUntil(lambda: not window.undo_notice.isVisible(), timeout=5000)
+    assert window.status.undo_notice.isVisible()
+    qtbot.waitUntil(lambda: not window.status.undo_notice.isVisible(), timeout=5000)
     window.chats.undo_delete()  # nothing offered: nothing happens
     assert [m.text for m in window.history.current_path(cid)] == ["tell me about cats", "cats purr", "and dogs?"]
 
@@ -706,7 +706,7 @@ def test_deleting_a_message_offers_undo_that_restores_it_and_its_branch(qtbot, w
 def test_a_reply_with_prompt_lookup_shows_its_drafting_in_the_stats(qtbot, window, loop, gguf):
     """The Speed setting reaches the engine; the reply's stats line says how drafting went,
     and the reply is the one plain greedy decoding gives."""
-    from gui.chat.chat_view import format_stats
+    from gui.chat.message import format_stats
 
     async def scenario():
         await load(window, gguf)
@@ -722,8 +722,8 @@ def test_a_reply_with_prompt_lookup_shows_its_drafting_in_the_stats(qtbot, windo
     sp = last.stats["speculative"]
     assert sp["kind"] == "lookup" and sp["lookup"] == 2 and sp["accepted"] <= sp["drafted"]
     assert last.settings["lookup"] == 2
-    assert "speculative (lookup 2)" in window.stats_label.text()
-    assert window.stats_label.text() == format_stats(window.conversation.view_message(last))
+    assert "speculative (lookup 2)" in window.status.stats_label.text()
+    assert window.status.stats_label.text() == format_stats(window.conversation.view_message(last))
     assert spec["text"] == plain["text"]
     assert "speculative" not in format_stats({"stats": plain["stats"]})
     snapshot(window, "reply_with_prompt_lookup")
@@ -745,13 +745,13 @@ def test_compiled_decoding_menu_reaches_the_engine_and_the_status_bar_says_what_
         await load(window, gguf)
         window.panel.from_dict({"temperature": 0.0})
         plain = await send(qtbot, window, "Once upon a time", max_tokens=16)
-        assert "decode" not in plain["stats"] and "eager" not in window.model_status.text()
+        assert "decode" not in plain["stats"] and "eager" not in window.status.model_status.text()
         window.findChild(QAction, "compileDecode").trigger()
         assert window.compile and settings.value("models/compile") == "true"
         monkeypatch.setattr(torch, "compile", no_compiler)
         await window.load_model(gguf)
         assert window.info["decode"] == "compiles at the first decode step (inductor)"
-        assert "compiling…" in window.model_status.text()
+        assert "compiling…" in window.status.model_status.text()
         window.new_chat()
         compiled = await send(qtbot, window, "Once upon a time", max_tokens=16)
         return plain, compiled
@@ -759,7 +759,7 @@ def test_compiled_decoding_menu_reaches_the_engine_and_the_status_bar_says_what_
     plain, compiled = run(loop, scenario(), 90)
     assert compiled["text"] == plain["text"]
     assert compiled["stats"]["decode"].startswith("eager: compiling failed (RuntimeError: no C++ compiler")
-    assert "eager (compile failed)" in window.stats_label.text()
-    assert "eager (compile failed)" in window.model_status.text()
-    assert "no C++ compiler" in window.model_status.toolTip()
+    assert "eager (compile failed)" in window.status.stats_label.text()
+    assert "eager (compile failed)" in window.status.model_status.text()
+    assert "no C++ compiler" in window.status.model_status.toolTip()
     snapshot(window, "compiled_decoding_fell_back")

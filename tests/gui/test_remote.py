@@ -150,14 +150,14 @@ def test_connect_dialog_lists_models_connects_and_keeps_the_key_out_of_chats(qtb
         dlg.ok.click()
         await until(lambda: window.backend is not None, 120, "connect and probe")
         assert not dlg.isVisible() and window.backend.model == "stories260K"
-        status = window.model_status.text()
+        status = window.status.model_status.text()
         assert "stories260K" in status and f"127.0.0.1:{server.port}" in status
         assert window.action("use_local").isEnabled() and window.prompt.send_button.isEnabled() is False
         greedy(window)
         view = await send(qtbot, window, "Tell me a story.")
         assert view["text"] and view["stop_reason"] in ("eos", "length")
         s = view["stats"]
-        assert s["generated_tokens"] > 0 and s["ttft_s"] > 0 and "TTFT" in window.stats_label.text()
+        assert s["generated_tokens"] > 0 and s["ttft_s"] > 0 and "TTFT" in window.status.stats_label.text()
         m = window.conversation.message(view["id"])
         assert m.model_id == "stories260K" and m.meta["server"] == server.url
         return view
@@ -369,7 +369,7 @@ def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot,
         assert not panel.logitBiasEdit.isEnabled() and "tokenizer" in panel.logitBiasEdit.toolTip()
         assert "own chat template" in panel.chatFormatCombo.toolTip()
         assert window.action("record_probs").isEnabled()  # this server does return top_logprobs
-        assert "seed" in window.model_status.toolTip() and "top_k" in window.model_status.toolTip()
+        assert "seed" in window.status.model_status.toolTip() and "top_k" in window.status.model_status.toolTip()
 
         async def scenario():
             return await send(qtbot, window, "Hello", max_tokens=6)
@@ -422,7 +422,7 @@ def test_stop_and_edit_resend_on_a_server(qtbot, window, loop, remote):
         await until(lambda: done, 60, "the reply to the edit")
         assert window.chat.widgets[0].message["version"] == (2, 2) and done[0]["text"]
         assert len(window.history.siblings(user_id)) == 2
-        assert window.model_status.text().startswith(f"stories260K on {remote.url}")
+        assert window.status.model_status.text().startswith(f"stories260K on {remote.url}")
         snapshot(window, "remote_chat")
         return True
     assert run(loop, scenario(), 120)

@@ -1,0 +1,346 @@
+"""One message of the transcript: header (role, versions, actions), body, stats footer.
+
+Messages are plain dicts (built by :mod:`gui.chat.conversation`):
+``{"id", "role", "text", "stats", "stop_reason", "seed", "version": (i, n), "error"}``,
+plus ``"settings"`` and, for replies generated with token inspection, ``"tokens"``: the
+token record kept in the message meta (:meth:`gui.widgets.token_run.LaneRun.token_record`,
+optionally with ``"offset"``: leading characters of the text no token covers).
+
+A reply with token records has an "Inspect tokens" toggle that swaps its Markdown body
+for the comparison window's token rendering (one ``tok:I`` anchor per token, optional
+heatmap).
+"""
+from __future__ import annotations
+
+import math
+
+from PySide6.QtCore import QSize, Qt, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtWidgets import QCheckBox, QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+
+from core.engine.lanes import draft_name, settings_label
+
+from gui import theme
+from gui.chat.markdown import MessageBody
+from gui.widgets.token_run import LaneRun, lane_colors, parse_token_index, render_lane_html
+from gui.dialogs.model_dialog import decode_label
+
+def format_stats(m: dict) -> str:
+    """A reply's facts on one line: tokens, time to first token, tokens/s, stop reason, seed.
+
+    ``m`` is a stored message (or one shaped like it: "stats", "stop_reason", "seed"). A
+    compare lane's stats (core.engine.lanes.lane_stats) also carry mean log-prob, perplexity and
+    distinct-n: those go on two more lines.
+    """
+    s = m.get("stats") or {}
+    parts = []
+    tokens = s.get("generated_tokens", s.get("tokens"))
+    if tokens is not None:
+        parts.append(f"{tokens} tokens")
+    if s.get("ttft_s"):
+        parts.append(f"TTFT {s['ttft_s'] * 1000:.0f} ms")
+    rate = s.get("decode_tok_s") or s.get("tokens_per_s")
+    if rate:
+        parts.append(f"{rate:.1f} tok/s")
+    if s.get("decode"):  # which compiled path decoded it (only when compiling was asked for)
+        parts.append(decode_label(s["decode"]))
+    if s.get("cached_tokens") and s.get("prompt_tokens"):  # the prompt's start came from the KV cache
+        parts.append(f"{s['cached_tokens']}/{s['prompt_tokens']} prompt tokens cached")
+    if m.get("stop_reason"):
+        parts.append(f"stop: {m['stop_reason']}")
+    if m.get("seed") is not None:
+        parts.append(f"seed {m['seed']}")
+    lines = [" · ".join(parts)]
+    sp = s.get("speculative")
+    if sp and sp.get("kind") in ("lookup", "draft"):
+        how = f"lookup {sp.get('lookup')}" if sp["kind"] == "lookup" else \
+            f"draft {draft_name(sp['draft'])}" if isinstance(sp.get("draft"), str) and sp["draft"] else "draft model"
+        line = f"speculative ({how}): {sp.get('acceptance', 0.0) * 100:.0f}% of {sp.get('drafted', 0)} drafted accepted"
+        if sp.get("mean_draft"):
+            line += f", {sp['mean_draft']:.1f} a step"
+        if sp.get("speedup"):
+            line += f" · ≈{sp['speedup']:.2f}× plain"
+        lines.append(line)
+    if "perplexity" in s:
+        def num(v, fmt):
+            return "–" if v is None else format(v, fmt)
+        ppl = "∞" if s["perplexity"] == math.inf else num(s["perplexity"], ".2f")
+        lines.append(f"mean log p {num(s.get('mean_logprob'), '.3f')} · perplexity {ppl}")
+        lines.append(f"distinct-1 {num(s.get('distinct_1'), '.2f')} · distinct-2 {num(s.get('distinct_2'), '.2f')}")
+    return "\n".join(lines)
+
+
+class MessageWidget(QFrame):
+    """One message: header (role, versions, actions), Markdown body, stats footer.
+
+    Signals:
+        action(str, int): a button or link was used — name ("copy", "edit",
+            "regenerate", "continue", "delete", "prev", "next") and the message id.
+        codeCopied(str): a code block's text was copied.
+        tokenClicked(int, int), tokenHovered(int, int): message id and token index in
+            the token view (hover: index -1 when the pointer leaves the tokens).
+        tokenViewToggled(int, bool): the body switched to tokens (True) or Markdown.
+    """
+
+    action = Signal(str, int)
+    codeCopied = Signal(str)
+    tokenClicked = Signal(int, int)
+    tokenHovered = Signal(int, int)
+    tokenViewToggled = Signal(int, bool)
+
+    def __init__(self, *, message: dict, streaming: bool = False, parent=None):
+        super().__init__(parent)
+        self.setObjectName("message")
+        self.message = dict(message)
+        self.streaming = streaming
+        self._run: LaneRun | None = None  # token_run, once built
+        self._run_failed = False
+        self.token_offset = 0
+        self._token_source = None  # the record token_run is built from (rebuilt when it changes)
+        self.token_mode = False
+        self.selected_token: int | None = None
+        self.setProperty("role", message.get("role", "assistant"))
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(10, 6, 10, 6)
+        lay.setSpacing(2)
+        lay.addLayout(self._build_header(message.get("role", "assistant")))
+        lay.addWidget(self._build_token_bar())
+        self.body = MessageBody(parent=self)
+        self.body.anchorClicked.connect(self._anchor)
+        self.body.highlighted.connect(self._hovered)
+        lay.addWidget(self.body)
+        self.footer = QLabel()
+        self.footer.setObjectName("messageFooter")
+        self.footer.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        # A long stats line wraps: unwrapped, its width became the message's minimum and
+        # pushed the message past a narrow transcript (text and buttons cut at the edge).
+        self.footer.setWordWrap(True)
+        lay.addWidget(self.footer)
+        self.update_message(message, streaming=streaming)
+
+    def _build_header(self, role: str) -> QHBoxLayout:
+        """Role, the version switcher, the token view toggle and the message's buttons."""
+        head = QHBoxLayout()
+        head.setSpacing(2)
+        self.role_label = QLabel({"user": "You", "assistant": "Assistant", "system": "System"}.get(role, role))
+        self.role_label.setObjectName("roleLabel")
+        head.addWidget(self.role_label)
+        self.prev_button = self._button("prev", "Previous version")
+        self.version_label = QLabel()
+        self.version_label.setObjectName("versionLabel")
+        self.next_button = self._button("next", "Next version")
+        for w in (self.prev_button, self.version_label, self.next_button):
+            head.addWidget(w)
+        head.addStretch(1)
+        # Token view toggle: only replies recorded with probabilities show it.
+        self.inspect_button = QToolButton(self)
+        self.inspect_button.setObjectName("inspectTokensButton")
+        self.inspect_button.setIcon(theme.icon("inspect"))
+        self.inspect_button.setIconSize(QSize(16, 16))
+        self.inspect_button.setCheckable(True)
+        self.inspect_button.setToolTip("Inspect tokens: each token's probability and the alternatives")
+        self.inspect_button.setAccessibleName("Inspect tokens")
+        self.inspect_button.setAutoRaise(True)
+        # The theme draws message buttons flat; a pressed toggle needs to look pressed.
+        self.inspect_button.setStyleSheet(f"QToolButton:checked {{ background: {theme.colors()['alt']}; "
+                                          f"border: 1px solid {theme.colors()['border']}; }}")
+        self.inspect_button.toggled.connect(self.set_token_view)
+        self.inspect_button.hide()
+        head.addWidget(self.inspect_button)
+        self.buttons = {}
+        names = [("copy", "Copy message")]
+        if role == "user":
+            names.append(("edit", "Edit and resend"))
+        else:
+            names += [("regenerate", "Regenerate reply"), ("continue", "Continue reply")]
+        names.append(("delete", "Delete message"))
+        for name, tip in names:
+            self.buttons[name] = self._button(name, tip)
+            head.addWidget(self.buttons[name])
+        return head
+
+    def _build_token_bar(self) -> QWidget:
+        """The token view's bar: heatmap switch and how to use it (hidden in Markdown view)."""
+        self.token_bar = QWidget(self)
+        self.token_bar.setObjectName("tokenBar")
+        tb = QHBoxLayout(self.token_bar)
+        tb.setContentsMargins(0, 0, 0, 2)
+        tb.setSpacing(10)
+        self.heatmap_check = QCheckBox("Heatmap", self.token_bar)
+        self.heatmap_check.setObjectName("tokenHeatmapCheck")
+        self.heatmap_check.setToolTip("Shade each token by how surprising it was (1 − p): the darker, "
+                                      "the less likely the model found it")
+        self.heatmap_check.toggled.connect(lambda *_: self._render_tokens())
+        self.token_hint = QLabel("Click a token to pin it · hover to peek", self.token_bar)
+        self.token_hint.setObjectName("tokenHint")
+        # Wrapping keeps the hint from widening the message past a narrow transcript.
+        self.token_hint.setWordWrap(True)
+        self.token_hint.setStyleSheet(f"color: {theme.colors()['muted']};")
+        tb.addWidget(self.heatmap_check)
+        tb.addWidget(self.token_hint, 1)
+        self.token_bar.hide()
+        return self.token_bar
+
+    def _button(self, name: str, tip: str) -> QToolButton:
+        b = QToolButton(self)
+        b.setObjectName(f"{name}Button")
+        b.setIcon(theme.icon(name))
+        b.setIconSize(QSize(16, 16))
+        b.setToolTip(tip)
+        b.setAccessibleName(tip)
+        b.setAutoRaise(True)
+        b.clicked.connect(lambda: self.action.emit(name, int(self.message.get("id") or 0)))
+        return b
+
+    can_generate = True  # a model is loaded: Regenerate and Continue can do something
+
+    def set_can_generate(self, on: bool) -> None:
+        self.can_generate = on
+        self._show_buttons()
+
+    def _show_buttons(self) -> None:
+        for name, b in self.buttons.items():
+            b.setVisible(not self.streaming and (self.can_generate or name not in ("regenerate", "continue")))
+        if "continue" in self.buttons and self.message.get("stop_reason") not in ("length", "incomplete"):
+            self.buttons["continue"].setVisible(False)
+
+    @property
+    def msg_id(self) -> int | None:
+        return self.message.get("id")
+
+    def update_message(self, message: dict, *, streaming: bool = False) -> None:
+        self.message = dict(message)
+        self.streaming = streaming
+        i, n = message.get("version") or (1, 1)
+        multi = n > 1
+        self.version_label.setText(f"{i}/{n}")
+        for w in (self.prev_button, self.version_label, self.next_button):
+            w.setVisible(multi)
+        self.prev_button.setEnabled(i > 1 and not streaming)
+        self.next_button.setEnabled(i < n and not streaming)
+        self._show_buttons()
+        self._load_tokens(message.get("tokens"))
+        has_tokens = self.has_token_record and not streaming
+        self.inspect_button.setVisible(has_tokens)
+        if not has_tokens and self.token_mode:
+            # Streaming (a continuation) or records gone: Markdown until there is a final record.
+            self.inspect_button.setChecked(False)
+        self.set_text(message.get("text", ""))
+        if message.get("error"):
+            self.footer.setText(f"⚠ {message['error']}")
+        elif streaming:
+            self.footer.setText("generating…")
+        else:
+            self.footer.setText(format_stats(message))
+        self.footer.setVisible(bool(self.footer.text()))
+
+    def set_text(self, text: str) -> None:
+        self.message["text"] = text
+        if self.token_mode:
+            self._render_tokens()
+        elif self.streaming:
+            self.body.begin_stream(text)
+        elif self.body.streaming:
+            self.body.finish_stream(text)
+        else:
+            self.body.set_markdown(text)
+
+    def append_text(self, delta: str) -> None:
+        """Streamed text for the end of the (streaming) reply; only the end is re-rendered."""
+        self.message["text"] = self.message.get("text", "") + delta
+        self.body.append_stream(delta)
+
+    # ---- token view
+    @property
+    def has_token_record(self) -> bool:
+        """The reply was recorded with its tokens (the toggle shows)."""
+        rec = self._token_source
+        return isinstance(rec, dict) and bool(rec.get("tokens")) and not self._run_failed
+
+    @property
+    def token_run(self) -> LaneRun | None:
+        """The reply's token records, read the first time they are needed: a 4,000-token
+        record with its alternatives takes ~100 ms to read, which a reply's end (the
+        record just saved) need not spend before anyone opens its token view."""
+        if self._run is None and self.has_token_record:
+            try:
+                run = LaneRun.from_dict(self._token_source)
+                self.token_offset = max(0, int(self._token_source.get("offset") or 0))
+            except (TypeError, ValueError, KeyError, IndexError):  # a damaged record: no token view
+                self._run_failed = True
+                self.inspect_button.hide()
+                return None
+            run.text = self.message.get("text", "")[self.token_offset:]
+            self._run = run
+        return self._run
+
+    def _load_tokens(self, record: dict | None) -> None:
+        if record is self._token_source:
+            if self._run is not None:
+                self._run.text = self.message.get("text", "")[self.token_offset:]
+            return
+        self._token_source = record
+        self._run, self._run_failed = None, False
+        self.token_offset = 0
+
+    def token(self, index: int):
+        """The record of token ``index`` (token_id, text, piece, logprob, top), or None."""
+        if self.token_run is not None and 0 <= index < len(self.token_run.tokens):
+            return self.token_run.tokens[index]
+        return None
+
+    def set_token_view(self, on: bool) -> None:
+        """Show the body as tokens (True) or as Markdown; only for a finished reply with records."""
+        on = bool(on) and self.token_run is not None and not self.streaming
+        if self.inspect_button.isChecked() != on:
+            self.inspect_button.setChecked(on)  # re-enters here through toggled
+            return
+        if on == self.token_mode:
+            return
+        self.token_mode = on
+        if not on:
+            self.selected_token = None
+        self.token_bar.setVisible(on)
+        self.set_text(self.message.get("text", ""))
+        self.tokenViewToggled.emit(int(self.message.get("id") or 0), on)
+
+    def select_token(self, index: int | None) -> None:
+        """Highlight token ``index`` (None: none) in the token view."""
+        if index != self.selected_token:
+            self.selected_token = index
+            if self.token_mode:
+                self._render_tokens()
+
+    def _render_tokens(self) -> None:
+        if not self.token_mode or self.token_run is None:
+            return
+        c = theme.colors()
+        # Shades are mixed over the reply's own background, not the window's.
+        colors = {**lane_colors(c, theme.is_dark()), "base": c["assistant_bg"]}
+        # Text from before recording (a continued reply) stays readable, just not inspectable.
+        lead = self.message.get("text", "")[:self.token_offset]
+        self.body.set_token_html(render_lane_html(None, self.token_run, heatmap=self.heatmap_check.isChecked(),
+                                                  selected=self.selected_token, colors=colors, lead=lead))
+
+    def token_settings_label(self) -> str:
+        """The reply's sampling settings, as the inspector shows them."""
+        return settings_label(self.message.get("settings") or {})
+
+    def _hovered(self, url) -> None:
+        if not self.token_mode:
+            return
+        i = parse_token_index(url.toString() if isinstance(url, QUrl) else str(url))
+        self.tokenHovered.emit(int(self.message.get("id") or 0), -1 if i is None else i)
+
+    def _anchor(self, url: QUrl) -> None:
+        s = url.toString()
+        i = parse_token_index(s) if self.token_mode else None
+        if i is not None:
+            self.tokenClicked.emit(int(self.message.get("id") or 0), i)
+        elif s.startswith("copy:"):
+            k = int(s[5:])
+            if 0 <= k < len(self.body.codes):
+                QGuiApplication.clipboard().setText(self.body.codes[k])
+                self.codeCopied.emit(self.body.codes[k])
+        elif url.scheme() in ("http", "https", "mailto"):
+            QDesktopServices.openUrl(url)
