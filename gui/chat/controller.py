@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from core.history.store import History, HistoryError, Message
+from core.history.records import HistoryError, Message
+from core.history.store import History
 
 from gui.chat.conversation import ConversationModel
 from gui.chat.reply import ReplyController

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from PySide6.QtCore import QObject, Signal
 
-from core.engine.engine import Done, Prefilled, Stats
+from core.engine.events import Done, Prefilled, Stats
 from core.history.store import History
 from core.worker.worker import Error
 from gui.chat.controller import INSPECT_TOP, ConversationController
