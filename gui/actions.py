@@ -216,6 +216,19 @@ def fill_choices(menu: QMenu, choices, current, pick, *, name: str = "", label=s
         a.triggered.connect(lambda _checked=False, choice=choice: pick(choice))
 
 
+def fill_recent(menu: QMenu, paths: list[str], load, clear) -> None:
+    """File → Recent Models: one entry per path (``load(path)``), and Clear (``clear()``)."""
+    menu.clear()
+    for p in paths:
+        a = menu.addAction(p)
+        a.triggered.connect(lambda _checked=False, p=p: load(p))
+    if paths:
+        menu.addSeparator()
+        menu.addAction("Clear Recent Models", clear)
+    else:
+        menu.addAction("No recent models").setEnabled(False)
+
+
 def icons() -> dict[str, str]:
     """Each action's icon name, to tint them again when the theme changes."""
     return {row.name: row.icon for row in ACTIONS if isinstance(row, Action) and row.icon}

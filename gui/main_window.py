@@ -15,32 +15,28 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QGuiApplication
-from PySide6.QtWidgets import (QApplication, QFileDialog, QMainWindow, QMenu, QMessageBox, QSplitter,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QMenu, QMessageBox, QSplitter, QWidget
 
 from core.history import export as chat_export
 from core.history.records import HistoryError
 from core.history.store import History
 from core.remote.runner import public_url
 
-from gui.library.window import LibraryRoom
-from gui.dialogs import model_dialog
 from gui import actions, theme
-from gui.chat.chat_view import ChatView
+from gui.chat.column import ChatColumn
+from gui.chat.controller import ConversationController
 from gui.chat.markdown import render_markdown
 from gui.chat.message import format_stats
-from gui.compare.launch import compare_window_for
-from gui.chat.controller import ConversationController
 from gui.chat.sidebar import ConversationSidebar
+from gui.compare.launch import compare_window_for
+from gui.dialogs import model_dialog
 from gui.dialogs.model_dialog import ModelInfoDialog
-from gui.chat.prompt_editor import PromptEditor
-from gui.model_controller import ModelController, with_path
-from gui.settings.panel import SamplingPanel
 from gui.dialogs.server_dialog import ServerDialog
 from gui.dialogs.servers import SavedServers
-from gui.widgets.notice_bar import NoticeBar
+from gui.library.window import LibraryRoom
+from gui.model_controller import ModelController, with_path
+from gui.settings.panel import SamplingPanel
 from gui.widgets.status_bar import MainStatusBar
-from gui.widgets.token_inspector import TokenInspector
 
 APP_NAME = "LlamaDesk"
 RECORD_PROBS_KEY = "chat/record_probs"
@@ -141,49 +137,18 @@ class MainWindow(QMainWindow):
 
     def _build_middle(self) -> QWidget:
         """The transcript (with the token inspector beside it), the notices and the prompt."""
-        mid = QWidget()
-        ml = QVBoxLayout(mid)
-        ml.setContentsMargins(0, 0, 0, 0)
-        ml.setSpacing(0)
-        # The transcript and, while a reply shows its tokens, the token inspector beside it
-        # (next to the tokens it explains, above the prompt).
-        self.inspector = TokenInspector()
-        self.inspector.hide()
-        self.chat = ChatView(inspector=self.inspector)
+        column = ChatColumn()
+        self.chat, self.inspector, self.prompt = column.chat, column.inspector, column.prompt
+        self.send_notice, self.reply_notice = column.send_notice, column.reply_notice
         if self._history_notice:
             self.chat.set_notice(self._history_notice)
         self.chat.empty_hint.linkActivated.connect(lambda _link: self.open_library())
         self.chat.copied.connect(lambda t: self.statusBar().showMessage("Copied to the clipboard", 2000))
-        self.chat.tokenViewChanged.connect(self.inspector.setVisible)
-        self.chat_splitter = QSplitter(Qt.Horizontal)
-        self.chat_splitter.setObjectName("chatSplitter")
-        self.chat_splitter.addWidget(self.chat)
-        self.chat_splitter.addWidget(self.inspector)
-        self.chat_splitter.setStretchFactor(0, 1)
-        self.chat_splitter.setStretchFactor(1, 0)
-        self.chat_splitter.setCollapsible(0, False)
-        self.chat_splitter.setSizes([440, 260])
-        ml.addWidget(self.chat_splitter, 1)
-        # A message the store could not save stays in the editor; this says why and sends it
-        # again once the cause (a full disk, a read-only folder) is fixed.
-        self.send_notice = NoticeBar(name="sendNotice", label_name="contextNotice", action="Retry",
-                                     action_name="retrySendButton",
-                                     action_tip="Save and send the message in the editor again")
         self.send_notice.actionTriggered.connect(self.retry_send)
-        ml.addWidget(self.send_notice)
-        # A reply from a server that failed (unreachable, refused, cut mid-reply): what
-        # happened and what to do, with Retry; what streamed stays in the transcript.
-        self.reply_notice = NoticeBar(name="replyNotice", label_name="replyNoticeText", action="Retry",
-                                      action_name="retryReplyButton", selectable=True,
-                                      action_tip="Ask the server for this reply again "
-                                                 "(the partial reply stays as a version)")
         self.reply_notice.actionTriggered.connect(self.retry_reply)
-        ml.addWidget(self.reply_notice)
-        self.prompt = PromptEditor()
         self.prompt.sendRequested.connect(self.send)
         self.prompt.stopRequested.connect(self.stop)
-        ml.addWidget(self.prompt)
-        return mid
+        return column
 
     def _build_status_bar(self) -> None:
         self.status = MainStatusBar()
@@ -355,16 +320,7 @@ class MainWindow(QMainWindow):
 
     def fill_recent(self, menu: QMenu) -> None:
         """File → Recent Models, filled each time it opens."""
-        menu.clear()
-        paths = self.recent.paths()
-        for p in paths:
-            a = menu.addAction(p)
-            a.triggered.connect(lambda checked=False, p=p: self.load_model(p))
-        if paths:
-            menu.addSeparator()
-            menu.addAction("Clear Recent Models", self.recent.clear)
-        else:
-            menu.addAction("No recent models").setEnabled(False)
+        actions.fill_recent(menu, self.recent.paths(), self.load_model, self.recent.clear)
 
     # ------------------------------------------------------------------ drag and drop
     def _dropped_path(self, event) -> str | None:

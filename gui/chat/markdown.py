@@ -160,6 +160,12 @@ class MessageBody(QTextBrowser):
         self._pieces = True  # streaming: the text can still be rendered block by block
         self.setMouseTracking(True)  # hover over a token's anchor (``highlighted``)
 
+    @property
+    def rendered(self) -> int:
+        """While streaming: how many characters of the text show as rendered Markdown blocks
+        (the rest is the plain-text tail still being written)."""
+        return self._rendered
+
     def _style(self) -> None:
         c = theme.colors()
         self.document().setDefaultStyleSheet(f"a {{ color: {c['accent']}; }}")

@@ -104,7 +104,7 @@ def test_a_streamed_reply_ends_as_the_same_document_as_a_one_shot_render(qtbot):
     for case in range(60):
         text = random_reply(rng)
         stream_into(streamed, text, rng)
-        pieces += streamed._rendered > 0
+        pieces += streamed.rendered > 0
         streamed.finish_stream(text)
         whole.set_markdown(text)
         assert streamed.document().toHtml() == whole.document().toHtml(), (case, text)
@@ -149,7 +149,7 @@ def test_a_final_text_that_changes_rendered_blocks_is_rendered_whole(qtbot):
     qtbot.addWidget(body)
     qtbot.addWidget(whole)
     body.begin_stream("A [ref][r] link.\n\nmore\n\nx")
-    assert body._rendered > 0
+    assert body.rendered > 0
     for final in ("A [ref][r] link.\n\nmore\n\n[r]: http://example.com",  # a definition arrives
                   "A [ref] link.\n\nmore"):  # the final text differs from what streamed
         body.begin_stream("A [ref][r] link.\n\nmore\n\nx")

@@ -1,0 +1,59 @@
+"""The middle of the main window: the transcript (with the token inspector beside it),
+the two notices above the prompt, and the prompt editor."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+
+from gui.chat.chat_view import ChatView
+from gui.chat.prompt_editor import PromptEditor
+from gui.widgets.notice_bar import NoticeBar
+from gui.widgets.token_inspector import TokenInspector
+
+
+class ChatColumn(QWidget):
+    """Transcript | inspector, then the notices, then the prompt; it only lays them out.
+
+    Attributes:
+        chat: the :class:`ChatView` transcript.
+        inspector: the :class:`TokenInspector`, shown while a reply shows its tokens.
+        send_notice: a message the store could not save (Retry sends it again).
+        reply_notice: a server's reply that failed (Retry asks again).
+        prompt: the :class:`PromptEditor`.
+    """
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(0)
+        # The transcript and, while a reply shows its tokens, the token inspector beside it
+        # (next to the tokens it explains, above the prompt).
+        self.inspector = TokenInspector()
+        self.inspector.hide()
+        self.chat = ChatView(inspector=self.inspector)
+        self.chat.tokenViewChanged.connect(self.inspector.setVisible)
+        self.chat_splitter = QSplitter(Qt.Horizontal)
+        self.chat_splitter.setObjectName("chatSplitter")
+        self.chat_splitter.addWidget(self.chat)
+        self.chat_splitter.addWidget(self.inspector)
+        self.chat_splitter.setStretchFactor(0, 1)
+        self.chat_splitter.setStretchFactor(1, 0)
+        self.chat_splitter.setCollapsible(0, False)
+        self.chat_splitter.setSizes([440, 260])
+        lay.addWidget(self.chat_splitter, 1)
+        # A message the store could not save stays in the editor; this says why and sends it
+        # again once the cause (a full disk, a read-only folder) is fixed.
+        self.send_notice = NoticeBar(name="sendNotice", label_name="contextNotice", action="Retry",
+                                     action_name="retrySendButton",
+                                     action_tip="Save and send the message in the editor again")
+        lay.addWidget(self.send_notice)
+        # A reply from a server that failed (unreachable, refused, cut mid-reply): what
+        # happened and what to do, with Retry; what streamed stays in the transcript.
+        self.reply_notice = NoticeBar(name="replyNotice", label_name="replyNoticeText", action="Retry",
+                                      action_name="retryReplyButton", selectable=True,
+                                      action_tip="Ask the server for this reply again "
+                                                 "(the partial reply stays as a version)")
+        lay.addWidget(self.reply_notice)
+        self.prompt = PromptEditor()
+        lay.addWidget(self.prompt)
