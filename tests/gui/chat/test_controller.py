@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, Signal
 
 from core.engine.events import Done, Prefilled, Stats
 from core.history.store import History
-from core.worker.worker import Error
+from core.worker.protocol import Error
 from gui.chat.controller import INSPECT_TOP, ConversationController
 from tests.gui.chat.test_reply import Settings, chunk, hello, until_stopped
 from tests.gui.ui_helpers import ScriptedBridge, loop, run, until  # noqa: F401 (fixtures)
