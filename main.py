@@ -2,6 +2,7 @@
 
 Run directly, it first makes sure of an interpreter with every dependency (tools/bootstrap.py):
 the running one when it has them all, else the project's own ``.venv``, built on first use.
+Installed (``pip install .``), the ``llamadesk`` command calls :func:`run` directly.
 
 Without MODEL the app opens the last model used, else the bundled demo model, else none
 (and says how to open one).
@@ -76,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for close in closers:  # after the worker and every task have ended: nothing writes any more
             close()
+
+
+def run() -> None:
+    """The installed ``llamadesk`` command: pip has settled the interpreter already."""
+    exit_now(main())
 
 
 def exit_now(rc: int) -> None:

@@ -7,6 +7,9 @@ portable installs), else the platform's user data folder, the same one Qt's
 
 The config folder is where the GUI's ``QSettings(APP_NAME, APP_NAME)`` keeps its file on
 Linux (``LlamaDesk.conf``; Qt's own rule, spelled out so tools and tests find it without Qt).
+
+The assets folder (icons, the demo model) is read-only: the checkout's ``assets/``, or in an
+installed wheel the copy the build puts in the package (setup.py).
 """
 from __future__ import annotations
 
@@ -16,6 +19,14 @@ from pathlib import Path
 
 APP_NAME = "LlamaDesk"
 DATA_ENV = "LLAMADESK_DATA_DIR"
+
+
+def assets_dir() -> Path:
+    """Icons and the bundled demo model: ``core/assets`` where a wheel installed them, else
+    the checkout's ``assets/`` beside ``core/``."""
+    here = Path(__file__).resolve().parent
+    installed = here / "assets"
+    return installed if installed.is_dir() else here.parent / "assets"
 
 
 def _xdg(var: str, fallback: Path) -> Path:

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QSettings, Signal
 
+from core.paths import assets_dir
 from core.remote.runner import context_length as remote_context_length
 from core.remote.runner import public_url
 
 from gui.dialogs.model_dialog import COMPILE_KEY, DEVICE_KEY, DTYPE_KEY, RecentModels
 
-DEMO_MODEL = Path(__file__).resolve().parent.parent / "assets" / "models" / "llamadesk-demo"
+DEMO_MODEL = assets_dir() / "models" / "llamadesk-demo"
 
 
 def with_path(path: str, message: str) -> str:

@@ -7,13 +7,14 @@ Widgets that render HTML (the transcript) ask :func:`colors` for the current col
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSize, Qt
 from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QPixmap
 from PySide6.QtSvg import QSvgRenderer
 
-ICONS = Path(__file__).resolve().parent.parent / "assets" / "icons"
+from core.paths import assets_dir
+
+ICONS = assets_dir() / "icons"
 
 LIGHT = {
     "window": "#f6f7f9", "base": "#ffffff", "alt": "#eef0f3", "text": "#1d2125",
