@@ -1,6 +1,9 @@
 import gc
+import sys
 import threading
 import weakref
+
+from PySide6.QtWidgets import QLabel
 
 from gui.app import UiThreadCollector
 
@@ -41,9 +44,7 @@ def test_collector_owns_collection_and_runs_it_on_the_ui_thread(qtbot):
 def test_void_qt_calls_cannot_free_none(qtbot):
     """Each void PySide6 call (6.12 on Python < 3.12) drops a reference to None; importing
     gui keeps None alive through far more calls than a long session makes."""
-    import sys
 
-    from PySide6.QtWidgets import QLabel
     label = QLabel()
     qtbot.addWidget(label)
     before = sys.getrefcount(None)

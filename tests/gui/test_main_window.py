@@ -5,13 +5,18 @@ import asyncio
 import json
 
 import pytest
-from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QApplication, QLabel, QMessageBox, QSlider, QWidget
+import torch
+from PySide6.QtCore import QMimeData, QPointF, QSize, Qt, QUrl
+from PySide6.QtGui import QAction, QColor, QContextMenuEvent, QDropEvent, QGuiApplication, QKeySequence
+from PySide6.QtWidgets import QApplication, QLabel, QMenu, QMessageBox, QSlider, QWidget
 
 from core.history.export import export_json
-from tests.gui.ui_helpers import (bridge, close, data_dir, load, loop, make_window, run, send,  # noqa: F401
-                                  settings, snapshot, until, window)
+from gui import actions, theme
+from gui.bridge import BridgeError
+from gui.chat.message import format_stats
+from gui.dialogs.model_dialog import ModelInfoDialog
+from tests.gui.ui_helpers import (ROOT, bridge, clipped_texts, close, data_dir, load, loop, make_window,  # noqa: F401
+                                  run, send, settings, snapshot, until, window)
 
 NAMES = ["mainWindow", "promptEditor", "sendButton", "stopButton", "temperatureSlider", "temperatureSpin",
          "topPSlider", "topPSpin", "topKSpin", "maxTokensSpin", "seedSpin", "systemPrompt", "transcript",
@@ -240,7 +245,6 @@ def test_export_import_round_trip(qtbot, window, loop, gguf, tmp_path):
     assert not window.action("record_probs").isChecked()
     assert all("tokens" not in (m.get("meta") or {}) for m in data["messages"])
     # Ctrl+Shift+C copies the last reply; Ctrl+L comes back to the prompt
-    from PySide6.QtGui import QGuiApplication
     window.sidebar.list.setFocus()
     qtbot.keyClick(window.sidebar.list, Qt.Key_C, Qt.ControlModifier | Qt.ShiftModifier)
     assert QGuiApplication.clipboard().text() == texts[-1]
@@ -283,8 +287,6 @@ def test_conversation_list_new_rename_search_delete(qtbot, window, loop, gguf):
 
 
 def test_drop_and_recent_models(qtbot, window, loop, gguf, settings):
-    from PySide6.QtCore import QMimeData, QPointF, QUrl
-    from PySide6.QtGui import QDropEvent
 
     md = QMimeData()
     md.setUrls([QUrl.fromLocalFile(gguf)])
@@ -328,7 +330,6 @@ def test_context_bar_and_dropped_turns_notice(qtbot, window, loop, gguf):
 def test_model_info_dialog_and_device_choice(qtbot, window, loop, gguf, settings):
     run(loop, load(window, gguf), 30)
     window.show_model_info()
-    from gui.dialogs.model_dialog import ModelInfoDialog
     dlg = next(d for d in window.findChildren(ModelInfoDialog) if d.isVisible())
     text = " ".join(lbl.text() for lbl in dlg.findChildren(QLabel))
     for word in ("Parameters", "Context length", "Data type", "Device", "Memory", "float32", "cpu"):
@@ -347,7 +348,6 @@ def test_model_info_dialog_and_device_choice(qtbot, window, loop, gguf, settings
 
 def test_load_progress_and_cancel(qtbot, window, loop, bridge, monkeypatch):
     """Progress shows stage and fraction; Cancel ends the load without an error dialog."""
-    from gui.bridge import BridgeError
     cancelled = asyncio.Event()
 
     async def slow_load(path, **kw):
@@ -418,8 +418,6 @@ def _readable(keys) -> str:
 
 def test_readme_shortcut_table_matches_the_actions_table(window):
     """README's key table is gui/actions.py's table, and the window's shortcuts are that table's."""
-    from gui import actions
-    from tests.gui.ui_helpers import ROOT
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("### Keyboard shortcuts", 1)[1].split("\n\n", 2)[1]
     rows = [line.strip("|").split("|") for line in section.splitlines()[2:] if line.startswith("|")]
@@ -444,8 +442,6 @@ def _contrast(a, b) -> float:
 
 @pytest.mark.parametrize("mode", ["light", "dark"])
 def test_context_bar_text_reads_on_the_fill(qapp, window, mode):
-    from PySide6.QtGui import QColor
-    from gui import theme
     theme.apply(qapp, mode)
     try:
         window.status.show_context(600, 1000)
@@ -462,7 +458,6 @@ def test_context_bar_text_reads_on_the_fill(qapp, window, mode):
 
 @pytest.mark.parametrize("size", ["800x560", "minimum"])
 def test_preset_box_shows_a_user_preset_name_whole(window, size):
-    from tests.gui.ui_helpers import clipped_texts
     window.panel.save_preset("Balanced (mine)")
     assert window.panel.presetCombo.currentText() == "Balanced (mine)"
     if size == "minimum":
@@ -485,7 +480,6 @@ def _chat_with_history(window, title, messages):
 
 
 def test_status_bar_follows_the_shown_version_the_model_and_unload(qtbot, window, loop, gguf):
-    from gui.chat.message import format_stats
 
     async def scenario():
         await load(window, gguf)
@@ -532,9 +526,6 @@ def test_continue_and_regenerate_hidden_without_a_model(qtbot, window, loop, ggu
 
 
 def test_right_click_in_the_chat_list_keeps_list_and_transcript_together(qtbot, window):
-    from PySide6.QtCore import QPoint
-    from PySide6.QtGui import QContextMenuEvent
-    from PySide6.QtWidgets import QApplication, QMenu
     a = _chat_with_history(window, "Apples", [("user", "about apples", None, None, None)])
     b = _chat_with_history(window, "Bananas", [("user", "about bananas", None, None, None)])
     window.open_conversation(a)
@@ -579,7 +570,6 @@ def test_prompt_draft_stays_with_its_chat(qtbot, window):
 
 @pytest.mark.parametrize("size", ["800x560", "minimum"])
 def test_status_bar_texts_never_overlap(window, size):
-    from tests.gui.ui_helpers import clipped_texts
     window.status.model_status.setText("stories260K · llama · 0.3M params · float32 · cpu · context 512")
     window.status.stats_label.setText("24 tokens · TTFT 12 ms · 310.2 tok/s · stop: length · seed 123456")
     window.status.show_context(300, 512)
@@ -621,7 +611,6 @@ def _messages_fit(window) -> list[str]:
 
 @pytest.mark.parametrize("size", ["inspector", "800x560", "minimum"])
 def test_messages_rewrap_and_keep_their_buttons_when_the_column_narrows(window, size):
-    from tests.gui.ui_helpers import clipped_texts
     text = "Once upon a time there was a little cat named Whiskers who loved the garden. " * 4
     cid = _chat_with_history(window, "Cat", [("user", "Tell me a story about a cat", None, None, None),
                                              ("assistant", text, None, None, None)])
@@ -706,7 +695,6 @@ def test_deleting_a_message_offers_undo_that_restores_it_and_its_branch(qtbot, w
 def test_a_reply_with_prompt_lookup_shows_its_drafting_in_the_stats(qtbot, window, loop, gguf):
     """The Speed setting reaches the engine; the reply's stats line says how drafting went,
     and the reply is the one plain greedy decoding gives."""
-    from gui.chat.message import format_stats
 
     async def scenario():
         await load(window, gguf)
@@ -734,7 +722,6 @@ def test_compiled_decoding_menu_reaches_the_engine_and_the_status_bar_says_what_
     """Model → Compile Decoding is kept in the settings and used by the next load; the
     status bar says the decode path (here torch.compile fails, as on a machine without a
     compiler: the reply falls back to eager, is the same text, and the bar says so)."""
-    import torch
 
     def no_compiler(fn, **kw):
         def compiled(*a, **k):

@@ -2,18 +2,20 @@
 moved aside at start-up with a notice (issue 12)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 from PySide6.QtCore import Qt
 
 from core.history.partial import INCOMPLETE
+from core.history.store import History
+from gui.main_window import MainWindow
 from tests.gui.ui_helpers import bridge, close, data_dir, loop, run, settings, until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_a_streaming_reply_is_in_the_store_before_it_ends(qtbot, loop, bridge, settings, data_dir, fixtures):  # noqa: F811
-    from core.history.store import History
-    from gui.main_window import MainWindow
     w = MainWindow(bridge=bridge, history=History(data_dir / "history.sqlite3"), settings=settings, autoload=False)
     qtbot.addWidget(w)
     w.show()
@@ -53,7 +55,6 @@ def test_a_streaming_reply_is_in_the_store_before_it_ends(qtbot, loop, bridge, s
 
 
 def test_a_damaged_store_at_start_up_is_kept_and_said(qtbot, loop, bridge, settings, data_dir):  # noqa: F811
-    from gui.main_window import MainWindow
     bad = data_dir / "history.sqlite3"
     bad.write_bytes(b"this is not a database " * 200)
     w = MainWindow(bridge=bridge, settings=settings, autoload=False)  # the default store, as the app opens it
@@ -71,8 +72,6 @@ def test_a_damaged_store_at_start_up_is_kept_and_said(qtbot, loop, bridge, setti
 
 def test_a_message_that_cannot_be_saved_stays_in_the_editor_with_a_retry(qtbot, loop, bridge, settings, data_dir,  # noqa: F811
                                                                          fixtures):
-    from core.history.store import History
-    from gui.main_window import MainWindow
     h = History(data_dir / "history.sqlite3")
     w = MainWindow(bridge=bridge, history=h, settings=settings, autoload=False)
     qtbot.addWidget(w)
@@ -111,9 +110,6 @@ def test_a_message_that_cannot_be_saved_stays_in_the_editor_with_a_retry(qtbot, 
 
 
 def test_text_repaired_before_sending_is_said(qtbot, loop, bridge, settings, data_dir, fixtures):  # noqa: F811
-    import os
-    from core.history.store import History
-    from gui.main_window import MainWindow
     h = History(data_dir / "history.sqlite3")
     w = MainWindow(bridge=bridge, history=h, settings=settings, autoload=False)
     qtbot.addWidget(w)

@@ -7,12 +7,21 @@ a coroutine (a nested event loop there hangs qasync).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import pytest
 import torch
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtWidgets import QToolButton
 
+from core.checkpoints import load as load_checkpoint
+from core.engine.events import Token
 from core.engine.settings import SamplingParams
+from gui.chat.chat_view import ChatView
+from gui.chat.reply import ReplyState, token_record
+from gui.widgets.token_inspector import TokenInspector, fmt_prob
+from gui.widgets.token_run import LaneRun
 from tests.gui.ui_helpers import (anchor_point, bridge, close, data_dir, load, loop, make_window,  # noqa: F401
                                   reference_probs, run, send, settings, snapshot, until)
 
@@ -25,7 +34,6 @@ SETTINGS = dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.05, repetition_pen
 @pytest.fixture(scope="module")
 def story(fixtures):
     """The fixture model loaded directly, for the reference logits."""
-    from core.checkpoints import load as load_checkpoint
     return load_checkpoint(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
 
 
@@ -50,7 +58,6 @@ def record_requests(w) -> list:
 def check_against_model(chat, story, msg_id, index, prompt_ids, ids, settings):
     """The inspector's shown rows equal a direct softmax of the model's logits, raw and
     under the reply's filters."""
-    from gui.widgets.token_inspector import fmt_prob
     insp = chat.inspector
     assert insp.current == (msg_id, index)
     w = chat.widget_for(msg_id)
@@ -187,8 +194,6 @@ def test_chat_token_inspector(qtbot, loop, bridge, settings, data_dir, story, gg
 def test_token_view_without_model(qtbot):
     """The message widget alone: a stored record renders tokens, a damaged one is ignored,
     a continued reply's unrecorded prefix stays plain text."""
-    from gui.chat.chat_view import ChatView
-    from gui.widgets.token_inspector import TokenInspector
     top = {"raw": [[5, 0.6], [9, 0.3]], "filtered": [[5, 0.7], [9, 0.3]], "pieces": {"5": " Hi", "9": " Yo"}}
     rec = {"tokens": [5, 9], "token_texts": [" Hi", " Yo"], "pieces": [" Hi", " Yo"],
            "logprobs": [-0.5108, -1.2040], "top": [top, top], "offset": 6}
@@ -218,12 +223,7 @@ def test_token_view_without_model(qtbot):
 def test_continued_reply_record():
     """Continuing a reply extends its token record when the record covers the text so far;
     otherwise the new record starts after it (``offset``)."""
-    from dataclasses import replace
-    from types import SimpleNamespace
 
-    from core.engine.events import Token
-    from gui.widgets.token_run import LaneRun
-    from gui.chat.reply import ReplyState, token_record
     top = {"raw": [(4, 0.5)], "filtered": [(4, 1.0)], "pieces": {4: "!"}}
     run = LaneRun()
     run.add([Token(0, 0, 4, "!", "!", -0.6931, top)])

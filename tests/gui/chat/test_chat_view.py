@@ -1,11 +1,14 @@
 """The transcript and the prompt editor on their own (no model, no event loop tricks)."""
 from __future__ import annotations
 
+import random
+
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
 
+import gui.chat.markdown as cv
 from gui.chat.chat_view import ChatView
-from gui.chat.markdown import close_open_fence, closed_blocks_end, render_markdown
+from gui.chat.markdown import MessageBody, close_open_fence, closed_blocks_end, render_markdown
 from gui.chat.prompt_editor import PromptEditor
 
 
@@ -92,9 +95,7 @@ def test_a_streamed_reply_ends_as_the_same_document_as_a_one_shot_render(qtbot):
     """The final document of a streamed reply (blocks rendered as they closed, then only
     the rest) is the document a one-shot render of the whole Markdown gives: same HTML
     document, same code blocks, same height."""
-    import random
 
-    from gui.chat.markdown import MessageBody
     rng = random.Random(11)
     streamed, whole = MessageBody(), MessageBody()
     for b in (streamed, whole):
@@ -113,7 +114,6 @@ def test_a_streamed_reply_ends_as_the_same_document_as_a_one_shot_render(qtbot):
 
 
 def test_streaming_renders_each_block_once_and_only_the_rest_at_the_end(qtbot, monkeypatch):
-    import gui.chat.markdown as cv
     rendered = []
     real = cv.render_markdown
     monkeypatch.setattr(cv, "render_markdown", lambda text, *a, **kw: (rendered.append(text), real(text, *a, **kw))[1])
@@ -144,7 +144,6 @@ def test_streaming_renders_each_block_once_and_only_the_rest_at_the_end(qtbot, m
 
 
 def test_a_final_text_that_changes_rendered_blocks_is_rendered_whole(qtbot):
-    from gui.chat.markdown import MessageBody
     body, whole = MessageBody(), MessageBody()
     qtbot.addWidget(body)
     qtbot.addWidget(whole)

@@ -6,10 +6,13 @@ import asyncio
 
 import pytest
 
+from core import checkpoints
+from core.engine.engine import Engine
 from core.engine.events import Done, Prefilled, Stats, Token
-from core.history.store import History
 from core.engine.settings import SamplingParams
-from core.worker.protocol import Error, Prompted
+from core.history.store import History
+from core.prompt.prompting import build_prompt
+from core.worker.protocol import Error, GenerateRequest, Prompted
 from gui.bridge import Bridge, Chunk
 from gui.chat.conversation import ConversationModel
 from gui.chat.reply import ReplyController
@@ -160,10 +163,6 @@ def test_one_reply_at_a_time(qapp, loop, conv):
 
 def test_against_the_real_worker_on_the_fixture_model(qapp, loop, conv, fixtures):
     """A greedy reply through bridge + worker equals the engine's own greedy reply."""
-    from core import checkpoints
-    from core.engine.engine import Engine
-    from core.prompt.prompting import build_prompt
-    from core.worker.protocol import GenerateRequest
 
     bridge = Bridge(torch_threads=1)
     r = ReplyController(bridge=bridge, conversation=conv, settings=Settings(max_new_tokens=16))
