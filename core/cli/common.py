@@ -1,8 +1,8 @@
 """What several commands share: option builders, what the options mean as settings, how
 a reply's ending is reported, and text on stdout.
 
-The sampling flags are declared in one place, :func:`add_sampling_opts`; a compare lane's
-keys in :data:`LANE_KEYS`.
+The sampling flags are built from the settings schema (:func:`setting_flag`); a compare
+lane's keys are the schema's too (:func:`core.engine.lanes.parse_lane_spec`).
 """
 from __future__ import annotations
 
@@ -13,32 +13,43 @@ from pathlib import Path
 
 from core.checkpoints.common import DTYPE_CHOICES
 from core.engine.constraint import Constraint, from_argument
-from core.engine.settings import parse_logit_bias
+from core.engine.settings import SCHEMA, parse_logit_bias
 from core.errors import SettingsError
 
-# A compare lane's settings: key=value, the value parsed by the type given.
-LANE_KEYS = {
-    "temperature": float, "top_p": float, "top_k": int, "min_p": float,
-    "repetition_penalty": float, "seed": int, "max_new_tokens": int, "lookup": int, "draft": str,
-    "logit_bias": str,  # TEXT=BIAS, repeatable in a lane: logit_bias=girl=-inf,logit_bias=Lily=+5
-    "logit_bias_id": str,  # ID=BIAS by token id, repeatable (ID=-inf bans it, as the chat's "Ban and retry")
-}
 SPEC_KEYS = ("lookup", "draft")  # speculative decoding: a lane that sets one ignores --lookup/--draft
 BACKEND_KEYS = ("model", "server")  # a lane's own model: a local path, or a model on a server
-CONSTRAINT_KEYS = ("json_schema", "json_object", "regex", "grammar", "constraint")
 CHAT_FORMATS = ["auto", "llama3", "llama2", "raw"]
+
+
+# generate's sampler flags, each declared in the settings schema (type, range, default, help).
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "num_beams", "length_penalty")
+
+
+def setting_flag(p: argparse.ArgumentParser, name: str, **kw) -> None:
+    """The schema's setting ``name`` as the flag --NAME: argparse refuses a value outside
+    its declared range with the schema's message (exit 2, one line); ``kw`` overrides
+    (a default of None where "not given" means something)."""
+    s = SCHEMA[name]
+
+    def value(text: str):
+        try:
+            return s.from_text(text)
+        except SettingsError as e:  # out of range
+            raise argparse.ArgumentTypeError(str(e)) from None
+        except ValueError:  # argparse's own words for a bad int or float
+            raise argparse.ArgumentTypeError(f"invalid {s.kind.__name__} value: {text!r}") from None
+
+    value.__name__ = s.kind.__name__
+    default = kw.pop("default", s.default)
+    shown = "none" if default is None else default
+    p.add_argument(s.flag_name, type=value, default=default,
+                   help=f"{s.help} ({s.range_text()}; default {shown})", **kw)
 
 
 def add_sampling_opts(p: argparse.ArgumentParser) -> None:
     """The sampler's flags (generate)."""
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--num-beams", type=int, default=1)
-    p.add_argument("--length-penalty", type=float, default=1.0)
+    for name in SAMPLING_FLAGS:
+        setting_flag(p, name)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
@@ -53,11 +64,8 @@ def add_model_opts(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_opts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lookup", type=int, default=0, metavar="N",
-                   help="speculative decoding by prompt lookup: draft what followed the last N tokens "
-                        "earlier in the context (1-8; same output, faster when the reply repeats the prompt)")
-    p.add_argument("--draft", default=None, metavar="MODEL",
-                   help="speculative decoding with a smaller draft MODEL of the same vocabulary (same output)")
+    setting_flag(p, "lookup", metavar="N")
+    p.add_argument("--draft", default=None, metavar="MODEL", help=SCHEMA["draft"].help)
 
 
 def add_bias_opts(p: argparse.ArgumentParser) -> None:
@@ -81,7 +89,7 @@ def add_prompt_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="render the prompt as a user message in the model's chat format")
     p.add_argument("--system", default=None, help="system prompt (with --chat)")
     p.add_argument("--chat-format", default="auto", choices=CHAT_FORMATS)
-    p.add_argument("--max-new-tokens", type=int, default=None)
+    setting_flag(p, "max_new_tokens", default=None)  # none: the lanes' own, else 256
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.cli.backends import connect, engine_for, load_model, prompt_ids, remote_stream
-from core.cli.common import (BACKEND_KEYS, CONSTRAINT_KEYS, LANE_KEYS, SPEC_KEYS, check_bias, constraint_from_args,
+from core.cli.common import (BACKEND_KEYS, SPEC_KEYS, check_bias, constraint_from_args,
                              ended_in_error, spec_note)
-from core.engine.constraint import from_argument
 from core.engine.events import Done, Prefilled
-from core.engine.settings import SamplingParams, parse_logit_bias
+from core.engine.lanes import parse_lane_spec
+from core.engine.settings import SamplingParams
 from core.errors import SettingsError
 from core.tokenizer.fingerprint import tokenizer_fingerprint
 
@@ -29,45 +29,16 @@ MAX_LANES = 8
 
 def lane_spec(spec: str, default_max: int | None, spec_defaults: dict | None = None, constraint=None,
               bias: tuple[str, ...] = ()) -> SamplingParams:
-    """A lane's ``key=value,...`` (:data:`LANE_KEYS`, a constraint key) as validated settings
-    over the command's defaults: its token limit, speculation and constraint, and its
-    --logit-bias items (a lane's own logit_bias= items come after, so they win)."""
-    kw: dict = {"constraint": constraint, "logit_bias_text": tuple(bias)}
-    for part in filter(None, (s.strip() for s in spec.split(","))):
-        key, eq, val = part.partition("=")
-        key = key.strip().replace("-", "_")
-        if eq and key in CONSTRAINT_KEYS:
-            if key == "constraint" and val.strip() != "none":
-                raise SettingsError(f"constraint= takes only 'none' in lane '{spec}': use json_schema=, regex= or grammar=")
-            kw["constraint"] = None if key == "constraint" else from_argument(key, val.strip())
-            continue
-        if not eq or key not in LANE_KEYS:
-            raise SettingsError(f"bad lane setting '{part}': use key=value with key one of {', '.join(LANE_KEYS)}")
-        if key == "logit_bias":  # after --logit-bias's items, so a lane's own win for the same tokens
-            kw["logit_bias_text"] = (*kw.get("logit_bias_text", ()), val)
-            continue
-        if key == "logit_bias_id":
-            kw["logit_bias"] = {**kw.get("logit_bias", {}), **id_bias(val.strip())}
-            continue
-        try:
-            kw[key] = LANE_KEYS[key](val.strip())
-        except ValueError:
-            raise SettingsError(f"bad value for {key} in lane '{spec}': {val.strip()!r}") from None
+    """A lane's ``key=value,...`` (:func:`core.engine.lanes.parse_lane_spec`) as validated
+    settings over the command's defaults: its token limit, speculation and constraint, and
+    its --logit-bias items (a lane's own logit_bias= items come after, so they win)."""
+    own = parse_lane_spec(spec)
+    kw = {"constraint": constraint, **own, "logit_bias_text": (*bias, *own.get("logit_bias_text", ()))}
     if "max_new_tokens" not in kw and default_max:
         kw["max_new_tokens"] = default_max
-    if spec_defaults and not any(k in kw for k in SPEC_KEYS):
+    if spec_defaults and not any(k in own for k in SPEC_KEYS):
         kw.update(spec_defaults)
     return SamplingParams(**kw).validate()
-
-
-def id_bias(spec: str) -> dict[int, float]:
-    """A lane's ``logit_bias_id=ID=BIAS`` as {ID: BIAS}."""
-    def one_id(text: str) -> list[int]:
-        try:
-            return [int(text.strip())]
-        except ValueError:
-            raise SettingsError(f"bad logit bias by id {spec!r}: {text.strip()!r} is not a token id (use ID=BIAS)") from None
-    return parse_logit_bias(spec, one_id)
 
 
 def split_lane(spec: str) -> tuple[str, dict]:

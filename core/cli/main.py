@@ -16,8 +16,9 @@ import sys
 import torch
 
 from core.checkpoints.gguf_write import GGUF_TYPES
-from core.cli.common import (BACKEND_KEYS, CHAT_FORMATS, LANE_KEYS, add_bias_opts, add_constraint_opts,
+from core.cli.common import (BACKEND_KEYS, CHAT_FORMATS, add_bias_opts, add_constraint_opts,
                              add_model_opts, add_prompt_opts, add_sampling_opts, add_server_opts, add_spec_opts)
+from core.engine.lanes import LANE_SPEC_KEYS
 from core.errors import LlamaDeskError, SettingsError
 from core.tokenizer.base import valid_text
 
@@ -67,7 +68,7 @@ def _compare_parser(sub) -> None:
     add_server_opts(c)
     add_prompt_opts(c)
     c.add_argument("--lane", action="append", required=True, metavar="SPEC",
-                   help="comma-separated key=value over " + ", ".join((*LANE_KEYS, *BACKEND_KEYS))
+                   help="comma-separated key=value over " + ", ".join((*LANE_SPEC_KEYS, *BACKEND_KEYS))
                    + " (model=PATH: another local checkpoint; server=URL[,model=NAME]: a model on a server; "
                    "json_schema=@FILE, regex=RE|@FILE, grammar=@FILE, json_object=1 or constraint=none: the lane's "
                    "constraint; logit_bias=TEXT=BIAS, repeatable: the lane's logit bias after --logit-bias's)")
@@ -160,8 +161,6 @@ def _valid_arguments(args) -> None:
 
 def run(args) -> int:
     """Run the parsed command."""
-    if args.cmd in ("generate", "compare") and args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise SettingsError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if getattr(args, "draft", None) is not None and not args.draft.strip():
         raise SettingsError("--draft needs a draft model's path (a .gguf file or a model folder)")
     _valid_arguments(args)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from core.cli.backends import load_model
-from core.engine.settings import MAX_LOOKUP
+from core.engine.settings import SCHEMA
 from core.errors import SettingsError
 from core.serving.run import is_loopback, serve_forever
 from core.serving.state import ServerState
@@ -21,8 +21,8 @@ def check_serve_args(args) -> None:
         raise SettingsError(f"--max-batch must be 1 to 256, got {args.max_batch}")
     if args.max_queue < 0:
         raise SettingsError(f"--max-queue must be 0 or more, got {args.max_queue}")
-    if not 0 <= args.lookup <= MAX_LOOKUP:
-        raise SettingsError(f"--lookup must be a whole number from 0 (off) to {MAX_LOOKUP}, got {args.lookup}")
+    if not SCHEMA["lookup"].accepts(args.lookup):
+        raise SettingsError(SCHEMA["lookup"].error(args.lookup, "--lookup"))
     if args.lookup and args.draft:
         raise SettingsError("choose --lookup or --draft, not both")
 

@@ -228,9 +228,6 @@ class SamplingParams:
     # (:meth:`with_text_bias`), so a lane on another checkpoint gets that vocabulary's ids.
     logit_bias_text: tuple[str, ...] = ()
 
-    KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed",
-            "max_new_tokens", "num_beams", "length_penalty", "lookup", "draft")
-
     def __post_init__(self) -> None:
         self.stop = tuple(self.stop)
         self.logit_bias_text = tuple(self.logit_bias_text)

@@ -12,7 +12,7 @@ import json
 import math
 
 from core.engine.constraint import Constraint
-from core.engine.settings import MAX_LOOKUP, SamplingParams, parse_logit_bias
+from core.engine.settings import LLAMADESK, NUMBERS, SCHEMA, SamplingParams, parse_logit_bias
 from core.errors import ConstraintError, LlamaDeskError, SettingsError
 
 MAX_TOP_LOGPROBS = 20
@@ -81,10 +81,6 @@ def _get(body: dict, key: str, kinds: tuple, default=None, *, what: str = "a num
     if isinstance(v, float) and not math.isfinite(v):
         raise APIError(400, f"{key} must be a finite number", param=key)
     return v
-
-
-# SamplingParams' names in its messages, as the API names them.
-_API_NAMES = {"max_new_tokens": "max_tokens"}
 
 
 def _schema_text(schema, field: str) -> str:
@@ -161,16 +157,15 @@ def _logit_bias(body: dict, vocab: int | None) -> dict[int, float]:
 
 
 def speculation_from_request(body: dict, *, lookup: int = 0, draft: str = "") -> tuple[int, str]:
-    """(lookup, draft) for a request: its ``lookup`` (0 to MAX_LOOKUP) and ``draft`` (true,
+    """(lookup, draft) for a request: its ``lookup`` (the schema's range) and ``draft`` (true,
     false, or the server's draft model's name) extension fields over the server's defaults
     ``lookup`` / ``draft`` (the draft model's name, "" for none). A field left out keeps
     the server's default, except that turning one kind on turns the other's default off.
     APIError 400 naming the field."""
     given_lookup, given_draft = body.get("lookup"), body.get("draft")
-    if given_lookup is not None:
-        if isinstance(given_lookup, bool) or not isinstance(given_lookup, int) or not 0 <= given_lookup <= MAX_LOOKUP:
-            raise APIError(400, f"lookup must be a whole number from 0 (off) to {MAX_LOOKUP}, "
-                           f"got {json.dumps(given_lookup)[:40]}", param="lookup")
+    if given_lookup is not None and (not isinstance(given_lookup, int) or not SCHEMA["lookup"].accepts(given_lookup)):
+        raise APIError(400, f"lookup must be {SCHEMA['lookup'].range_text()}, got {json.dumps(given_lookup)[:40]}",
+                       param="lookup")
     want = None
     if given_draft is not None:
         if given_draft is False or given_draft == "":
@@ -237,28 +232,31 @@ def sampling_from_request(body: dict, *, default_max_tokens: int, vocab: int | N
     n = _get(body, "n", (int,), 1, what="a whole number")
     if n < 1:
         raise APIError(400, f"n must be at least 1, got {n}", param="n")
-    fields, max_key = sampling_fields(body, default_max_tokens)
+    fields, _ = sampling_fields(body, default_max_tokens)
     params = SamplingParams(**fields, constraint=constraint_from_request(body)[0],
                             logit_bias=_logit_bias(body, vocab), logit_bias_text=_logit_bias_text(body))
     params.lookup, params.draft = speculation_from_request(body, lookup=lookup, draft=draft)
     try:
         params.validate()
-    except SettingsError as e:
-        msg, name = str(e), str(e).split(" ", 1)[0]
-        if name in _API_NAMES:
-            msg, name = msg.replace(name, max_key, 1), max_key
-        raise APIError(400, msg, param=name if name in SamplingParams.KEYS or name in (max_key, "stop") else None) from None
+    except SettingsError as e:  # what no one field says (lookup and draft both, ...): ranges came first
+        name = str(e).split(" ", 1)[0]
+        raise APIError(400, str(e), param=name if name in SCHEMA else None) from None
     params = params.resolved()
     # n choices differ: each draws from its own seed, seed + i, so the request reproduces.
     lanes = [SamplingParams.from_dict({**params.to_dict(), "seed": params.seed + i}) for i in range(n)]
     return lanes
 
 
+# The schema's numbers a request gives by their OpenAI names. lookup has its own parser
+# (speculation_from_request): it pairs with draft and the server's defaults.
+REQUEST_NUMBERS = tuple(s for s in NUMBERS if LLAMADESK in s.backends and s.name != "lookup")
+
+
 def sampling_fields(body: dict, default_max_tokens: int) -> tuple[dict, str]:
     """(the sampler settings a request gives, as SamplingParams keywords; the field that
-    gave the token limit: max_completion_tokens or max_tokens). Types are checked here,
-    ranges by SamplingParams.validate."""
-    num = (int, float)
+    gave the token limit: max_completion_tokens or max_tokens). Each number's kind and
+    declared range (core.engine.settings.SCHEMA) are checked here: APIError 400 naming the
+    field. A field left out takes OpenAI's default where the schema names one."""
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -266,14 +264,21 @@ def sampling_fields(body: dict, default_max_tokens: int) -> tuple[dict, str]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise APIError(400, "stop must be a string or a list of strings", param="stop")
-    top_k = _get(body, "top_k", (int,), 0, what="a whole number")
-    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _get(body, key, (int,), default_max_tokens, what="a whole number")
-    return dict(temperature=_get(body, "temperature", num, 1.0), top_p=_get(body, "top_p", num, 1.0),
-                top_k=0 if top_k == -1 else top_k,  # vLLM's "off"
-                min_p=_get(body, "min_p", num, 0.0), repetition_penalty=_get(body, "repetition_penalty", num, 1.0),
-                seed=_get(body, "seed", (int,), None, what="a whole number"), max_new_tokens=max_tokens,
-                stop=tuple(stop)), key
+    max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    kw: dict = {"stop": tuple(stop)}
+    for s in REQUEST_NUMBERS:
+        key, default = s.request_field, (s.default if s.api_default is None else s.api_default)
+        if s.name == "max_new_tokens":
+            key, default = max_key, default_max_tokens
+        whole = s.kind is int
+        v = _get(body, key, (int,) if whole else (int, float), default, what="a whole number" if whole else "a number")
+        if v is not None and v == s.api_off:
+            v = s.off
+        try:
+            kw[s.name] = s.check(v, key)
+        except SettingsError as e:
+            raise APIError(400, str(e), param=key) from None
+    return kw, max_key
 
 
 def completion_logprobs(body: dict) -> int | None:

@@ -5,7 +5,7 @@ import time
 from typing import Callable
 
 from core.engine.engine import Engine
-from core.engine.settings import MAX_LOOKUP
+from core.engine.settings import SCHEMA
 from core.errors import SettingsError
 from core.serving.scheduler import Job, Scheduler
 from core.tokenizer.fingerprint import tokenizer_fingerprint
@@ -30,8 +30,8 @@ class ServerState:
         self.model_id = model_id or loaded.name
         self.api_key = api_key or None
         self.engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids, compile=compile)
-        if (isinstance(lookup, bool) or not isinstance(lookup, int) or not 0 <= lookup <= MAX_LOOKUP):
-            raise SettingsError(f"--lookup must be a whole number from 0 (off) to {MAX_LOOKUP}, got {lookup!r}")
+        if not isinstance(lookup, int) or not SCHEMA["lookup"].accepts(lookup):
+            raise SettingsError(SCHEMA["lookup"].error(lookup, "--lookup"))
         if lookup and draft:
             raise SettingsError("choose --lookup or --draft, not both")
         self.lookup, self.draft = int(lookup), ""

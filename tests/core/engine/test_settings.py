@@ -1,7 +1,8 @@
 """The settings schema, walked: each numeric setting's declared range is exactly what
 every surface built from it accepts (SamplingParams, the sweep parser, the lane-spec
-parser; the panel's controls are checked in tests/gui/settings/test_panel_schema.py), and
-the client sends each setting only to the servers the schema says take it."""
+parser, the CLI's flags, serve's request fields; the panel's controls are checked in
+tests/gui/settings/test_panel_schema.py), and the client sends each setting only to the
+servers the schema says take it."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,11 +10,13 @@ import math
 
 import pytest
 
+from core.cli.main import UsageError, build_parser
 from core.engine.lanes import LANE_KEYS, SPEC_SETTINGS, SWEEP_KEYS, SWEEP_OTHER, SWEEP_PARAMS, parse_lane_spec, \
     parse_sweep
 from core.engine.settings import BACKENDS, LLAMADESK, LOCAL, NUMBERS, OPENAI, SCHEMA, SETTINGS, SamplingParams
 from core.errors import SettingsError
 from core.remote.client import Capabilities, RemoteError, RemoteModel
+from core.serving.protocol import APIError, sampling_from_request
 
 BIG = 10 ** 9  # "no upper bound" tried this far up
 
@@ -140,3 +143,49 @@ def test_the_client_sends_each_setting_where_the_schema_says_it_runs():
         assert e.value.kind == "unsupported" and name in str(e.value)
         assert name in ours.body(SamplingParams(**{name: value}), prompt="x")
 
+
+@pytest.mark.parametrize("name, value, ok", [c for c in CASES if LLAMADESK in SCHEMA[c[0]].backends])
+def test_serve_accepts_exactly_the_declared_range(name, value, ok):
+    s = SCHEMA[name]
+    body = {s.request_field: value}
+    if value == s.api_off:  # a request's declared word for off (vLLM's top_k -1)
+        [p] = sampling_from_request(body, default_max_tokens=16)
+        assert getattr(p, name) == s.off
+    elif ok:
+        [p] = sampling_from_request(body, default_max_tokens=16)
+        assert getattr(p, name) == value
+    else:
+        with pytest.raises(APIError) as e:
+            sampling_from_request(body, default_max_tokens=16)
+        assert e.value.status == 400 and e.value.param == s.request_field and s.request_field in str(e.value)
+
+
+def test_serve_takes_openai_defaults_and_vllm_off():
+    [p] = sampling_from_request({}, default_max_tokens=16)
+    assert (p.temperature, p.top_p, p.max_new_tokens) == (1.0, 1.0, 16)  # OpenAI's defaults, not the app's
+    [p] = sampling_from_request({"top_k": -1, "max_completion_tokens": 3}, default_max_tokens=16)
+    assert (p.top_k, p.max_new_tokens) == (0, 3)
+    with pytest.raises(APIError) as e:
+        sampling_from_request({"max_completion_tokens": 0}, default_max_tokens=16)
+    assert e.value.param == "max_completion_tokens"
+
+
+@pytest.mark.parametrize("name, value, ok", [c for c in CASES if SCHEMA[c[0]].flag])
+def test_the_cli_flags_accept_exactly_the_declared_range(name, value, ok):
+    s = SCHEMA[name]
+    argv = ["generate", "model.gguf", "--prompt", "x", f"{s.flag_name}={text(value)}"]
+    if ok:
+        assert getattr(build_parser().parse_args(argv), name) == value
+    else:
+        with pytest.raises(UsageError, match=f"argument {s.flag_name}: {name} must be"):
+            build_parser().parse_args(argv)
+
+
+def test_the_cli_flags_say_their_range_and_default(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--help"])
+    text = capsys.readouterr().out
+    for s in SETTINGS:
+        if s.flag and s.numeric:
+            assert s.flag_name in text, s.name
+    assert "(between 0 (exclusive) and 1; default 0.95)" in " ".join(text.split())
