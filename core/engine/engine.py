@@ -94,11 +94,12 @@ class Engine:
         # Embedding rows past the tokenizer (padded vocabularies) cannot be decoded: never sample them.
         tv = int(getattr(tokenizer, "vocab_size", 0) or 0)
         self.sample_limit = tv if 0 < tv < model.args.vocab_size else None
-        # Speculative decoding: draft models by name (draft_loader loads one on first use)
-        # and the measured time of an undrafted step per batch size (for the speed-up).
+        # Speculative decoding: draft models by name (draft_loader loads one on first use).
         self.drafts: dict = {}
         self.draft_loader: Callable[[str], object] | None = None
-        self.spec_step_s: dict[int, float] = {}
+        # The measured time of a plain decode step per batch size: what drafting lanes'
+        # tokens would have cost without drafting (their speed-up).
+        self.plain_step_s: dict[int, float] = {}
         self._vocabulary: Vocabulary | None = None
 
     @property
@@ -347,8 +348,8 @@ class Engine:
             took -= warm
             batch.warmed(warm)
         B = len(last)
-        self.spec_step_s[B] = took if B not in self.spec_step_s else 0.5 * (self.spec_step_s[B] + took)
-        plain = drafting.plain_step_s(B)
+        self.plain_step_s[B] = took if B not in self.plain_step_s else 0.5 * (self.plain_step_s[B] + took)
+        plain = drafting.plain_cost(B)
         for r, li in enumerate(batch.rows):
             self.cache.tokens[r].append(last[r])
             batch.ran(r, out[r])

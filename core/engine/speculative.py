@@ -279,9 +279,9 @@ class Drafting:
             if old_row < d.cache.batch:
                 d.cache.copy_row(old_row, new_row, len(d.cache.tokens[old_row]))
 
-    def plain_step_s(self, rows: int) -> float | None:
+    def plain_cost(self, rows: int) -> float | None:
         """The measured time of an undrafted step at ``rows`` rows (the nearest measured)."""
-        steps = self.engine.spec_step_s
+        steps = self.engine.plain_step_s
         if not steps:
             return None
         return steps[min(steps, key=lambda b: (abs(b - rows), b))]
@@ -293,7 +293,7 @@ class Drafting:
         if not self.specs:
             return {}
         b, eng = self.batch, self.engine
-        measuring = not eng.spec_step_s  # an undrafted step first, to estimate the speed-up
+        measuring = not eng.plain_step_s  # an undrafted step first, to estimate the speed-up
         plan: dict[int, Draft] = {}
         asks: dict[DraftModel, list[DraftAsk]] = {}
         for r, li in enumerate(b.rows):
@@ -357,7 +357,7 @@ class Drafting:
             eng.cache.tokens[r].extend(x)
         results = {r: self._verify(b.rows[r], out[r], d) for r, d in plan.items()}
         took = time.perf_counter() - t0
-        plain = self.plain_step_s(len(inputs))
+        plain = self.plain_cost(len(inputs))
         for r, li in enumerate(b.rows):
             if r in plan:
                 yield from self._keep(r, li, plan[r], results[r], out[r], took, plain)

@@ -702,7 +702,8 @@ def test_serve_batches_drafting_and_plain_requests_together(stories, pacing):
         del stories.model.forward
     assert [d.tokens for d in dones] == [a for a, _ in alone]
     assert [d.stats.speculative is not None for d in dones] == [False, True, True]
-    assert dones[1].stats.speculative["accepted"] > 0 and dones[2].stats.speculative["accepted"] > 0
+    for d in dones[1:]:  # each drafted, and its speed-up is against the measured plain step
+        assert d.stats.speculative["accepted"] > 0 and d.stats.speculative["speedup"] > 0
     assert len(forwards) <= max(n for _, n in alone) + 3  # shared: about the longest alone, not the sum
     assert any(b >= 2 and t > 1 for b, t in forwards)  # drafts verified with the plain lane in the rows
     assert max(b for b, _ in forwards) == 3  # the draft-model request joined the running two
