@@ -1,21 +1,21 @@
 """The comparison's Sweep row: one setting and its values, to make one lane per value.
 
-Self-contained (it knows the settings that sweep, how to hint their values and how to
-add a draft model's file); the view parses the values against lane 1's settings
+Self-contained (the settings that sweep, their names, ranges and help come from the
+settings schema, :data:`core.engine.settings.SCHEMA`; it hints their values and adds a
+draft model's file); the view parses the values against lane 1's settings
 (:func:`core.engine.lanes.parse_sweep`) when "Make lanes" asks it to.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QLineEdit, QPushButton
 
 from core.engine.lanes import SWEEP_KEYS, draft_name
+from core.engine.settings import SCHEMA
 
 from gui import theme
 from gui.settings import speculative
 
-SWEEP_NAMES = {"lookup": "prompt lookup (speculative)", "draft": "draft model (speculative)",
-               "logit_bias_text": "logit bias", "constraint": "output format"}
 SWEEP_HINTS = {"temperature": "0.2, 0.7, 1.2   or a range   0.2:1.4:0.4",
                "seed": "1, 2, 3   or a range   1:8", "lookup": "0, 2, 4   (0 = off)",
                "draft": "off, /models/small.gguf, /models/tiny.gguf   (… adds a file)",
@@ -24,8 +24,14 @@ SWEEP_HINTS = {"temperature": "0.2, 0.7, 1.2   or a range   0.2:1.4:0.4",
 
 
 def sweep_name(key: str) -> str:
-    """How the row and the status line name a setting."""
-    return SWEEP_NAMES.get(key, key.replace("_", " "))
+    """How the row and the status line name a setting: the schema's label, in lower case."""
+    return SCHEMA[key].label.lower()
+
+
+def sweep_tip(key: str) -> str:
+    """What a setting does and, for a number, the values it takes."""
+    s = SCHEMA[key]
+    return f"{s.label}: {s.range_text()}. {s.help}" if s.numeric else f"{s.label}: {s.help}"
 
 
 def describe_sweep(key: str, values: list) -> str:
@@ -66,11 +72,13 @@ class SweepRow(QFrame):
         self.param.setAccessibleName("Setting to sweep")
         for key in SWEEP_KEYS:
             self.param.addItem(sweep_name(key), key)
+            self.param.setItemData(self.param.count() - 1, sweep_tip(key), Qt.ToolTipRole)
         self.param.currentIndexChanged.connect(self._param_chosen)
         self.values = QLineEdit()
         self.values.setObjectName("sweepValuesEdit")
         self.values.setAccessibleName("Sweep values")
         self.values.setPlaceholderText(SWEEP_HINTS["temperature"])
+        self.values.setToolTip(sweep_tip("temperature"))
         self.values.returnPressed.connect(self.applyRequested.emit)
         self.apply_button = _button("Make lanes", "sweepApplyButton",
                                     "Replace the lanes: one per value, the rest copied from lane 1")
@@ -102,6 +110,7 @@ class SweepRow(QFrame):
     def _param_chosen(self, *_) -> None:
         key = self.key()
         self.values.setPlaceholderText(SWEEP_HINTS.get(key, SWEEP_HINTS["temperature"]))
+        self.values.setToolTip(sweep_tip(key))
         self.browse_button.setVisible(key == "draft")
         self.error.setText("")
 

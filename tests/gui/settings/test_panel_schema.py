@@ -1,13 +1,15 @@
 """The settings panel's controls are built from the schema: each numeric setting's spin
 box has the declared control range, step, decimals and help, and every value it can
-hold is one SamplingParams accepts."""
+hold is one SamplingParams accepts. The comparison's Sweep row offers the schema's
+sweepable settings, named and explained by their declarations."""
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import QDoubleSpinBox
 
-from core.engine.settings import NUMBERS, SamplingParams
+from core.engine.settings import NUMBERS, SCHEMA, SETTINGS, SamplingParams
+from gui.compare.sweep_row import SweepRow
 from gui.settings.panel import SamplingPanel
 
 SHOWN = [s for s in NUMBERS if s.panel]
@@ -43,3 +45,17 @@ def test_each_control_offers_exactly_the_declared_range(panel, s):
         assert w.value() == pytest.approx(hi)
     w.setValue(lo - 10 * s.step)
     assert w.value() == pytest.approx(lo)
+
+
+def test_the_sweep_row_offers_the_schemas_sweepable_settings_with_their_ranges(qtbot):
+    row = SweepRow()
+    qtbot.addWidget(row)
+    keys = [row.param.itemData(i) for i in range(row.param.count())]
+    assert set(keys) == {s.name for s in SETTINGS if s.sweep}
+    for i, key in enumerate(keys):
+        s = SCHEMA[key]
+        assert row.param.itemText(i) == s.label.lower()
+        tip = row.param.itemData(i, Qt.ToolTipRole)
+        assert s.help in tip and (not s.numeric or s.range_text() in tip)
+        row.param.setCurrentIndex(i)
+        assert row.values.toolTip() == tip
