@@ -159,10 +159,10 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     torch.multinomial costs ~1 ms for a 32k vocabulary on CPU; this ~0.05 ms.
     """
     u = torch.rand((), generator=generator, dtype=probs.dtype, device=probs.device)
-    return int(_inverse_cdf(probs.unsqueeze(0), u.view(1))[0])
+    return int(inverse_cdf(probs.unsqueeze(0), u.view(1))[0])
 
 
-def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Row-wise: the first index whose cumulative mass exceeds u [B] times the row's total."""
     cdf = probs.cumsum(-1)
     # right=True: the first token whose cumulative mass exceeds u, never a zero-mass one.
@@ -399,30 +399,30 @@ def _candidate_draw(x: torch.Tensor, temps: Sequence[float], qs: Sequence[Sampli
     ok = (cand_s & ~keep & (vals_s > c / t)).any(-1)
     # Draw over the kept candidates in id order, as the reference's cumsum runs.
     keep_by_id = torch.empty_like(keep).scatter_(-1, order, keep)
-    at = _inverse_cdf(vals.masked_fill(~keep_by_id, ninf).softmax(-1), u)
+    at = inverse_cdf(vals.masked_fill(~keep_by_id, ninf).softmax(-1), u)
     tokens = ids.gather(-1, at.view(S, 1)).view(S)
     whole = [i for i, q in enumerate(qs) if q.top_p >= 1.0 and q.min_p <= 0]
     for i in whole:  # nothing (more) to filter: the reference's own draw over the whole row
-        tokens[i] = _inverse_cdf(_tempered(x[i], temps[i]).softmax(-1).view(1, V), u[i].view(1))[0]
+        tokens[i] = inverse_cdf(_tempered(x[i], temps[i]).softmax(-1).view(1, V), u[i].view(1))[0]
         ok[i] = True
     return tokens, ok
 
 
 def _window_draw(x: torch.Tensor, q: SamplingParams, u: torch.Tensor) -> torch.Tensor:
     """One row's token (x [V], top-k already applied) by the reference's filters and draw,
-    with the top-p cut found by :func:`_top_p_kept` instead of a sort of the row; the
+    with the top-p cut found by :func:`top_p_kept` instead of a sort of the row; the
     reference's sort only when that misses."""
     ninf = float("-inf")
     if q.top_p < 1.0:
-        kept = _top_p_kept(x, q.top_p) if bool(torch.isfinite(x.amax())) else None
+        kept = top_p_kept(x, q.top_p) if bool(torch.isfinite(x.amax())) else None
         if kept is None:
             plain = replace(q, temperature=1.0, repetition_penalty=1.0, logit_bias={}, top_k=0)
-            return _inverse_cdf(filter_rows(x.view(1, -1), [plain], [None]).softmax(-1), u.view(1))[0]
+            return inverse_cdf(filter_rows(x.view(1, -1), [plain], [None]).softmax(-1), u.view(1))[0]
         x = x.masked_fill(~kept, ninf)
-    return _inverse_cdf(min_p_filter(x, q.min_p).view(1, -1).softmax(-1), u.view(1))[0]
+    return inverse_cdf(min_p_filter(x, q.min_p).view(1, -1).softmax(-1), u.view(1))[0]
 
 
-def _top_p_kept(x: torch.Tensor, p: float, tries: int = 4) -> torch.Tensor | None:
+def top_p_kept(x: torch.Tensor, p: float, tries: int = 4) -> torch.Tensor | None:
     """top_p_filter's kept tokens of one row x [V] (bool [V]), sorting only a window.
 
     A strided sample of the row, sorted, estimates where the mass above a value reaches
@@ -475,15 +475,15 @@ def _top_p_kept(x: torch.Tensor, p: float, tries: int = 4) -> torch.Tensor | Non
     return None
 
 
-def _filtered(row: torch.Tensor, q: SamplingParams, previous: torch.Tensor | None) -> torch.Tensor:
+def filtered_row(row: torch.Tensor, q: SamplingParams, previous: torch.Tensor | None) -> torch.Tensor:
     """filter_logits(row, q, previous) for one row [V] without sorting it: top-p's cut
-    from :func:`_top_p_kept`, the reference's sort only where that defers."""
+    from :func:`top_p_kept`, the reference's sort only where that defers."""
     x = _prepared(row.view(1, -1), [q], [previous], None)[0]
     if q.greedy:
         return x
     x = top_k_filter(_tempered(x, q.temperature), q.top_k)
     if q.top_p < 1.0:
-        kept = _top_p_kept(x, q.top_p) if bool(torch.isfinite(x.amax())) else None
+        kept = top_p_kept(x, q.top_p) if bool(torch.isfinite(x.amax())) else None
         x = top_p_filter(x, q.top_p) if kept is None else x.masked_fill(~kept, float("-inf"))
     return min_p_filter(x, q.min_p)
 
@@ -514,7 +514,7 @@ def top_alternatives(logits: torch.Tensor, params: SamplingParams, previous: tor
         filt_logits = filtered
     else:
         src = logits.float() if allowed is None else logits.float().masked_fill(~allowed, float("-inf"))
-        filt_logits = _filtered(src, params, previous)
+        filt_logits = filtered_row(src, params, previous)
     if params.greedy:
         filt = torch.zeros_like(raw)
         filt[filt_logits.argmax()] = 1.0

@@ -4,7 +4,8 @@ import math
 import pytest
 
 from core.engine.lanes import (MAX_LANES, distinct_n, divergence_index, lane_stats, lock_seeds, mean_logprob,
-                          parse_sweep, perplexity, settings_label, sweep_lanes, token_diff)
+                               parse_sweep, perplexity, settings_label, sweep_lanes, text_diff, token_diff)
+from core.engine.settings import SamplingParams
 from core.errors import SettingsError
 
 
@@ -138,7 +139,6 @@ def test_parse_sweep_every_knob():
 def test_draft_model_sweep_and_its_exclusion_with_prompt_lookup():
     """A draft model sweeps over paths ("off" is none); every lane it makes validates as
     SamplingParams, since a lane with a draft turns lookup off and a lookup lane the draft."""
-    from core.engine.settings import SamplingParams
     assert parse_sweep("off, /m/a.gguf, ~/m/b folder/, /m/a.gguf", "draft") == ["", "/m/a.gguf", "~/m/b folder/"]
     assert parse_sweep("OFF", "draft") == [""]
     for bad, needle in (("", "draft models' paths"), (" , ,", "draft models' paths"),
@@ -179,7 +179,6 @@ def test_settings_label():
 
 
 def test_text_diff_aligns_lanes_of_different_tokenizers_by_text():
-    from core.engine.lanes import text_diff
     # Same text, cut into tokens differently: identical by text.
     d = text_diff("Once upon a time", ["Once", " upon", " a", " time"])
     assert d.divergence is None and not any(d.changed) and d.removed == 0

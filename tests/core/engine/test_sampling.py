@@ -1,13 +1,20 @@
 """Samplers on hand-made distributions, seeded determinism, beam search."""
+import json
 import math
+from unittest import mock
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+import core.engine.sampling as sampling
 from core.engine.beam import beam_search
-from core.errors import SettingsError
-from core.engine.sampling import apply_repetition_penalty, filter_logits, min_p_filter, sample, top_alternatives, top_k_filter, top_p_filter, seeded_generator
+from core.engine.sampling import (apply_repetition_penalty, choose_tokens, draw, filter_logits, inverse_cdf,
+                                  filter_rows, min_p_filter, sample, seeded_generator, top_alternatives, top_k_filter,
+                                  top_p_filter)
 from core.engine.settings import SamplingParams, parse_logit_bias
+from core.errors import SettingsError
 
 
 def logits_of(probs):
@@ -127,7 +134,6 @@ def test_beam_search_beats_greedy_on_a_trap():
 
 def test_rows_filtered_together_equal_each_filtered_alone():
     """Comparison lanes filter in one batch; every row must equal its single-row result."""
-    from core.engine.sampling import filter_rows
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(5, 300, generator=g) * 3
     params = [SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0),
@@ -143,7 +149,6 @@ def test_rows_filtered_together_equal_each_filtered_alone():
 
 
 def test_draw_never_picks_a_removed_token_and_is_seeded():
-    from core.engine.sampling import draw
     probs = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0])
     g = torch.Generator().manual_seed(0)
     picks = [draw(probs, g) for _ in range(500)]
@@ -153,11 +158,6 @@ def test_draw_never_picks_a_removed_token_and_is_seeded():
 
 
 # -- the fast sampler against the reference filters ------------------------------------------
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from core.engine.sampling import _inverse_cdf, choose_tokens, filter_rows  # noqa: E402
 
 _params = st.builds(
     SamplingParams,
@@ -191,7 +191,7 @@ def _reference_in_float64(row, q, prev):
     if q.greedy:
         return sample(row, q, None, prev)
     filt = filter_rows(row.double().view(1, -1), [q], [prev])
-    return int(_inverse_cdf(filt.softmax(-1), u.double().view(1))[0])
+    return int(inverse_cdf(filt.softmax(-1), u.double().view(1))[0])
 
 
 @settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -280,7 +280,6 @@ def test_banning_the_greedy_token_gives_the_runner_up():
 
 
 def test_logit_bias_survives_json_and_rejects_bad_values():
-    import json
     q = SamplingParams(logit_bias={5: -math.inf, 7: 2.5})
     back = SamplingParams.from_dict(json.loads(json.dumps(q.to_dict())))
     assert back.logit_bias == {5: -math.inf, 7: 2.5}
@@ -301,11 +300,6 @@ def test_logit_bias_spec_by_text():
 
 
 # ---------------------------------------------------------------- the cut without a full sort
-
-from unittest import mock  # noqa: E402
-
-import core.engine.sampling as sampling  # noqa: E402
-
 
 def _before64(row, p):
     """The reference's ``before`` (mass strictly above each token, stable sorted order) in
@@ -348,9 +342,9 @@ sample_ = sample
 
 
 def _window_or_justified(row, p):
-    """_top_p_kept(row, p) is the reference's kept set, or None only where a token's
+    """top_p_kept(row, p) is the reference's kept set, or None only where a token's
     float32 ``before`` in the reference lies within rounding of p. True when decided."""
-    kept = sampling._top_p_kept(row, p)
+    kept = sampling.top_p_kept(row, p)
     if kept is None:
         vals = row.sort(descending=True, stable=True).values
         probs = vals.softmax(-1)
@@ -396,7 +390,7 @@ def test_ties_across_the_top_p_cut_keep_the_lowest_ids(scale):
         p = float(above + (n_kept - 0.5) * q)  # halfway through a tie step: no rounding decides
         want = torch.isfinite(top_p_filter(row, p))
         assert int(want[group].sum()) == n_kept
-        assert torch.equal(sampling._top_p_kept(row, p), want)
+        assert torch.equal(sampling.top_p_kept(row, p), want)
         params = [SamplingParams(temperature=1.0, top_p=p, seed=s) for s in range(3)]
         lg = row.expand(3, V).contiguous()
         got = choose_tokens(lg, params, [None] * 3, [seeded_generator(q) for q in params])
@@ -455,7 +449,7 @@ def test_inspector_filters_without_the_sort_equal_the_reference(sample_size):
             for q in params:
                 row = torch.randn(20000, generator=g) * std
                 prev = torch.tensor([1, 5, 9, 9])
-                assert torch.equal(sampling._filtered(row, q, prev), filter_logits(row, q, prev))
+                assert torch.equal(sampling.filtered_row(row, q, prev), filter_logits(row, q, prev))
     row = torch.randn(20000, generator=g)
     alt = top_alternatives(row, params[0], k=5)
     ref = filter_logits(row, params[0]).softmax(-1)
