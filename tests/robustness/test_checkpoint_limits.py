@@ -12,7 +12,14 @@ import torch
 from core import limits
 from core.checkpoints import load
 from core.errors import CheckpointError, LlamaDeskError, ResourceError, plain_text
+from core.cli.main import main
+from core.engine.engine import Engine
+from core.engine.events import Token
+from core.engine.settings import SamplingParams
+from tests.core.checkpoints.util import random_model, sp_vocab, write_gguf as write_model_gguf
 from tools.badinputs import write_gguf
+import gguf
+import shutil
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -116,7 +123,6 @@ def _first_float(t):
 
 
 def test_non_finite_weights_are_refused_in_every_format(seeds, clone, tmp_path):
-    import gguf
     from safetensors.torch import load_file, save_file
     r = gguf.GGUFReader(seeds["gguf"])
     t = next(t for t in r.tensors if t.name == "blk.2.ffn_up.weight")
@@ -171,7 +177,6 @@ def test_duplicate_safetensors_key_is_refused(seeds, clone):
 
 @pytest.mark.parametrize("kind", ["meta", "hf"])
 def test_folders_whose_names_are_not_utf8_load(seeds, tmp_path, kind):
-    import shutil
     d = os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9-\xff-" + kind.encode())
     shutil.copytree(seeds[kind], d)
     lm = load(d, device="cpu", dtype="float32")
@@ -193,10 +198,6 @@ def test_messages_are_one_plain_line_cut_at_a_word():
 
 
 def test_embedding_larger_than_tokenizer_is_reported_and_never_sampled(tmp_path):
-    from core.engine.engine import Engine
-    from core.engine.events import Done, Token
-    from core.engine.settings import SamplingParams
-    from tests.core.checkpoints.util import random_model, sp_vocab, write_gguf as write_model_gguf
     m = random_model(3)  # vocab 288; the tokenizer below has 279 tokens
     with torch.no_grad():
         m.output.weight[279:] = m.output.weight[279:] * 0 + 50.0  # the padded rows would always win
@@ -214,7 +215,6 @@ def test_embedding_larger_than_tokenizer_is_reported_and_never_sampled(tmp_path)
 
 
 def test_symlinked_files_load_and_info_reports_them(seeds, tmp_path, capsys):
-    from core.cli.main import main
     d = tmp_path / "linked"
     d.mkdir()
     for f in seeds["meta"].iterdir():
@@ -225,7 +225,6 @@ def test_symlinked_files_load_and_info_reports_them(seeds, tmp_path, capsys):
 
 
 def test_tokenize_reads_only_the_magic_of_a_huge_file(tmp_path, capsys):
-    from core.cli.main import main
     f = tmp_path / "huge.model"
     with open(f, "wb") as fh:
         fh.write(b"\x0a\x05junk")

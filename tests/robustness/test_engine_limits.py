@@ -4,6 +4,7 @@ import threading
 
 import pytest
 import torch
+import os
 
 from core.engine import prefill as prefill_mod
 from core.checkpoints import load
@@ -11,6 +12,8 @@ from core.engine.engine import Engine
 from core.engine.events import Done, Token
 from core.errors import SettingsError
 from core.engine.settings import SamplingParams
+from core.cli.main import main
+from core.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,7 +46,6 @@ def test_extreme_sampler_values_are_clean_errors(field, value):
 
 
 def test_cli_extreme_values_exit_2_with_one_line(seeds, capsys):
-    from core.cli.main import main
     for opt, v in (("--length-penalty", "1e308"), ("--repetition-penalty", "1e-45")):
         rc = main(["generate", str(seeds["gguf"]), "--prompt", "x", "--device", "cpu", opt, v])
         err = capsys.readouterr().err
@@ -90,27 +92,22 @@ RAW = b"caf\xe9 ok \xed\xa0\x80"
 
 
 def check_replaced(tok):
-    import os
     ids = tok.encode(os.fsdecode(RAW))  # what Python makes of invalid UTF-8 in argv
     assert ids == tok.encode(RAW.decode("utf-8", "replace"))
     assert tok.encode("a\ud800b") == tok.encode("a\ufffdb")
 
 
 def test_invalid_utf8_text_is_replaced_not_raised(seeds):
-    from core.tokenizer import load_tokenizer
     check_replaced(load(seeds["gguf"], device="cpu").tokenizer)  # SentencePiece
     check_replaced(load_tokenizer(seeds["tokenizer.json"]))  # tokenizers
 
 
 def test_invalid_utf8_text_with_meta_tokenizers(meta_fixtures):
-    from core.tokenizer import load_tokenizer
     check_replaced(load_tokenizer(meta_fixtures / "llama2-tokenizer.model"))
     check_replaced(load_tokenizer(meta_fixtures / "llama3-tokenizer.model"))  # tiktoken
 
 
 def test_cli_invalid_utf8_prompt_warns_and_generates(seeds, capsys):
-    import os
-    from core.cli.main import main
     rc = main(["generate", str(seeds["gguf"]), "--prompt", os.fsdecode(b"Once \xff upon"), "--device", "cpu",
                "--max-new-tokens", "3", "--seed", "1"])
     err = capsys.readouterr().err

@@ -13,6 +13,7 @@ from core.checkpoints import load
 from core.errors import LlamaDeskError
 from core.tokenizer import load_tokenizer
 from tools.badinputs import write_gguf
+import base64
 
 pytestmark = pytest.mark.timeout(300)
 FUZZ = settings(max_examples=25, deadline=None, derandomize=True,
@@ -161,7 +162,6 @@ def test_tokenizer_json(seeds, tmp_path, edit):
 @FUZZ
 @given(lines=st.lists(st.tuples(st.binary(min_size=0, max_size=4), st.integers(-3, 2**70)), min_size=1, max_size=40))
 def test_tiktoken_ranks(tmp_path, lines):
-    import base64
     f = tmp_path / "ranks.model"
     f.write_bytes(b"".join(base64.b64encode(b) + b" " + str(r).encode() + b"\n" for b, r in lines if b))
     if f.stat().st_size:

@@ -8,6 +8,7 @@ from core import limits
 from core.engine.events import Done
 from core.worker.protocol import Error, Loaded, Unloaded
 from tests.helpers import completion, is_token, loaded_ok
+from core.checkpoints import common
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,7 +42,6 @@ def test_memory_errors_while_generating_leave_the_worker_alive(make_worker, seed
 
 
 def test_memory_error_while_loading_keeps_the_working_model(make_worker, seeds, monkeypatch):  # noqa: F811
-    from core.checkpoints import common
     w, col = make_worker()
     loaded_ok(col, w.load(seeds["gguf"]))
 

@@ -12,6 +12,7 @@ from core.checkpoints.convert import convert
 from tests.core.checkpoints.util import (PROMPT, greedy, hf_greedy, random_model, write_gguf, write_llama3_gguf,
                                          write_tiny_tokenizer)
 from tests.helpers import tiny_hf
+from core.errors import CheckpointError
 
 
 def hf_from(folder):
@@ -111,7 +112,6 @@ def test_cli_convert_and_info(fixtures, tmp_path, capsys):
 
 
 def test_convert_refuses_same_or_bad_destination(fixtures, tmp_path):
-    from core.errors import CheckpointError
     (tmp_path / "file").write_text("x")
     with pytest.raises(CheckpointError):
         convert(fixtures / "stories260K.gguf", tmp_path / "file")

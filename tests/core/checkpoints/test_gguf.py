@@ -32,6 +32,8 @@ from tests.core.checkpoints.util import (LLAMA3_TEMPLATE, hf_greedy, random_mode
                                          write_gguf, write_llama3_gguf)
 from core.model.transformer import ModelArgs  # noqa: E402
 from tests.helpers import meta_from_hf, tiny_hf  # noqa: E402
+from core.checkpoints.gguf import scaling_from_rope_freqs
+from core.model.transformer import rope_frequencies
 
 IDS = torch.randint(0, 280, (2, 40), generator=torch.Generator().manual_seed(3))
 
@@ -90,7 +92,6 @@ def test_rope_freqs_tensor_becomes_llama3_scaling(tmp_path):
                  rope_scaling={"rope_type": "llama3", **consts})
     ours = meta_from_hf(hf)
     plain = dataclasses.replace(ours.args, rope_scaling=None)
-    from core.model.transformer import rope_frequencies
     factors = (rope_frequencies(plain).double() / rope_frequencies(ours.args).double()).numpy()
     unscaled = reference_model(plain, ours.state_dict())
     f = tmp_path / "l31.gguf"
@@ -119,8 +120,6 @@ def test_gpt2_vocab_and_llama3_chat_template(tmp_path):
 
 def test_rope_freqs_with_few_blended_entries(tmp_path):
     """head_dim 16 leaves one blended frequency: constants are not unique, frequencies are."""
-    from core.checkpoints.gguf import scaling_from_rope_freqs
-    from core.model.transformer import rope_frequencies
     for consts in ({"factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
                     "original_max_position_embeddings": 32},
                    {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -6,11 +6,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize
 
 from core.checkpoints import load
 from core.errors import CheckpointError
 from tests.core.checkpoints.util import random_model, write_gguf
 from tests.helpers import greedy
+from core.checkpoints.gguf_write import gguf_tensor_bytes
+from tests.core.checkpoints.util import q6_k_blocks
 
 PROMPT = [1, 403, 407, 261, 378]  # BOS + "Once upon a time"
 IDS = torch.randint(3, 280, (2, 48), generator=torch.Generator().manual_seed(5))
@@ -56,7 +62,6 @@ def test_packed_forward_matches_dequantized_forward(tmp_path, qtype):
     # memory: within 1.25x of the file's tensor bytes (bf16 scale+zero per 32 weights, 64-row
     # padding); the 5- and 6-bit types take two 4-bit planes (10 bits a weight against the
     # file's 5.5-6.6), under 0.4x of the float32 they replace (norms and the embedding included).
-    from core.checkpoints.gguf_write import gguf_tensor_bytes
     limit = {"Q5_0": 1.9, "Q5_1": 1.75, "Q5_K": 1.9, "Q6_K": 1.6}.get(qtype, 1.25)
     assert packed.info["memory_bytes"] <= limit * gguf_tensor_bytes(f)
     assert packed.info["memory_bytes"] < 0.4 * floats.info["memory_bytes"]
@@ -126,7 +131,6 @@ def test_corrupt_quantized_tensors_name_file_and_tensor(tmp_path):
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
 def test_non_finite_block_scale_is_refused(tmp_path, qtype):
-    import gguf
     m = random_model(3, dim=128, n_heads=4, n_kv_heads=2, hidden_dim=192)
     f = tmp_path / "nan.gguf"
     write_gguf(f, m, qtype=qtype)
@@ -142,11 +146,6 @@ def test_non_finite_block_scale_is_refused(tmp_path, qtype):
 
 def test_the_tests_q6_k_writer_round_trips_through_gguf():
     """q6_k_blocks (test data: gguf has no Q6_K quantizer) lays blocks out as gguf reads them."""
-    import numpy as np
-    from gguf import GGMLQuantizationType as Q
-    from gguf.quants import dequantize
-
-    from tests.core.checkpoints.util import q6_k_blocks
     x = np.random.default_rng(0).standard_normal((64, 512)).astype(np.float32)
     y = dequantize(q6_k_blocks(x), Q.Q6_K).reshape(x.shape)
     assert np.sqrt(((y - x) ** 2).mean() / (x ** 2).mean()) < 0.03  # a 6-bit quantizer's error
@@ -192,7 +191,6 @@ def test_resident_memory_after_load_stays_near_the_packed_bytes(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(f), str(tiny)], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[3], check=True)
     grown, packed = map(int, out.stdout.split())
-    from core.checkpoints.gguf_write import gguf_tensor_bytes
     tensor = gguf_tensor_bytes(f)
     assert packed <= 1.2 * tensor
     assert grown <= 1.35 * tensor, grown / tensor

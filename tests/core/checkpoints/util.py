@@ -5,8 +5,17 @@ import json
 from pathlib import Path
 
 import torch
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize, quantize
 
 from tests.helpers import greedy, hf_greedy, widen_weights  # noqa: F401  (re-exported for the checkpoint tests)
+from core.checkpoints.gguf import gguf_name
+from core.checkpoints.gguf_write import add_llama_params
+from core.model.transformer import ModelArgs, Transformer
+from core.tokenizer import bytes_to_unicode
 
 PROMPT = [1, 403, 407, 261, 378]  # stories260K's BOS + "Once upon a time"
 
@@ -48,14 +57,6 @@ def write_gguf(path: Path, model, *, qtype="F32", qtypes=None, vocab=None, arch=
     2-D weights are stored as ``qtype`` (or ``qtypes[meta_name]``); norms stay F32.
     Returns {meta name: the float32 tensor the file really holds (dequantized)}.
     """
-    import gguf
-    import numpy as np
-    from gguf import GGMLQuantizationType as Q
-    from gguf.quants import dequantize, quantize
-
-    from core.checkpoints.gguf import gguf_name
-    from core.checkpoints.gguf_write import add_llama_params
-
     a = model.args
     w = gguf.GGUFWriter(str(path), arch)
     add_llama_params(w, a)  # keys carry the writer's arch (another arch: the loader must refuse it)
@@ -113,8 +114,6 @@ def q6_k_blocks(x):
     """A float [rows, cols] matrix as Q6_K blocks (gguf has no Q6_K quantizer): symmetric
     6-bit values under an int8 scale per 16 weights and an fp16 d per 256, laid out as
     gguf's dequantizer reads them (the round trip is checked against it in the tests)."""
-    import numpy as np
-
     rows, cols = x.shape
     b = x.astype(np.float32).reshape(-1, 16, 16)  # [blocks, sub-blocks, 16]
     scale = np.abs(b).max(-1) / 31  # per sub-block
@@ -133,10 +132,6 @@ def q6_k_blocks(x):
 
 
 def _random_k_blocks(shape, kind):
-    import numpy as np
-    from gguf import GGMLQuantizationType as Q
-    from gguf.constants import GGML_QUANT_SIZES
-
     block, size = GGML_QUANT_SIZES[kind]
     rows, cols = shape
     rng = np.random.default_rng(rows * 7 + cols)
@@ -152,8 +147,6 @@ def _random_k_blocks(shape, kind):
 
 def reference_model(args, tensors):
     """Our Transformer holding exactly ``tensors`` (float32)."""
-    from core.model.transformer import Transformer
-
     m = Transformer(args)
     m.load_state_dict(tensors, strict=not args.tie_word_embeddings)
     if args.tie_word_embeddings:
@@ -163,7 +156,6 @@ def reference_model(args, tensors):
 
 def random_model(seed=0, **kw):
     """A random Transformer (vocab 288 unless told), weights widened so greedy choices are clear."""
-    from core.model.transformer import ModelArgs, Transformer
     base = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=288, hidden_dim=160,
                 norm_eps=1e-5, max_seq_len=256)
     torch.manual_seed(seed)
@@ -177,7 +169,6 @@ LLAMA3_TEMPLATE = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|e
 def write_llama3_gguf(f: Path) -> tuple[int, int, int]:
     """A random model with a byte-level (gpt2) vocabulary and Llama 3's chat template, written
     as GGUF to f; returns its bos, eos and end-of-turn ids."""
-    from core.tokenizer import bytes_to_unicode
     byte_chars = list(bytes_to_unicode().values())
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
     tokens = byte_chars + ["he", "ll", "hell", "hello", "\u0120w"] + specials

@@ -9,6 +9,7 @@ from core.history.export import EXPORT_FORMAT, export_json, export_markdown, imp
 from core.errors import LlamaDeskError
 from core.history.records import HistoryError
 from tests.helpers import greetings_chat as chat, texts
+from core.history.export import export_file_name, read_export
 
 
 def test_export_markdown(h):
@@ -83,8 +84,6 @@ def test_bad_import_raises_history_error(h, data, match):
 
 
 def test_read_export_refuses_non_json_in_the_users_words(tmp_path):
-    from core.history.export import read_export
-    from core.history.records import HistoryError
     (tmp_path / "a.json").write_text('{"format": "llamadesk.conversation"}', encoding="utf-8")
     assert read_export(tmp_path / "a.json") == {"format": "llamadesk.conversation"}
     for name, data, words in [("notes.txt", b"hello", "not JSON"), ("img.json", b"\xff\xd8\xff\xe0", "not a text file")]:
@@ -101,5 +100,4 @@ def test_read_export_refuses_non_json_in_the_users_words(tmp_path):
                                          ("Tell me a story.", "Tell me a story"), ("***", "chat"),
                                          ("a/b\\c: d", "a b c d")])
 def test_export_file_name_never_ends_in_punctuation(title, name):
-    from core.history.export import export_file_name
     assert export_file_name(title, "md") == f"{name}.md"

@@ -9,6 +9,8 @@ import hashlib
 import threading
 
 import pytest
+import json
+import shutil as sh
 
 from core.library import downloads
 from core.library.downloads import (DownloadFailed, DownloadFinished, DownloadManager, DownloadProgress,
@@ -16,6 +18,10 @@ from core.library.downloads import (DownloadFailed, DownloadFinished, DownloadMa
 from core.library.hub import HubClient
 from core.library.library import LibraryState, scan
 from tests.hubserver import GATED_REPO, GGUF_REPO, HF_REPO
+from core.checkpoints import load
+from core.errors import DownloadError
+from tests.core.checkpoints.util import PROMPT
+from tests.helpers import greedy
 
 STORIES = "stories260K.gguf"
 
@@ -75,10 +81,6 @@ def sha256(path):
 
 
 def test_download_verifies_lands_in_the_library_and_generates(env, fixtures):
-    from core.checkpoints import load
-    from tests.core.checkpoints.util import PROMPT
-    from tests.helpers import greedy
-
     m, ev = env.manager()
     job = m.enqueue(GGUF_REPO, [STORIES])
     done = ev.end(job)
@@ -97,8 +99,6 @@ def test_download_verifies_lands_in_the_library_and_generates(env, fixtures):
 
 
 def test_a_safetensors_folder_lands_whole_and_loads(env, hub_server):
-    from core.checkpoints import load
-
     client = HubClient(hub_server.url)
     [folder] = client.repo_files(HF_REPO)
     m, ev = env.manager(client)
@@ -206,8 +206,6 @@ def test_a_repository_that_vanishes_mid_download(env):
 
 
 def test_full_disk_before_and_during(env, monkeypatch):
-    import shutil as sh
-
     real = sh.disk_usage
     monkeypatch.setattr(downloads.shutil, "disk_usage", lambda p: real(p)._replace(free=10_000))
     m, ev = env.manager()
@@ -245,8 +243,6 @@ def test_no_network_says_so_and_keeps_the_partial_for_later(env, fixtures):
 
 
 def test_bad_requests_are_refused_at_once(env):
-    from core.errors import DownloadError
-
     m, _ = env.manager()
     for repo, names in [("noslash", ["a.gguf"]), ("../x", ["a.gguf"]), ("a/..", ["a.gguf"]), ("/a/b", ["a.gguf"]),
                         (GGUF_REPO, []), (GGUF_REPO, ["../../etc/passwd"]),
@@ -258,8 +254,6 @@ def test_bad_requests_are_refused_at_once(env):
 
 
 def test_a_damaged_or_edited_queue_file_is_not_trusted(env):
-    import json
-
     env.state.parent.mkdir(parents=True, exist_ok=True)
     jobs = [{"job_id": "evil1", "repo_id": "../x", "files": [{"path": "a.gguf"}], "state": "queued"},
             {"job_id": "evil2", "repo_id": GGUF_REPO, "files": [{"path": "../../a.gguf"}], "state": "queued"},

@@ -7,6 +7,9 @@ import pytest
 from core.errors import HubAuthError, HubError, HubNetworkError, HubNotFoundError
 from core.library.hub import HubClient
 from tests.hubserver import GATED_REPO, GGUF_REPO, HF_REPO
+from core.checkpoints import load
+from core.model.kv_cache import KVCache
+from tests.hubserver import HubRepo
 
 
 @pytest.fixture
@@ -31,8 +34,6 @@ def test_search_sorts_filters_and_reports(client):
 
 
 def test_search_keeps_llama_architectures(client, hub_server):
-    from tests.hubserver import HubRepo
-
     hub_server.add(HubRepo("other/qwen-GGUF", tags=["gguf", "text-generation"], downloads=10**6,
                            architecture="qwen2"))
     hub_server.add(HubRepo("other/bert", tags=["safetensors", "bert"], downloads=10**6, architecture="bert"))
@@ -59,9 +60,6 @@ def test_repo_files_lists_ggufs_and_groups_a_safetensors_folder(client, hub_serv
 def test_fit_estimate_is_what_the_loader_holds(client, hub_server, name):
     """Weights as held after load (Q4_K/Q8_0 packed, Q6_K requantized into two planes) and the
     KV cache at the context asked for, compared with a real load of the same file."""
-    from core.checkpoints import load
-    from core.model.kv_cache import KVCache
-
     f = next(x for x in client.repo_files(GGUF_REPO) if x.path == name)
     est = client.fit(f, context_length=300, free_ram=1 << 40)
     loaded = load(hub_server.repos[GGUF_REPO].files[name].source, device="cpu", dtype="auto")
@@ -78,9 +76,6 @@ def test_fit_estimate_is_what_the_loader_holds(client, hub_server, name):
 
 
 def test_fit_of_a_safetensors_folder_and_the_context_cap(client, hub_server):
-    from core.checkpoints import load
-    from core.model.kv_cache import KVCache
-
     [folder] = client.repo_files(HF_REPO)
     est = client.fit(folder, context_length=10**6, free_ram=1 << 40)
     src = hub_server.repos[HF_REPO].files["model.safetensors"].source.parent

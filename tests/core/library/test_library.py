@@ -9,6 +9,8 @@ import pytest
 from core.library import library
 from core.library.library import LibraryState, delete, family_of, quant_from_name, record_used, scan
 from tests.core.checkpoints.util import random_model, write_gguf, write_tiny_tokenizer
+from core.checkpoints import load
+from tests.helpers import ROOT, tiny_hf
 
 
 @pytest.fixture
@@ -39,8 +41,6 @@ def test_default_models_folder_is_in_the_data_folder(state, tmp_path):
 
 
 def test_gguf_entry_matches_what_the_loader_builds(fixtures, state):
-    from core.checkpoints import load
-
     [e] = scan([fixtures], state=state)
     loaded = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
     assert (e.format, e.name, e.error) == ("gguf", "stories260K", None)
@@ -80,8 +80,6 @@ def test_hf_families_from_config(tmp_path, state):
 
 
 def test_hf_params_match_transformers(tmp_path, state):
-    from tests.helpers import tiny_hf
-
     hf = tiny_hf(num_key_value_heads=2)
     hf.save_pretrained(tmp_path / "lib" / "tiny", safe_serialization=True)
     [e] = scan([tmp_path / "lib"], state=state)
@@ -90,10 +88,6 @@ def test_hf_params_match_transformers(tmp_path, state):
 
 
 def test_meta_folder_entry(state):
-    from tests.helpers import ROOT
-
-    from core.checkpoints import load
-
     [e] = scan([ROOT / "assets" / "models"], state=state)
     loaded = load(e.path, device="cpu", dtype="float32")
     assert (e.format, e.name, e.quant) == ("meta", "llamadesk-demo", None)

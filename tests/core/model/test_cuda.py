@@ -13,6 +13,10 @@ from core.model.kv_cache import KVCache
 from core.engine.sampling import choose_tokens, sample, seeded_generator
 from core.engine.settings import SamplingParams
 from tests.helpers import greedy, hf_greedy, meta_from_hf, tiny_hf
+from core.checkpoints import load
+from core.model import quant
+from tests.core.model.test_decode_step import assert_matches_hf, lanes_of, two_turns
+from tests.helpers import TINY_META
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 CUDA = torch.device("cuda")
@@ -70,7 +74,6 @@ def test_fast_sampler_on_cuda_matches_the_reference_with_cuda_generators():
 
 
 def test_engine_lanes_on_gpu_equal_single_runs(fixtures):
-    from core.checkpoints import load
     lm = load(fixtures / "stories260K.gguf", device="cuda", dtype="float32")
     assert lm.info["device"].startswith("cuda")
     eng = Engine(lm.model, lm.tokenizer, stop_ids=lm.stop_ids)
@@ -89,7 +92,6 @@ def test_engine_lanes_on_gpu_equal_single_runs(fixtures):
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_quantized_layers_on_gpu_match_their_dequantized_weights(kind):
-    from core.model import quant
     w = torch.randn(256, 512, generator=torch.Generator().manual_seed(6)) * 0.05
     layer = quant.quantizer(kind)(w, CUDA)
     x = torch.randn(3, 512, device=CUDA)
@@ -106,14 +108,11 @@ GPU_ATOL = 2e-3
 
 @pytest.fixture
 def gpu_lm(tiny_meta_dir):
-    from core.checkpoints import load
     torch._dynamo.reset()
     return load(tiny_meta_dir, device="cuda", dtype="float32")
 
 
 def test_cuda_graph_decode_matches_transformers_over_two_turns_with_two_lanes(gpu_lm):
-    from tests.core.test_decode_step import two_turns
-    from tests.helpers import TINY_META
     hf = tiny_hf(**TINY_META)
     eng = Engine(gpu_lm.model, gpu_lm.tokenizer, stop_ids=set(), compile=True)
     done = two_turns(eng, gpu_lm, hf, n_new=10, atol=GPU_ATOL)
@@ -125,8 +124,6 @@ def test_cuda_graph_decode_matches_transformers_over_two_turns_with_two_lanes(gp
 
 
 def test_cuda_graphs_recapture_when_the_conversation_outgrows_the_static_cache(gpu_lm):
-    from tests.core.test_decode_step import assert_matches_hf, lanes_of
-    from tests.helpers import TINY_META
     hf = tiny_hf(**TINY_META)
     eng = Engine(gpu_lm.model, gpu_lm.tokenizer, stop_ids=set(), compile=True, max_context=512)
     g = torch.Generator().manual_seed(8)
@@ -142,9 +139,6 @@ def test_cuda_graphs_recapture_when_the_conversation_outgrows_the_static_cache(g
 
 
 def test_cuda_graph_capture_failure_falls_back_to_eager_with_right_tokens(gpu_lm):
-    from tests.core.test_decode_step import two_turns
-    from tests.helpers import TINY_META
-
     def broken_backend(gm, example_inputs):
         raise RuntimeError("capture failed")
 

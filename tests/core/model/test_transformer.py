@@ -4,6 +4,8 @@ import torch
 
 from core.model.kv_cache import KVCache
 from tests.helpers import greedy, hf_greedy, meta_from_hf, tiny_hf
+import core.model.transformer as model_mod
+from core.model.transformer import Linear, ModelArgs, SMALL_BATCH, Transformer
 
 CONFIGS = {
     "mha": {},
@@ -106,7 +108,6 @@ def test_kv_cache_in_model_dtype_and_sized_by_request():
 
 def test_small_batch_weight_first_matmul_equals_linear():
     """Linear takes W @ x.T for 2-16 rows of a large weight (faster on CPU BLAS): same numbers."""
-    from core.model.transformer import SMALL_BATCH, Linear
     torch.manual_seed(0)
     lin = Linear(512, 1024)  # above the size where the weight-first path kicks in
     lin.weight.data.normal_(0, 0.05)
@@ -114,7 +115,6 @@ def test_small_batch_weight_first_matmul_equals_linear():
         x = torch.randn(rows, 1, 512)
         torch.testing.assert_close(lin(x), torch.nn.functional.linear(x, lin.weight), atol=1e-5, rtol=1e-5)
     # And through a whole model: 4 decode rows at once equal each row decoded alone.
-    from core.model.transformer import ModelArgs, Transformer
     m = Transformer(ModelArgs(dim=512, n_layers=2, n_heads=8, n_kv_heads=2, vocab_size=600, hidden_dim=1024)).eval()
     ids = torch.randint(0, 600, (4, 6))
     with torch.no_grad():
@@ -130,7 +130,6 @@ def test_small_batch_weight_first_matmul_equals_linear():
 def test_gqa_with_and_without_enable_gqa_matches_transformers(monkeypatch, native_gqa):
     """K/V heads shared through SDPA's enable_gqa, or repeated where torch lacks it: causal
     prefill, a chunk after a cached prefix (bool mask) and rows at different positions."""
-    import core.model.transformer as model_mod
     if native_gqa:
         assert model_mod._sdpa_has_gqa()  # torch 2.5+: the path users get
     monkeypatch.setattr(model_mod, "_GQA", native_gqa)

@@ -7,6 +7,9 @@ import torch
 
 from core.model import tuning
 from core.checkpoints import load
+from core.cli.main import main
+from core.engine.engine import Engine
+from core.engine.settings import SamplingParams
 
 
 @pytest.fixture
@@ -87,8 +90,6 @@ def test_thread_plan_takes_the_probes_pick_per_phase_within_the_budget():
 
 
 def test_engine_runs_prefill_and_decode_at_their_thread_counts(fixtures):
-    from core.engine.engine import Engine
-    from core.engine.settings import SamplingParams
     lm = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
     seen = []
     forward = lm.model.forward
@@ -108,7 +109,6 @@ def test_engine_runs_prefill_and_decode_at_their_thread_counts(fixtures):
 
 
 def test_cli_info_says_which_threads_and_why(fresh, fixtures, monkeypatch, capsys):
-    from core.cli.main import main
     c = tuning.CpuChoice("float32", 2, 1, 1.0, 1.0, tuning.fingerprint(), "2026-12-01 00:00 UTC", 1.9, 0.8,
                          2, tuning.PROBE_VERSION)
     (fresh / tuning.CACHE_NAME).write_text(json.dumps(c.__dict__))

@@ -14,6 +14,7 @@ from core.tokenizer import (
 )
 from core.checkpoints.gguf_vocab import byte_level_vocab_from_ranks, hf_byte_level_from_vocab, sentencepiece_from_vocab
 from tests.helpers import gguf_vocab
+from core.tokenizer.tiktoken_bpe import parse_ranks
 
 MIXED = "Grüße 👋🏽 日本語のテキスト — naïve café\n\tcode: x = 1"
 SAMPLES = [
@@ -56,8 +57,6 @@ def stories(fixtures) -> SentencePieceTokenizer:
 @pytest.fixture(scope="module")
 def hf_llama3(meta_fixtures) -> HFTokenizer:
     """A byte-level HF tokenizer built the way the GGUF loader builds one ("gpt2" vocab)."""
-    from core.tokenizer.tiktoken_bpe import parse_ranks
-
     path = meta_fixtures / "llama3-tokenizer.model"
     tokens, merges = byte_level_vocab_from_ranks(parse_ranks(path.read_bytes(), path))
     types = [1] * len(tokens) + [3] * len(LLAMA3_SPECIAL_TOKENS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from core import checkpoints
 from core.prompt.chat_format import chat_format_for
@@ -16,6 +17,9 @@ from core.worker.protocol import CompareRequest, Error, GenerateRequest, LoadPro
 from core.worker.worker import Worker, default_torch_threads, load_failure, resolve_torch_threads
 from core.engine.events import Reply
 from tests.helpers import PROMPT, ROOT, Collector, completion, inner, is_token, loaded_ok
+from core import limits
+from core.tokenizer.fingerprint import tokenizer_fingerprint
+from core.worker.protocol import Held
 
 @pytest.fixture
 def gguf(fixtures):
@@ -413,13 +417,10 @@ DEMO = __import__("tests.helpers", fromlist=["ROOT"]).ROOT / "assets" / "models"
 
 
 def held_or_error(col, rid):
-    from core.worker.protocol import Held
     return col.wait(lambda evs: [e for e in evs if e.request_id == rid and isinstance(e, (Held, Error))])[-1]
 
 
 def test_a_second_checkpoint_is_held_beside_the_model_and_runs_its_lanes(make_worker, gguf):
-    from core.tokenizer.fingerprint import tokenizer_fingerprint
-    from core.worker.protocol import Held
     w, col = make_worker()
     main = loaded_ok(col, w.load(gguf)).info
     held = held_or_error(col, w.hold(DEMO))
@@ -448,7 +449,6 @@ def test_a_second_checkpoint_is_held_beside_the_model_and_runs_its_lanes(make_wo
 
 def test_a_checkpoint_that_does_not_fit_beside_the_model_is_refused_and_the_model_stays(make_worker, gguf,
                                                                                          monkeypatch):
-    from core import limits
     w, col = make_worker()
     loaded_ok(col, w.load(gguf))
     monkeypatch.setattr(limits, "available_bytes", lambda device=None: 1000)
@@ -486,7 +486,6 @@ def test_compiled_load_says_its_decode_path_before_and_after_the_first_reply(mak
     """load(compile=True) reaches the engine; info()["decode"] says what will run, then what
     ran: here torch.compile fails (as without a C++ compiler) and the reply, decoded
     eagerly instead, is the one an uncompiled load gives."""
-    import torch
     w, col = make_worker()
     loaded_ok(col, w.load(gguf))
     assert w.info["decode"] == "eager: compile is off"
