@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 from core.engine.engine import Engine  # noqa: E402
 from core.engine.events import Done
-from core.model.transformer import ModelArgs, Transformer  # noqa: E402
+from core.model.transformer import Transformer  # noqa: E402
+from core.model.args import ModelArgs
 from core.engine.settings import SamplingParams  # noqa: E402
 
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import engine_run, fixture_tokenizer, random_model  # noqa: E402
 from core.engine.engine import Engine  # noqa: E402
-from core.model.transformer import ModelArgs  # noqa: E402
+from core.model.args import ModelArgs  # noqa: E402
 from core.engine.settings import SamplingParams  # noqa: E402
 
 PATHS = {"eager": dict(), "eager, static cache": dict(static=True),

@@ -115,7 +115,8 @@ def build_work(work: Path) -> None:
     from core.checkpoints.hf import save_hf
     from core.checkpoints.meta import save_meta
     from core.checkpoints.convert import convert
-    from core.model.transformer import ModelArgs, Transformer
+    from core.model.transformer import Transformer
+    from core.model.args import ModelArgs
     from core.tokenizer import load_tokenizer
 
     stamp = work / "bench-config.json"

@@ -57,7 +57,7 @@ def peer_available() -> tuple[bool, str]:
 
 
 def model_args(dim: int, layers: int, vocab: int):
-    from core.model.transformer import ModelArgs
+    from core.model.args import ModelArgs
 
     heads = max(dim // 128, 2)
     return ModelArgs(dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=max(heads // 4, 1), vocab_size=vocab,

@@ -67,7 +67,8 @@ def child(threads: int, seconds: float) -> dict:
     from core.prompt.chat_format import chat_format_for
     from core.checkpoints.common import LoadedModel
     from core.checkpoints.meta import save_meta
-    from core.model.transformer import ModelArgs, Transformer
+    from core.model.transformer import Transformer
+    from core.model.args import ModelArgs
     from core.engine.settings import SamplingParams
     from core.tokenizer import load_tokenizer
     from core.engine.events import Done, Token

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from core.checkpoints.common import LoadedModel  # noqa: E402
-from core.model.transformer import ModelArgs, Transformer  # noqa: E402
+from core.model.transformer import Transformer  # noqa: E402
+from core.model.args import ModelArgs
 from core.serving.run import RunningServer  # noqa: E402
 from core.serving.state import ServerState  # noqa: E402
 

@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import fixture_tokenizer, random_model  # noqa: E402
 from core.engine.engine import Engine  # noqa: E402
 from core.engine.events import Done, Prefilled
-from core.model.transformer import ModelArgs, Transformer  # noqa: E402
+from core.model.transformer import Transformer  # noqa: E402
+from core.model.args import ModelArgs
 from core.engine.settings import SamplingParams  # noqa: E402
 
 TEXT = ("The old lighthouse stood at the edge of the cliff, its white paint peeling after years of salt "

@@ -56,7 +56,7 @@ def machine(quick: bool, threads: int) -> dict:
 # --------------------------------------------------------------------------- models
 
 def llama_args(quick: bool, vocab: int):
-    from core.model.transformer import ModelArgs
+    from core.model.args import ModelArgs
     if quick:
         return ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=vocab, hidden_dim=128,
                          max_seq_len=1024, rope_theta=500000.0)

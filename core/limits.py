@@ -15,13 +15,12 @@ import os
 import re
 import stat
 import sys
-from dataclasses import fields
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import numpy as np
 
-from core.errors import CheckpointError, LlamaDeskError, ResourceError
+from core.errors import CheckpointError, ResourceError
 
 try:
     import resource
@@ -87,78 +86,6 @@ def brief(v: Any) -> str:
 
 def _err(error, message: str, file: str | None):
     return error(message, file=file) if error is CheckpointError else error(f"{message} in {file}" if file else message)
-
-
-def checked_args(kw: Mapping[str, Any], *, file: str, names: Mapping[str, str] | None = None):
-    """A :class:`~core.model.transformer.ModelArgs` from ``kw`` with every value range-checked first.
-
-    Args:
-        kw: ModelArgs fields (Meta names) and their raw values from the file.
-        file: the file named in errors.
-        names: Meta field -> the key the file uses, so errors name what the user can find.
-    """
-    from core.model.transformer import ModelArgs  # why: torch; limits stays torch-free for tokenizers and headers
-
-    names = names or {}
-    key = lambda k: names.get(k, k)  # noqa: E731
-    known = {f.name for f in fields(ModelArgs)}
-    out: dict[str, Any] = {}
-    for k, v in kw.items():
-        if k not in known:
-            continue
-        if v is None and k in ("n_kv_heads", "head_dim", "hidden_dim", "ffn_dim_multiplier", "rope_scaling"):
-            out[k] = None
-        elif k in INT_RANGES:
-            out[k] = check_int(v, key(k), *INT_RANGES[k], file=file)
-        elif k in FLOAT_RANGES:
-            lo, hi, inc = FLOAT_RANGES[k]
-            out[k] = check_float(v, key(k), lo, hi, lo_inclusive=inc, file=file)
-        elif k in ("use_scaled_rope", "tie_word_embeddings"):
-            if not isinstance(v, (bool, int)) or isinstance(v, int) and v not in (0, 1):
-                raise CheckpointError(f"field '{key(k)}' must be true or false, got {_show(v)}", file=file)
-            out[k] = bool(v)
-        elif k == "rope_scaling":
-            out[k] = _check_scaling(v, key(k), file)
-        elif k == "dropout":
-            out[k] = check_float(v, key(k), 0.0, 1.0, file=file)
-    if out.get("n_kv_heads") is not None and out.get("n_heads") and out["n_heads"] % out["n_kv_heads"]:
-        raise CheckpointError(f"field '{key('n_heads')}' ({out['n_heads']}) is not a multiple of "
-                              f"'{key('n_kv_heads')}' ({out['n_kv_heads']})", file=file)
-    if out.get("head_dim") is None and out.get("dim") and out.get("n_heads"):
-        if out["dim"] % out["n_heads"]:
-            raise CheckpointError(f"field '{key('dim')}' ({out['dim']}) is not a multiple of "
-                                  f"'{key('n_heads')}' ({out['n_heads']})", file=file)
-        out["head_dim"] = out["dim"] // out["n_heads"]
-    if out.get("head_dim") is not None and out["head_dim"] % 2:
-        raise CheckpointError(f"field '{key('head_dim')}' = {out['head_dim']} must be even (rotary pairs)", file=file)
-    try:
-        args = ModelArgs(**out)
-    except LlamaDeskError:
-        raise
-    except (TypeError, ValueError, ArithmeticError) as e:
-        raise CheckpointError(f"does not describe a Llama model: {e}", file=file) from None
-    hd = args.hidden_dim
-    if not (isinstance(hd, int) and 1 <= hd <= INT_RANGES["hidden_dim"][1]):
-        raise CheckpointError(f"the feed-forward width works out to {hd}, out of range", file=file)
-    if args.n_heads * args.head_dim > 1 << 18:
-        raise CheckpointError(f"{args.n_heads} heads of {args.head_dim} dims is out of range", file=file)
-    return args
-
-
-def _check_scaling(v: Any, key: str, file: str) -> dict[str, float] | None:
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        raise CheckpointError(f"field '{key}' must be an object, got {_show(v)}", file=file)
-    out = {}
-    for k in ("factor", "low_freq_factor", "high_freq_factor"):
-        out[k] = check_float(v.get(k), f"{key}.{k}", 0.0, 1e6, lo_inclusive=False, file=file)
-    out["original_max_position_embeddings"] = float(check_int(
-        v.get("original_max_position_embeddings"), f"{key}.original_max_position_embeddings",
-        1, INT_RANGES["max_seq_len"][1], file=file))
-    if out["high_freq_factor"] <= out["low_freq_factor"]:
-        raise CheckpointError(f"field '{key}': high_freq_factor must exceed low_freq_factor", file=file)
-    return out
 
 
 def check_token_id(value: Any, key: str, vocab: int, *, file: str) -> int:
@@ -232,8 +159,13 @@ def available_bytes(device=None) -> int | None:
     the least of MemAvailable, the cgroup's headroom and the address-space limit."""
     dev = str(getattr(device, "type", device) or "cpu")
     if dev == "cuda":
+        # Asked through torch only when this process has imported it (every caller that sizes a
+        # GPU load has: the worker, the Hub's fit estimate); importing it here would pull torch
+        # into the torch-free readers above this module (tokenizers, headers, constraints).
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
         try:
-            import torch  # why: only for a GPU; limits stays torch-free for tokenizers and headers
             return int(torch.cuda.mem_get_info()[0])
         except Exception:  # noqa: BLE001 — no driver answer: do not block the load on it
             return None

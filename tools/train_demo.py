@@ -408,7 +408,7 @@ def batches_for_epoch(data, batch_size: int, rng: random.Random) -> list[list[in
 
 
 def model_args(cfg: Config, vocab: int):
-    from core.model.transformer import ModelArgs
+    from core.model.args import ModelArgs
 
     return ModelArgs(dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                      vocab_size=vocab, multiple_of=cfg.multiple_of, max_seq_len=cfg.max_seq_len,
@@ -563,7 +563,8 @@ def stage_export(cfg: Config, work: Path, out: Path, log=print) -> Path:
     """The trained weights as a Meta folder that core.checkpoints.load opens."""
     from core.checkpoints.common import LoadedModel
     from core.checkpoints.meta import save_meta
-    from core.model.transformer import ModelArgs, Transformer
+    from core.model.transformer import Transformer
+    from core.model.args import ModelArgs
 
     tok, fmt = load_chat_tokenizer(work)
     st = torch.load(work / "ckpt.pt", map_location="cpu", weights_only=True, mmap=True)

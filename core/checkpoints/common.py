@@ -10,7 +10,8 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 
 from core.errors import CheckpointError, SettingsError
-from core.model.transformer import ModelArgs, Transformer
+from core.model.transformer import Transformer
+from core.model.args import ModelArgs
 from core.model.memory import release_mapped_pages
 from core.model.tuning import cpu_choice
 from core.model.quant import QUANT_DTYPES, Packed, describe, packable, packed_shape, quantizer, swap_linear

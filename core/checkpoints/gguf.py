@@ -31,7 +31,8 @@ from core.checkpoints.gguf_vocab import hf_byte_level_from_vocab, sentencepiece_
 from core.errors import CheckpointError, TokenizerError, one_line
 from core.model import quant
 from core.model.memory import release_mapped_pages
-from core.model.transformer import ModelArgs, rope_frequencies
+from core.model.transformer import rope_frequencies
+from core.model.args import ModelArgs
 from core.prompt.chat_format import chat_format_for
 
 # Types whose tensors are stored as plain floats; anything else is quantized blocks.

@@ -16,7 +16,7 @@ from gguf.constants import GGML_QUANT_SIZES
 
 from core import limits
 from core.errors import CheckpointError
-from core.model.transformer import ModelArgs
+from core.model.args import ModelArgs, checked_args
 
 Tensor = tuple[str, str, tuple[int, ...], int]  # name, type name, numpy-order shape, bytes
 
@@ -237,7 +237,7 @@ def args_from_gguf(md, tensors: dict[str, Any], max_seq_len: int | None) -> Mode
         rope_theta=_f32(md.get(p + "rope.freq_base", 10000.0)), rope_scaling=None,
         tie_word_embeddings="output.weight" not in tensors, max_seq_len=max_seq_len or ctx,
     )
-    return limits.checked_args(kw, file=src, names=GGUF_KEYS)
+    return checked_args(kw, file=src, names=GGUF_KEYS)
 
 
 def _f32(v: Any) -> Any:

@@ -21,7 +21,8 @@ from core.checkpoints.common import LoadedModel
 from core.checkpoints.gguf import gguf_name
 from core.checkpoints.gguf_reader import Metadata, open_reader
 from core.errors import CheckpointError
-from core.model.transformer import ModelArgs, rope_frequencies
+from core.model.transformer import rope_frequencies
+from core.model.args import ModelArgs
 
 #: Tensor types ``convert --to gguf --type`` can write.
 GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")

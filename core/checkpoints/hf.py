@@ -17,7 +17,7 @@ from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expec
                                      model_info, quant_kind, resolve_device, resolve_dtype)
 from core.checkpoints.meta import safe_torch_load
 from core.errors import CheckpointError, TokenizerError, one_line
-from core.model.transformer import ModelArgs
+from core.model.args import ModelArgs, checked_args
 from core.prompt.chat_format import chat_format_for
 from core.tokenizer import HFTokenizer, load_tokenizer
 
@@ -81,7 +81,7 @@ def args_from_config(cfg: dict[str, Any], *, file: str = "config.json", **overri
         max_seq_len=cfg.get("max_position_embeddings", 4096),
     )
     kw.update(overrides)
-    return limits.checked_args(kw, file=file, names=CONFIG_KEYS)
+    return checked_args(kw, file=file, names=CONFIG_KEYS)
 
 
 _LAYER_MAP = {

@@ -10,6 +10,7 @@ import torch
 
 from core.prompt.chat_format import chat_format_for
 from core import limits
+from core.model.args import checked_args
 from core.errors import CheckpointError, TokenizerError, one_line
 from core.tokenizer import load_tokenizer
 from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expected_shapes, model_info, quant_kind, resolve_device,
@@ -124,7 +125,7 @@ def load_meta(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     ctx = params.get("max_seq_len") or (131072 if params.get("use_scaled_rope") else
                                         8192 if isinstance(theta, (int, float)) and theta >= 5e5 else 4096)
     tied = params.get("tie_word_embeddings", False)
-    args = limits.checked_args({**params, "vocab_size": vocab, "max_seq_len": max_seq_len or ctx,
+    args = checked_args({**params, "vocab_size": vocab, "max_seq_len": max_seq_len or ctx,
                                 "tie_word_embeddings": tied if tied not in (False, 0) else "output.weight" not in shards[0]},
                                file=pfile)
     dt = resolve_dtype(dtype, dev, args)

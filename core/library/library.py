@@ -26,6 +26,7 @@ from core import limits
 from core.checkpoints.gguf_header import ROPE_FREQS, header_args, read_header
 from core.checkpoints.hf import args_from_config
 from core.checkpoints.meta import read_params
+from core.model.args import checked_args
 from core.errors import LlamaDeskError, one_line
 from core.paths import data_dir
 
@@ -317,7 +318,7 @@ def read_meta(path: Path) -> LibraryEntry:
         theta = params.get("rope_theta", 1e4)
         ctx = params.get("max_seq_len") or (131072 if params.get("use_scaled_rope") else
                                             8192 if isinstance(theta, (int, float)) and theta >= 5e5 else 4096)
-        args = limits.checked_args({**params, "vocab_size": vocab, "max_seq_len": ctx,
+        args = checked_args({**params, "vocab_size": vocab, "max_seq_len": ctx,
                                     "tie_word_embeddings": bool(params.get("tie_word_embeddings", False))},
                                    file=str(path / "params.json"))
     except LlamaDeskError as e:

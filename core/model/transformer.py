@@ -8,73 +8,15 @@ lives outside the model, so one model serves any batch size or context length.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.model.args import ModelArgs
 from core.model.kv_cache import KVCache
 
 SMALL_BATCH = 16  # rows up to which Linear multiplies weight-first (see Linear.forward)
-
-# Llama 3.1 params.json only says `use_scaled_rope: true`; these constants are Meta's.
-META_ROPE_SCALING = {
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
-
-
-@dataclass
-class ModelArgs:
-    dim: int = 4096
-    n_layers: int = 32
-    n_heads: int = 32
-    n_kv_heads: int | None = None
-    vocab_size: int = -1
-    multiple_of: int = 256
-    ffn_dim_multiplier: float | None = None
-    hidden_dim: int | None = None  # explicit FFN width (HF and GGUF state it); derived if None
-    head_dim: int | None = None  # derived as dim // n_heads if None
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    use_scaled_rope: bool = False
-    rope_scaling: dict[str, float] | None = None  # llama3-style constants; Meta's if None
-    tie_word_embeddings: bool = False
-    max_seq_len: int = 4096  # the model's trained context length
-    dropout: float = 0.0  # training only; inactive in eval mode
-
-    def __post_init__(self) -> None:
-        if self.n_kv_heads is None:
-            self.n_kv_heads = self.n_heads
-        if self.head_dim is None:
-            self.head_dim = self.dim // self.n_heads
-        if self.hidden_dim is None:
-            hidden = int(2 * (4 * self.dim) / 3)
-            if self.ffn_dim_multiplier is not None:
-                hidden = int(self.ffn_dim_multiplier * hidden)
-            self.hidden_dim = self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
-        if self.use_scaled_rope and self.rope_scaling is None:
-            self.rope_scaling = dict(META_ROPE_SCALING)
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any], **overrides: Any) -> "ModelArgs":
-        """Build from a Meta ``params.json`` dict, ignoring keys this model does not use."""
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in params.items() if k in known}
-        kw.update(overrides)
-        return cls(**kw)
-
-    def to_params(self) -> dict[str, Any]:
-        """A ``params.json``-style dict that :meth:`from_params` reads back."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "dropout"}
-        return out
-
 
 def rope_frequencies(args: ModelArgs) -> torch.Tensor:
     """Inverse frequencies [head_dim // 2], with Llama 3.1 scaling when configured."""

@@ -24,7 +24,8 @@ def random_draft(fixtures, tmp_path_factory):
     from core.checkpoints import load
     from core.checkpoints.common import LoadedModel
     from core.checkpoints.gguf_write import save_gguf
-    from core.model.transformer import ModelArgs, Transformer
+    from core.model.transformer import Transformer
+    from core.model.args import ModelArgs
     story = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
     torch.manual_seed(3)
     model = Transformer(ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=story.args.vocab_size,

@@ -4,7 +4,7 @@ import torch
 
 from core.checkpoints import common
 from core.errors import SettingsError
-from core.model.transformer import ModelArgs
+from core.model.args import ModelArgs
 
 LLAMA3_8B = ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, hidden_dim=14336)
 LLAMA32_1B = ModelArgs(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=128256, hidden_dim=8192,

@@ -30,7 +30,7 @@ import pytest  # noqa: E402
 
 from tests.core.checkpoints.util import (LLAMA3_TEMPLATE, hf_greedy, random_model, reference_model,  # noqa: E402
                                          write_gguf, write_llama3_gguf)
-from core.model.transformer import ModelArgs  # noqa: E402
+from core.model.args import ModelArgs  # noqa: E402
 from tests.helpers import meta_from_hf, tiny_hf  # noqa: E402
 from core.checkpoints.gguf import scaling_from_rope_freqs
 from core.model.transformer import rope_frequencies

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from core.checkpoints import load
-from core.model.transformer import ModelArgs, Transformer
+from core.model.transformer import Transformer
+from core.model.args import ModelArgs
 from tests.core.checkpoints.util import write_gguf
 
 

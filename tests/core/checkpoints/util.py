@@ -14,7 +14,8 @@ from gguf.quants import dequantize, quantize
 from tests.helpers import greedy, hf_greedy, widen_weights  # noqa: F401  (re-exported for the checkpoint tests)
 from core.checkpoints.gguf import gguf_name
 from core.checkpoints.gguf_write import add_llama_params
-from core.model.transformer import ModelArgs, Transformer
+from core.model.transformer import Transformer
+from core.model.args import ModelArgs
 from core.tokenizer import bytes_to_unicode
 
 PROMPT = [1, 403, 407, 261, 378]  # stories260K's BOS + "Once upon a time"

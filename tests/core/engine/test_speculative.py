@@ -10,7 +10,8 @@ from core.engine.engine import Engine, Joining
 from core.engine.events import Done, Prefilled, Token
 from core.errors import DraftModelError, SettingsError
 from core.model.kv_cache import KVCache
-from core.model.transformer import ModelArgs, Transformer
+from core.model.transformer import Transformer
+from core.model.args import ModelArgs
 from core.engine.sampling import filter_logits
 from core.engine.settings import SamplingParams
 from core.engine import speculative

@@ -5,7 +5,8 @@ import torch
 from core.model.kv_cache import KVCache
 from tests.helpers import greedy, hf_greedy, meta_from_hf, tiny_hf
 import core.model.transformer as model_mod
-from core.model.transformer import Linear, ModelArgs, SMALL_BATCH, Transformer
+from core.model.transformer import Linear, SMALL_BATCH, Transformer
+from core.model.args import ModelArgs
 
 CONFIGS = {
     "mha": {},
