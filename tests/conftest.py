@@ -82,6 +82,17 @@ def llama2_kind_tokenizer(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def llama3_kind_tokenizer(tmp_path_factory) -> Path:
+    """Meta's Llama 3 ranks file where it is present, else one of the same kind and size
+    written here (tests/generated.py): Meta's special-token ids, not Meta's text ids."""
+    meta = fixtures_dir() / "llama3-tokenizer.model"
+    if meta.exists():
+        return meta
+    from tests.generated import tiktoken_ranks
+    return tiktoken_ranks(tmp_path_factory.mktemp("tokenizer") / "tokenizer.model")
+
+
+@pytest.fixture(scope="session")
 def tiny_meta_dir(tmp_path_factory, llama2_kind_tokenizer):
     """A tiny random Llama (GQA, vocab 32000) saved as a Meta folder with a Llama 2 tokenizer
     (Meta's own where present)."""

@@ -28,13 +28,27 @@ CHATML_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['con
 
 
 @pytest.fixture(scope="module")
-def llama3(meta_fixtures):
+def meta_llama3(meta_fixtures):
+    """Meta's own Llama 3 tokenizer: for Meta's published ids."""
     return TiktokenTokenizer(meta_fixtures / "llama3-tokenizer.model")
 
 
 @pytest.fixture(scope="module")
-def llama2(meta_fixtures):
+def meta_llama2(meta_fixtures):
+    """Meta's own Llama 2 tokenizer: for Meta's published ids."""
     return SentencePieceTokenizer(meta_fixtures / "llama2-tokenizer.model")
+
+
+@pytest.fixture(scope="module")
+def llama3(llama3_kind_tokenizer):
+    """A Llama 3 tokenizer (Meta's where present): the format's rules, not Meta's text ids."""
+    return TiktokenTokenizer(llama3_kind_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def llama2(llama2_kind_tokenizer):
+    """A Llama 2 tokenizer (Meta's where present): the format's rules, not Meta's text ids."""
+    return SentencePieceTokenizer(llama2_kind_tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +71,8 @@ def demo(fixtures):
 # --------------------------------------------------------------------------- Llama 3
 
 
-def test_llama3_message_matches_meta(llama3):
-    fmt = Llama3ChatFormat(llama3)
+def test_llama3_message_matches_meta(meta_llama3):
+    fmt = Llama3ChatFormat(meta_llama3)
     user = {"role": "user", "content": "This is a test sentence."}
     message = [128006, 882, 128007, 271, 2028, 374, 264, 1296, 11914, 13, 128009]
     assert fmt.encode_message(user) == message
@@ -113,14 +127,15 @@ INST = [518, 25580, 29962]  # "▁[INST]"
 END_INST = [518, 29914, 25580, 29962]  # "▁[/INST]"
 
 
-def test_llama2_single_user_message_hand_built(llama2):
-    fmt = Llama2ChatFormat(llama2)
+def test_llama2_single_user_message_hand_built(meta_llama2):
+    fmt = Llama2ChatFormat(meta_llama2)
     ids = fmt.encode_dialog([{"role": "user", "content": "  Hello world "}])
     assert ids == [1, *INST, 15043, 3186, *END_INST]
     assert fmt.stop_ids() == {2}
 
 
-def test_llama2_dialog_matches_meta_chat_completion(llama2):
+def test_llama2_dialog_matches_meta_chat_completion(meta_llama2):
+    llama2 = meta_llama2
     fmt = Llama2ChatFormat(llama2)
     dialog = [
         {"role": "system", "content": "Be brief."},

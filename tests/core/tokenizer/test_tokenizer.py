@@ -37,12 +37,26 @@ SAMPLES = [
 
 
 @pytest.fixture(scope="module")
-def llama3(meta_fixtures) -> TiktokenTokenizer:
+def llama3(llama3_kind_tokenizer) -> TiktokenTokenizer:
+    """A Llama 3 tokenizer: Meta's where present, else one of its kind (tests/generated.py)."""
+    return TiktokenTokenizer(llama3_kind_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def llama2(llama2_kind_tokenizer) -> SentencePieceTokenizer:
+    """A Llama 2 tokenizer: Meta's where present, else one of its kind (tests/generated.py)."""
+    return SentencePieceTokenizer(llama2_kind_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def meta_llama3(meta_fixtures) -> TiktokenTokenizer:
+    """Meta's own Llama 3 tokenizer: for Meta's published ids."""
     return TiktokenTokenizer(meta_fixtures / "llama3-tokenizer.model")
 
 
 @pytest.fixture(scope="module")
-def llama2(meta_fixtures) -> SentencePieceTokenizer:
+def meta_llama2(meta_fixtures) -> SentencePieceTokenizer:
+    """Meta's own Llama 2 tokenizer: for Meta's published ids."""
     return SentencePieceTokenizer(meta_fixtures / "llama2-tokenizer.model")
 
 
@@ -55,9 +69,9 @@ def stories(fixtures) -> SentencePieceTokenizer:
 
 
 @pytest.fixture(scope="module")
-def hf_llama3(meta_fixtures) -> HFTokenizer:
+def hf_llama3(llama3_kind_tokenizer) -> HFTokenizer:
     """A byte-level HF tokenizer built the way the GGUF loader builds one ("gpt2" vocab)."""
-    path = meta_fixtures / "llama3-tokenizer.model"
+    path = llama3_kind_tokenizer
     tokens, merges = byte_level_vocab_from_ranks(parse_ranks(path.read_bytes(), path))
     types = [1] * len(tokens) + [3] * len(LLAMA3_SPECIAL_TOKENS)
     return hf_byte_level_from_vocab(
@@ -119,11 +133,11 @@ def any_tok(request):
 # --------------------------------------------------------------------------- known ids
 
 
-def test_llama3_meta_example(llama3):
-    assert llama3.kind == "tiktoken"
-    assert llama3.encode("This is a test sentence.", bos=True, eos=True) == [
+def test_llama3_meta_example(meta_llama3):
+    assert meta_llama3.kind == "tiktoken"
+    assert meta_llama3.encode("This is a test sentence.", bos=True, eos=True) == [
         128000, 2028, 374, 264, 1296, 11914, 13, 128001]
-    assert llama3.decode([128000, 2028, 374, 264, 1296, 11914, 13, 128001]) == "This is a test sentence."
+    assert meta_llama3.decode([128000, 2028, 374, 264, 1296, 11914, 13, 128001]) == "This is a test sentence."
 
 
 def test_llama3_special_tokens_follow_meta_order(llama3):
@@ -142,21 +156,21 @@ def test_llama3_special_tokens_follow_meta_order(llama3):
     assert llama3.stop_ids == {128001, 128008, 128009}
 
 
-def test_llama3_very_long_input_round_trips(llama3):
+def test_llama3_very_long_input_round_trips(meta_llama3):
     text = ("word " * 20_000) + ("x" * 30_000) + (" " * 30_000) + "end"
-    ids = llama3.encode(text)
-    assert llama3.decode(ids) == text
+    ids = meta_llama3.encode(text)
+    assert meta_llama3.decode(ids) == text
     assert len(ids) < len(text) // 2
 
 
-def test_llama2_known_ids(llama2):
-    assert llama2.kind == "sentencepiece"
-    assert llama2.encode("Hello world") == [15043, 3186]
-    assert llama2.encode("Hello world", bos=True, eos=True) == [1, 15043, 3186, 2]
-    assert (llama2.bos_id, llama2.eos_id, llama2.pad_id, llama2.vocab_size) == (1, 2, None, 32000)
-    assert llama2.stop_ids == {2}
-    assert llama2.add_dummy_prefix
-    assert llama2.encode("") == []
+def test_llama2_known_ids(meta_llama2):
+    assert meta_llama2.kind == "sentencepiece"
+    assert meta_llama2.encode("Hello world") == [15043, 3186]
+    assert meta_llama2.encode("Hello world", bos=True, eos=True) == [1, 15043, 3186, 2]
+    assert (meta_llama2.bos_id, meta_llama2.eos_id, meta_llama2.pad_id, meta_llama2.vocab_size) == (1, 2, None, 32000)
+    assert meta_llama2.stop_ids == {2}
+    assert meta_llama2.add_dummy_prefix
+    assert meta_llama2.encode("") == []
 
 
 def test_stories_gguf_vocab_builds_a_real_sentencepiece_model(stories):
@@ -245,13 +259,13 @@ def test_hf_byte_level_matches_tiktoken(llama3, hf_llama3):
     assert hf_llama3.decode([128000, *hf_llama3.encode(MIXED), 128009]) == MIXED
 
 
-def test_hf_sentencepiece_style_json(llama2, hf_llama2):
+def test_hf_sentencepiece_style_json(meta_llama2, hf_llama2):
     assert hf_llama2.kind == "hf"
     assert hf_llama2.encode("Hello world", bos=True) == [1, 15043, 3186]
     assert (hf_llama2.bos_id, hf_llama2.eos_id) == (1, 2)
     assert hf_llama2.add_dummy_prefix
     for text in SAMPLES:
-        assert hf_llama2.encode(text) == llama2.encode(text), repr(text)
+        assert hf_llama2.encode(text) == meta_llama2.encode(text), repr(text)
     assert hf_llama2.id_to_piece(15043) == "▁Hello"
 
 
@@ -391,11 +405,11 @@ def test_stream_decoder_flush_replaces_a_dangling_byte(llama2):
     assert dec.flush() == "\ufffd"
 
 
-def test_stream_decoder_skips_specials_and_strips_one_leading_space(llama2, llama3):
-    dec = StreamDecoder(llama2, strip_leading_space=True)
-    out = dec.push(llama2.bos_id) + "".join(dec.push(i) for i in llama2.encode("Hi there")) + dec.push(2)
+def test_stream_decoder_skips_specials_and_strips_one_leading_space(meta_llama2, meta_llama3):
+    dec = StreamDecoder(meta_llama2, strip_leading_space=True)
+    out = dec.push(meta_llama2.bos_id) + "".join(dec.push(i) for i in meta_llama2.encode("Hi there")) + dec.push(2)
     assert out == "Hi there"
-    dec = StreamDecoder(llama2)
-    assert "".join(dec.push(i) for i in llama2.encode("Hi")) == " Hi"
-    dec = StreamDecoder(llama3)
-    assert dec.push(128009) == "" and dec.push(llama3.encode(" x")[0]) == " x"
+    dec = StreamDecoder(meta_llama2)
+    assert "".join(dec.push(i) for i in meta_llama2.encode("Hi")) == " Hi"
+    dec = StreamDecoder(meta_llama3)
+    assert dec.push(128009) == "" and dec.push(meta_llama3.encode(" x")[0]) == " x"
