@@ -9,7 +9,10 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("LLAMADESK_CPU_DTYPE", "float32")
 
 # Tests run tiny models, where one intra-op thread is fastest, and a second thread only
-# spins against the Qt thread and other processes on a 2-core machine.
+# spins against the Qt thread and other processes on a 2-core machine. The environment
+# says so to what runs the CLI's main in-process and to child processes (`serve`, the CLI),
+# which would otherwise take every core each while `python3 -m tests` runs a worker per core.
+os.environ.setdefault("LLAMADESK_THREADS", "1")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
