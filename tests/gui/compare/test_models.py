@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import nullcontext
 
 import pytest
 from PySide6.QtCore import Qt, QUrl
@@ -49,6 +50,14 @@ def tiny_other_vocab(tmp_path_factory):
     tiny_hf(seed=3).save_pretrained(folder)
     write_tiny_tokenizer(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def keyed_server(fixtures):
+    """One ``serve`` of the fixture model behind a key for the module's lanes on a server
+    (its start, a process importing torch, is most of such a test's time)."""
+    with ServeProcess(fixtures / "stories260K.gguf", key="cmp-key") as server:
+        yield server
 
 
 def direct(path, settings: dict) -> Done:
@@ -175,9 +184,9 @@ def check_a_checkpoint_that_does_not_fit(loop, v, loaded, monkeypatch) -> None:
     assert v.columns[0].notice.isVisibleTo(v) and v.model_of(0) is loaded
 
 
-def test_a_local_lane_and_a_lane_on_a_server(qtbot, loop, bridge, history, fixtures, tmp_path):
+def test_a_local_lane_and_a_lane_on_a_server(qtbot, loop, bridge, history, fixtures, tmp_path, keyed_server):
     story = fixtures / "stories260K.gguf"
-    with ServeProcess(story, key="cmp-key") as server:
+    with nullcontext(keyed_server) as server:  # the module's server outlives the test
         remote = RemoteModel(server.url, api_key="cmp-key")
         remote.connect()
         remote.probe()
@@ -313,12 +322,13 @@ def test_saved_lane_models_are_data_never_opened_or_connected_until_run(qtbot, l
     assert v.columns[1].run.stop_reason == v.columns[2].run.stop_reason == "error"
 
 
-def test_lanes_on_a_llamadesk_server_take_prompt_lookup_and_a_bias_by_text(qtbot, loop, bridge, history, fixtures):
+def test_lanes_on_a_llamadesk_server_take_prompt_lookup_and_a_bias_by_text(qtbot, loop, bridge, history, fixtures,
+                                                                           keyed_server):
     """LlamaDesk's serve runs a lane's prompt lookup and its logit bias by text (extension
     fields): the lanes run there, not refused, and give what the same lanes give locally."""
     story = fixtures / "stories260K.gguf"
     banned = {**GREEDY, "logit_bias_text": ["girl=-inf"]}
-    with ServeProcess(story, key="cmp-key") as server:
+    with nullcontext(keyed_server) as server:  # the module's server outlives the test
         remote = RemoteModel(server.url, api_key="cmp-key")
         remote.connect()
         remote.probe()
@@ -346,7 +356,8 @@ def test_lanes_on_a_llamadesk_server_take_prompt_lookup_and_a_bias_by_text(qtbot
 
 # Long on purpose: one scenario whose steps share one serve process and its run (split up, each
 # part would start the server and run the lane again), read top to bottom as a user would go.
-def test_a_lane_on_a_llamadesk_server_branches_at_a_token(qtbot, loop, bridge, history, fixtures, tmp_path):
+def test_a_lane_on_a_llamadesk_server_branches_at_a_token(qtbot, loop, bridge, history, fixtures, tmp_path,
+                                                          keyed_server):
     """'Continue with X' on a lane served by LlamaDesk's serve: the new lane runs on the same
     server (its prompt ids and the kept tokens, X forced), keeps the source's tokens before
     X, reuses the server's KV cache and continues as a local engine's branch does; it is
@@ -356,7 +367,7 @@ def test_a_lane_on_a_llamadesk_server_branches_at_a_token(qtbot, loop, bridge, h
     lm = load(story, device="cpu", dtype="float32")
     prompt_ids = lm.tokenizer.encode(PROMPT, bos=True)
     at = 5
-    with ServeProcess(story, key="cmp-key") as server:
+    with nullcontext(keyed_server) as server:  # the module's server outlives the test
         remote = RemoteModel(server.url, api_key="cmp-key")
         remote.connect()
         remote.probe()
