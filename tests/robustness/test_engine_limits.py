@@ -102,9 +102,9 @@ def test_invalid_utf8_text_is_replaced_not_raised(seeds):
     check_replaced(load_tokenizer(seeds["tokenizer.json"]))  # tokenizers
 
 
-def test_invalid_utf8_text_with_meta_tokenizers(meta_fixtures):
-    check_replaced(load_tokenizer(meta_fixtures / "llama2-tokenizer.model"))
-    check_replaced(load_tokenizer(meta_fixtures / "llama3-tokenizer.model"))  # tiktoken
+def test_invalid_utf8_text_with_meta_tokenizers(llama2_kind_tokenizer, llama3_kind_tokenizer):
+    check_replaced(load_tokenizer(llama2_kind_tokenizer))  # Meta's files where present
+    check_replaced(load_tokenizer(llama3_kind_tokenizer))  # tiktoken
 
 
 def test_cli_invalid_utf8_prompt_warns_and_generates(seeds, capsys):

@@ -231,13 +231,14 @@ def test_constraint_round_trips_through_settings_and_refuses_beams():
         SamplingParams(num_beams=2, constraint=c).validate()
 
 
-@pytest.mark.parametrize("name, size", [("llama2-tokenizer.model", 32000), ("llama3-tokenizer.model", 128256)])
-def test_real_vocabularies_allow_a_valid_output_token_by_token(meta_fixtures, name, size):
-    """With Llama 2's SentencePiece and Llama 3's tiktoken vocabularies, the tokenizer's own
-    encoding of a valid output is allowed at every step and ends accepting; an invalid one
-    is refused where it goes wrong, and special tokens are never allowed."""
+@pytest.mark.parametrize("name, size", [("llama2_kind_tokenizer", 32000), ("llama3_kind_tokenizer", 128256)])
+def test_real_vocabularies_allow_a_valid_output_token_by_token(request, name, size):
+    """With Llama 2's SentencePiece and Llama 3's tiktoken vocabularies (Meta's files where
+    present, else ones of their kind and size), the tokenizer's own encoding of a valid output
+    is allowed at every step and ends accepting; an invalid one is refused where it goes
+    wrong, and special tokens are never allowed."""
     from core.tokenizer import load_tokenizer
-    tok = load_tokenizer(meta_fixtures / name)
+    tok = load_tokenizer(request.getfixturevalue(name))
     assert tok.vocab_size == size
     vocab = Vocabulary(tok, size)
     c = Constraint("json_schema", json.dumps(PERSON))

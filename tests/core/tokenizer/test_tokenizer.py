@@ -326,8 +326,8 @@ def test_load_tokenizer_from_a_tokenizers_saved_file(tmp_path):
     assert tok.eos_id == 3
 
 
-def test_load_tokenizer_prefers_tokenizer_json_in_a_folder(tmp_path, meta_fixtures, llama2):
-    (tmp_path / "tokenizer.model").write_bytes((meta_fixtures / "llama2-tokenizer.model").read_bytes())
+def test_load_tokenizer_prefers_tokenizer_json_in_a_folder(tmp_path, llama2_kind_tokenizer, llama2):
+    (tmp_path / "tokenizer.model").write_bytes(llama2_kind_tokenizer.read_bytes())
     assert load_tokenizer(tmp_path).kind == "sentencepiece"
     (tmp_path / "tokenizer.json").write_text(sp_style_tokenizer_json(llama2), encoding="utf-8")
     assert load_tokenizer(tmp_path).kind == "hf"
