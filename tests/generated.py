@@ -49,10 +49,11 @@ def sentencepiece_model(path: Path, vocab_size: int = 32000, seed: int = 0) -> P
     return path
 
 
-def hello_world_ids(folder: Path) -> list[int]:
-    """The ids of "Hello world" (no BOS) the folder's tokenizer must give: Meta's published
-    ones where it holds Meta's Llama 2 file, else the file's own encoding."""
-    tok_file = folder / "tokenizer.model"
+def hello_world_ids(path: Path) -> list[int]:
+    """The ids of "Hello world" (no BOS) a tokenizer file (or a model folder's
+    tokenizer.model) must give: Meta's published ones for Meta's Llama 2 file, else the
+    file's own encoding."""
+    tok_file = path / "tokenizer.model" if path.is_dir() else path
     if hashlib.sha256(tok_file.read_bytes()).hexdigest() == LLAMA2_SHA256:
         return LLAMA2_HELLO_WORLD
     return load_tokenizer(tok_file).encode("Hello world", bos=False)

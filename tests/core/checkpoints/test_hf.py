@@ -7,6 +7,7 @@ import torch
 
 from core.checkpoints import detect, load
 from tests.core.checkpoints.util import greedy, hf_greedy, write_json, write_tiny_tokenizer
+from tests.generated import hello_world_ids
 from tests.helpers import tiny_hf
 
 SCALED = dict(rope_theta=500000.0, max_position_embeddings=1024,
@@ -108,13 +109,13 @@ def test_chat_template_jinja_side_file(tmp_path):
     assert lm.chat_format.name == "llama2" and lm.info["chat_template_source"] == "tokenizer_config"
 
 
-def test_sentencepiece_tokenizer_model(tmp_path, meta_fixtures):
+def test_sentencepiece_tokenizer_model(tmp_path, llama2_kind_tokenizer):
     hf = tiny_hf(5, vocab_size=32000)
     folder = tmp_path / "sp"
     hf.save_pretrained(folder)
-    shutil.copy(meta_fixtures / "llama2-tokenizer.model", folder / "tokenizer.model")
+    shutil.copy(llama2_kind_tokenizer, folder / "tokenizer.model")  # Meta's where present
     lm = load(folder, device="cpu", dtype="float32")
     assert lm.tokenizer.kind == "sentencepiece"
-    assert lm.tokenizer.encode("Hello world") == [15043, 3186]
+    assert lm.tokenizer.encode("Hello world") == hello_world_ids(folder)
     assert 2 in lm.stop_ids
     assert_matches(hf, lm, [1, 15043, 3186, 29892], n=8)

@@ -13,6 +13,7 @@ from core.tokenizer import (
     load_tokenizer,
 )
 from core.checkpoints.gguf_vocab import byte_level_vocab_from_ranks, hf_byte_level_from_vocab, sentencepiece_from_vocab
+from tests.generated import hello_world_ids
 from tests.helpers import gguf_vocab
 from core.tokenizer.tiktoken_bpe import parse_ranks
 
@@ -301,16 +302,16 @@ def test_llama3_eot_text_is_not_eot(llama3):
 # --------------------------------------------------------------------------- loading
 
 
-def test_load_tokenizer_detects_kind_by_content(meta_fixtures, tmp_path, llama2):
-    # names that say nothing: detection must read the content
-    for src, kind in [("llama3-tokenizer.model", "tiktoken"), ("llama2-tokenizer.model", "sentencepiece")]:
+def test_load_tokenizer_detects_kind_by_content(llama2_kind_tokenizer, llama3_kind_tokenizer, tmp_path, llama2):
+    # names that say nothing: detection must read the content (Meta's files where present)
+    for src, kind in [(llama3_kind_tokenizer, "tiktoken"), (llama2_kind_tokenizer, "sentencepiece")]:
         dst = tmp_path / f"mystery-{kind}.bin"
-        dst.write_bytes((meta_fixtures / src).read_bytes())
+        dst.write_bytes(src.read_bytes())
         assert load_tokenizer(dst).kind == kind
     hf_path = tmp_path / "whatever.dat"
     hf_path.write_text(sp_style_tokenizer_json(llama2), encoding="utf-8")
     tok = load_tokenizer(hf_path)
-    assert tok.kind == "hf" and tok.encode("Hello world") == [15043, 3186]
+    assert tok.kind == "hf" and tok.encode("Hello world") == hello_world_ids(llama2_kind_tokenizer)
 
 
 def test_load_tokenizer_from_a_tokenizers_saved_file(tmp_path):
