@@ -50,11 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llamadesk: {why}", file=sys.stderr)
         return 2
 
+    # start-up time: Qt and the GUI load only after the display check (no display: one line at once)
     from gui.app import run
 
     closers = []  # what must reach the disk before the process ends
 
     def factory(bridge, _argv):
+        # start-up time: the window's modules (widgets, torch through the model dialog) load
+        # when gui.app asks for the window, after its event loop and worker are up
         from PySide6.QtCore import QSettings
         from PySide6.QtWidgets import QApplication
 

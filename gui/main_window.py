@@ -26,7 +26,7 @@ from gui import actions, theme
 from gui.chat.column import ChatColumn
 from gui.chat.controller import ConversationController
 from gui.chat.markdown import render_markdown
-from gui.chat.message import format_stats
+from gui.widgets.stats import format_stats
 from gui.chat.sidebar import ConversationSidebar
 from gui.compare.launch import compare_window_for
 from gui.dialogs import model_dialog
@@ -36,7 +36,7 @@ from gui.dialogs.servers import SavedServers
 from gui.library.window import LibraryRoom
 from gui.model_controller import ModelController, with_path
 from gui.settings.panel import SamplingPanel
-from gui.widgets.status_bar import MainStatusBar
+from gui.status_bar import MainStatusBar
 
 APP_NAME = "LlamaDesk"
 RECORD_PROBS_KEY = "chat/record_probs"

@@ -17,7 +17,7 @@ from core.engine.lanes import MAX_LANES
 from core.engine.settings import SCHEMA
 
 from gui import theme
-from gui.chat.message import format_stats
+from gui.widgets.stats import format_stats
 from gui.compare.lanes import divergence_label, lane_diff
 from gui.compare.models import LaneModel
 from gui.settings.output_format import CONSTRAINT_HINTS, CONSTRAINT_KINDS

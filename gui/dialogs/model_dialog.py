@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QFormLayo
                                QLabel, QProgressBar, QPushButton, QWidget)
 
 from core.checkpoints.common import DTYPE_CHOICES
+from gui.widgets.stats import decode_label
 
 RECENT_KEY = "models/recent"
 LAST_KEY = "models/last"
@@ -140,19 +141,6 @@ def human_count(n: float) -> str:
         if n >= div:
             return f"{n / div:.1f}{unit}"
     return str(int(n))
-
-
-def decode_label(status: str) -> str:
-    """A few words for the status bar from the engine's ``compile_status``: "CUDA graphs",
-    "compiled", "compiling…" (before the first step), "eager (compile failed)"; "" when
-    compiling was not asked for."""
-    if not status or status.startswith("eager: compile is off"):
-        return ""
-    if status.startswith("compiled"):
-        return "CUDA graphs" if "CUDA graphs)" in status else "compiled"
-    if status.startswith("compiles"):
-        return "compiling…"
-    return "eager (compile failed)"
 
 
 def info_rows(info: dict) -> list[tuple[str, str]]:

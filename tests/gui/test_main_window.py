@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QApplication, QLabel, QMenu, QMessageBox, QSlider,
 from core.history.export import export_json
 from gui import actions, theme
 from gui.bridge import BridgeError
-from gui.chat.message import format_stats
+from gui.widgets.stats import format_stats
 from gui.dialogs.model_dialog import ModelInfoDialog
 from tests.gui.ui_helpers import (ROOT, bridge, clipped_texts, close, data_dir, load, loop, make_window,  # noqa: F401
                                   run, send, settings, snapshot, until, window)

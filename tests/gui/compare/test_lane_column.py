@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QWidget
 
 from core.engine.lanes import lane_stats
 from core.engine.settings import SCHEMA, SamplingParams
-from gui.chat.message import format_stats
+from gui.widgets.stats import format_stats
 from gui.compare.lane_column import FIELDS, SEED_RANDOM, LaneColumn
 from gui.compare.models import LaneModel
 from gui.compare.view import CompareView
