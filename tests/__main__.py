@@ -26,9 +26,7 @@ def parallel_args(argv: list[str]) -> list[str]:
         return list(argv)
     if any(a in ("no:xdist", "-pno:xdist") for a in argv):
         return list(argv)
-    # A crashed worker (a segfault) ends the run with the crash reported: pytest-xdist 3.8
-    # replacing it under --dist loadfile can wait forever (pytest-xdist issues 784, 1323).
-    return ["-n", "auto", "--dist", "loadfile", "--max-worker-restart", "0", *argv]
+    return ["-n", "auto", "--dist", "loadfile", *argv]
 
 
 if __name__ == "__main__":

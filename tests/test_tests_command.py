@@ -3,7 +3,7 @@ import pytest
 
 from tests.__main__ import parallel_args
 
-SPREAD = ["-n", "auto", "--dist", "loadfile", "--max-worker-restart", "0"]
+SPREAD = ["-n", "auto", "--dist", "loadfile"]
 
 
 @pytest.mark.parametrize("argv", [[], ["-k", "server"], ["-q", "tests/gui", "-x"], ["-m", "slow"]])
