@@ -40,25 +40,24 @@ def data_dir() -> Path:
     env = os.environ.get(DATA_ENV)
     if env:
         return Path(env).expanduser()
-    home = Path.home()
-    if sys.platform == "win32":
-        base = Path(os.environ.get("APPDATA") or home / "AppData" / "Roaming")
-    elif sys.platform == "darwin":
-        base = home / "Library" / "Application Support"
-    else:
-        base = _xdg("XDG_DATA_HOME", home / ".local" / "share")
-    return base / APP_NAME
+    return _user_dir(mac=("Library", "Application Support"), xdg="XDG_DATA_HOME", xdg_default=(".local", "share"))
 
 
 def config_dir() -> Path:
     """The app's config folder: on Linux the one holding the GUI's settings file (Qt keeps
     them in the registry on Windows and in a plist on macOS; there it is the folder
     for files of the same kind)."""
+    return _user_dir(mac=("Library", "Preferences"), xdg="XDG_CONFIG_HOME", xdg_default=(".config",))
+
+
+def _user_dir(*, mac: tuple[str, ...], xdg: str, xdg_default: tuple[str, ...]) -> Path:
+    """The app's folder under the platform's per-user base: roaming AppData on Windows,
+    ``~/<mac>`` on macOS, ``$<xdg>`` (else ``~/<xdg_default>``) elsewhere."""
     home = Path.home()
     if sys.platform == "win32":
         base = Path(os.environ.get("APPDATA") or home / "AppData" / "Roaming")
     elif sys.platform == "darwin":
-        base = home / "Library" / "Preferences"
+        base = home.joinpath(*mac)
     else:
-        base = _xdg("XDG_CONFIG_HOME", home / ".config")
+        base = _xdg(xdg, home.joinpath(*xdg_default))
     return base / APP_NAME
