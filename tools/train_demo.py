@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -32,7 +31,7 @@ import random
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +39,11 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+
+from tools.demo_data import (  # noqa: E402
+    batches_for_epoch, clean_story, draw_topic, encode_split, is_heldout, keep_story, make_batch, topic_key,
+    topic_words,
+)
 
 DEFAULT_WORK = ROOT / "tools" / "work" / "demo"
 DEFAULT_OUT = ROOT / "assets" / "models" / "llamadesk-demo"
@@ -108,129 +112,6 @@ class Config:
 
 
 # --------------------------------------------------------------------------- corpus
-
-NAMES = ["Max", "Lily", "Tim", "Ben", "Sue", "Tom", "Anna", "Sam", "Mia", "Jack", "Lucy", "Sara", "Bob",
-         "Spot", "Amy", "Kitty", "Molly", "Jane", "Joe", "Mark", "Emma", "Lola", "Fluffy", "Buddy",
-         "Zoe", "Leo", "Kim", "Jill", "Bill", "Dan", "Tweety", "Daisy", "Bella", "Rex", "Pip", "Timmy",
-         "Sally", "Rosie", "Toby", "Ellie"]
-ANIMALS = ["dog", "cat", "bird", "bunny", "fish", "frog", "bear", "duck", "mouse", "lion", "pig", "cow",
-           "horse", "owl", "fox", "monkey", "turtle", "puppy", "kitten", "elephant", "dragon", "squirrel"]
-PEOPLE = ["girl", "boy"]
-OBJECTS = ["ball", "car", "kite", "hat", "box", "balloon", "boat", "doll", "truck", "flower", "shell",
-           "crayon", "book", "cup", "train", "rock", "tree", "cake", "toy", "bike", "drum", "blanket"]
-COLOURS = ["red", "blue", "green", "yellow", "pink", "purple", "big", "shiny", "little", "old", "soft"]
-PLACES = ["park", "forest", "garden", "beach", "farm", "house", "town", "pond", "jungle", "sky", "school"]
-
-# Openings the story model continues; each names the topic so the story starts on it.
-CHARACTER_OPENINGS = [
-    "Once upon a time, there was a {kind} named {name}.",
-    "Once upon a time, there was a little {kind} named {name}. {Pro} lived in a {place}.",
-    "One day, a {kind} named {name} went to the {place}.",
-    "{name} was a happy {kind}. {Pro} liked to play in the {place}.",
-    "There once was a {kind} called {name}.",
-    "Once upon a time, in a big {place}, there lived a {kind} named {name}.",
-]
-OBJECT_OPENINGS = [
-    "Once upon a time, there was a {colour} {thing}.",
-    "One day, {name} found a {colour} {thing} in the {place}.",
-    "Once upon a time, a little {person} named {name} had a {colour} {thing}.",
-    "{name} had a {colour} {thing}. {Pro} loved it very much.",
-]
-FINDS_OPENINGS = [
-    "Once upon a time, there was a {person} named {name}. One day, {pro} found a {thing}.",
-    "One day, a little {person} named {name} found a {thing} in the {place}.",
-]
-# The user's side: varied phrasings of the same request.
-CHARACTER_REQUESTS = [
-    "Tell me a story about a {kind} named {name}.",
-    "Write a short story about {name} the {kind}.",
-    "Can you tell me a story about a {kind} called {name}?",
-    "I would like a story about a {kind} named {name}, please.",
-    "Please write a story about a {kind} whose name is {name}.",
-    "Tell me a bedtime story about {name}, a little {kind}.",
-    "Story time! Something about a {kind} named {name}.",
-    "Could you make up a story about a {kind} named {name}?",
-]
-OBJECT_REQUESTS = [
-    "Write a short story about a {colour} {thing}.",
-    "Tell me a story about a {colour} {thing}.",
-    "Can you tell me a story about a {colour} {thing}?",
-    "I want a story about a {colour} {thing}.",
-    "Please tell me a little story about a {colour} {thing}.",
-    "Make up a story about a {colour} {thing}, please.",
-]
-FINDS_REQUESTS = [
-    "Can you tell me a story about a {person} who finds a {thing}?",
-    "Tell me a story about a {person} who finds a {thing}.",
-    "Write a short story about a {person} who found a {thing}.",
-    "Please tell me a story where a {person} finds a {thing}.",
-]
-
-
-def topic_key(slots: dict) -> str:
-    """What makes two requests the same topic (held-out topics never appear in training)."""
-    if slots["type"] == "character":
-        return f"character:{slots['kind']}:{slots['name']}"
-    if slots["type"] == "object":
-        return f"object:{slots['colour']}:{slots['thing']}"
-    return f"finds:{slots['person']}:{slots['thing']}"
-
-
-def is_heldout(key: str, percent: float) -> bool:
-    """A stable split by topic: the hash, not the order of sampling, decides."""
-    h = int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
-    return (h % 10000) < percent * 100
-
-
-def topic_words(slots: dict) -> list[str]:
-    """Words a reply must mention to count as on topic (any one of them)."""
-    if slots["type"] == "character":
-        return [slots["name"]]
-    return [slots["thing"]]
-
-
-def draw_topic(rng: random.Random) -> dict:
-    """One random topic with its opening sentence and the user's request for it."""
-    r = rng.random()
-    place = rng.choice(PLACES)
-    if r < 0.6:
-        kind = rng.choice(ANIMALS + PEOPLE * 3)
-        name = rng.choice(NAMES)
-        Pro, pro = {"girl": ("She", "she"), "boy": ("He", "he")}.get(kind, rng.choice([("He", "he"), ("She", "she")]))
-        slots = {"type": "character", "kind": kind, "name": name}
-        opening = rng.choice(CHARACTER_OPENINGS).format(kind=kind, name=name, place=place, Pro=Pro, pro=pro)
-        request = rng.choice(CHARACTER_REQUESTS).format(**slots)
-    elif r < 0.85:
-        person = rng.choice(PEOPLE)
-        Pro, pro = ("She", "she") if person == "girl" else ("He", "he")
-        slots = {"type": "object", "colour": rng.choice(COLOURS), "thing": rng.choice(OBJECTS)}
-        opening = rng.choice(OBJECT_OPENINGS).format(name=rng.choice(NAMES), place=place, person=person,
-                                                     Pro=Pro, pro=pro, **slots)
-        request = rng.choice(OBJECT_REQUESTS).format(**slots)
-    else:
-        person = rng.choice(PEOPLE)
-        Pro, pro = ("She", "she") if person == "girl" else ("He", "he")
-        slots = {"type": "finds", "person": person, "thing": rng.choice(OBJECTS)}
-        opening = rng.choice(FINDS_OPENINGS).format(name=rng.choice(NAMES), place=place, Pro=Pro, pro=pro,
-                                                    **slots)
-        request = rng.choice(FINDS_REQUESTS).format(**slots)
-    return {"slots": slots, "opening": opening, "request": request}
-
-
-def clean_story(text: str) -> str:
-    return re.sub(r"[ \t]+", " ", text.replace("\r", "")).strip()
-
-
-def keep_story(cfg: Config, slots: dict, continuation: str, stop_reason: str) -> bool:
-    """Only stories that finished on their own, say something, and come back to the topic."""
-    if stop_reason != "eos" and not (cfg.keep_unfinished and stop_reason == "length"):
-        return False
-    if len(continuation) < cfg.keep_min_chars or "\u2047" in continuation or "\ufffd" in continuation:
-        return False
-    if cfg.keep_unfinished:
-        return True
-    low = continuation.lower()
-    return any(re.search(rf"\b{re.escape(w.lower())}\b", low) for w in topic_words(slots))
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -350,60 +231,6 @@ def load_chat_tokenizer(work: Path):
     return tok, fmt
 
 
-# --------------------------------------------------------------------------- data
-
-
-def encode_pair(fmt, tok, request: str, story: str) -> tuple[list[int], int]:
-    """Token ids of one chat exchange and where the assistant's reply starts.
-
-    Built exactly as the app builds a prompt (the chat format's own code), so training and
-    inference see the same tokens; the reply is the story then <|eot_id|>.
-    """
-    prompt = fmt.encode_dialog([{"role": "user", "content": request}], add_generation_prompt=True)
-    reply = tok.encode(story.strip()) + [fmt.eot_id]
-    return prompt + reply, len(prompt)
-
-
-def encode_split(recs: list[dict], fmt, tok, seq_len: int) -> list[tuple[list[int], int]]:
-    out = []
-    for r in recs:
-        ids, start = encode_pair(fmt, tok, r["request"], r["story"])
-        # A story longer than the window is dropped, not cut: the model must see every
-        # reply end on <|eot_id|> or it learns to run to the length limit.
-        if len(ids) <= seq_len + 1:
-            out.append((ids, start))
-    return out
-
-
-def make_batch(items: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Right-padded inputs and targets; targets are -100 except on the reply (+ <|eot_id|>)."""
-    T = max(len(ids) for ids, _ in items) - 1
-    x = torch.zeros(len(items), T, dtype=torch.long)
-    y = torch.full((len(items), T), -100, dtype=torch.long)
-    n = 0
-    for i, (ids, start) in enumerate(items):
-        t = torch.tensor(ids)
-        L = len(ids) - 1
-        x[i, :L] = t[:-1]
-        # Position p predicts ids[p + 1]; learn only the predictions of reply tokens.
-        y[i, start - 1:L] = t[start:]
-        n += L
-    return x, y, n
-
-
-def batches_for_epoch(data, batch_size: int, rng: random.Random) -> list[list[int]]:
-    """Index batches of similar length (little padding), in random order."""
-    idx = list(range(len(data)))
-    rng.shuffle(idx)
-    chunk = batch_size * 32
-    out = []
-    for c in range(0, len(idx), chunk):
-        part = sorted(idx[c:c + chunk], key=lambda i: len(data[i][0]))
-        out += [part[b:b + batch_size] for b in range(0, len(part), batch_size)]
-    rng.shuffle(out)
-    return out
-
-
 # --------------------------------------------------------------------------- training
 
 
@@ -450,23 +277,10 @@ def save_atomic(obj, path: Path) -> None:
     os.replace(tmp, path)  # an interruption mid-save never leaves a broken checkpoint
 
 
-def stage_train(cfg: Config, work: Path, resume: bool = True, log=print) -> Path:
-    """Train until max_steps or train_minutes, whichever comes first.
-
-    The cosine schedule follows whichever of the two is further along, so a slow (or busy)
-    machine still finishes with a fully decayed learning rate instead of being cut off
-    at a high one.
-    """
+def init_model(cfg: Config, args):
+    """A fresh model and its AdamW (weight decay on matrices only)."""
     from core.model.transformer import Transformer
 
-    tok, fmt = load_chat_tokenizer(work)
-    train_recs, held_recs = split_corpus(work)
-    train = encode_split(train_recs, fmt, tok, cfg.seq_len)
-    held = encode_split(held_recs, fmt, tok, cfg.seq_len)
-    if not train or not held:
-        raise SystemExit("need both a training and a held-out split")
-    torch.manual_seed(cfg.seed)
-    args = model_args(cfg, tok.vocab_size)
     model = Transformer(args)
     # Small init for the residual projections keeps early steps stable in a deep-ish stack.
     for name, p in model.named_parameters():
@@ -477,82 +291,134 @@ def stage_train(cfg: Config, work: Path, resume: bool = True, log=print) -> Path
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    ckpt = work / "ckpt.pt"
-    step, elapsed, history = 0, 0.0, []
-    if resume and ckpt.exists():
+    return model, opt
+
+
+@dataclass
+class TrainRun:
+    """The training loop's state, shared by its helpers; step, elapsed and history survive a resume."""
+    cfg: Config
+    work: Path
+    model: object
+    opt: object
+    args: object
+    step: int = 0
+    elapsed: float = 0.0
+    history: list = field(default_factory=list)
+    loss_ema: float | None = None
+    t_last: float = 0.0
+    tok_window: int = 0
+    t_window: float = 0.0
+
+    def progress(self) -> float:
+        return max(self.step / self.cfg.max_steps, self.elapsed / (self.cfg.train_minutes * 60))
+
+    def resume(self, ckpt: Path, log) -> None:
         st = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["optim"])
-        step, elapsed, history = st["step"], st["elapsed"], st["history"]
-        log(f"train: resumed at step {step} ({elapsed / 60:.1f} min done)")
+        self.model.load_state_dict(st["model"])
+        self.opt.load_state_dict(st["optim"])
+        self.step, self.elapsed, self.history = st["step"], st["elapsed"], st["history"]
+        log(f"train: resumed at step {self.step} ({self.elapsed / 60:.1f} min done)")
+
+    def checkpoint(self, final: bool = False) -> None:
+        save_atomic({"model": self.model.state_dict(), "optim": self.opt.state_dict(), "step": self.step,
+                     "elapsed": self.elapsed, "history": self.history, "config": dataclasses.asdict(self.cfg),
+                     "args": self.args.to_params(), "final": final}, self.work / "ckpt.pt")
+
+
+def periodic_eval(run: TrainRun, held, rate: float) -> None:
+    vl = evaluate(run.model, held, run.cfg.batch_size, run.cfg.eval_batches)
+    run.history.append({"step": run.step, "train_loss": run.loss_ema, "val_loss": vl,
+                        "minutes": run.elapsed / 60, "tok_s": rate})
+    sys.stdout.write(f"\n  val loss {vl:.3f} at step {run.step}\n")
+    if vl <= min(h["val_loss"] for h in run.history):
+        # Kept in case a long run starts to overfit the small corpus.
+        save_atomic({"model": run.model.state_dict(), "step": run.step, "val_loss": vl,
+                     "args": run.args.to_params()}, run.work / "best.pt")
+    run.t_last = time.perf_counter()  # evaluation time is not training time
+
+
+def train_step(run: TrainRun, train, held, batch: list[int], epoch: int) -> None:
+    """One optimiser step, the progress line, and the evaluation or checkpoint it is due."""
+    cfg = run.cfg
+    lr = lr_at(cfg, run.step, run.progress())
+    for g in run.opt.param_groups:
+        g["lr"] = lr
+    x, y, n = make_batch([train[i] for i in batch])
+    loss = run.model.loss(x, y)
+    run.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+    run.opt.step()
+    run.step += 1
+    now = time.perf_counter()
+    run.elapsed += now - run.t_last
+    run.t_last = now
+    run.tok_window += n
+    lv = loss.item()
+    run.loss_ema = lv if run.loss_ema is None else 0.95 * run.loss_ema + 0.05 * lv
+    rate = run.tok_window / max(now - run.t_window, 1e-9)
+    if now - run.t_window > 30:
+        run.tok_window, run.t_window = 0, now
+    pct = 100 * min(run.progress(), 1.0)
+    bar = "#" * int(pct / 4)
+    sys.stdout.write(f"\r[{bar:<25}] {pct:5.1f}% step {run.step} ep {epoch} loss {run.loss_ema:.3f} "
+                     f"lr {lr:.2e} {rate:,.0f} tok/s {run.elapsed / 60:.1f} min")
+    sys.stdout.flush()
+    if run.step % cfg.eval_every == 0:
+        periodic_eval(run, held, rate)
+    if run.step % cfg.ckpt_every == 0:
+        run.checkpoint()
+        run.t_last = time.perf_counter()
+
+
+def train_loop(run: TrainRun, train, held) -> None:
+    cfg = run.cfg
+    run.model.train()
+    run.t_last, run.tok_window, run.t_window = time.perf_counter(), 0, time.perf_counter()
+    per_epoch = len(batches_for_epoch(train, cfg.batch_size, random.Random(0)))
+    while run.progress() < 1.0:
+        # The epoch's batch order is a function of (seed, epoch), so a resumed run carries on
+        # exactly where the checkpoint left off.
+        epoch = run.step // per_epoch
+        order = batches_for_epoch(train, cfg.batch_size, random.Random(f"{cfg.seed}:{epoch}"))
+        for b in order[run.step % per_epoch:]:
+            if run.progress() >= 1.0:
+                break
+            train_step(run, train, held, b, epoch)
+
+
+def stage_train(cfg: Config, work: Path, resume: bool = True, log=print) -> Path:
+    """Train until max_steps or train_minutes, whichever comes first.
+
+    The cosine schedule follows whichever of the two is further along, so a slow (or busy)
+    machine still finishes with a fully decayed learning rate instead of being cut off
+    at a high one.
+    """
+    tok, fmt = load_chat_tokenizer(work)
+    train_recs, held_recs = split_corpus(work)
+    train = encode_split(train_recs, fmt, tok, cfg.seq_len)
+    held = encode_split(held_recs, fmt, tok, cfg.seq_len)
+    if not train or not held:
+        raise SystemExit("need both a training and a held-out split")
+    torch.manual_seed(cfg.seed)
+    args = model_args(cfg, tok.vocab_size)
+    model, opt = init_model(cfg, args)
+    run = TrainRun(cfg, work, model, opt, args)
+    ckpt = work / "ckpt.pt"
+    if resume and ckpt.exists():
+        run.resume(ckpt, log)
     n_tok = sum(len(i) for i, _ in train)
     log(f"train: {model.num_parameters():,} params, {len(train)} train / {len(held)} held-out dialogs "
         f"({n_tok:,} train tokens), vocab {tok.vocab_size}")
-    budget = cfg.train_minutes * 60
-
-    def progress() -> float:
-        return max(step / cfg.max_steps, elapsed / budget)
-
-    def checkpoint(final: bool = False) -> None:
-        save_atomic({"model": model.state_dict(), "optim": opt.state_dict(), "step": step, "elapsed": elapsed,
-                     "history": history, "config": dataclasses.asdict(cfg),
-                     "args": args.to_params(), "final": final}, ckpt)
-
-    model.train()
-    t_last, tok_window, t_window = time.perf_counter(), 0, time.perf_counter()
-    loss_ema = None
-    per_epoch = len(batches_for_epoch(train, cfg.batch_size, random.Random(0)))
-    while progress() < 1.0:
-        # The epoch's batch order is a function of (seed, epoch), so a resumed run carries on
-        # exactly where the checkpoint left off.
-        epoch = step // per_epoch
-        order = batches_for_epoch(train, cfg.batch_size, random.Random(f"{cfg.seed}:{epoch}"))
-        for b in order[step % per_epoch:]:
-            if progress() >= 1.0:
-                break
-            lr = lr_at(cfg, step, progress())
-            for g in opt.param_groups:
-                g["lr"] = lr
-            x, y, n = make_batch([train[i] for i in b])
-            loss = model.loss(x, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            step += 1
-            now = time.perf_counter()
-            elapsed += now - t_last
-            t_last = now
-            tok_window += n
-            lv = loss.item()
-            loss_ema = lv if loss_ema is None else 0.95 * loss_ema + 0.05 * lv
-            rate = tok_window / max(now - t_window, 1e-9)
-            if now - t_window > 30:
-                tok_window, t_window = 0, now
-            pct = 100 * min(progress(), 1.0)
-            bar = "#" * int(pct / 4)
-            sys.stdout.write(f"\r[{bar:<25}] {pct:5.1f}% step {step} ep {epoch} loss {loss_ema:.3f} "
-                             f"lr {lr:.2e} {rate:,.0f} tok/s {elapsed / 60:.1f} min")
-            sys.stdout.flush()
-            if step % cfg.eval_every == 0:
-                vl = evaluate(model, held, cfg.batch_size, cfg.eval_batches)
-                history.append({"step": step, "train_loss": loss_ema, "val_loss": vl, "minutes": elapsed / 60,
-                                "tok_s": rate})
-                sys.stdout.write(f"\n  val loss {vl:.3f} at step {step}\n")
-                if vl <= min(h["val_loss"] for h in history):
-                    # Kept in case a long run starts to overfit the small corpus.
-                    save_atomic({"model": model.state_dict(), "step": step, "val_loss": vl,
-                                 "args": args.to_params()}, work / "best.pt")
-                t_last = time.perf_counter()  # evaluation time is not training time
-            if step % cfg.ckpt_every == 0:
-                checkpoint()
-                t_last = time.perf_counter()
+    train_loop(run, train, held)
     sys.stdout.write("\n")
     vl = evaluate(model, held, cfg.batch_size, None)
-    history.append({"step": step, "train_loss": loss_ema, "val_loss": vl, "minutes": elapsed / 60, "final": True})
-    log(f"train: done at step {step}, {elapsed / 60:.1f} min, held-out loss {vl:.3f} "
+    run.history.append({"step": run.step, "train_loss": run.loss_ema, "val_loss": vl,
+                        "minutes": run.elapsed / 60, "final": True})
+    log(f"train: done at step {run.step}, {run.elapsed / 60:.1f} min, held-out loss {vl:.3f} "
         f"(perplexity {math.exp(vl):.2f})")
-    checkpoint(final=True)
+    run.checkpoint(final=True)
     return ckpt
 
 

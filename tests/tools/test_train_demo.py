@@ -6,23 +6,24 @@ import json
 import pytest
 import torch
 
+from tools import demo_data as dd
 from tools import train_demo as td
 
 
 def test_heldout_split_is_by_topic_and_stable():
     rng = __import__("random").Random(0)
-    keys = {td.topic_key(td.draw_topic(rng)["slots"]) for _ in range(2000)}
-    held = {k for k in keys if td.is_heldout(k, 5.0)}
+    keys = {dd.topic_key(dd.draw_topic(rng)["slots"]) for _ in range(2000)}
+    held = {k for k in keys if dd.is_heldout(k, 5.0)}
     # Roughly the asked share, decided by the topic alone (same answer every time).
     assert 0.02 < len(held) / len(keys) < 0.09
-    assert held == {k for k in keys if td.is_heldout(k, 5.0)}
+    assert held == {k for k in keys if dd.is_heldout(k, 5.0)}
 
 
 def test_topics_requests_and_openings_name_the_topic():
     rng = __import__("random").Random(1)
     for _ in range(200):
-        t = td.draw_topic(rng)
-        for w in td.topic_words(t["slots"]):
+        t = dd.draw_topic(rng)
+        for w in dd.topic_words(t["slots"]):
             assert w in t["opening"] and w in t["request"]
 
 
@@ -30,15 +31,15 @@ def test_story_filter():
     cfg = td.Config()
     slots = {"type": "character", "kind": "dog", "name": "Max"}
     story = "Max ran to the park. " * 12
-    assert td.keep_story(cfg, slots, story, "eos")
-    assert not td.keep_story(cfg, slots, story, "length")  # unfinished: never taught
-    assert not td.keep_story(cfg, slots, "Tom ran to the park. " * 12, "eos")  # off topic
-    assert not td.keep_story(cfg, slots, "Max ran.", "eos")  # too short
+    assert dd.keep_story(cfg, slots, story, "eos")
+    assert not dd.keep_story(cfg, slots, story, "length")  # unfinished: never taught
+    assert not dd.keep_story(cfg, slots, "Tom ran to the park. " * 12, "eos")  # off topic
+    assert not dd.keep_story(cfg, slots, "Max ran.", "eos")  # too short
 
 
 def test_batch_masks_everything_but_the_reply():
     items = [([1, 5, 6, 7, 8, 9], 3), ([1, 5, 6, 7], 2)]
-    x, y, n = td.make_batch(items)
+    x, y, n = dd.make_batch(items)
     assert x.tolist() == [[1, 5, 6, 7, 8], [1, 5, 6, 0, 0]]
     # Position p predicts ids[p+1]; only the reply's ids (from `start`) are targets.
     assert y.tolist() == [[-100, -100, 7, 8, 9], [-100, 6, 7, -100, -100]]
