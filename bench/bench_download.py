@@ -41,17 +41,67 @@ threading.Event().wait()
 """
 
 
+def _curl(work: Path, url: str) -> float:
+    out = work / "curl.bin"
+    t = time.perf_counter()
+    subprocess.run(["curl", "-s", "-f", "-o", str(out), url], check=True)
+    dt = time.perf_counter() - t
+    out.unlink()
+    return dt
+
+
+def _curl_sha(work: Path, url: str) -> float:  # what verifying by hand costs: curl, then sha256sum
+    out = work / "curl.bin"
+    t = time.perf_counter()
+    subprocess.run(["curl", "-s", "-f", "-o", str(out), url], check=True)
+    subprocess.run(["sha256sum", str(out)], check=True, stdout=subprocess.DEVNULL)
+    dt = time.perf_counter() - t
+    out.unlink()
+    return dt
+
+
+def _app(work: Path, endpoint: str) -> float:
+    from core.library.downloads import DownloadFailed, DownloadFinished, DownloadManager
+    from core.library.hub import HubClient
+    from core.library.library import LibraryState
+
+    dest = work / "models"
+    done = threading.Event()
+    got = {}
+
+    def on_event(ev):
+        if isinstance(ev, (DownloadFinished, DownloadFailed)):
+            got["ev"] = ev
+            done.set()
+    t = time.perf_counter()
+    m = DownloadManager(dest, work / "state.json", hub=HubClient(endpoint), on_event=on_event,
+                        library_state=LibraryState(work / "library.json"))
+    m.enqueue(REPO, [NAME])
+    done.wait()
+    dt = time.perf_counter() - t
+    m.shutdown()
+    assert isinstance(got["ev"], DownloadFinished), got["ev"]
+    shutil.rmtree(dest)
+    (work / "state.json").unlink()
+    return dt
+
+
+def _hf(work: Path, endpoint: str) -> float:
+    from huggingface_hub import hf_hub_download
+
+    out = work / "hf"
+    t = time.perf_counter()
+    hf_hub_download(REPO, NAME, endpoint=endpoint, local_dir=out, token=False)
+    dt = time.perf_counter() - t
+    shutil.rmtree(out)
+    return dt
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
-
-    from huggingface_hub import hf_hub_download
-
-    from core.library.downloads import DownloadFailed, DownloadFinished, DownloadManager
-    from core.library.hub import HubClient
-    from core.library.library import LibraryState
 
     work = Path(tempfile.mkdtemp(prefix="bench_download_"))
     try:
@@ -66,54 +116,8 @@ def main(argv=None) -> int:
                                   text=True)
         endpoint = server.stdout.readline().strip()
         url = f"{endpoint}/{REPO}/resolve/main/{NAME}"
-
-        def curl() -> float:
-            out = work / "curl.bin"
-            t = time.perf_counter()
-            subprocess.run(["curl", "-s", "-f", "-o", str(out), url], check=True)
-            dt = time.perf_counter() - t
-            out.unlink()
-            return dt
-
-        def curl_sha() -> float:  # what verifying by hand costs: curl, then sha256sum
-            out = work / "curl.bin"
-            t = time.perf_counter()
-            subprocess.run(["curl", "-s", "-f", "-o", str(out), url], check=True)
-            subprocess.run(["sha256sum", str(out)], check=True, stdout=subprocess.DEVNULL)
-            dt = time.perf_counter() - t
-            out.unlink()
-            return dt
-
-        def app() -> float:
-            dest = work / "models"
-            done = threading.Event()
-            got = {}
-
-            def on_event(ev):
-                if isinstance(ev, (DownloadFinished, DownloadFailed)):
-                    got["ev"] = ev
-                    done.set()
-            t = time.perf_counter()
-            m = DownloadManager(dest, work / "state.json", hub=HubClient(endpoint), on_event=on_event,
-                                library_state=LibraryState(work / "library.json"))
-            m.enqueue(REPO, [NAME])
-            done.wait()
-            dt = time.perf_counter() - t
-            m.shutdown()
-            assert isinstance(got["ev"], DownloadFinished), got["ev"]
-            shutil.rmtree(dest)
-            (work / "state.json").unlink()
-            return dt
-
-        def hf() -> float:
-            out = work / "hf"
-            t = time.perf_counter()
-            hf_hub_download(REPO, NAME, endpoint=endpoint, local_dir=out, token=False)
-            dt = time.perf_counter() - t
-            shutil.rmtree(out)
-            return dt
-
-        peers = {"curl": curl, "curl + sha256sum": curl_sha, "app (DownloadManager)": app, "hf_hub_download": hf}
+        peers = {"curl": lambda: _curl(work, url), "curl + sha256sum": lambda: _curl_sha(work, url),
+                 "app (DownloadManager)": lambda: _app(work, endpoint), "hf_hub_download": lambda: _hf(work, endpoint)}
         times: dict[str, list[float]] = {k: [] for k in peers}
         for fn in peers.values():  # warm-up, untimed: imports, first connections, page cache
             fn()
