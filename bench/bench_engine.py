@@ -44,6 +44,28 @@ def hf_decode_tok_s(hf, prompt: list[int], n: int) -> tuple[float, float]:
     return (len(stamps) - 1) / (stamps[-1] - stamps[0]), ttft
 
 
+def decode_rounds(eng: Engine, hf, prompt: list[int], n_new: int, reps: int, greedy: SamplingParams,
+                  top_p: SamplingParams) -> dict:
+    """Medians over ``reps`` interleaved rounds of every peer's decode tok/s and time to first token."""
+    res: dict[str, list[float]] = {k: [] for k in ("greedy", "top_p", "lanes8", "hf", "ttft", "hf_ttft")}
+    engine_run(eng, prompt, [greedy])  # warm-up
+    for _ in range(reps):  # interleaved: every peer once per round
+        eng.cache.reset()
+        d = engine_run(eng, prompt, [greedy])[0]
+        res["greedy"].append(d.stats.decode_tok_s)
+        res["ttft"].append(d.stats.ttft_s)
+        eng.cache.reset()
+        res["top_p"].append(engine_run(eng, prompt, [top_p])[0].stats.decode_tok_s)
+        eng.cache.reset()
+        ds = engine_run(eng, prompt, [SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=n_new, seed=i)
+                                      for i in range(8)])
+        res["lanes8"].append(statistics.median(x.stats.decode_tok_s for x in ds))
+        tps, ttft = hf_decode_tok_s(hf, prompt, n_new)
+        res["hf"].append(tps)
+        res["hf_ttft"].append(ttft)
+    return {k: statistics.median(v) for k, v in res.items()}
+
+
 def engine_section(quick: bool, threads: int, bandwidth: float) -> dict:
     from tests.helpers import meta_from_hf
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -68,23 +90,7 @@ def engine_section(quick: bool, threads: int, bandwidth: float) -> dict:
     top_p = SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=n_new, seed=1)
     wb = weight_bytes(ours)
     reps = 1 if quick else 3
-    res: dict[str, list[float]] = {k: [] for k in ("greedy", "top_p", "lanes8", "hf", "ttft", "hf_ttft")}
-    engine_run(eng, prompt, [greedy])  # warm-up
-    for _ in range(reps):  # interleaved: every peer once per round
-        eng.cache.reset()
-        d = engine_run(eng, prompt, [greedy])[0]
-        res["greedy"].append(d.stats.decode_tok_s)
-        res["ttft"].append(d.stats.ttft_s)
-        eng.cache.reset()
-        res["top_p"].append(engine_run(eng, prompt, [top_p])[0].stats.decode_tok_s)
-        eng.cache.reset()
-        ds = engine_run(eng, prompt, [SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=n_new, seed=i)
-                                      for i in range(8)])
-        res["lanes8"].append(statistics.median(x.stats.decode_tok_s for x in ds))
-        tps, ttft = hf_decode_tok_s(hf, prompt, n_new)
-        res["hf"].append(tps)
-        res["hf_ttft"].append(ttft)
-    m = {k: statistics.median(v) for k, v in res.items()}
+    m = decode_rounds(eng, hf, prompt, n_new, reps, greedy, top_p)
     m.update(step_costs(ours, eng, prompt, 3 if quick else 15))
     floor = bandwidth * GB / wb
     data = {"params": sum(p.numel() for p in ours.parameters()), "weight_bytes_per_token": wb,
