@@ -320,7 +320,7 @@ def run_child(how: str, path: Path, threads: int) -> dict | None:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "llamadesk-bench-load",
                     help="folder for the checkpoints (reused when present; default %(default)s)")
@@ -329,14 +329,11 @@ def main() -> None:
                     help="loads per format, each in its own process (best time, highest peak)")
     ap.add_argument("--cleanup", action="store_true", help="delete the work folder at the end")
     ap.add_argument("--child", nargs=2, metavar=("HOW", "PATH"), help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.child:
-        if a.child[0] == "build":
-            build_work(Path(a.child[1]))
-        else:
-            child(a.child[0], a.child[1], a.threads)
-        return
+    return ap.parse_args()
 
+
+def measure_all(a: argparse.Namespace) -> list:
+    """Every case, ``a.repeats`` times, each load in its own child: (label, merged result)."""
     # This process imports no torch and builds nothing: on Linux a child's ru_maxrss starts
     # at its parent's peak RSS (exec folds the old image's high-water mark into it).
     work = a.work.expanduser().resolve()
@@ -355,12 +352,15 @@ def main() -> None:
     finally:
         if a.cleanup:
             shutil.rmtree(work, ignore_errors=True)
+    return results
 
+
+def print_report(results: list, threads: int) -> None:
     tf_s = next(r["load_s"] for label, r in results if label.startswith("transformers"))
     w32 = results[0][1]["weights"]
     exact = all(r["exact"] for _, r in results)
     print(f"\nmodel: {w32 / 4 / 1e6:.0f}M params, {w32 / MB:.0f} MB in float32 (the compute dtype); "
-          f"{a.threads} threads, {results[0][1]['versions']}")
+          f"{threads} threads, {results[0][1]['versions']}")
     print("peak: highest RSS during the load minus the RSS after the imports ("
           + ("VmHWM, reset just before the load" if exact else "ru_maxrss") + "); x wts: over the float32 "
           "weights; +touch: through reading every weight once after the load")
@@ -386,6 +386,17 @@ def main() -> None:
     print("\ngoal, peak RSS <= 1.3x the float32 weights: during the load "
           f"{'met by all' if not over else 'exceeded by ' + ', '.join(over)}; through the first touch "
           f"{'met by all' if not over_t else 'exceeded by ' + ', '.join(over_t)}")
+
+
+def main() -> None:
+    a = parse_args()
+    if a.child:
+        if a.child[0] == "build":
+            build_work(Path(a.child[1]))
+        else:
+            child(a.child[0], a.child[1], a.threads)
+        return
+    print_report(measure_all(a), a.threads)
 
 
 if __name__ == "__main__":
