@@ -55,27 +55,32 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def child(threads: int, seconds: float) -> dict:
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    import asyncio
-
-    import qasync
-    import torch
+def tick_timer():
+    """A precise QTimer (not started) and the list its ticks are stamped into."""
     from PySide6.QtCore import Qt, QTimer
-    from PySide6.QtWidgets import QApplication
+
+    ticks: list[float] = []
+    timer = QTimer()
+    timer.setTimerType(Qt.TimerType.PreciseTimer)
+    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+    return timer, ticks
+
+
+def tick_gaps(ticks: list[float], t0: float, t1: float) -> list[float]:
+    ts = [t for t in ticks if t0 <= t <= t1]
+    return [(b - a) * 1000 for a, b in zip(ts, ts[1:])]
+
+
+def random_checkpoint(tmp_dir: str):
+    """A random model saved as a Meta folder: (loaded model, folder, parameter count)."""
+    import torch
 
     from core.prompt.chat_format import chat_format_for
     from core.checkpoints.common import LoadedModel
     from core.checkpoints.meta import save_meta
     from core.model.transformer import Transformer
     from core.model.args import ModelArgs
-    from core.engine.settings import SamplingParams
     from core.tokenizer import load_tokenizer
-    from core.engine.events import Done, Token
-    from core.worker.protocol import GenerateRequest
-    from core.worker.worker import Worker
-    from core.engine.events import Reply
-    from gui.bridge import Bridge, Chunk
 
     fixtures = Path(os.environ.get("LLAMADESK_FIXTURES", ROOT.parent / "shared" / "fixtures"))
     tok_file = fixtures / "llama2-tokenizer.model"
@@ -86,14 +91,45 @@ def child(threads: int, seconds: float) -> dict:
     fmt = chat_format_for(tok)
     loaded = LoadedModel(model, tok, fmt, args, set(tok.stop_ids) - {tok.eos_id},  # never stop early
                          {"name": "random", "context_length": args.max_seq_len})
-    tmp = tempfile.TemporaryDirectory()
-    folder = save_meta(loaded, Path(tmp.name) / "random", tokenizer_file=tok_file)
+    folder = save_meta(loaded, Path(tmp_dir) / "random", tokenizer_file=tok_file)
     params = sum(p.numel() for p in model.parameters())
+    return loaded, folder, params
 
-    app = QApplication.instance() or QApplication([])
-    loop = qasync.QEventLoop(app)
-    asyncio.set_event_loop(loop)
-    created: dict[tuple[int, int, int], float] = {}
+
+async def stream_reply(bridge, created: dict, seconds: float) -> dict:
+    """Generate for ``seconds``; each token's delay from its creation to the UI, and counts."""
+    from core.engine.settings import SamplingParams
+    from core.engine.events import Done
+    from core.worker.protocol import GenerateRequest
+    from gui.bridge import Chunk
+
+    req = GenerateRequest(mode="completion", prompt="Once upon a time",
+                          params=SamplingParams(temperature=0.8, seed=1, max_new_tokens=100000))
+    delays, chunks, tokens = [], 0, 0
+    t_start = time.perf_counter()
+    t_first = None
+    done = None
+    stream = bridge.generate(req)
+    async for ev in stream:
+        now = time.perf_counter()
+        if isinstance(ev, Chunk):
+            chunks += 1
+            t_first = t_first or now
+            for t in ev.tokens:
+                delays.append((now - created.pop((stream.request_id, t.lane, t.index))) * 1000)
+            tokens += len(ev.tokens)
+            if now - t_start > seconds:
+                stream.cancel()
+        elif isinstance(ev, Done):
+            done = ev
+    return dict(delays=delays, chunks=chunks, tokens=tokens, t_start=t_start, t_first=t_first, done=done)
+
+
+def stamping_factory(created: dict, threads: int):
+    """A worker factory whose workers stamp each token's creation time into ``created``."""
+    from core.engine.events import Token
+    from core.worker.worker import Worker
+    from core.engine.events import Reply
 
     def factory(on_event):
         def stamped(ev):
@@ -101,62 +137,60 @@ def child(threads: int, seconds: float) -> dict:
                 created[(ev.request_id, ev.event.lane, ev.event.index)] = time.perf_counter()
             on_event(ev)
         return Worker(stamped, torch_threads=threads)
+    return factory
 
-    bridge = Bridge(worker_factory=factory)
-    ticks: list[float] = []
-    timer = QTimer()
-    timer.setTimerType(Qt.TimerType.PreciseTimer)
-    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+
+def gap_summary(g: list[float]) -> dict:
+    return {"max_ms": max(g, default=float("nan")), "p99_ms": percentile(g, 99),
+            "p50_ms": percentile(g, 50), "n": len(g)}
+
+
+def child(threads: int, seconds: float) -> dict:
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    import asyncio
+
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from gui.bridge import Bridge
+
+    tmp = tempfile.TemporaryDirectory()
+    loaded, folder, params = random_checkpoint(tmp.name)
+
+    app = QApplication.instance() or QApplication([])
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    created: dict[tuple[int, int, int], float] = {}
+
+    bridge = Bridge(worker_factory=stamping_factory(created, threads))
+    timer, ticks = tick_timer()
     timer.start(TICK_MS)
-
-    def gaps(t0: float, t1: float) -> list[float]:
-        ts = [t for t in ticks if t0 <= t <= t1]
-        return [(b - a) * 1000 for a, b in zip(ts, ts[1:])]
 
     async def scenario() -> dict:
         t0 = time.perf_counter()
         await asyncio.sleep(1.0)
-        idle = gaps(t0, time.perf_counter())
+        idle = tick_gaps(ticks, t0, time.perf_counter())
         t0 = time.perf_counter()
         await bridge.load(folder)
         load_s = time.perf_counter() - t0
-        load_gaps = gaps(t0, time.perf_counter())
+        load_gaps = tick_gaps(ticks, t0, time.perf_counter())
         bridge.worker.adopt(loaded)  # the same model, with stop ids that never end early
         while bridge.model_info is None or bridge.model_info.get("name") != "random":
             await asyncio.sleep(0.01)
-        req = GenerateRequest(mode="completion", prompt="Once upon a time",
-                              params=SamplingParams(temperature=0.8, seed=1, max_new_tokens=100000))
-        delays, chunks, tokens = [], 0, 0
-        t_start = time.perf_counter()
-        t_first = None
-        done = None
-        stream = bridge.generate(req)
-        async for ev in stream:
-            now = time.perf_counter()
-            if isinstance(ev, Chunk):
-                chunks += 1
-                t_first = t_first or now
-                for t in ev.tokens:
-                    delays.append((now - created.pop((stream.request_id, t.lane, t.index))) * 1000)
-                tokens += len(ev.tokens)
-                if now - t_start > seconds:
-                    stream.cancel()
-            elif isinstance(ev, Done):
-                done = ev
+        s = await stream_reply(bridge, created, seconds)
         t_end = time.perf_counter()
-        gen = gaps(t_first or t_start, t_end)
+        t_from = s["t_first"] or s["t_start"]
+        gen = tick_gaps(ticks, t_from, t_end)
         await bridge.shutdown()
-
-        def summary(g):
-            return {"max_ms": max(g, default=float("nan")), "p99_ms": percentile(g, 99),
-                    "p50_ms": percentile(g, 50), "n": len(g)}
+        delays, done = s["delays"], s["done"]
         return {
             "threads": threads, "params_M": params / 1e6, "cpus": os.cpu_count(),
-            "idle": summary(idle), "load": {**summary(load_gaps), "seconds": load_s}, "generate": summary(gen),
+            "idle": gap_summary(idle), "load": {**gap_summary(load_gaps), "seconds": load_s},
+            "generate": gap_summary(gen),
             "token_to_ui_ms": {"p50": percentile(delays, 50), "p99": percentile(delays, 99),
                                "max": max(delays, default=float("nan"))},
             "decode_tok_s": done.stats.decode_tok_s if done else float("nan"),
-            "tokens": tokens, "chunks_per_s": chunks / max(t_end - (t_first or t_start), 1e-9),
+            "tokens": s["tokens"], "chunks_per_s": s["chunks"] / max(t_end - t_from, 1e-9),
         }
 
     try:
@@ -189,30 +223,15 @@ def markdown_reply(n_tokens: int) -> list[str]:
     return pieces[:n_tokens]
 
 
-def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    import asyncio
-    import gc
+def stand_in_worker(pieces: list[str], tok_s: float):
+    """A worker class that makes the reply's tokens at tok_s on its own thread, like the worker would."""
     import threading
 
-    import qasync
-    from PySide6.QtCore import QSettings, Qt, QTimer
-    from PySide6.QtWidgets import QApplication
-
     from core.engine.events import Done, Prefilled, Stats, Token
-    from core.history.store import History
     from core.worker.protocol import Prompted
     from core.engine.events import Reply
-    from gui.chat import message as message_widget
-    from gui.app import UiThreadCollector
-    from gui.bridge import Bridge
-    from gui.main_window import MainWindow
-
-    pieces = markdown_reply(n_tokens)
 
     class StandInWorker:
-        """Makes the reply's tokens at tok_s on its own thread, like the worker would."""
-
         def __init__(self, on_event):
             self.on_event, self.alive, self.stop_flag = on_event, False, threading.Event()
 
@@ -247,19 +266,21 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
 
         def shutdown(self, timeout=5.0):
             self.stop_flag.set()
+    return StandInWorker
 
-    if mode == "full":  # the peer: the whole reply re-rendered as Markdown on every update
-        def append_text(self, delta):
-            self.message["text"] = self.message.get("text", "") + delta
-            self.body.set_markdown(self.message["text"])
-        message_widget.MessageWidget.append_text = append_text
 
-    tmp = tempfile.TemporaryDirectory()
-    app = QApplication.instance() or QApplication([])
-    loop = qasync.QEventLoop(app)
-    asyncio.set_event_loop(loop)
-    collector = UiThreadCollector()  # garbage collection as the app does it (gui.app.run)
-    collector.start()
+def render_fully() -> None:
+    """The peer: the whole reply re-rendered as Markdown on every update."""
+    from gui.chat import message as message_widget
+
+    def append_text(self, delta):
+        self.message["text"] = self.message.get("text", "") + delta
+        self.body.set_markdown(self.message["text"])
+    message_widget.MessageWidget.append_text = append_text
+
+
+def gc_timer():
+    """A gc callback and the (generation, ms) of each collection it timed."""
     gc_ms: list[tuple[int, float]] = []  # (generation, ms) of each collection while measuring
     gc_start: list[float] = []
 
@@ -268,16 +289,29 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
             gc_start[:] = [time.perf_counter()]
         elif gc_start:
             gc_ms.append((info["generation"], (time.perf_counter() - gc_start[0]) * 1000))
-    bridge = Bridge(worker_factory=StandInWorker)
-    settings = QSettings(str(Path(tmp.name) / "s.ini"), QSettings.IniFormat)
-    window = MainWindow(bridge=bridge, history=History(Path(tmp.name) / "h.sqlite3"), settings=settings,
+    return on_gc, gc_ms
+
+
+def open_window(bridge, tmp_dir: str, n_tokens: int):
+    """The main window on a stand-in model, shown, with settings and history in ``tmp_dir``."""
+    from PySide6.QtCore import QSettings
+
+    from core.history.store import History
+    from gui.main_window import MainWindow
+
+    settings = QSettings(str(Path(tmp_dir) / "s.ini"), QSettings.IniFormat)
+    window = MainWindow(bridge=bridge, history=History(Path(tmp_dir) / "h.sqlite3"), settings=settings,
                         autoload=False)
     window.resize(1200, 800)
     window.show()
     window._set_model({"name": "stand-in", "context_length": 8192})
     window.record_probs_action.setChecked(False)
     window.panel.maxTokensSpin.setValue(n_tokens)
+    return window
 
+
+def time_chat_view(window, n_tokens: int):
+    """Time every ChatView update and the final render: (updates, final_ms)."""
     updates: list[tuple[int, float]] = []  # (tokens streamed so far, ms) per ChatView update
     append = window.chat.append_stream
 
@@ -296,10 +330,60 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
         end_stream(message)
         final_ms.append((time.perf_counter() - t) * 1000)
     window.chat.end_stream = timed_end
-    ticks: list[float] = []
-    timer = QTimer()
-    timer.setTimerType(Qt.TimerType.PreciseTimer)
-    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+    return updates, final_ms
+
+
+def view_summary(mode: str, n_tokens: int, ticks: list[float], t0: float, t1: float, updates: list,
+                 final_ms: list[float], gc_ms: list, final_text: str) -> dict:
+    gaps = tick_gaps(ticks, t0, t1)
+    ts = [t for t in ticks if t0 <= t <= t1]
+    # The longest gaps and when they ended (ms before the reply finished): a stall at the
+    # end is the final render's, one mid-reply a frame's (or the shared machine's).
+    worst = sorted(((b - a) * 1000, (t1 - b) * 1000) for a, b in zip(ts, ts[1:]))[-3:][::-1]
+    idle = tick_gaps(ticks, 0, t0)
+    first_ms = updates[0][1] if updates else float("nan")
+
+    def near(n):
+        xs = [ms for k, ms in updates if 0.8 * n <= k <= 1.2 * n]
+        return statistics.median(xs) if xs else float("nan")
+    return {"mode": mode, "tokens": n_tokens, "seconds": t1 - t0, "updates": len(updates),
+            "gap_p99_ms": percentile(gaps, 99), "gap_max_ms": max(gaps, default=float("nan")),
+            "worst_gaps_ms_and_ms_before_end": worst,
+            "idle_p99_ms": percentile(idle, 99), "idle_max_ms": max(idle, default=float("nan")),
+            "first_update_ms": first_ms, "final_render_ms": final_ms[-1] if final_ms else float("nan"),
+            "update_ms": {str(n): near(n) for n in (100, 1000, 4000)},
+            "update_total_ms": sum(ms for _, ms in updates),
+            "update_max_ms": max((ms for _, ms in updates), default=float("nan")),
+            "gc_max_ms": {g: max((ms for gen, ms in gc_ms if gen == g), default=0.0) for g in (0, 1, 2)},
+            "gc_count": {g: sum(gen == g for gen, _ in gc_ms) for g in (0, 1, 2)}, "final_chars": len(final_text)}
+
+
+def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    import asyncio
+    import gc
+
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from gui.app import UiThreadCollector
+    from gui.bridge import Bridge
+
+    StandInWorker = stand_in_worker(markdown_reply(n_tokens), tok_s)
+    if mode == "full":
+        render_fully()
+
+    tmp = tempfile.TemporaryDirectory()
+    app = QApplication.instance() or QApplication([])
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    collector = UiThreadCollector()  # garbage collection as the app does it (gui.app.run)
+    collector.start()
+    on_gc, gc_ms = gc_timer()
+    bridge = Bridge(worker_factory=StandInWorker)
+    window = open_window(bridge, tmp.name, n_tokens)
+    updates, final_ms = time_chat_view(window, n_tokens)
+    timer, ticks = tick_timer()
 
     async def scenario():
         await asyncio.sleep(0.5)
@@ -324,32 +408,8 @@ def view_child(mode: str, n_tokens: int, tok_s: float) -> dict:
         loop.close()
         asyncio.set_event_loop(None)
         collector.stop()
-
-    def gaps_between(a_, b_):
-        ts = [t for t in ticks if a_ <= t <= b_]
-        return [(b - a) * 1000 for a, b in zip(ts, ts[1:])]
-    gaps = gaps_between(t0, t1)
-    ts = [t for t in ticks if t0 <= t <= t1]
-    # The longest gaps and when they ended (ms before the reply finished): a stall at the
-    # end is the final render's, one mid-reply a frame's (or the shared machine's).
-    worst = sorted(((b - a) * 1000, (t1 - b) * 1000) for a, b in zip(ts, ts[1:]))[-3:][::-1]
-    idle = gaps_between(0, t0)
-    first_ms = updates[0][1] if updates else float("nan")
-
-    def near(n):
-        xs = [ms for k, ms in updates if 0.8 * n <= k <= 1.2 * n]
-        return statistics.median(xs) if xs else float("nan")
     final_text = window.chat.widgets[-1].body.toPlainText()
-    return {"mode": mode, "tokens": n_tokens, "seconds": t1 - t0, "updates": len(updates),
-            "gap_p99_ms": percentile(gaps, 99), "gap_max_ms": max(gaps, default=float("nan")),
-            "worst_gaps_ms_and_ms_before_end": worst,
-            "idle_p99_ms": percentile(idle, 99), "idle_max_ms": max(idle, default=float("nan")),
-            "first_update_ms": first_ms, "final_render_ms": final_ms[-1] if final_ms else float("nan"),
-            "update_ms": {str(n): near(n) for n in (100, 1000, 4000)},
-            "update_total_ms": sum(ms for _, ms in updates),
-            "update_max_ms": max((ms for _, ms in updates), default=float("nan")),
-            "gc_max_ms": {g: max((ms for gen, ms in gc_ms if gen == g), default=0.0) for g in (0, 1, 2)},
-            "gc_count": {g: sum(gen == g for gen, _ in gc_ms) for g in (0, 1, 2)}, "final_chars": len(final_text)}
+    return view_summary(mode, n_tokens, ticks, t0, t1, updates, final_ms, gc_ms, final_text)
 
 
 def view_main(a) -> None:
