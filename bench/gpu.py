@@ -170,7 +170,7 @@ def engine_figures(model, tok, prompt, n_new, floor_bw, compile: bool = False) -
     return out
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -179,121 +179,75 @@ def main() -> int:
                     help="skip the CUDA-graphs decode stage (it compiles the model: a minute or more)")
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="a tiny model on the CPU: checks the script's plumbing without a GPU")
-    a = ap.parse_args()
-    global SHAPE
-    if a.cpu_dry_run:
-        SHAPE = SMALL
-        a.prompt_tokens, a.new_tokens = min(a.prompt_tokens, 32), min(a.new_tokens, 8)
-        dev = torch.device("cpu")
-    elif not torch.cuda.is_available():
-        print("bench/gpu.py needs a CUDA device; none is available here", file=sys.stderr)
-        return 2
-    else:
-        dev = torch.device("cuda")
-    t_start = time.perf_counter()
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (dry run)"
-    res: dict = {"device": name, "torch": torch.__version__,
-                 "shape": SHAPE, "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens}
-    errors: dict[str, str] = {}
+    return ap.parse_args()
 
-    def stage(name, fn):
-        t0 = time.perf_counter()
-        try:
-            res[name] = fn()
-        except Exception as e:  # record and go on: one missing kernel must not lose the table
-            errors[name] = f"{type(e).__name__}: {e}"[:500]
-        print(f"[{time.perf_counter() - t_start:6.1f} s] {name}: {res.get(name, errors.get(name))} "
-              f"({time.perf_counter() - t0:.1f} s)", flush=True)
-        gc.collect()
-        _empty_cache()
 
-    stage("bandwidth_gb_s", lambda: bandwidth(dev, 0.25 if a.cpu_dry_run else 8))
-    bw = res.get("bandwidth_gb_s", float("nan"))
-    tok = tokenizer()
-    g = torch.Generator().manual_seed(1)
-    prompt = [int(t) for t in torch.randint(0, 128000, (a.prompt_tokens,), generator=g)]
-    model = build(dev)
+def prefill_tok_s(model, dev: torch.device, prompt: list[int]) -> float:
+    from core.model.kv_cache import KVCache
+    ids = torch.tensor([prompt], device=dev)
+    cache = KVCache.for_model(model, capacity=len(prompt) + 1)
+    with torch.inference_mode():
+        s = cuda_time(lambda: model(ids, 0, cache, last_only=True), 3)
+    return len(prompt) / s
 
-    def prefill():
-        from core.model.kv_cache import KVCache
-        ids = torch.tensor([prompt], device=dev)
-        cache = KVCache.for_model(model, capacity=len(prompt) + 1)
+
+def lanes_figures(model, tok, prompt: list[int], new_tokens: int) -> dict:
+    eng = Engine(model, tok, stop_ids=set(), max_context=len(prompt) + new_tokens + 8)
+    one = [SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=new_tokens, seed=0)]
+    four = [SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=new_tokens, seed=i) for i in range(4)]
+    decode(eng, prompt[:16], one)
+    t1 = statistics.median(decode(eng, prompt, one)[0].stats.decode_tok_s for _ in range(2))
+    t4 = statistics.median(statistics.median(d.stats.decode_tok_s for d in decode(eng, prompt, four))
+                           for _ in range(2))
+    return {"one_lane_tok_s": t1, "four_lanes_tok_s_per_lane": t4, "step_cost_vs_one": t1 / t4}
+
+
+def graphs_figures(model, tok, prompt: list[int], new_tokens: int, bw: float, dev: torch.device,
+                   res: dict) -> dict:
+    if dev.type != "cuda":
+        raise RuntimeError("CUDA graphs need a CUDA device (skipped in the CPU dry run)")
+    import torch._dynamo
+    torch._dynamo.reset()
+    r = engine_figures(model, tok, prompt, new_tokens, bw, compile=True)
+    eager = res.get("bf16", {}).get("decode_tok_s")
+    r["vs_eager"] = r["decode_tok_s"] / eager if eager else None
+    return r
+
+
+def hf_decode(dev: torch.device, prompt: list[int], new_tokens: int) -> dict:
+    from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
+    cfg = LlamaConfig(vocab_size=SHAPE["vocab_size"], hidden_size=SHAPE["dim"],
+                      intermediate_size=SHAPE["hidden_dim"], num_hidden_layers=SHAPE["n_layers"],
+                      num_attention_heads=SHAPE["n_heads"], num_key_value_heads=SHAPE["n_kv_heads"],
+                      max_position_embeddings=SHAPE["max_seq_len"], rope_theta=SHAPE["rope_theta"])
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(dev):
+            m = LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(saved)
+    stamps: list[float] = []
+
+    class Stamp(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            if scores.is_cuda:
+                torch.cuda.synchronize()
+            stamps.append(time.perf_counter())
+            return scores
+    ids = torch.tensor([prompt], device=dev)
+    out = []
+    for _ in range(2):
+        stamps.clear()
         with torch.inference_mode():
-            s = cuda_time(lambda: model(ids, 0, cache, last_only=True), 3)
-        return len(prompt) / s
+            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                       logits_processor=LogitsProcessorList([Stamp()]))
+        out.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
+    return {"decode_tok_s": out[-1]}
 
-    stage("bf16", lambda: engine_figures(model, tok, prompt, a.new_tokens, bw))
-    stage("bf16_prefill_tok_s", prefill)
 
-    def lanes():
-        eng = Engine(model, tok, stop_ids=set(), max_context=len(prompt) + a.new_tokens + 8)
-        one = [SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=a.new_tokens, seed=0)]
-        four = [SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=a.new_tokens, seed=i) for i in range(4)]
-        decode(eng, prompt[:16], one)
-        t1 = statistics.median(decode(eng, prompt, one)[0].stats.decode_tok_s for _ in range(2))
-        t4 = statistics.median(statistics.median(d.stats.decode_tok_s for d in decode(eng, prompt, four))
-                               for _ in range(2))
-        return {"one_lane_tok_s": t1, "four_lanes_tok_s_per_lane": t4, "step_cost_vs_one": t1 / t4}
-    stage("lanes", lanes)
-
-    for kind in ("int8", "int4"):
-        def run_kind(kind=kind):
-            q = quantized(model, kind, dev)
-            try:
-                return engine_figures(q, tok, prompt, a.new_tokens, bw)
-            finally:
-                del q
-        stage(kind, run_kind)
-
-    def graphs():
-        if dev.type != "cuda":
-            raise RuntimeError("CUDA graphs need a CUDA device (skipped in the CPU dry run)")
-        import torch._dynamo
-        torch._dynamo.reset()
-        r = engine_figures(model, tok, prompt, a.new_tokens, bw, compile=True)
-        eager = res.get("bf16", {}).get("decode_tok_s")
-        r["vs_eager"] = r["decode_tok_s"] / eager if eager else None
-        return r
-    if not a.no_graphs:
-        stage("bf16_cuda_graphs", graphs)
-
-    del model
-    gc.collect()
-    _empty_cache()
-
-    def hf():
-        from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
-        cfg = LlamaConfig(vocab_size=SHAPE["vocab_size"], hidden_size=SHAPE["dim"],
-                          intermediate_size=SHAPE["hidden_dim"], num_hidden_layers=SHAPE["n_layers"],
-                          num_attention_heads=SHAPE["n_heads"], num_key_value_heads=SHAPE["n_kv_heads"],
-                          max_position_embeddings=SHAPE["max_seq_len"], rope_theta=SHAPE["rope_theta"])
-        saved = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)
-        try:
-            with torch.device(dev):
-                m = LlamaForCausalLM(cfg).eval()
-        finally:
-            torch.set_default_dtype(saved)
-        stamps: list[float] = []
-
-        class Stamp(LogitsProcessor):
-            def __call__(self, input_ids, scores):
-                if scores.is_cuda:
-                    torch.cuda.synchronize()
-                stamps.append(time.perf_counter())
-                return scores
-        ids = torch.tensor([prompt], device=dev)
-        out = []
-        for _ in range(2):
-            stamps.clear()
-            with torch.inference_mode():
-                m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=a.new_tokens,
-                           min_new_tokens=a.new_tokens, do_sample=False, pad_token_id=0,
-                           logits_processor=LogitsProcessorList([Stamp()]))
-            out.append((len(stamps) - 1) / (stamps[-1] - stamps[0]))
-        return {"decode_tok_s": out[-1]}
-    stage("transformers_bf16", hf)
-
+def write_report(res: dict, errors: dict[str, str], a: argparse.Namespace, bw: float, t_start: float) -> None:
     res["errors"] = errors
     res["seconds"] = time.perf_counter() - t_start
     a.out.mkdir(parents=True, exist_ok=True)
@@ -329,6 +283,67 @@ def main() -> int:
     md.append(f"\nWhole script: {res['seconds']:.0f} s.")
     (a.out / "gpu.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
+
+
+def main() -> int:
+    a = parse_args()
+    global SHAPE
+    if a.cpu_dry_run:
+        SHAPE = SMALL
+        a.prompt_tokens, a.new_tokens = min(a.prompt_tokens, 32), min(a.new_tokens, 8)
+        dev = torch.device("cpu")
+    elif not torch.cuda.is_available():
+        print("bench/gpu.py needs a CUDA device; none is available here", file=sys.stderr)
+        return 2
+    else:
+        dev = torch.device("cuda")
+    t_start = time.perf_counter()
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (dry run)"
+    res: dict = {"device": name, "torch": torch.__version__,
+                 "shape": SHAPE, "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens}
+    errors: dict[str, str] = {}
+
+    def stage(name, fn):
+        t0 = time.perf_counter()
+        try:
+            res[name] = fn()
+        except Exception as e:  # record and go on: one missing kernel must not lose the table
+            errors[name] = f"{type(e).__name__}: {e}"[:500]
+        print(f"[{time.perf_counter() - t_start:6.1f} s] {name}: {res.get(name, errors.get(name))} "
+              f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        gc.collect()
+        _empty_cache()
+
+    stage("bandwidth_gb_s", lambda: bandwidth(dev, 0.25 if a.cpu_dry_run else 8))
+    bw = res.get("bandwidth_gb_s", float("nan"))
+    tok = tokenizer()
+    g = torch.Generator().manual_seed(1)
+    prompt = [int(t) for t in torch.randint(0, 128000, (a.prompt_tokens,), generator=g)]
+    model = build(dev)
+
+    stage("bf16", lambda: engine_figures(model, tok, prompt, a.new_tokens, bw))
+    stage("bf16_prefill_tok_s", lambda: prefill_tok_s(model, dev, prompt))
+    stage("lanes", lambda: lanes_figures(model, tok, prompt, a.new_tokens))
+
+    for kind in ("int8", "int4"):
+        def run_kind(kind=kind):
+            q = quantized(model, kind, dev)
+            try:
+                return engine_figures(q, tok, prompt, a.new_tokens, bw)
+            finally:
+                del q
+        stage(kind, run_kind)
+
+    if not a.no_graphs:
+        stage("bf16_cuda_graphs", lambda: graphs_figures(model, tok, prompt, a.new_tokens, bw, dev, res))
+
+    del model
+    gc.collect()
+    _empty_cache()
+
+    stage("transformers_bf16", lambda: hf_decode(dev, prompt, a.new_tokens))
+
+    write_report(res, errors, a, bw, t_start)
     return 0
 
 
