@@ -304,8 +304,8 @@ def open_window(bridge, tmp_dir: str, n_tokens: int):
                         autoload=False)
     window.resize(1200, 800)
     window.show()
-    window._set_model({"name": "stand-in", "context_length": 8192})
-    window.record_probs_action.setChecked(False)
+    window.models.set_model({"name": "stand-in", "context_length": 8192})
+    window.action("record_probs").setChecked(False)
     window.panel.maxTokensSpin.setValue(n_tokens)
     return window
 
