@@ -32,6 +32,39 @@ def default_model() -> Path | None:
     return fx if fx.exists() else None
 
 
+async def _scene(w, model: Path, out: Path, result: dict) -> None:
+    """Two live replies, the second caught mid-stream, then grab the window into ``out``."""
+    try:
+        await w.load_model(str(model))
+        if w.info is None:
+            raise RuntimeError(f"could not load {model}")
+        w.panel.maxTokensSpin.setValue(200)
+        w.prompt.set_text(FIRST)
+        w.prompt.submit()
+        t0 = time.monotonic()
+        while (w.busy or not w.chat.stream_text) and time.monotonic() - t0 < 60:
+            await asyncio.sleep(0.02)
+        while w.busy and time.monotonic() - t0 < 60:
+            await asyncio.sleep(0.02)
+        w.prompt.set_text(PROMPT)
+        w.prompt.submit()
+        t0 = time.monotonic()
+        while len(w.chat.stream_text) < 160 and w.busy and time.monotonic() - t0 < 30:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # one more frame so the last text is painted
+        w.prompt.set_text("What happens next?")
+        w.grab().save(str(out))
+        result["ok"] = True
+        w.stop()
+        while w.busy:
+            await asyncio.sleep(0.01)
+    except Exception as e:  # report, never hang
+        print(f"error: {e}", file=sys.stderr)
+    finally:
+        w._closing = True
+        w.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None)
@@ -69,38 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                        autoload=False)
         w.resize(width, height)
 
-        async def scene():
-            try:
-                await w.load_model(str(model))
-                if w.info is None:
-                    raise RuntimeError(f"could not load {model}")
-                w.panel.maxTokensSpin.setValue(200)
-                w.prompt.set_text(FIRST)
-                w.prompt.submit()
-                t0 = time.monotonic()
-                while (w.busy or not w.chat.stream_text) and time.monotonic() - t0 < 60:
-                    await asyncio.sleep(0.02)
-                while w.busy and time.monotonic() - t0 < 60:
-                    await asyncio.sleep(0.02)
-                w.prompt.set_text(PROMPT)
-                w.prompt.submit()
-                t0 = time.monotonic()
-                while len(w.chat.stream_text) < 160 and w.busy and time.monotonic() - t0 < 30:
-                    await asyncio.sleep(0.01)
-                await asyncio.sleep(0.05)  # one more frame so the last text is painted
-                w.prompt.set_text("What happens next?")
-                w.grab().save(str(out))
-                result["ok"] = True
-                w.stop()
-                while w.busy:
-                    await asyncio.sleep(0.01)
-            except Exception as e:  # report, never hang
-                print(f"error: {e}", file=sys.stderr)
-            finally:
-                w._closing = True
-                w.close()
-
-        w._shot_task = asyncio.ensure_future(scene())
+        w._shot_task = asyncio.ensure_future(_scene(w, model, out, result))
         return w
 
     run(factory, [sys.argv[0]])

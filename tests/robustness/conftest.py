@@ -1,4 +1,4 @@
-"""Seed models for the robustness tests: one tiny model as GGUF, Meta and HF (tools/badinputs.py)."""
+"""Seed models for the robustness tests: one tiny model as GGUF, Meta and HF (tools/badseeds.py)."""
 import shutil
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def seeds(tmp_path_factory, fixtures):
-    from tools.badinputs import make_seeds
+    from tools.badseeds import make_seeds
     return make_seeds(tmp_path_factory.mktemp("seeds"))
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tools.badinputs import write_gguf
+from tools.badseeds import write_gguf
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_DATA is Linux's")]
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from core.engine.engine import Engine
 from core.engine.events import Token
 from core.engine.settings import SamplingParams
 from tests.core.checkpoints.util import random_model, sp_vocab, write_gguf as write_model_gguf
-from tools.badinputs import write_gguf
+from tools.badseeds import write_gguf
 import gguf
 import shutil
 

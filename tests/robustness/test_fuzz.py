@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from core.checkpoints import load
 from core.errors import LlamaDeskError
 from core.tokenizer import load_tokenizer
-from tools.badinputs import write_gguf
+from tools.badseeds import write_gguf
 import base64
 
 pytestmark = pytest.mark.timeout(300)
