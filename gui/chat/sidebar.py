@@ -7,7 +7,7 @@ conversation controller to open, start or delete a chat).
 from __future__ import annotations
 
 from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLineEdit, QListView, QMenu, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QLineEdit, QListView, QMenu, QToolButton, QVBoxLayout, QWidget
 
 from gui import theme
 from gui.chat.conversation import ConversationModel
@@ -49,6 +49,13 @@ class ConversationSidebar(QWidget):
         top.addWidget(self.search, 1)
         top.addWidget(self.new_button)
         lay.addLayout(top)
+        # An empty list after a search would look like lost chats: say that nothing matched.
+        self.no_results = QLabel()
+        self.no_results.setObjectName("conversationSearchEmpty")
+        self.no_results.setWordWrap(True)
+        self.no_results.setAlignment(Qt.AlignHCenter | Qt.AlignTop)
+        self.no_results.hide()
+        lay.addWidget(self.no_results)
         lay.addWidget(self._build_list(), 1)
 
     def _build_list(self) -> QListView:
@@ -102,6 +109,12 @@ class ConversationSidebar(QWidget):
         text = self.search.text().strip()
         # The store searches titles and message text; the proxy shows what matched.
         self.filter.set_matches({c.id for c in self.conversation.conversations(text)} if text else None)
+        # Hiding the highlighted row makes the view move its current index to a neighbour,
+        # which would mark a chat that is not the one on screen: put the highlight back.
+        self.highlight_current()
+        empty = bool(text) and self.filter.rowCount() == 0
+        self.no_results.setText(f"No chats match “{text}”." if empty else "")
+        self.no_results.setVisible(empty)
 
     def _clicked(self, index) -> None:
         conv_id = index.data(ID_ROLE)
