@@ -6,7 +6,11 @@ themselves (see ``core.prompt.chat_format``).
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
+import tempfile
+import threading
 from pathlib import Path
 from typing import Iterable, Protocol, runtime_checkable
 
@@ -176,12 +180,67 @@ def valid_text(text: str) -> str:
     return re.sub(r"[\ud800-\udfff]", "\ufffd", text)
 
 
-def native_call(build, what: str):
+def native_call(build, what: str, *, quiet: bool = False):
     """``build()`` with any third-party failure (Rust panics included: they are
-    BaseExceptions) turned into a TokenizerError saying ``what`` failed."""
+    BaseExceptions) turned into a TokenizerError saying ``what`` failed.
+
+    ``quiet``: a Rust panic's own report (several lines, a backtrace with RUST_BACKTRACE)
+    is written straight to file descriptor 2 by the panic hook, which Python cannot
+    replace; the call then runs with that descriptor caught (see :func:`_stderr_caught`)."""
     try:
+        if quiet:
+            with _stderr_caught():
+                return build()
         return build()
     except (KeyboardInterrupt, SystemExit, MemoryError, TokenizerError):
         raise
     except BaseException as exc:  # noqa: BLE001
         raise TokenizerError(f"{what} ({one_line(exc)})") from None
+
+
+_STDERR_LOCK = threading.RLock()
+_caught_depth = 0
+
+
+class _stderr_caught:
+    """Within the block, what is written to descriptor 2 goes to a temporary file; when the
+    block ends normally it is passed on to the real stderr (other threads' output arrives
+    late, never lost), when it raises (a native panic) it is dropped: the error the caller
+    raises says what failed, in one line."""
+
+    def __enter__(self):
+        global _caught_depth
+        _STDERR_LOCK.acquire()
+        _caught_depth += 1
+        self.saved = self.sink = None
+        if _caught_depth > 1:
+            return self
+        try:
+            sys.stderr.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+        try:
+            self.sink = tempfile.TemporaryFile()
+            self.saved = os.dup(2)
+            os.dup2(self.sink.fileno(), 2)
+        except OSError:  # no descriptor 2 (a windowed app on Windows): nothing to catch
+            if self.sink is not None:
+                self.sink.close()
+            self.saved = self.sink = None
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        global _caught_depth
+        try:
+            if self.saved is not None:
+                os.dup2(self.saved, 2)
+                os.close(self.saved)
+                if exc_type is None:
+                    self.sink.seek(0)
+                    data = self.sink.read()
+                    while data:
+                        data = data[os.write(2, data):]
+                self.sink.close()
+        finally:
+            _caught_depth -= 1
+            _STDERR_LOCK.release()

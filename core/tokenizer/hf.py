@@ -10,6 +10,10 @@ from core.tokenizer.base import (UNICODE_TO_BYTE, TokenizerBase, native_call, re
                                  valid_text)
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+# Encoded once at load: letters, digits, punctuation, spaces, a line break and non-ASCII
+# reach the normalizer, pre-tokenizer and model, so one that can never encode is refused
+# there, not on the first message.
+_PROBE = "Hello, world! 123 \u00e9t\u00e9 \u65e5\u672c\n\tx  y"
 
 
 class HFTokenizer(TokenizerBase):
@@ -70,9 +74,11 @@ class HFTokenizer(TokenizerBase):
                 raise TokenizerError(f"stop token {text!r} is not in {where}")
             extra.add(i)
         self.stop_ids = self.collect_stop_ids(extra)
+        native_call(lambda: tok.encode(_PROBE, add_special_tokens=False),
+                    f"the tokenizer in {where} cannot encode text", quiet=True)
         if not self._byte_level:
             probe = native_call(lambda: tok.encode("a", add_special_tokens=False).tokens,
-                                f"not a valid tokenizer.json: {where}")
+                                f"not a valid tokenizer.json: {where}", quiet=True)
             self.add_dummy_prefix = bool(probe) and probe[0].startswith("\u2581")
         self._bytes_cache: dict[int, bytes] = {}
 
@@ -96,7 +102,7 @@ class HFTokenizer(TokenizerBase):
     def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
         text = valid_text(text)
         ids = native_call(lambda: self._tok.encode(text, add_special_tokens=False).ids,
-                          "the tokenizer failed on this text") if text else []
+                          "the tokenizer failed on this text", quiet=True) if text else []
         return self._wrap(ids, bos, eos)
 
     def decode(self, ids: list[int]) -> str:
