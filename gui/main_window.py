@@ -89,7 +89,7 @@ class MainWindow(QMainWindow):
         self._sync_record_probs()
         self._wire_reply()
         self._wire_models()
-        self.library = LibraryRoom(self, settings=self.settings)
+        self.library = LibraryRoom(self, settings=self.settings, models=self.models)
         self.library.openRequested.connect(self.load_model)
         resume_error = self.library.resume_downloads()  # downloads a previous run left go on
         if resume_error:

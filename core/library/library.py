@@ -81,9 +81,15 @@ class LibraryEntry:
     error: str | None
     source: str | None = None  # the Hub repository it was downloaded from, when known
 
+    @property
+    def location(self) -> Path:
+        """The folder the model sits in (a model folder's parent, a file's folder)."""
+        return Path(self.path).parent
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["path"] = str(self.path)
+        d["location"] = str(self.location)
         return d
 
 
@@ -164,18 +170,20 @@ class LibraryState:
         self.update(lambda d: d.__setitem__("extra_folders", [str(Path(p).expanduser()) for p in folders]))
 
     def record_source(self, path: str | Path, repo_id: str) -> None:
-        self.update(lambda d: d.setdefault("sources", {}).__setitem__(_key(path), repo_id))
+        self.update(lambda d: d.setdefault("sources", {}).__setitem__(path_key(path), repo_id))
 
     def forget(self, path: str | Path) -> None:
         def change(d):
             for k in ("last_used", "sources"):
                 if isinstance(d.get(k), dict):
-                    d[k].pop(_key(path), None)
+                    d[k].pop(path_key(path), None)
         self.update(change)
 
 
-def _key(path: str | Path) -> str:
+def path_key(path: str | Path) -> str:
+    """How the state file names a model: its absolute, resolved path."""
     return str(Path(path).expanduser().resolve())
+
 
 
 def library_folders(state: LibraryState | None = None) -> list[Path]:
@@ -186,7 +194,42 @@ def library_folders(state: LibraryState | None = None) -> list[Path]:
 def record_used(path: str | Path, *, state: LibraryState | None = None, when: float | None = None) -> None:
     """Remember that the model at ``path`` was just opened (persisted atomically)."""
     t = time.time() if when is None else when
-    (state or LibraryState()).update(lambda d: d.setdefault("last_used", {}).__setitem__(_key(path), t))
+    (state or LibraryState()).update(lambda d: d.setdefault("last_used", {}).__setitem__(path_key(path), t))
+
+
+# --------------------------------------------------------------------------- names
+
+# Names that say nothing about the model: the folders Meta and Hugging Face repositories use
+# ("original", "hf"), converters' outputs ("ggml-model-Q4_K_M.gguf"), HF cache snapshots.
+GENERIC_NAMES = frozenset({"hf", "meta", "original", "model", "models", "ggml-model", "weights", "weight",
+                           "checkpoint", "checkpoints", "consolidated", "gguf", "safetensors", "pytorch", "snapshot",
+                           "snapshots", "main", "latest", "final", "output", "export", "converted", "llama", ""})
+_HF_CACHE_REPO = re.compile(r"models--(.+?)--(.+)")
+
+
+def is_generic_name(name: str) -> bool:
+    """Whether a file or folder name (a quantization suffix aside) could be any model's."""
+    base = QUANT_RE.sub("", name).strip(" -_.").lower()
+    return base in GENERIC_NAMES or bool(re.fullmatch(r"[0-9a-f]{40}", base))
+
+
+def model_name(path: str | Path, source: str | None = None) -> str:
+    """What the library calls a model: its file or folder name, unless that name is generic
+    (``hf``, ``original``, ``model.gguf``); then the Hub repository it came from, the
+    repository of an HF cache snapshot, or the parent folder when its name tells more."""
+    p = Path(path)
+    own = p.stem if p.suffix.lower() == ".gguf" else p.name
+    if not is_generic_name(own):
+        return own
+    if source:
+        return source
+    for part in reversed(p.parts[:-1]):  # ~/.cache/huggingface/hub/models--org--name/snapshots/<hash>
+        m = _HF_CACHE_REPO.fullmatch(part)
+        if m:
+            return f"{m.group(1)}/{m.group(2)}"
+    # Llama-3.2-1B/original, Llama-3.2-1B/hf/, Tiny/model.gguf; no further up: above a
+    # "models" folder is the app's data folder, which names no model.
+    return own if is_generic_name(p.parent.name) else p.parent.name
 
 
 # --------------------------------------------------------------------------- families
@@ -332,8 +375,14 @@ def read_meta(path: Path) -> LibraryEntry:
 
 
 def read_entry(path: str | Path) -> LibraryEntry:
-    """The library entry for one model path (a .gguf file, an HF or a Meta folder)."""
-    p = Path(path)
+    """The library entry for one model path (a .gguf file, an HF or a Meta folder), named
+    by :func:`model_name` (without the download's source, which :func:`scan` adds)."""
+    e = _read_entry(Path(path))
+    e.name = model_name(e.path)
+    return e
+
+
+def _read_entry(p: Path) -> LibraryEntry:
     try:
         if p.is_file():
             return read_gguf(p)
@@ -401,13 +450,14 @@ def scan(folders: Iterable[str | Path] | None = None, *, cancel: threading.Event
         for path, _kind in find_models(folder, cancel=cancel):
             if cancel is not None and cancel.is_set():
                 return _sorted(out)
-            key = _key(path)
+            key = path_key(path)
             if key in seen:
                 continue
             seen.add(key)
             e = read_entry(path)
             e.last_used = used.get(key)
             e.source = sources.get(key)
+            e.name = model_name(path, e.source)
             out.append(e)
     return _sorted(out)
 
@@ -442,7 +492,7 @@ def delete(entry: LibraryEntry, *, state: LibraryState | None = None) -> list[Pa
     p = Path(entry.path)
     folder = p if p.is_dir() else p.parent
     try:  # a library folder itself stays, even when empty
-        if folder.is_dir() and not any(folder.iterdir()) and _key(folder) not in {_key(f) for f in st.folders()}:
+        if folder.is_dir() and not any(folder.iterdir()) and path_key(folder) not in {path_key(f) for f in st.folders()}:
             folder.rmdir()
     except OSError:
         pass
@@ -472,4 +522,5 @@ def human_params(n: int | None) -> str:
 
 
 __all__ = ["LibraryEntry", "LibraryState", "default_models_folder", "scan", "record_used", "delete", "read_entry",
-           "family_of", "quant_from_name", "owned_files", "library_folders", "FAMILIES", "PARTIAL_DIR"]
+           "family_of", "quant_from_name", "owned_files", "library_folders", "FAMILIES", "PARTIAL_DIR", "model_name",
+           "is_generic_name", "path_key"]

@@ -40,7 +40,7 @@ class LibraryController(QObject):
         self.set_entries(service.entries)
 
     def set_entries(self, entries: list) -> None:
-        self.model.set_entries(entries)
+        self.model.set_entries(entries, self.service.folders())
         self.statusChanged.emit()
 
     # -- words -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
+from pathlib import Path
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt
 from PySide6.QtGui import QPalette
@@ -40,7 +41,24 @@ def stamp(when) -> float:
 
 COLUMNS = (("Name", "name"), ("Family", "family"), ("Parameters", "params"), ("Format", "format"),
            ("Quantization", "quant"), ("Context", "context_length"), ("Size", "size_bytes"),
-           ("Last used", "last_used"))
+           ("Last used", "last_used"), ("Folder", "location"))
+
+
+def tilde(path) -> str:
+    """A path with the home folder written as ``~`` (shorter, and what users recognise)."""
+    p, home = Path(path), Path.home()
+    return "~/" + str(p.relative_to(home)) if p.is_relative_to(home) and p != home else str(p)
+
+
+def short_location(path, roots=()) -> str:
+    """Where a model is, short: from the library folder that holds it (``models/Llama-3.2-1B``),
+    else the whole path with ``~``. The nearest root wins (a folder inside another)."""
+    p = Path(path)
+    inside = [r for r in map(Path, roots) if p == r or p.is_relative_to(r)]
+    if not inside:
+        return tilde(p)
+    root = max(inside, key=lambda r: len(r.parts))
+    return str(Path(root.name or str(root)) / p.relative_to(root))
 
 
 class LibraryTableModel(QAbstractTableModel):
@@ -49,10 +67,13 @@ class LibraryTableModel(QAbstractTableModel):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.entries: list = []
+        self.roots: list = []  # the library folders: the Folder column starts from them
 
-    def set_entries(self, entries: list) -> None:
+    def set_entries(self, entries: list, roots=None) -> None:
         self.beginResetModel()
         self.entries = list(entries)
+        if roots is not None:
+            self.roots = list(roots)
         self.endResetModel()
 
     def rowCount(self, parent=QModelIndex()) -> int:  # noqa: N802 (Qt API)
@@ -73,7 +94,7 @@ class LibraryTableModel(QAbstractTableModel):
         key = COLUMNS[index.column()][1]
         value = getattr(e, key, None)
         if role == Qt.DisplayRole:
-            return self.text(key, value)
+            return short_location(value, self.roots) if key == "location" else self.text(key, value)
         if role == SORT_ROLE:
             if key == "last_used":
                 return stamp(value)
@@ -84,7 +105,8 @@ class LibraryTableModel(QAbstractTableModel):
             return e
         if role == Qt.ToolTipRole:
             err = getattr(e, "error", None)
-            return f"{e.path}\n\nCannot be opened: {err}" if err else str(e.path)
+            source = f"\nFrom the Hub: {e.source}" if getattr(e, "source", None) else ""
+            return f"{e.path}{source}\n\nCannot be opened: {err}" if err else f"{e.path}{source}"
         if role == Qt.ForegroundRole and getattr(e, "error", None):
             return QApplication.palette().color(QPalette.Disabled, QPalette.Text)
         if role == Qt.DecorationRole and key == "name" and getattr(e, "error", None):
@@ -97,6 +119,8 @@ class LibraryTableModel(QAbstractTableModel):
     def text(key: str, value) -> str:
         if key == "last_used":
             return relative_time(value)
+        if key == "location":
+            return tilde(value) if value else "—"
         if value is None or value == "":
             return "—"
         if key == "params":

@@ -16,6 +16,7 @@ from gui.library.library_controller import LibraryController
 from gui.library.library_table import COLUMNS, ENTRY_ROLE, LibraryFilter
 
 LAST_USED_COLUMN = [key for _, key in COLUMNS].index("last_used")
+FOLDER_COLUMN = [key for _, key in COLUMNS].index("location")
 
 
 class LibraryView(QWidget):
@@ -84,8 +85,14 @@ class LibraryView(QWidget):
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.verticalHeader().hide()
         self.table.setAlternatingRowColors(True)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
-        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeToContents)
+        # Name and Folder share the room left; a long folder is shortened in the middle
+        # (the full path is in the tooltip) so both ends of it stay readable.
+        header.setSectionResizeMode(0, QHeaderView.Stretch)
+        header.setSectionResizeMode(FOLDER_COLUMN, QHeaderView.Stretch)
+        self.table.setTextElideMode(Qt.ElideMiddle)
+        self.table.setWordWrap(False)  # one line a model; a wrapped path hid its end
         self.table.doubleClicked.connect(lambda _i: self.open_selected())
         self.table.selectionModel().selectionChanged.connect(lambda *_: self._update_buttons())
         return self.table

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -143,7 +144,18 @@ class LibraryService(QObject):
         self.scanningChanged.emit(on)
 
     def record_used(self, path) -> None:
-        self._pool.submit(library.record_used, path, state=self.state)
+        """Remember that ``path`` was opened now (on the library's threads); a listed model's
+        "Last used" changes at once, without a rescan."""
+        if self._closed or not path:
+            return
+        when = time.time()
+        self._pool.submit(library.record_used, path, state=self.state, when=when)
+        key = library.path_key(path)
+        hit = [e for e in self.entries if library.path_key(e.path) == key]
+        for e in hit:
+            e.last_used = when
+        if hit:
+            self.entriesChanged.emit(self.entries)
 
     async def delete(self, entry) -> None:
         """Delete a model from disk (raises what core.library.library.delete raises); then rescan."""

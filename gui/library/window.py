@@ -58,7 +58,8 @@ class LibraryWindow(QWidget):
 class LibraryRoom(QObject):
     """The main window's library: its service (as long-lived as the window) and the library
     window, built on the first :meth:`show`. The main window owns one and calls it; nothing
-    here touches the main window.
+    here touches the main window. ``models`` (a :class:`~gui.model_controller.ModelController`):
+    the models it loads are recorded as used.
 
     Signals:
         openRequested(str): a model path chosen in the library window, to load.
@@ -66,11 +67,18 @@ class LibraryRoom(QObject):
 
     openRequested = Signal(str)
 
-    def __init__(self, parent_window: QWidget, *, settings: QSettings):
+    def __init__(self, parent_window: QWidget, *, settings: QSettings, models=None):
         super().__init__(parent_window)
         self.parent_window = parent_window
         self.service = LibraryService(settings=settings, parent=self)
         self.window: LibraryWindow | None = None
+        if models is not None:
+            # Every way a model is opened (File → Open, Recent, a drop, the command line, this
+            # window) ends in the model controller's load: its success is the model's "last use".
+            models.loaded.connect(self._on_loaded)
+
+    def _on_loaded(self, info: dict) -> None:
+        self.service.record_used((info or {}).get("path"))
 
     def resume_downloads(self) -> str | None:
         """Go on with downloads a previous run left; the reason in words when they could not."""

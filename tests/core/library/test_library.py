@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 
 import pytest
@@ -185,3 +186,28 @@ def test_cancelled_scan_returns_early(tmp_path, state):
     stop.set()
     assert scan([tmp_path / "lib"], cancel=stop, state=state) == []
     assert len(scan([tmp_path / "lib"], state=state)) == 3
+
+
+def test_generic_names_take_the_repository_or_the_folder(tmp_path, state, fixtures):
+    lib = tmp_path / "lib"
+    write_hf_stub(lib / "Llama-3.2-1B" / "hf", hf_config())
+    meta = lib / "Llama-3.2-1B" / "original"  # how a meta-llama repository ships its Meta checkpoint
+    meta.mkdir(parents=True)
+    (meta / "params.json").write_text(json.dumps(dict(dim=64, n_layers=2, n_heads=4, vocab_size=96)))
+    (meta / "consolidated.00.pth").write_bytes(b"\0" * 10)
+    for rel in ("TinyStories-GGUF/model.gguf", "TinyStories-GGUF/ggml-model-Q4_K_M.gguf", "stories-q8.gguf",
+                "cache/models--someone--Tiny-Llama/snapshots/" + "ab12" * 10 + "/model.gguf",
+                "someone/Downloaded/model.gguf"):
+        (lib / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(fixtures / "stories260K.gguf", lib / rel)
+    state.record_source(lib / "someone" / "Downloaded" / "model.gguf", "someone/From-The-Hub")
+    got = sorted((e.name, e.format, str(e.location.relative_to(lib))) for e in scan([lib], state=state))
+    assert got == [("Llama-3.2-1B", "hf", "Llama-3.2-1B"), ("Llama-3.2-1B", "meta", "Llama-3.2-1B"),
+                   ("TinyStories-GGUF", "gguf", "TinyStories-GGUF"), ("TinyStories-GGUF", "gguf", "TinyStories-GGUF"),
+                   ("someone/From-The-Hub", "gguf", "someone/Downloaded"),
+                   ("someone/Tiny-Llama", "gguf", "cache/models--someone--Tiny-Llama/snapshots/" + "ab12" * 10),
+                   ("stories-q8", "gguf", ".")]
+    assert library.read_entry(lib / "TinyStories-GGUF" / "model.gguf").name == "TinyStories-GGUF"
+    assert library.model_name(tmp_path / "models" / "model.gguf") == "model"  # nothing better: the file's own
+    assert json.loads(json.dumps(scan([lib / "TinyStories-GGUF"], state=state)[0].to_json()))["location"] == \
+        str(lib / "TinyStories-GGUF")

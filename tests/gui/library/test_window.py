@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import gguf
 import pytest
 from PySide6.QtCore import Qt
 
+from core.library import library
 from core.library.library import LibraryState, human_params, human_size
+from gui.library.library_table import short_location, tilde
 from tests.hubserver import GGUF_REPO
 from tests.gui.ui_helpers import (bridge, data_dir, loop, make_window, run, send, settings,  # noqa: F401
                                   snapshot, until)
@@ -101,6 +104,43 @@ def test_open_from_library_loads_and_generates(qtbot, loop, bridge, settings, da
         await until(lambda: any(r["Last used"] == "just now" for r in table_rows(lw.library)), 20, "just now")
 
     run(loop, scenario(), timeout=90)
+
+
+def test_generic_names_a_folder_column_and_last_used_however_opened(qtbot, loop, bridge, settings, data_dir, models):
+    """A model file named model.gguf is listed under its folder's name, the Folder column says
+    where each model is, and opening one with File → Open (not from the library) updates its
+    "Last used" in the open table at once and in the state file the CLI reads."""
+    tiny = models / "Tiny-Stories" / "model.gguf"
+    tiny.parent.mkdir()
+    shutil.copy(models / "stories260K.gguf", tiny)
+    w = make_window(bridge=bridge, settings=settings, data_dir=data_dir)
+    qtbot.addWidget(w)
+
+    async def scenario():
+        lw = await opened(w)
+        rows = {r["Name"]: r for r in table_rows(lw.library)}
+        assert set(rows) == {"stories260K", "broken", "Tiny-Stories"}
+        assert (rows["Tiny-Stories"]["Folder"], rows["stories260K"]["Folder"]) == ("models/Tiny-Stories", "models")
+        assert rows["Tiny-Stories"]["Last used"] == "never"
+        w.ask_model_path = lambda: str(tiny)  # File → Open's dialog answer
+        w.open_model_dialog()
+        await until(lambda: w.info is not None, 30, "the model to load")
+        await until(lambda: {r["Name"]: r["Last used"] for r in table_rows(lw.library)}["Tiny-Stories"] == "just now",
+                    10, "Last used in the open table")
+        await until(lambda: library.path_key(tiny) in LibraryState(data_dir / "library.json").last_used(), 10,
+                    "the use recorded")
+        assert table_rows(lw.library)[0]["Name"] == "Tiny-Stories"  # last used first
+        return lw
+
+    snapshot(run(loop, scenario(), timeout=60), "library_folder_column")
+
+
+def test_short_location():
+    home = Path.home()
+    assert short_location(home / "llms" / "a", [home / "llms", home / "llms" / "a"]) == "a"  # the nearest root
+    assert short_location(home / "llms" / "a" / "b", [home / "llms"]) == "llms/a/b"
+    assert short_location(home / "elsewhere", [home / "llms"]) == "~/elsewhere"
+    assert short_location("/opt/m", []) == "/opt/m"
 
 
 def test_delete_asks_first_and_removes_the_file(qtbot, loop, bridge, settings, data_dir, models):
