@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QMenu,
 from core.engine.lanes import MAX_LANES
 
 from gui import theme
+from gui.settings.widgets import guard_wheel
 from gui.widgets.token_inspector import TokenInspector
 
 
@@ -100,6 +101,7 @@ class PromptRow(QWidget):
         side.addWidget(self.context_check)
         side.addStretch(1)
         top.addLayout(side)
+        guard_wheel(self)
 
     def offer_context(self, messages: list[dict]) -> None:
         """Offer ``messages`` as context (checked; the switch is hidden when there are none)."""
@@ -184,6 +186,7 @@ class ActionBar(QWidget):
         bar.addStretch(1)
         for w in (self.save_button, self.saved_button, self.export_button):
             bar.addWidget(w)
+        guard_wheel(self)  # a wheel over the baseline combo does not change the baseline
 
     def fill_saved(self, conversations: list, open_one: Callable[[int], None]) -> None:
         """The Saved menu: ``conversations`` (saved comparisons) to reopen with ``open_one``."""

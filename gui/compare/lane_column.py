@@ -22,6 +22,7 @@ from gui.compare.lanes import divergence_label, lane_diff
 from gui.compare.models import LaneModel
 from gui.settings.output_format import CONSTRAINT_HINTS, CONSTRAINT_KINDS
 from gui.settings.speculative import SpeculativeControls
+from gui.settings.widgets import guard_wheel
 from gui.settings.text_items import bias_items, format_stop_strings
 from gui.widgets.token_run import LaneRun, parse_anchor, render_lane_html
 
@@ -119,6 +120,7 @@ class LaneColumn(QFrame):
         for w in self.fields.values():
             w.valueChanged.connect(lambda *_: self.settingsChanged.emit())
         self._text_area(lay)
+        guard_wheel(self)  # the wheel scrolls, it does not edit the setting under the pointer
 
     # -- layout --------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from core.engine.settings import SCHEMA
 
 from gui import theme
 from gui.settings import speculative
+from gui.settings.widgets import guard_wheel
 
 SWEEP_HINTS = {"temperature": "0.2, 0.7, 1.2   or a range   0.2:1.4:0.4",
                "seed": "1, 2, 3   or a range   1:8", "lookup": "0, 2, 4   (0 = off)",
@@ -97,6 +98,7 @@ class SweepRow(QFrame):
         row.addWidget(self.browse_button)
         row.addWidget(self.apply_button)
         row.addWidget(self.error)
+        guard_wheel(self)
 
     def key(self) -> str:
         """The setting chosen to sweep."""

@@ -22,7 +22,7 @@ from gui.settings.presets import (BUILTIN_PRESETS, CUSTOM, DEFAULT_PRESET, USER_
 from gui.settings.speculative import SpeculativeControls
 from gui.settings.store import PanelStore, default_settings
 from gui.settings.text_items import bias_items, format_stop_strings, parse_stop_strings
-from gui.settings.widgets import add_row, form, named, slider_pair, spin_box
+from gui.settings.widgets import add_row, form, guard_wheel, named, slider_pair, spin_box
 
 CHAT_FORMATS = (("auto", "Auto"), ("llama3", "Llama 3"), ("llama2", "Llama 2"),
                 ("raw", "Raw completion"))
@@ -81,6 +81,7 @@ class SamplingPanel(QWidget):
         for box in sections:
             v.addWidget(box)
         v.addWidget(conversation, 1)
+        guard_wheel(inner)  # the wheel scrolls the panel, not the control under the pointer
         scroll = QScrollArea()
         scroll.setObjectName("samplingScroll")
         scroll.setWidget(inner)

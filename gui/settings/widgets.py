@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from PySide6.QtCore import QSignalBlocker, Qt
-from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QSlider,
-                               QSpinBox, QWidget)
+from PySide6.QtCore import QEvent, QObject, QSignalBlocker, Qt
+from PySide6.QtWidgets import (QAbstractSpinBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
+                               QLabel, QSlider, QSpinBox, QWidget)
 
 from core.engine.settings import Setting
 
@@ -19,6 +19,33 @@ def named(w: QWidget, name: str, tip: str) -> QWidget:
     w.setAccessibleDescription(tip)
     w.setToolTip(tip)
     return w
+
+
+class _WheelNeedsFocus(QObject):
+    """Passes a wheel event on to the parents (the scroll area around the control) unless
+    the control has the keyboard focus: scrolling a panel must not change whatever spin
+    box, combo box or slider happens to pass under the pointer."""
+
+    def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt API)
+        if event.type() == QEvent.Wheel and isinstance(obj, QWidget) and not obj.hasFocus():
+            event.ignore()  # not accepted: QApplication offers it to the parent next
+            return True
+        return False
+
+
+_WHEEL_GUARD = _WheelNeedsFocus()
+WHEEL_GUARDED = (QAbstractSpinBox, QComboBox, QSlider)
+
+
+def guard_wheel(root: QWidget) -> None:
+    """Every spin box, combo box and slider under ``root`` (and ``root`` itself) takes the
+    mouse wheel only once focused (a click or Tab focuses it; the wheel no longer does)."""
+    for w in [root, *root.findChildren(QWidget)]:
+        if isinstance(w, WHEEL_GUARDED) and not w.property("wheelGuarded"):
+            w.setProperty("wheelGuarded", True)
+            if w.focusPolicy() == Qt.WheelFocus:
+                w.setFocusPolicy(Qt.StrongFocus)
+            w.installEventFilter(_WHEEL_GUARD)
 
 
 def spin_box(setting: Setting, name: str, parent: QWidget | None = None) -> QSpinBox | QDoubleSpinBox:

@@ -280,3 +280,23 @@ def reference_probs(lm, prompt_ids, generated, index, settings):
         probs = lg.softmax(-1)
         lg[probs < probs.max() * mp] = float("-inf")
     return raw, lg.softmax(-1)
+
+
+def wheel(widget, notches: int = -1) -> QWidget | None:
+    """Turn the mouse wheel over the middle of ``widget`` (negative: down, towards the user)
+    and return the widget that took it. Qt passes only a spontaneous (real) wheel event on
+    to the parents while it is not accepted; a test cannot send one, so this walks the
+    parents as QApplication::notify does for a real one."""
+    from PySide6.QtCore import QPointF
+    from PySide6.QtGui import QWheelEvent
+    w, pos = widget, QPointF(widget.width() / 2, widget.height() / 2)
+    while w is not None:
+        ev = QWheelEvent(pos, QPointF(w.mapToGlobal(pos.toPoint())), QPoint(0, 0), QPoint(0, 120 * notches),
+                         Qt.NoButton, Qt.NoModifier, Qt.NoScrollPhase, False)
+        if QApplication.sendEvent(w, ev) and ev.isAccepted():
+            return w
+        if w.isWindow() or w.testAttribute(Qt.WA_NoMousePropagation):
+            return None
+        pos += QPointF(w.pos())
+        w = w.parentWidget()
+    return None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jsonschema
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QWidget
+from PySide6.QtWidgets import QFileDialog, QWidget
 
 from core.engine.lanes import lane_stats
 from core.engine.settings import SCHEMA, SamplingParams
@@ -21,7 +21,7 @@ from gui.settings import speculative
 
 from tests.gui.compare.common import (PROMPT, ROOT, FakeBridge, bridge, history, load_and_run, snapshot,  # noqa: F401  (fixtures)
                                       story, token_text_of)
-from tests.gui.ui_helpers import loop  # noqa: F401  (fixtures)
+from tests.gui.ui_helpers import loop, wheel  # noqa: F401  (fixtures)
 
 
 def test_a_lane_sets_prompt_lookup_or_a_draft_model_never_both(qtbot, loop, history, monkeypatch, tmp_path):
@@ -264,3 +264,25 @@ def test_a_lanes_fields_take_the_settings_schemas_ranges_and_steps(qtbot):
             assert w.decimals() == setting.decimals, key
     col.fields["seed"].setValue(SEED_RANDOM)
     assert col.settings()["seed"] is None  # "random"
+
+
+def test_the_wheel_over_lane_settings_and_the_bar_scrolls_instead_of_editing(qtbot, loop, history, monkeypatch):
+    """Issue 22 #14 in the comparison window: a wheel over a lane's spin or combo box, the
+    baseline or the sweep setting goes to the lanes area, not to the control."""
+    asked = []  # before the fix a wheel over the lane's model combo opened "Other checkpoint…"
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (asked.append(a), ("", ""))[1]))
+    v = CompareView(bridge=FakeBridge(), history=history, prompt=PROMPT,
+                    lanes=[{"temperature": 0.5}, {"temperature": 0.9}])
+    qtbot.addWidget(v)
+    v.resize(900, 600)
+    v.show()
+    v.bar.sweep_button.click()
+    lane = v.columns[1]
+    controls = [lane.fields["temperature"], lane.fields["seed"], lane.speculative.combo, lane.model_combo,
+                v.bar.baseline_combo, v.sweep_row.param, v.prompt_row.mode_combo]
+    shown = [c.text() if hasattr(c, "text") else c.currentText() for c in controls]
+    taken = [wheel(c, -1) for c in controls]
+    assert [c.text() if hasattr(c, "text") else c.currentText() for c in controls] == shown
+    assert not any(t in controls for t in taken)
+    assert wheel(lane.fields["temperature"]) is v.scroll or wheel(lane.fields["temperature"]) is None
+    assert v.lane_settings()[1]["temperature"] == 0.9 and asked == []

@@ -13,6 +13,7 @@ from core.engine.settings import SamplingParams
 from gui.settings.panel import SamplingPanel
 from gui.settings.presets import BUILTIN_PRESETS
 from gui.settings.text_items import format_stop_strings, parse_stop_strings
+from tests.gui.ui_helpers import wheel
 
 ROOT = Path(__file__).resolve().parents[3]
 NAMES = ["temperatureSlider", "temperatureSpin", "topPSlider", "topPSpin", "topKSpin", "minPSpin",
@@ -335,3 +336,29 @@ def test_constraint_setting_gives_params_checks_inline_and_persists(qtbot, ini):
     assert panel.params().constraint is None and panel.constraintText.toPlainText() == "[0-9]+"
     d = json.loads(json.dumps(panel.to_dict()))
     assert d["constraint"] is None and d["constraint_kind"] == "" and d["constraint_text"] == "[0-9]+"
+
+
+def test_wheel_scrolls_the_panel_not_the_control_under_the_pointer(panel, qtbot):
+    """Issue 22 #14: scrolling the panel over Speculative turned it from Off to Draft model."""
+    panel.resize(300, 260)
+    panel.show()
+    qtbot.waitExposed(panel)
+    bar = panel.findChild(QScrollArea, "samplingScroll").verticalScrollBar()
+    assert bar.maximum() > 0
+    controls = [panel.speculativeCombo, panel.constraintCombo, panel.chatFormatCombo, panel.topKSpin,
+                panel.maxTokensSpin, panel.temperatureSlider, panel.temperatureSpin, panel.presetCombo]
+    before = [(c.currentIndex() if hasattr(c, "currentIndex") else c.value()) for c in controls]
+    for c in controls:
+        start = bar.value()
+        wheel(c, -1)
+        assert bar.value() > start or bar.value() == bar.maximum(), c.objectName()
+        bar.setValue(0)
+    assert [(c.currentIndex() if hasattr(c, "currentIndex") else c.value()) for c in controls] == before
+    assert panel.speculative.mode() == "off"
+    # Focused (clicked or tabbed into), the control takes the wheel as before.
+    panel.activateWindow()
+    panel.speculativeCombo.setFocus()
+    qtbot.waitUntil(panel.speculativeCombo.hasFocus, timeout=2000)
+    wheel(panel.speculativeCombo, -1)
+    assert panel.speculative.mode() == "lookup"
+    assert panel.speculativeCombo.focusPolicy() == Qt.StrongFocus  # the wheel alone never focuses it
