@@ -6,6 +6,13 @@ helps decode depends on how busy the machine is. So ``auto`` asks :func:`cpu_cho
 which runs a short probe (a decode-like one-row multiply and a prefill-like 128-row one,
 in both dtypes and at 1 and N threads) once, and caches the result in the data folder
 keyed by a fingerprint of the CPU, its core count and the torch version.
+
+Threads follow the hardware (physical cores, for prefill and decode alike) unless a probe
+taken on a quiet machine showed more threads clearly slower. A probe is a second of timings:
+taken while the machine was busy (the app loading, a build running) it once measured two
+threads slower than one and pinned every later run to one thread. So the load at probe time
+is kept with the result, a busy probe's thread timings are not trusted, and a busy probe is
+measured again at the next start that finds the machine quiet.
 """
 from __future__ import annotations
 
@@ -25,7 +32,11 @@ from core.paths import data_dir
 
 CACHE_NAME = "cpu_probe.json"
 DTYPE_ENV = "LLAMADESK_CPU_DTYPE"  # float32 / bfloat16: skip the probe (tests, scripts)
-PROBE_VERSION = 2  # a cache written by another version of the probe is measured again
+PROBE_VERSION = 3  # a cache written by another version of the probe is measured again
+QUIET_LOAD = 0.25  # 1-minute load average per core under which a probe's timings are trusted
+# N threads must take this much of 1 thread's time or more before decode or prefill drops to
+# one thread: timing noise on a quiet machine stays within ~10%.
+SLOWER = 1 / 0.85
 
 
 @dataclass
@@ -43,14 +54,20 @@ class CpuChoice:
     decode_thread_speedup: float = 0.0
     max_threads: int = 1
     version: int = 1
+    load: float = -1.0  # load average per core while probing (-1: this OS does not say)
+
+    @property
+    def quiet(self) -> bool:
+        """Whether the probe ran on a quiet machine (or one that cannot say), so its thread
+        timings describe the hardware rather than whatever else was running."""
+        return self.load < QUIET_LOAD
 
     @property
     def reason(self) -> str:
         if self.measured == "override":
             return f"{self.dtype}: set by {DTYPE_ENV}"
         return (f"{self.dtype}: probe of this CPU ({self.measured}): bfloat16 decode "
-                f"{self.bf16_decode_speedup:.2f}x, prefill {self.bf16_prefill_speedup:.2f}x of float32; "
-                f"threads {self.prefill_threads} prefill / {self.decode_threads} decode")
+                f"{self.bf16_decode_speedup:.2f}x, prefill {self.bf16_prefill_speedup:.2f}x of float32")
 
 
 def fingerprint() -> str:
@@ -67,6 +84,37 @@ def fingerprint() -> str:
         pass
     raw = f"{cpu}|{flags}|{os.cpu_count()}|{torch.__version__}|{sys.platform}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def physical_cores() -> int:
+    """Physical cores (hyper-threads counted once), from /proc/cpuinfo where there is one;
+    the logical count elsewhere."""
+    cores = set()
+    try:
+        phys = core = None
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "physical id":
+                phys = value.strip()
+            elif key == "core id":
+                core = value.strip()
+            elif not line.strip() and core is not None:
+                cores.add((phys, core))
+                phys = core = None
+        if core is not None:
+            cores.add((phys, core))
+    except OSError:
+        pass
+    return len(cores) or max(1, os.cpu_count() or 1)
+
+
+def load_per_core() -> float:
+    """The 1-minute load average per logical core, or -1 where the OS has none."""
+    try:
+        return os.getloadavg()[0] / max(1, os.cpu_count() or 1)
+    except (AttributeError, OSError):
+        return -1.0
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -86,6 +134,7 @@ def probe(*, k: int = 2048, n: int = 8192, rows: int = 128, repeats: int = 5) ->
     bfloat16, at 1 thread and at every core."""
     saved = torch.get_num_threads()
     cores = max(1, os.cpu_count() or 1)
+    load = load_per_core()
     g = torch.Generator().manual_seed(0)
     w32 = torch.randn(n, k, generator=g)
     x32 = torch.randn(rows, k, generator=g)
@@ -112,7 +161,7 @@ def probe(*, k: int = 2048, n: int = 8192, rows: int = 128, repeats: int = 5) ->
     gain = lambda phase: times[(dtype, phase, 1)] / times[(dtype, phase, cores)]  # noqa: E731
     return CpuChoice(dtype, pick("prefill"), pick("decode"), round(dec, 3), round(pre, 3), fingerprint(),
                      time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), round(gain("prefill"), 3),
-                     round(gain("decode"), 3), cores, PROBE_VERSION)
+                     round(gain("decode"), 3), cores, PROBE_VERSION, round(load, 3))
 
 
 @dataclass
@@ -125,18 +174,25 @@ class ThreadPlan:
 
 def thread_plan(budget: int, override: int | None = None, choice: CpuChoice | None = None) -> ThreadPlan:
     """Threads for each phase, at most ``budget`` (what the caller may use: the app leaves
-    a core to its UI). ``override`` (a user's thread setting) wins; otherwise the probe's
-    pick per phase: decode is memory-bound and a second thread often only adds contention,
-    while prefill's matmuls scale with cores."""
+    a core to its UI). ``override`` (a user's thread setting) wins. Otherwise the hardware
+    rule, one thread per physical core for both phases (prefill's matmuls scale with cores;
+    decode reads weights at the memory's pace, which one core rarely reaches), except where
+    a quiet probe measured more threads clearly slower in that phase."""
     if override is not None:
         return ThreadPlan(override, override, f"{override} threads: set by the user")
     c = choice or cpu_choice()
+    rule = max(1, min(physical_cores(), budget))
     if c.measured == "override" or not c.max_threads:
-        return ThreadPlan(budget, budget, f"{budget} threads (not measured)")
-    pre, dec = min(c.prefill_threads, budget), min(c.decode_threads, budget)
-    why = (f"probe ({c.measured}): {c.max_threads} threads vs 1 gave prefill {c.prefill_thread_speedup:.2f}x, "
-           f"decode {c.decode_thread_speedup:.2f}x")
-    if budget < c.max_threads:
+        return ThreadPlan(rule, rule, f"{rule} threads: one per physical core (not measured)")
+    if not c.quiet:
+        return ThreadPlan(rule, rule, f"{rule} threads: one per physical core (the probe of {c.measured} "
+                                      f"ran under load {c.load:.2f} per core; measured again when quiet)")
+    slower = {phase: gain * SLOWER < 1 and c.max_threads > 1 for phase, gain in
+              (("prefill", c.prefill_thread_speedup), ("decode", c.decode_thread_speedup))}
+    pre, dec = (1 if slower[p] else rule for p in ("prefill", "decode"))
+    why = (f"one per physical core unless slower; probe ({c.measured}): {c.max_threads} threads vs 1 gave "
+           f"prefill {c.prefill_thread_speedup:.2f}x, decode {c.decode_thread_speedup:.2f}x")
+    if budget < physical_cores():
         why += f"; at most {budget} here"
     return ThreadPlan(pre, dec, f"prefill {pre} / decode {dec} threads: {why}")
 
@@ -167,6 +223,8 @@ def cpu_choice(cache_dir: Path | None = None) -> CpuChoice:
         saved = json.loads(path.read_text())
         if saved.get("fingerprint") == fp and saved.get("version") == PROBE_VERSION:
             choice = CpuChoice(**saved)
+            if not choice.quiet and 0 <= load_per_core() < QUIET_LOAD:
+                choice = None  # measured while busy, and now there is a quiet moment
     except (OSError, ValueError, TypeError):
         pass
     if choice is None:

@@ -77,16 +77,50 @@ def test_a_cache_from_an_older_probe_is_measured_again(fresh, monkeypatch):
     assert tuning.cpu_choice().decode_thread_speedup == 0.9
 
 
-def test_thread_plan_takes_the_probes_pick_per_phase_within_the_budget():
-    c = tuning.CpuChoice("float32", 4, 1, 1.0, 1.0, "fp", "2026-12-01 00:00 UTC", 3.1, 0.7, 4, tuning.PROBE_VERSION)
-    p = tuning.thread_plan(8, choice=c)
-    assert (p.prefill, p.decode) == (4, 1)
-    assert "prefill 4 / decode 1" in p.reason and "3.10x" in p.reason and "0.70x" in p.reason
-    p = tuning.thread_plan(2, choice=c)  # the app leaves a core to its UI
-    assert (p.prefill, p.decode) == (2, 1) and "at most 2" in p.reason
-    p = tuning.thread_plan(2, override=3, choice=c)  # the user's setting wins
+def quiet_probe(prefill_gain: float, decode_gain: float, load: float = 0.05, cores: int = 4):
+    return tuning.CpuChoice("float32", cores, 1, 1.0, 1.0, "fp", "2026-12-01 00:00 UTC", prefill_gain,
+                            decode_gain, cores, tuning.PROBE_VERSION, load)
+
+
+def test_thread_plan_follows_physical_cores_unless_a_quiet_probe_saw_them_slower(monkeypatch):
+    monkeypatch.setattr(tuning, "physical_cores", lambda: 4)
+    p = tuning.thread_plan(8, choice=quiet_probe(3.1, 1.6))
+    assert (p.prefill, p.decode) == (4, 4) and "physical core" in p.reason and "3.10x" in p.reason
+    p = tuning.thread_plan(8, choice=quiet_probe(3.1, 0.7))  # decode measured clearly slower
+    assert (p.prefill, p.decode) == (4, 1) and "0.70x" in p.reason
+    p = tuning.thread_plan(8, choice=quiet_probe(3.1, 0.92))  # within noise: the hardware wins
+    assert (p.prefill, p.decode) == (4, 4)
+    p = tuning.thread_plan(2, choice=quiet_probe(3.1, 1.6))  # the app leaves a core to its UI
+    assert (p.prefill, p.decode) == (2, 2) and "at most 2" in p.reason
+    p = tuning.thread_plan(2, override=3, choice=quiet_probe(3.1, 0.7))  # the user's setting wins
     assert (p.prefill, p.decode) == (3, 3) and "set by the user" in p.reason
     assert tuning.plan_for(torch.device("meta"), 2) is None  # threads are a CPU matter
+
+
+def test_a_probe_taken_under_load_does_not_pin_a_quiet_run_to_one_thread(fresh, monkeypatch):
+    # What happened: first start while the machine was busy measured 2 threads slower than 1.
+    monkeypatch.setattr(tuning, "physical_cores", lambda: 2)
+    busy = quiet_probe(0.6, 0.5, load=2.5, cores=2)
+    (fresh / tuning.CACHE_NAME).write_text(json.dumps(busy.__dict__ | {"fingerprint": tuning.fingerprint()}))
+    p = tuning.thread_plan(2, choice=busy)
+    assert (p.prefill, p.decode) == (2, 2) and "under load 2.50" in p.reason
+    # The next start on a quiet machine measures again and keeps the quiet result.
+    monkeypatch.setattr(tuning, "load_per_core", lambda: 0.02)
+    monkeypatch.setattr(tuning, "probe", lambda: quiet_probe(1.9, 1.4, cores=2))
+    fresh_choice = tuning.cpu_choice()
+    assert fresh_choice.load == 0.05 and fresh_choice.decode_thread_speedup == 1.4
+    assert json.loads((fresh / tuning.CACHE_NAME).read_text())["load"] == 0.05
+    # Still busy at the next start: keep the cache (no probe under load), and the hardware rule.
+    (fresh / tuning.CACHE_NAME).write_text(json.dumps(busy.__dict__ | {"fingerprint": tuning.fingerprint()}))
+    monkeypatch.setattr(tuning, "_CHOICE", None)
+    monkeypatch.setattr(tuning, "load_per_core", lambda: 1.5)
+    monkeypatch.setattr(tuning, "probe", lambda: pytest.fail("probed again under load"))
+    assert tuning.cpu_choice().load == 2.5
+
+
+def test_physical_cores_counts_each_core_once():
+    n = tuning.physical_cores()
+    assert 1 <= n <= (os.cpu_count() or 1)
 
 
 def test_engine_runs_prefill_and_decode_at_their_thread_counts(fixtures):
@@ -109,13 +143,14 @@ def test_engine_runs_prefill_and_decode_at_their_thread_counts(fixtures):
 
 
 def test_cli_info_says_which_threads_and_why(fresh, fixtures, monkeypatch, capsys):
-    c = tuning.CpuChoice("float32", 2, 1, 1.0, 1.0, tuning.fingerprint(), "2026-12-01 00:00 UTC", 1.9, 0.8,
-                         2, tuning.PROBE_VERSION)
+    c = tuning.CpuChoice("float32", 2, 1, 1.0, 1.0, tuning.fingerprint(), "2026-12-01 00:00 UTC", 1.9, 0.6,
+                         2, tuning.PROBE_VERSION, 0.05)
+    monkeypatch.setattr(tuning, "physical_cores", lambda: 2)
     (fresh / tuning.CACHE_NAME).write_text(json.dumps(c.__dict__))
     monkeypatch.delenv("LLAMADESK_THREADS", raising=False)
     assert main(["info", str(fixtures / "stories260K.gguf"), "--device", "cpu", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
-    assert "prefill" in out and "decode 1 threads" in out and "0.80x" in out
+    assert "prefill 2 / decode 1 threads" in out and "0.60x" in out
     monkeypatch.setenv("LLAMADESK_THREADS", "1")
     assert main(["info", str(fixtures / "stories260K.gguf"), "--device", "cpu", "--dtype", "float32"]) == 0
     assert "1 threads: set by the user" in capsys.readouterr().out
