@@ -76,6 +76,11 @@ class ResourceError(LlamaDeskError):
         super().__init__(message)
 
 
+class DataFolderError(LlamaDeskError):
+    """A folder LlamaDesk keeps files in cannot be one (a file stands where it or a
+    parent should be)."""
+
+
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """The first line of an exception's message (its type name when empty), for a user:
     plain text (see :func:`plain_text`), cut at a word boundary. Works for third-party

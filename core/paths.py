@@ -17,6 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+from core.errors import DataFolderError
+
 APP_NAME = "LlamaDesk"
 DATA_ENV = "LLAMADESK_DATA_DIR"
 
@@ -41,6 +43,19 @@ def data_dir() -> Path:
     if env:
         return Path(env).expanduser()
     return _user_dir(mac=("Library", "Application Support"), xdg="XDG_DATA_HOME", xdg_default=(".local", "share"))
+
+
+def check_folder(path: Path, what: str = "data folder") -> Path:
+    """``path`` when it is a folder or can become one (nothing is created): a file where it
+    or one of its parents should be is a DataFolderError saying which."""
+    for p in (path, *path.parents):
+        if p.is_dir():
+            return path
+        if p.exists() or p.is_symlink():
+            where = "" if p == path else f" (it should hold {path})"
+            raise DataFolderError(f"the {what} {p} is a file, not a folder{where}: move the file away, "
+                                  f"or set {DATA_ENV} to a folder")
+    return path
 
 
 def config_dir() -> Path:

@@ -13,7 +13,7 @@ from core.errors import DownloadError, HubError, SettingsError, plain_text
 from core.library.downloads import DownloadFailed, DownloadFinished, DownloadManager, DownloadProgress
 from core.library.hub import HubClient, free_memory
 from core.library.library import LibraryState, human_params, human_size, scan
-from core.paths import data_dir
+from core.paths import check_folder, data_dir
 
 
 def _pick(client, repo: str, args):
@@ -79,6 +79,7 @@ def cmd_pull(args) -> int:
         raise SettingsError(f"'{args.repo}' is not a repository name: use owner/name")
     if args.context < 1:
         raise SettingsError(f"--context must be at least 1, got {args.context}")
+    check_folder(data_dir())  # where the pull's state goes, said before the Hub is asked
     client = HubClient(args.endpoint, args.token or None)
     file, why = _pick(client, repo, args)
     dest = Path(args.dest).expanduser() if args.dest else LibraryState().models_folder()
@@ -151,6 +152,7 @@ class _Pull:
 
 
 def cmd_models(args) -> int:
+    check_folder(data_dir())
     st = LibraryState()
     folders = st.folders() + [Path(f).expanduser() for f in args.folder]
     for f in args.folder:

@@ -22,6 +22,11 @@ class HistoryError(LlamaDeskError):
     """A history operation that cannot be done: unknown id, bad import data, newer file."""
 
 
+class HistoryDamagedError(HistoryError):
+    """The store's file is damaged: SQLite cannot read it, or a table or column is missing
+    (:meth:`core.history.store.History.open_or_recover` moves such a file aside)."""
+
+
 @dataclass
 class Conversation:
     id: int

@@ -6,6 +6,7 @@ file in place, one version at a time, inside the transaction that opens it.
 """
 from __future__ import annotations
 
+import functools
 import sqlite3
 from typing import Callable
 
@@ -77,3 +78,20 @@ WITH RECURSIVE up(id, depth) AS (
 )
 SELECT messages.* FROM up JOIN messages ON messages.id = up.id ORDER BY up.depth
 """
+
+
+@functools.lru_cache(maxsize=1)
+def expected_columns() -> dict[str, frozenset[str]]:
+    """{table: its columns} of a store of the current version, read from the schema itself
+    (an in-memory database built from it), so the open-time check never drifts from it."""
+    con = sqlite3.connect(":memory:")
+    try:
+        for stmt in SCHEMA_V1.split(";"):
+            if stmt.strip():
+                con.execute(stmt)
+        for v in range(1, SCHEMA_VERSION):
+            MIGRATIONS[v](con)
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {t: frozenset(r[1] for r in con.execute(f"PRAGMA table_info({t})")) for t in tables}
+    finally:
+        con.close()

@@ -22,11 +22,13 @@ import threading
 import time
 from pathlib import Path
 
-from core.history.records import (KINDS, Conversation, HistoryError, Message, clean_text, comparison_search_text,
-                                  conversation_from_row, decode_text, dumps, message_from_row)
+from core.errors import DataFolderError
+from core.history.records import (KINDS, Conversation, HistoryDamagedError, HistoryError, Message, clean_text,
+                                  comparison_search_text, conversation_from_row, decode_text, dumps,
+                                  message_from_row)
 from core.history.schema import (ANCESTORS_SQL, MESSAGE_COLUMNS, MIGRATIONS, NEWEST_LEAF_SQL, SCHEMA_V1,
-                                 SCHEMA_VERSION, SUBTREE_SQL, JSON_FIELDS, UPDATABLE)
-from core.paths import data_dir
+                                 SCHEMA_VERSION, SUBTREE_SQL, JSON_FIELDS, UPDATABLE, expected_columns)
+from core.paths import check_folder, data_dir
 
 __all__ = ["History", "HISTORY_NAME"]
 
@@ -61,11 +63,11 @@ class History:
 
     def __init__(self, path: str | Path):
         self.path = path if str(path) == ":memory:" else Path(path).expanduser()
-        if isinstance(self.path, Path):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._conn = None
         try:
+            if isinstance(self.path, Path):
+                check_folder(self.path.parent).mkdir(parents=True, exist_ok=True)
             # isolation_level=None: we open transactions ourselves (BEGIN IMMEDIATE), so a
             # write never starts while holding a read snapshot that another process changed.
             self._conn = sqlite3.connect(str(self.path), isolation_level=None,
@@ -81,17 +83,21 @@ class History:
             self._conn.execute("PRAGMA synchronous = FULL")
             self._conn.create_function("ld_contains", 2, _contains, deterministic=True)
             self._migrate()
+            self._check_schema()
             if self.path != ":memory:":
                 ok = self._conn.execute("PRAGMA quick_check(1)").fetchone()[0]
                 if ok != "ok":
-                    raise sqlite3.DatabaseError(f"integrity check failed: {ok}")
-        except (sqlite3.Error, HistoryError) as e:
+                    raise HistoryDamagedError(f"history {self.path} failed its integrity check: {ok}")
+        except (sqlite3.Error, HistoryError, DataFolderError, OSError) as e:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
             if isinstance(e, HistoryError):
                 raise
-            raise HistoryError(f"cannot open history {self.path}: {e}") from None
+            if isinstance(e, DataFolderError):
+                raise HistoryError(str(e)) from None
+            kind = HistoryDamagedError if _is_damage(e) else HistoryError
+            raise kind(f"cannot open history {self.path}: {e}") from None
 
     @classmethod
     def open_or_recover(cls, path: str | Path) -> tuple["History", str | None]:
@@ -105,8 +111,8 @@ class History:
         try:
             return cls(path), None
         except (HistoryError, OSError) as first:
-            reason = str(first)
-        if path.is_file() and _looks_damaged(reason):
+            reason, first_error = str(first), first
+        if path.is_file() and isinstance(first_error, HistoryDamagedError):
             try:
                 kept = _moved_aside(path)
                 return cls(path), (f"The conversation history was damaged and could not be read; it was kept "
@@ -153,18 +159,20 @@ class History:
             return self._conn.execute(sql, [clean_text(v)[0] if isinstance(v, str) else v for v in args]).fetchall()
 
     def _migrate(self) -> None:
-        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise HistoryError(f"history {self.path} was written by a newer LlamaDesk "
-                               f"(schema {version}, this version reads up to {SCHEMA_VERSION})")
+        version = self._version()
         if version == SCHEMA_VERSION:
             return
         with self._tx() as c:
+            # Again under the write lock: another process may have created the store between
+            # the read above and BEGIN IMMEDIATE; its new tables are not a foreign database.
+            version = self._version()
+            if version == SCHEMA_VERSION:
+                return
             if version == 0:
                 has_tables = c.execute(
                     "SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
                 if has_tables:
-                    raise HistoryError(f"{self.path} is not a LlamaDesk history database")
+                    raise HistoryDamagedError(f"{self.path} is not a LlamaDesk history database")
                 c.executescript_in_tx(SCHEMA_V1)
                 version = 1
             while version < SCHEMA_VERSION:
@@ -172,6 +180,25 @@ class History:
                 version += 1
             # PRAGMA cannot take parameters; version is our own int.
             c.execute(f"PRAGMA user_version = {int(version)}")
+
+    def _version(self) -> int:
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise HistoryError(f"history {self.path} was written by a newer LlamaDesk "
+                               f"(schema {version}, this version reads up to {SCHEMA_VERSION})")
+        return version
+
+    def _check_schema(self) -> None:
+        """Every table and column this version reads must be there: a store missing one
+        would open and then fail on every chat, so it is damaged."""
+        for table, columns in expected_columns().items():
+            have = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})")}
+            if not have:
+                raise HistoryDamagedError(f"history {self.path} has no '{table}' table")
+            missing = sorted(columns - have)
+            if missing:
+                raise HistoryDamagedError(f"history {self.path}: table '{table}' lacks the column(s) "
+                                          f"{', '.join(missing)}")
 
     # ------------------------------------------------------------------ rows
 
@@ -485,10 +512,18 @@ class History:
 
 # --------------------------------------------------------------------------- helpers
 
-def _looks_damaged(reason: str) -> bool:
-    r = reason.lower()
-    return any(w in r for w in ("not a database", "malformed", "integrity check", "not a llamadesk",
-                                "file is not", "disk image", "corrupt", "unsupported file format"))
+# SQLite's result codes for a file that is not (or no longer) a readable database.
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+_DAMAGE_WORDS = ("not a database", "malformed", "file is not", "disk image", "corrupt", "unsupported file format")
+
+
+def _is_damage(e: BaseException) -> bool:
+    """Whether SQLite's own error says the file is damaged: its result code, else (Python
+    before 3.11) its message; never the path, which the caller's message would add."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    return isinstance(e, sqlite3.DatabaseError) and any(w in str(e).lower() for w in _DAMAGE_WORDS)
 
 
 class _Transaction:
