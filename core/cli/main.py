@@ -94,6 +94,20 @@ def _serve_parser(sub) -> None:
     s.add_argument("--draft", default=None, metavar="MODEL",
                    help="load a smaller draft MODEL of the same vocabulary; requests draft with it unless they say "
                         "otherwise (request field draft: true, false or its name)")
+    s.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch threads for the model (default: $LLAMADESK_THREADS, else the CPU probe's plan over "
+                        "every core but one, which the HTTP side keeps)")
+    s.add_argument("--allowed-hosts", action="append", default=[], metavar="NAME[,NAME]",
+                   help="Host names a server without --api-key answers besides localhost, 127.0.0.1, [::1] "
+                        "and the bound address")
+    s.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN (e.g. http://localhost:3000) call the server; none by default")
+    s.add_argument("--max-body", type=int, default=8 << 20, metavar="BYTES",
+                   help="largest request body taken; larger ones get 413 (default: 8 MiB)")
+    s.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a client has to send a request's headers, and then its body (408 after)")
+    s.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="S",
+                   help="on Ctrl+C, seconds running requests have to finish before they are ended")
     add_model_opts(s)
 
 

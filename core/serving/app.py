@@ -16,6 +16,8 @@ from typing import Callable
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -26,17 +28,30 @@ from core.prompt.prompting import render_chat, strips_reply_space
 from core.serving.protocol import (MAX_FORCED, MAX_STOP_IDS, APIError, chat_logprobs, check_context,
                                    completion_logprobs, constraint_from_request, messages_from_request, parse_body,
                                    requested_max_tokens, sampling_from_request, stream_options, token_ids)
+from core.serving.guard import Guard, HTTPOptions, answered_hosts
 from core.serving.responses import Reply
 from core.serving.scheduler import Job
 from core.serving.state import ServerState
 
 
-def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = None) -> Starlette:
-    """The Starlette app serving ``state``; ``on_startup`` is called once it listens."""
-    routes = [Route("/v1/models", models), Route("/v1/models/{name:path}", model),
-              Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: not_found})
+def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = None,
+              options: HTTPOptions = HTTPOptions(), bound: str = "127.0.0.1") -> Starlette:
+    """The Starlette app serving ``state``; ``on_startup`` is called once it listens.
+    ``options``: the HTTP layer's guards (:mod:`core.serving.guard`); ``bound``: the address
+    it listens on (a keyless server answers that Host name too)."""
+    routes = []
+    for base in ("/v1", ""):  # llama.cpp's server answers without /v1 too, and clients written for it call so
+        routes += [Route(base + "/models", models), Route(base + "/models/{name:path}", model),
+                   Route(base + "/completions", completions, methods=["POST"]),
+                   Route(base + "/chat/completions", chat_completions, methods=["POST"])]
+    hosts = None if state.api_key else answered_hosts(bound, options.allowed_hosts)
+    middleware = [Middleware(Guard, hosts=hosts, max_body=options.max_body, read_timeout=options.read_timeout)]
+    if options.cors_origins:  # outermost: a refusal from the guard still carries the headers the page needs
+        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=list(options.cors_origins),
+                                        allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"],
+                                        max_age=600))
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
+                    exception_handlers={HTTPException: not_found})
     app.state.server = state
     app.state.on_startup = on_startup
     return app
@@ -51,7 +66,7 @@ async def lifespan(app: Starlette):
     try:
         yield
     finally:
-        await asyncio.get_running_loop().run_in_executor(None, state.scheduler.stop)
+        await asyncio.get_running_loop().run_in_executor(None, state.close)
 
 
 def error(e: APIError) -> JSONResponse:
@@ -73,7 +88,9 @@ def check_key(request: Request) -> None:
 async def not_found(request: Request, exc: HTTPException):
     status = exc.status_code
     msg = f"no such endpoint: {request.method} {request.url.path}" if status in (404, 405) else str(exc.detail)
-    return error(APIError(status, msg, code="not_found" if status == 404 else None))
+    response = error(APIError(status, msg, code="not_found" if status == 404 else None))
+    response.headers.update(exc.headers or {})  # a 405 says which methods the path takes (Allow)
+    return response
 
 
 async def models(request: Request):
@@ -112,20 +129,21 @@ def completion_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
+    vocab, context = state.engine.model.args.vocab_size, state.engine.max_context
     if isinstance(prompt, str):
+        check_bytes(state, len(prompt.encode("utf-8", "surrogatepass")), "the prompt")
         ids = state.tokenizer.encode(prompt, bos=True)
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
     else:
         raise APIError(400, "prompt must be one string or one list of token ids", param="prompt")
-    vocab, context = state.engine.model.args.vocab_size, state.engine.max_context
     ids = ids + token_ids(body, "reply_prefix", vocab, most=context)
     lp = completion_logprobs(body)
     forced = token_ids(body, "forced_tokens", vocab, most=MAX_FORCED)
     stops = token_ids(body, "stop_token_ids", vocab, most=MAX_STOP_IDS)
-    if len(ids) + len(forced) >= context:
-        check_context(len(ids) + len(forced), None, context, what="the prompt")
-    lanes = sampling_from_request(body, default_max_tokens=16, vocab=vocab, lookup=state.lookup, draft=state.draft)
+    check_context(len(ids) + len(forced), requested_max_tokens(body), context, what="the prompt")
+    lanes = sampling_from_request(body, default_max_tokens=16, vocab=vocab, lookup=state.lookup, draft=state.draft,
+                                  max_n=state.scheduler.max_batch)
     # A completion stops only on the model's own stop tokens (and stop_token_ids: a chat
     # reply continued as a completion ends at its turn's end): no chat turn to end.
     return Job(ids, lanes, False, lp or 0, frozenset(state.loaded.stop_ids) | frozenset(stops), tuple(forced)), lp
@@ -134,6 +152,7 @@ def completion_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
 def chat_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
     """(the job a /v1/chat/completions body asks for, how many logprob alternatives to report)."""
     msgs = messages_from_request(body)
+    check_bytes(state, sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in msgs), "the messages")
     try:
         ids = render_chat(state.loaded.chat_format, msgs)
     except SettingsError as e:
@@ -147,7 +166,7 @@ def chat_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
     top = chat_logprobs(body)
     check_context(len(ids) + len(forced), requested_max_tokens(body), context, what="the messages")
     lanes = sampling_from_request(body, default_max_tokens=context - len(ids), vocab=vocab,
-                                  lookup=state.lookup, draft=state.draft)
+                                  lookup=state.lookup, draft=state.draft, max_n=state.scheduler.max_batch)
     # the reply's leading space is dropped at its start only, not after a kept prefix
     strip = strips_reply_space(state.tokenizer, state.loaded.chat_format) and not prefix
     # The end of a chat turn stops this request only: a completion batched beside it
@@ -157,12 +176,22 @@ def chat_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
     return Job(ids, lanes, strip, top or 0, stops, tuple(forced)), top
 
 
-def submit(state: ServerState, job: Job, body: dict, chat: bool) -> None:
-    """Queue ``job``; what the engine refuses (a constraint that does not compile, a prompt
+def check_bytes(state: ServerState, size: int, what: str) -> None:
+    """APIError 400 for a text too long to fit the context whatever it tokenizes to:
+    refused by its length, before the tokenizer spends time and memory on it."""
+    if size > state.max_prompt_bytes:
+        context = state.engine.max_context
+        raise APIError(400, f"this model's maximum context length is {context} tokens, but {what} "
+                       f"{'are' if what.endswith('s') else 'is'} {size} bytes, more than {context} tokens "
+                       f"can hold: shorten {what}", param="messages" if what == "the messages" else "prompt",
+                       code="context_length_exceeded")
+
+
+def check_job(state: ServerState, job: Job, body: dict, chat: bool) -> None:
+    """What the engine refuses in ``job`` (a constraint that does not compile, a prompt
     or logit_bias_text it cannot take) answers as a 400 naming the field."""
-    job.loop, job.events = asyncio.get_running_loop(), asyncio.Queue()
     try:
-        state.scheduler.submit(job)
+        state.scheduler.check(job)
     except ConstraintError as e:  # the schema/regex/grammar does not compile
         field = constraint_from_request(body)[1]
         raise APIError(400, f"{field}: {e}", param=field) from None
@@ -171,17 +200,31 @@ def submit(state: ServerState, job: Job, body: dict, chat: bool) -> None:
         raise APIError(400, str(e), param=param) from None
 
 
+def prepare(state: ServerState, raw: bytes, chat: bool) -> tuple[dict, Job, int | None, bool, bool]:
+    """(body, job, logprob alternatives, stream, include_usage) for a request body, the
+    job checked but not queued. Runs on the request threads (``state.prep``), never on the
+    event loop: parsing, tokenizing and compiling a constraint take time that grows with
+    the body."""
+    body = parse_body(raw, state.model_id)
+    job, top = chat_job(state, body) if chat else completion_job(state, body)
+    stream, include_usage = stream_options(body)
+    check_job(state, job, body, chat)
+    return body, job, top, stream, include_usage
+
+
 # -- generation ---------------------------------------------------------------------------
 
 
 async def generate(request: Request, chat: bool):
     state: ServerState = request.app.state.server
+    loop = asyncio.get_running_loop()
     try:
         check_key(request)
-        body = parse_body(await request.body(), state.model_id)
-        job, top = chat_job(state, body) if chat else completion_job(state, body)
-        stream, include_usage = stream_options(body)
-        submit(state, job, body, chat)
+        raw = await request.body()
+        body, job, top, stream, include_usage = await loop.run_in_executor(state.prep, prepare, state, raw, chat)
+        # queued here, on the loop: a request whose client left during prepare queues nothing
+        job.loop, job.events = loop, asyncio.Queue()
+        state.scheduler.enqueue(job)
     except APIError as e:
         return error(e)
     reply = Reply(state, body, chat, job, top)

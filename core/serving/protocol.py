@@ -18,10 +18,21 @@ from core.errors import ConstraintError, LlamaDeskError, SettingsError
 MAX_TOP_LOGPROBS = 20
 MAX_FORCED = 64  # forced_tokens a request may give
 MAX_STOP_IDS = 256  # stop_token_ids a request may give
+# Every count a request gives is bounded before any work is done for it: a stop string is
+# searched for after every token, a logit_bias_text item is tokenized at submit.
+MAX_STOPS = 32  # OpenAI takes 4; vLLM clients send a handful
+MAX_STOP_CHARS = 1024
+MAX_BIAS_TEXTS = 256
+MAX_BIAS_TEXT_CHARS = 1024
 # Request fields that change what OpenAI would return; refused unless left at their no-op value.
 UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
                "echo": (False,), "suffix": ("",), "best_of": (1,), "tools": ([],), "tool_choice": ("none",),
-               "functions": ([],), "function_call": ("none",)}
+               "parallel_tool_calls": (False, True), "functions": ([],), "function_call": ("none",)}
+# Said instead of "not supported" for the fields a later change will serve.
+NOT_YET = {"tools": "tool calling is not served yet: send the request without tools",
+           "tool_choice": "tool calling is not served yet: send the request without tool_choice",
+           "functions": "function calling is not served yet: send the request without functions",
+           "function_call": "function calling is not served yet: send the request without function_call"}
 
 
 class APIError(LlamaDeskError):
@@ -138,6 +149,8 @@ def _logit_bias(body: dict, vocab: int | None) -> dict[int, float]:
         return {}
     if not isinstance(lb, dict):
         raise APIError(400, "logit_bias must map token ids to numbers", param="logit_bias")
+    if vocab is not None and len(lb) > vocab:  # more keys than tokens: some repeat or lie outside
+        raise APIError(400, f"logit_bias gives {len(lb)} entries; the vocabulary has {vocab} tokens", param="logit_bias")
     out = {}
     for k, v in lb.items():
         try:
@@ -212,6 +225,9 @@ def _logit_bias_text(body: dict) -> tuple[str, ...]:
         items = [items]
     if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
         raise APIError(400, 'logit_bias_text must be a list of "TEXT=BIAS" strings', param="logit_bias_text")
+    if len(items) > MAX_BIAS_TEXTS or any(len(i) > MAX_BIAS_TEXT_CHARS for i in items):
+        raise APIError(400, f"logit_bias_text takes at most {MAX_BIAS_TEXTS} items of at most "
+                       f"{MAX_BIAS_TEXT_CHARS} characters", param="logit_bias_text")
     for spec in items:
         try:
             parse_logit_bias(spec, lambda text: [0])  # the form; the ids come from the tokenizer
@@ -221,17 +237,21 @@ def _logit_bias_text(body: dict) -> tuple[str, ...]:
 
 
 def sampling_from_request(body: dict, *, default_max_tokens: int, vocab: int | None = None,
-                          lookup: int = 0, draft: str = "") -> list[SamplingParams]:
+                          lookup: int = 0, draft: str = "", max_n: int | None = None) -> list[SamplingParams]:
     """One SamplingParams per choice (``n``) of an OpenAI request body; APIError 400 naming
     the first bad field. Validation is SamplingParams.validate, the same as the CLI's.
     ``vocab``: the model's vocabulary size, to refuse logit_bias ids past it; ``lookup`` /
-    ``draft``: the server's speculative defaults (:func:`speculation_from_request`)."""
+    ``draft``: the server's speculative defaults (:func:`speculation_from_request`);
+    ``max_n``: the most choices a request may ask for (the server's --max-batch), checked
+    before any choice's settings are built."""
     for key, ok in UNSUPPORTED.items():
         if key in body and body[key] is not None and body[key] not in ok:
-            raise APIError(400, f"{key} is not supported by this server", param=key)
+            raise APIError(400, NOT_YET.get(key) or f"{key} is not supported by this server", param=key)
     n = _get(body, "n", (int,), 1, what="a whole number")
     if n < 1:
         raise APIError(400, f"n must be at least 1, got {n}", param="n")
+    if max_n is not None and n > max_n:
+        raise APIError(400, f"n must be at most {max_n} (the server's --max-batch), got {n}", param="n")
     fields, _ = sampling_fields(body, default_max_tokens)
     params = SamplingParams(**fields, constraint=constraint_from_request(body)[0],
                             logit_bias=_logit_bias(body, vocab), logit_bias_text=_logit_bias_text(body))
@@ -264,6 +284,9 @@ def sampling_fields(body: dict, default_max_tokens: int) -> tuple[dict, str]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise APIError(400, "stop must be a string or a list of strings", param="stop")
+    if len(stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise APIError(400, f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters",
+                       param="stop")
     max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     kw: dict = {"stop": tuple(stop)}
     for s in REQUEST_NUMBERS:
@@ -316,6 +339,10 @@ def messages_from_request(body: dict) -> list[dict]:
         raise APIError(400, "messages must be a non-empty list", param="messages")
     out = []
     for i, m in enumerate(msgs):
+        if isinstance(m, dict) and (m.get("role") in ("tool", "function") or m.get("tool_calls")):
+            what = f"messages[{i}].role '{m['role']}'" if m.get("role") in ("tool", "function") else f"messages[{i}].tool_calls"
+            raise APIError(400, f"{what}: tool calling is not served yet: send the conversation without tool turns",
+                           param="messages")
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
             raise APIError(400, f"messages[{i}] needs a role of system, user or assistant", param="messages")
         content = m.get("content")

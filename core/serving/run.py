@@ -2,14 +2,19 @@
 serve on a thread of this process (:class:`RunningServer`: tests, benchmarks, the app)."""
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import math
 import socket
 import threading
 from typing import Callable
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from core.serving.app import build_app
+from core.serving.guard import HTTPOptions, refusal
 from core.serving.state import ServerState
 
 
@@ -34,22 +39,67 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class TimedH11(H11Protocol):
+    """uvicorn's HTTP/1.1 connection with a deadline for each request's headers: a client
+    that sends them slowly (or not at all: slowloris) gets 408 and the connection closes
+    ``read_timeout`` seconds after it opened, or after its first byte of a later request."""
+
+    read_timeout = 30.0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._header_timer = self.loop.call_later(self.read_timeout, self._headers_late)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+        if not waiting and self._header_timer is not None:  # the headers are in
+            self._header_timer.cancel()
+            self._header_timer = None
+        elif waiting and self._header_timer is None:  # a later request has begun
+            self._header_timer = self.loop.call_later(self.read_timeout, self._headers_late)
+
+    def connection_lost(self, exc) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        super().connection_lost(exc)
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        body, headers = refusal(408, f"the request's headers did not arrive within {self.read_timeout:g} s",
+                                "request_timeout", close=True)
+        head = b"".join(k + b": " + v + b"\r\n" for k, v in headers)
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\n" + head + b"\r\n" + body)
+        self.transport.close()
+
+
+def uvicorn_config(app, options: HTTPOptions) -> uvicorn.Config:
+    """uvicorn's settings for ``app``: h11 with the header deadline, keep-alive connections
+    closed after 5 idle seconds, running requests given ``shutdown_timeout`` to finish."""
+    protocol = type("TimedH11", (TimedH11,), {"read_timeout": options.read_timeout})
+    return uvicorn.Config(app, log_level="warning", lifespan="on", http=protocol, timeout_keep_alive=5,
+                          timeout_graceful_shutdown=max(1, math.ceil(options.shutdown_timeout)))
+
+
 class RunningServer:
     """A server on its own thread (tests, benchmarks, the app): ``url``, ``stop()``.
 
     ``wrap`` puts ASGI middleware around the app."""
 
     def __init__(self, state: ServerState, *, host: str = "127.0.0.1", port: int = 0,
-                 wrap: Callable | None = None):
+                 wrap: Callable | None = None, options: HTTPOptions = HTTPOptions()):
         self.state = state
         self._sock = bind(host, port)
         h, p = self._sock.getsockname()[:2]
         self.url = f"http://{h}:{p}/v1"
         started = threading.Event()
-        app = build_app(state, on_startup=started.set)
+        app = build_app(state, on_startup=started.set, options=options, bound=host)
         if wrap is not None:  # ASGI middleware around the app (tests: a server that lacks features)
             app = wrap(app)
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self._server = uvicorn.Server(uvicorn_config(app, options))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name="llamadesk-http", daemon=True)
         self._thread.start()
@@ -69,13 +119,14 @@ class RunningServer:
         self.stop()
 
 
-def serve_forever(state: ServerState, host: str, port: int, announce: Callable[[str], None]) -> None:
+def serve_forever(state: ServerState, host: str, port: int, announce: Callable[[str], None],
+                  options: HTTPOptions = HTTPOptions()) -> None:
     """Serve until interrupted (the CLI's ``serve``); ``announce`` gets the base URL once listening."""
     sock = bind(host, port)
     h, p = sock.getsockname()[:2]
     shown = f"[{h}]" if ":" in h else h
-    app = build_app(state, on_startup=lambda: announce(f"http://{shown}:{p}/v1"))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    app = build_app(state, on_startup=lambda: announce(f"http://{shown}:{p}/v1"), options=options, bound=host)
+    server = uvicorn.Server(uvicorn_config(app, options))
     try:
         server.run(sockets=[sock])
     finally:

@@ -82,10 +82,20 @@ class Scheduler:
             self._thread.join()
 
     def submit(self, job: Job) -> None:
+        self.check(job)
+        self.enqueue(job)
+
+    def check(self, job: Job) -> None:
+        """What the engine refuses in ``job`` (SettingsError, ConstraintError), its lanes
+        validated with concrete seeds. Any thread: the request threads run it."""
         if len(job.lanes) > self.max_batch:
             raise APIError(400, f"n must be at most {self.max_batch} (the server's --max-batch)", param="n")
         job.lanes = self.engine.check_request(job.prompt, job.lanes)
         job.done = [None] * len(job.lanes)
+
+    def enqueue(self, job: Job) -> None:
+        """Queue a checked job (:meth:`check`); APIError 503 when the queue is full or the
+        server is stopping."""
         with self._cond:
             if self._stopping:
                 raise APIError(503, "the server is shutting down", type="server_error")

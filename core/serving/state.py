@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from core.engine.engine import Engine
@@ -20,16 +21,23 @@ class ServerState:
     by default (DraftModelError when its vocabulary differs from the model's, a
     CheckpointError when it cannot be read). Requests never load models of their own.
     ``compile``: decode through torch.compile (``serve --compile``; :mod:`core.model.decode_step`).
+    ``threads``: the engine's (prefill, decode) torch threads (:func:`core.model.tuning.thread_plan`).
+    ``prep``: the threads that read, parse and tokenize requests and build their sampling
+    settings, off the event loop (:func:`core.serving.app.prepare`).
     """
 
     def __init__(self, loaded, *, model_id: str | None = None, api_key: str | None = None,
                  max_batch: int = 16, max_queue: int = 64, on_done: Callable[[Job], None] | None = None,
-                 lookup: int = 0, draft: str | None = None, compile: bool | str = False):
+                 lookup: int = 0, draft: str | None = None, compile: bool | str = False,
+                 threads: tuple[int, int] | None = None):
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.model_id = model_id or loaded.name
         self.api_key = api_key or None
-        self.engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids, compile=compile)
+        self.engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids, compile=compile,
+                             threads=threads)
+        self.prep = ThreadPoolExecutor(2, thread_name_prefix="llamadesk-prep")
+        self.max_prompt_bytes = self.engine.max_context * longest_token(loaded.tokenizer, loaded.model.args.vocab_size)
         if not isinstance(lookup, int) or not SCHEMA["lookup"].accepts(lookup):
             raise SettingsError(SCHEMA["lookup"].error(lookup, "--lookup"))
         if lookup and draft:
@@ -43,6 +51,11 @@ class ServerState:
             str(info.get(k, "?")) for k in ("dtype", "device")).replace(":", "")
         self.created = int(time.time())
 
+    def close(self) -> None:
+        """Stop the scheduler and the request threads (the app's lifespan ends with this)."""
+        self.scheduler.stop()
+        self.prep.shutdown(wait=False, cancel_futures=True)
+
     def model_card(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llamadesk",
                 "max_model_len": self.engine.max_context,
@@ -50,3 +63,15 @@ class ServerState:
                               "tokenizer": tokenizer_fingerprint(self.tokenizer, self.loaded.model.args.vocab_size),
                               # the defaults of the lookup / draft request fields
                               "speculative": {"lookup": self.lookup, "draft": self.draft or None}}}
+
+
+def longest_token(tokenizer, vocab: int) -> int:
+    """The most bytes one token stands for (at least 4: an unknown character is one token):
+    a text longer than the context times this cannot fit, whatever it tokenizes to."""
+    most = 4
+    for i in range(vocab):
+        try:
+            most = max(most, len(tokenizer.token_bytes(i)))
+        except (KeyError, IndexError, ValueError):  # a padded row past the tokenizer's vocabulary
+            continue
+    return most
