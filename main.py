@@ -58,15 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     def factory(bridge, _argv):
         # start-up time: the window's modules (widgets, torch through the model dialog) load
         # when gui.app asks for the window, after its event loop and worker are up
-        from PySide6.QtCore import QSettings
         from PySide6.QtWidgets import QApplication
 
         from gui import theme
         from gui.main_window import MainWindow
+        from gui.settings.store import default_settings
 
         app = QApplication.instance()
         app.setOrganizationName("LlamaDesk")
-        settings = QSettings("LlamaDesk", "LlamaDesk")
+        settings = default_settings()  # core.paths.config_dir(): follows LLAMADESK_CONFIG_DIR / _DATA_DIR
         mode = args.theme or str(settings.value("ui/theme", "system"))
         theme.apply(app, mode)
         window = MainWindow(bridge=bridge, settings=settings, model=args.model,

@@ -5,8 +5,11 @@ library's state, downloads, the CPU probe's cache): ``$LLAMADESK_DATA_DIR`` when
 portable installs), else the platform's user data folder, the same one Qt's
 ``AppDataLocation`` names for the app "LlamaDesk", so the app, the CLI and ``serve`` share it.
 
-The config folder is where the GUI's ``QSettings(APP_NAME, APP_NAME)`` keeps its file on
-Linux (``LlamaDesk.conf``; Qt's own rule, spelled out so tools and tests find it without Qt).
+The config folder holds the GUI's settings file (``LlamaDesk.conf``: the window's layout, the
+sampling settings and presets, recent models, saved servers): ``$LLAMADESK_CONFIG_DIR`` when set,
+else ``$LLAMADESK_DATA_DIR`` (so one data folder isolates everything the app keeps), else the
+platform's user config folder (on Linux the file Qt's ``QSettings(APP_NAME, APP_NAME)`` uses, so
+settings from before this rule are kept).
 
 The assets folder (icons, the demo model) is read-only: the checkout's ``assets/``, or in an
 installed wheel the copy the build puts in the package (setup.py).
@@ -21,6 +24,8 @@ from core.errors import DataFolderError
 
 APP_NAME = "LlamaDesk"
 DATA_ENV = "LLAMADESK_DATA_DIR"
+CONFIG_ENV = "LLAMADESK_CONFIG_DIR"
+SETTINGS_FILE = f"{APP_NAME}.conf"
 
 
 def assets_dir() -> Path:
@@ -59,10 +64,18 @@ def check_folder(path: Path, what: str = "data folder") -> Path:
 
 
 def config_dir() -> Path:
-    """The app's config folder: on Linux the one holding the GUI's settings file (Qt keeps
-    them in the registry on Windows and in a plist on macOS; there it is the folder
-    for files of the same kind)."""
+    """``$LLAMADESK_CONFIG_DIR``, else ``$LLAMADESK_DATA_DIR``, else the platform user config
+    folder for the app (``~/.config/LlamaDesk`` on Linux, where Qt kept the settings before)."""
+    for var in (CONFIG_ENV, DATA_ENV):
+        env = os.environ.get(var)
+        if env:
+            return Path(env).expanduser()
     return _user_dir(mac=("Library", "Preferences"), xdg="XDG_CONFIG_HOME", xdg_default=(".config",))
+
+
+def settings_path() -> Path:
+    """The GUI's settings file (INI): everything the app keeps besides the data folder's files."""
+    return config_dir() / SETTINGS_FILE
 
 
 def _user_dir(*, mac: tuple[str, ...], xdg: str, xdg_default: tuple[str, ...]) -> Path:

@@ -36,6 +36,7 @@ from gui.dialogs.servers import SavedServers
 from gui.library.window import LibraryRoom
 from gui.model_controller import ModelController, with_path
 from gui.settings.panel import SamplingPanel
+from gui.settings.store import default_settings
 from gui.status_bar import MainStatusBar
 
 APP_NAME = "LlamaDesk"
@@ -66,7 +67,7 @@ class MainWindow(QMainWindow):
         self.setObjectName("mainWindow")
         self.setAccessibleName("mainWindow")
         self.bridge = bridge
-        self.settings = settings if settings is not None else QSettings(APP_NAME, APP_NAME)
+        self.settings = settings if settings is not None else default_settings()
         # A damaged or unwritable store never stops the app: it is moved aside, or the
         # session keeps conversations in memory, and the notice says which (issue 12).
         self.history, self._history_notice = ((history, None) if history is not None

@@ -1,11 +1,32 @@
+import atexit
 import gc
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+def _isolate_user_folders() -> str:
+    """Point everything the app keeps (data, settings: core.paths) and Qt's own config and
+    data locations at a folder of this process's, so the suite never reads or writes the
+    user's ~/.config/LlamaDesk or ~/.local/share/LlamaDesk; child processes (the app, the
+    CLI, `serve`) inherit it. A developer's LLAMADESK_CONFIG_DIR is dropped: the config
+    follows the data folder, as each test that sets LLAMADESK_DATA_DIR expects."""
+    root = tempfile.mkdtemp(prefix="llamadesk-tests-")
+    atexit.register(shutil.rmtree, root, True)
+    os.environ.pop("LLAMADESK_CONFIG_DIR", None)
+    for var, sub in (("LLAMADESK_DATA_DIR", "data"), ("XDG_CONFIG_HOME", "xdg-config"),
+                     ("XDG_DATA_HOME", "xdg-data")):
+        os.environ[var] = os.path.join(root, sub)
+    return root
+
+
+USER_FOLDERS = _isolate_user_folders()
 # 'auto' on CPU runs a kernel probe that may pick bfloat16 on some CPUs; tests compare
 # against float32 references, so they fix it (tests/core/test_tuning.py covers the probe).
 os.environ.setdefault("LLAMADESK_CPU_DTYPE", "float32")

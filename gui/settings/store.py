@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import math
 
-from PySide6.QtCore import QCoreApplication, QObject, QSettings, QTimer
+from PySide6.QtCore import QObject, QSettings, QTimer
 
 from core.engine.settings import SCHEMA
+from core.paths import settings_path
 
 SYNC_DELAY_MS = 400
 # The panel's own keys beside the settings' (whose kinds the schema gives).
@@ -22,10 +23,10 @@ STORED_KINDS = {**{s.name: s.kind for s in SCHEMA.values() if s.numeric and s.na
 
 
 def default_settings() -> QSettings:
-    """The application's QSettings, or LlamaDesk's own when the app has no name (tests)."""
-    app = QCoreApplication.instance()
-    named = app is not None and (app.organizationName() or app.applicationName())
-    return QSettings() if named else QSettings("LlamaDesk", "LlamaDesk")
+    """The app's settings: one INI file in :func:`core.paths.config_dir`, which follows
+    ``LLAMADESK_CONFIG_DIR`` / ``LLAMADESK_DATA_DIR``; never Qt's per-organisation default,
+    which ignores both (a fresh data folder would start with another one's settings)."""
+    return QSettings(str(settings_path()), QSettings.IniFormat)
 
 
 class PanelStore(QObject):
