@@ -35,9 +35,11 @@ from gui.dialogs.server_dialog import ServerDialog
 from gui.dialogs.servers import SavedServers
 from gui.library.window import LibraryRoom
 from gui.model_controller import ModelController, with_path
+from gui.model_drop import ModelDrop
 from gui.settings.panel import SamplingPanel
 from gui.settings.store import default_settings
 from gui.status_bar import MainStatusBar
+from gui.window_state import WindowState
 
 APP_NAME = "LlamaDesk"
 RECORD_PROBS_KEY = "chat/record_probs"
@@ -78,7 +80,7 @@ class MainWindow(QMainWindow):
         self.context_length = 0
 
         self.setWindowIcon(theme.icon("app", theme.colors()["accent"]))
-        self.setAcceptDrops(True)
+        self.drops = ModelDrop(self)  # a model dragged over the window: what a drop does, then loads it
         self.panel = SamplingPanel(settings=self.settings)  # the settings each reply is sent with
         # The conversation and its reply: the controller decides, the window shows.
         self.chats = ConversationController(bridge=bridge, history=self.history, models=self.models,
@@ -96,6 +98,7 @@ class MainWindow(QMainWindow):
         if resume_error:
             self.statusBar().showMessage(resume_error, 8000)
         self.conversation.listChanged.connect(self.sidebar.refresh)
+        self.conversation.listChanged.connect(self._update_title)  # a rename shows at once
         self.conversation.pathChanged.connect(self.refresh_transcript)
         self.conversation.pathChanged.connect(self._status_from_path)
         self.conversation.messageAdded.connect(self.chat.append_message)
@@ -103,7 +106,8 @@ class MainWindow(QMainWindow):
         self.sidebar.refresh()
         self.refresh_transcript()
         self.models.set_model(None)
-        self.resize(1200, 780)
+        self.window_state = WindowState(self, self.settings)
+        self.window_state.restore()  # size, splitter widths and the open chat of the last run
         # The first code block a reply shows loads pygments' lexers (~100-300 ms): do it
         # while the window opens, not in the middle of the first streamed reply.
         QTimer.singleShot(0, lambda: render_markdown("```python\nx = 1\n```"))
@@ -322,28 +326,6 @@ class MainWindow(QMainWindow):
     def fill_recent(self, menu: QMenu) -> None:
         """File → Recent Models, filled each time it opens."""
         actions.fill_recent(menu, self.recent.paths(), self.load_model, self.recent.clear)
-
-    # ------------------------------------------------------------------ drag and drop
-    def _dropped_path(self, event) -> str | None:
-        md = event.mimeData()
-        if not md.hasUrls():
-            return None
-        for url in md.urls():
-            if url.isLocalFile() and model_dialog.looks_like_model(url.toLocalFile()):
-                return url.toLocalFile()
-        return None
-
-    def dragEnterEvent(self, event):
-        if self._dropped_path(event):
-            event.acceptProposedAction()
-        else:
-            event.ignore()
-
-    def dropEvent(self, event):
-        path = self._dropped_path(event)
-        if path:
-            event.acceptProposedAction()
-            self.load_model(path)
 
     # ------------------------------------------------------------------ conversations
     def open_conversation(self, conv_id: int | None) -> None:
@@ -587,6 +569,7 @@ class MainWindow(QMainWindow):
             return view
         view = self.compare_view = compare_window_for(self)
         view.destroyed.connect(lambda *_: setattr(self, "compare_view", None))
+        self.window_state.track_compare(view)
         view.show()
         return view
 

@@ -1,0 +1,103 @@
+"""State that survives a restart (gui/window_state.py), the window title, and model drops
+(gui/model_drop.py): issue 22 items 7, 13 and 18."""
+from __future__ import annotations
+
+from PySide6.QtCore import QMimeData, QPoint, QPointF, QRect, QSize, Qt, QUrl
+from PySide6.QtGui import QDragEnterEvent, QDragLeaveEvent, QDropEvent, QGuiApplication
+from PySide6.QtWidgets import QApplication
+
+from core.history.store import History
+from gui.main_window import MainWindow
+from tests.gui.ui_helpers import bridge, close, data_dir, loop, settings, snapshot, window  # noqa: F401
+
+
+def _window(bridge, settings, data_dir) -> MainWindow:
+    """A window as the app builds one: no resize after it, so what it restored shows."""
+    w = MainWindow(bridge=bridge, history=History(data_dir / "history.sqlite3"), settings=settings,
+                   autoload=False)
+    w.show()
+    return w
+
+
+def test_size_splitter_open_chat_and_compare_geometry_survive_a_restart(qtbot, loop, bridge, settings, data_dir):
+    first = _window(bridge, settings, data_dir)
+    qtbot.addWidget(first)
+    chats = [first.history.create_conversation(t).id for t in ("one", "two", "three")]
+    first.sidebar.refresh()
+    first.open_conversation(chats[1])
+    screen = QGuiApplication.primaryScreen().availableGeometry()  # restoring keeps a window on screen
+    first.setGeometry(QRect(screen.x() + 30, screen.y() + 40, screen.width() * 3 // 4, screen.height() * 3 // 4))
+    first.splitter.setSizes([170, 520, 250])
+    sizes = first.splitter.sizes()
+    compare = first.open_compare()
+    compare.setGeometry(QRect(screen.x() + 50, screen.y() + 20, screen.width() * 2 // 3, screen.height() * 2 // 3))
+    compare_geometry = compare.geometry()
+    compare.close()
+    geometry = first.geometry()
+    close(loop, first)
+
+    second = _window(bridge, settings, data_dir)
+    qtbot.addWidget(second)
+    assert second.geometry() == geometry
+    assert second.splitter.sizes() == sizes
+    assert second.conversation.conv_id == chats[1]
+    assert second.windowTitle().startswith("two")
+    reopened = second.open_compare()
+    assert reopened.size() == compare_geometry.size() != QSize(1280, 760)  # not its default size
+    if screen.contains(compare_geometry):  # one wider than the screen is moved onto it by Qt
+        assert reopened.pos() == compare_geometry.topLeft()
+    reopened.close()
+    close(loop, second)
+
+
+def test_a_deleted_chat_or_junk_state_falls_back_to_the_defaults(qtbot, loop, bridge, settings, data_dir):
+    settings.setValue("window/geometry", "not bytes")
+    settings.setValue("window/splitter", 42)
+    settings.setValue("window/chat", 9999)  # no such chat
+    w = _window(bridge, settings, data_dir)
+    qtbot.addWidget(w)
+    assert (w.width(), w.height()) == (1200, 780)
+    assert w.conversation.conv_id is None
+    close(loop, w)
+
+
+def test_the_title_follows_a_rename_at_once(window):
+    conv = window.history.create_conversation("Before")
+    window.sidebar.refresh()
+    window.open_conversation(conv.id)
+    assert window.windowTitle().startswith("Before")
+    index = window.sidebar.index(0)
+    window.sidebar.list.model().setData(index, "After")  # what an in-place edit (F2) does
+    assert window.windowTitle().startswith("After — LlamaDesk")
+
+
+def _drag(kind, paths, window):
+    md = QMimeData()
+    md.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
+    if kind == "enter":
+        ev = QDragEnterEvent(QPoint(40, 40), Qt.CopyAction, md, Qt.LeftButton, Qt.NoModifier)
+    else:
+        ev = QDropEvent(QPointF(40, 40), Qt.CopyAction, md, Qt.LeftButton, Qt.NoModifier)
+    QApplication.sendEvent(window, ev)
+    return ev
+
+
+def test_dragging_a_model_over_the_window_says_what_a_drop_does(window, fixtures, tmp_path):
+    overlay = window.drops.overlay
+    assert not overlay.isVisible()
+    ev = _drag("enter", [fixtures / "stories260K.gguf"], window)
+    assert ev.isAccepted() and overlay.isVisible()
+    assert overlay.text().startswith("Drop to open “stories260K.gguf”")
+    assert overlay.geometry().width() > window.width() // 2
+    snapshot(window, "drop-highlight")
+    QApplication.sendEvent(window, QDragLeaveEvent())
+    assert not overlay.isVisible()
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello")
+    _drag("enter", [notes], window)
+    assert overlay.isVisible() and overlay.text().startswith("“notes.txt” is not a model")
+    snapshot(window, "drop-not-a-model")
+    drop = _drag("drop", [notes], window)
+    assert not drop.isAccepted() and not overlay.isVisible()
+    assert not window.models.loading
