@@ -33,6 +33,7 @@ from core.checkpoints.gguf_header import NeedMore, header_args, parse_header
 from core.checkpoints.hf import args_from_config
 from core.errors import CheckpointError, HubAuthError, HubError, HubNetworkError, HubNotFoundError, LlamaDeskError, one_line
 from core.library.library import HF_FILES, quant_from_name
+from core.library.reach import check_reachable, quiet_retry_logs
 from core.model.kv_cache import rounded_capacity
 from core.model.quant import PACKED_TYPES
 
@@ -46,6 +47,8 @@ FORMATS = ("gguf", "safetensors")
 EXPAND = ["downloads", "likes", "lastModified", "gated", "private", "tags", "gguf", "config"]
 HEADER_FIRST = 2 << 20  # bytes of a GGUF file read first; doubled until the header is whole
 HEADER_MAX = 256 << 20
+
+quiet_retry_logs()  # huggingface_hub is imported above; its retries log on every attempt
 
 
 @dataclass
@@ -199,6 +202,7 @@ class HubClient:
         # fills up with models of other kinds. Safetensors Llamas carry the 'llama' model-type
         # tag; GGUF repositories often do not, so those are checked by their GGUF architecture.
         found: dict[str, Any] = {}
+        check_reachable(self.endpoint)  # offline: said in seconds, not after half a minute of retries
         for fmt in wanted:
             tags = [fmt, "llama"] if fmt == "safetensors" and llama_only else [fmt]
             with self._errors("search"):
@@ -227,6 +231,7 @@ class HubClient:
     def repo_files(self, repo_id: str) -> list[HubFile]:
         """The files of ``repo_id`` this app can load: each .gguf file (split GGUFs are left
         out: the loader reads single files) and each safetensors folder as one entry."""
+        check_reachable(self.endpoint)
         with self._errors(repo_id):
             info = self.api.model_info(repo_id, files_metadata=True, timeout=30)
         sib = {s.rfilename: s for s in info.siblings or []}

@@ -13,8 +13,8 @@ import asyncio
 
 from PySide6.QtCore import QItemSelectionModel, Qt, Signal
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QFrame, QHBoxLayout, QHeaderView, QInputDialog, QLabel,
-                               QLineEdit, QMenu, QPushButton, QSpinBox, QStackedWidget, QTableView, QToolButton,
-                               QTreeView, QVBoxLayout, QWidget)
+                               QLineEdit, QMenu, QPushButton, QSpinBox, QStackedWidget, QStyle, QTableView,
+                               QToolButton, QTreeView, QVBoxLayout, QWidget)
 
 from gui.library.hub_controller import DEFAULT_CONTEXT, FORMATS, RESULTS_PAGE, SORTS, HubController
 from gui.library.hub_models import FILE_ROLE, REPO_ROLE
@@ -46,11 +46,7 @@ class HubBrowser(QWidget):
         lay = QVBoxLayout(self)
         lay.addLayout(self._build_search_bar())
         lay.addWidget(self._build_token_panel())
-        self.notice = QLabel()
-        self.notice.setObjectName("hubNotice")
-        self.notice.setWordWrap(True)
-        self.notice.hide()
-        lay.addWidget(self.notice)
+        lay.addWidget(self._build_notice())
         self.pages = QStackedWidget()
         self.pages.addWidget(self._build_results())
         self.pages.addWidget(self._build_repo_page())
@@ -118,6 +114,35 @@ class HubBrowser(QWidget):
         al.addLayout(tl)
         self.auth.hide()
         return self.auth
+
+    def _build_notice(self) -> QFrame:
+        """The notice line (errors, no results); offline, with a warning icon and Retry."""
+        self.notice_row = QFrame()
+        self.notice_row.setObjectName("hubNoticeRow")
+        row = QHBoxLayout(self.notice_row)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.notice_icon = QLabel()
+        self.notice_icon.setPixmap(self.style().standardIcon(QStyle.SP_MessageBoxWarning).pixmap(24, 24))
+        self.notice_icon.hide()
+        self.notice = QLabel()
+        self.notice.setObjectName("hubNotice")
+        self.notice.setWordWrap(True)
+        self.notice.hide()
+        self.retry_button = QPushButton("Retry")
+        self.retry_button.setObjectName("hubRetry")
+        self.retry_button.setAccessibleName("Retry the Hub")
+        self.retry_button.clicked.connect(self.retry)
+        self.retry_button.hide()
+        row.addWidget(self.notice_icon, 0, Qt.AlignTop)
+        row.addWidget(self.notice, 1)
+        row.addWidget(self.retry_button, 0, Qt.AlignTop)
+        return self.notice_row
+
+    def _offer_retry(self, on: bool) -> None:
+        self.retry_button.setVisible(on)
+        self.notice_icon.setVisible(on)
+        if on:
+            self.retry_button.setFocus()
 
     def _build_results(self) -> QTableView:
         self.results = QTableView()
@@ -212,6 +237,7 @@ class HubBrowser(QWidget):
         c = self.controller
         c.busyChanged.connect(self._busy)
         c.noticeChanged.connect(lambda text: self._say(self.notice, text))
+        c.retryOffered.connect(self._offer_retry)
         c.authChanged.connect(self._ask_token)
         c.pageChanged.connect(self.pages.setCurrentIndex)
         c.repoChanged.connect(self._show_repo)
@@ -305,6 +331,10 @@ class HubBrowser(QWidget):
         self.search_button.setText("Searching…")
         return self.controller.search(self.query.text().strip(), self.format_box.currentData(),
                                       self.sort_box.currentData())
+
+    def retry(self) -> asyncio.Task | None:
+        """Run again what failed because the Hub could not be reached."""
+        return self.controller.retry_now()
 
     def open_repo(self, repo) -> asyncio.Task | None:
         """Show a repository's page (a RepoSummary or a repo id) and load its files."""

@@ -90,6 +90,7 @@ class HubController(QObject):
     Signals:
         busyChanged(bool): a hub request started or ended.
         noticeChanged(str): the one-line notice for errors and empty results ('' hides it).
+        retryOffered(bool): the Hub could not be reached: offer Retry (False: hide it).
         authChanged(str): the Hub wants a (another) token, in these words ('' hides the token panel).
         pageChanged(int): show RESULTS_PAGE or REPO_PAGE.
         repoChanged(str, str): the repository page's title and details.
@@ -103,6 +104,7 @@ class HubController(QObject):
 
     busyChanged = Signal(bool)
     noticeChanged = Signal(str)
+    retryOffered = Signal(bool)
     authChanged = Signal(str)
     pageChanged = Signal(int)
     repoChanged = Signal(str, str)
@@ -123,6 +125,7 @@ class HubController(QObject):
         self.free_vram: int | None = None
         self.task: asyncio.Task | None = None  # the one hub request (None: none ever ran)
         self.retry = None  # what to run again once a token is given
+        self.network_retry = None  # what Retry runs again after the Hub could not be reached
         self.context_length = DEFAULT_CONTEXT  # tokens of KV cache the estimates count
 
     # -- the one request ---------------------------------------------------------------------
@@ -159,11 +162,22 @@ class HubController(QObject):
             self.authChanged.emit(text)
         else:
             self.noticeChanged.emit(text)
+            if kind == "network" and retry is not None:
+                self.network_retry = retry
+                self.retryOffered.emit(True)
         return kind
+
+    def retry_now(self) -> asyncio.Task | None:
+        """Run again what failed for want of a network (Retry)."""
+        retry, self.network_retry = self.network_retry, None
+        self.retryOffered.emit(False)
+        return retry() if retry is not None else None
 
     def _clear_errors(self) -> None:
         self.noticeChanged.emit("")
         self.authChanged.emit("")
+        self.network_retry = None
+        self.retryOffered.emit(False)
 
     def set_context_length(self, tokens: int) -> None:
         """The context length the next estimates count KV cache for."""

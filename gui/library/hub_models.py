@@ -49,7 +49,11 @@ def explain(err: Exception, *, token_given: bool = False, endpoint: str | None =
     if kind == "not_found":
         return "not_found", f"Not on the Hub: {detail}. It may have been renamed, deleted or made private."
     if kind == "network":
-        return "network", f"Could not reach the Hub at {endpoint or 'huggingface.co'}: check the network connection."
+        # The reason (no name lookup, refused, no answer in 3 s) tells offline from a Hub outage.
+        reason = detail.removesuffix(": check the network connection").rstrip(".")
+        if "cannot reach the" not in reason:
+            reason = f"cannot reach the Hub at {endpoint or 'huggingface.co'}: {reason}"
+        return "network", f"{reason[:1].upper()}{reason[1:]}. Check the network connection, then Retry."
     return kind, detail
 
 

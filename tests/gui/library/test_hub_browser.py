@@ -3,6 +3,8 @@ search with filters, a repository's files grouped by quantization with the memor
 what fits marked and one recommended, a 401 explained and then passed with a token."""
 from __future__ import annotations
 
+import socket
+import time
 import types
 
 import gguf
@@ -101,11 +103,38 @@ def test_no_network_is_said_in_words(lw, hub_server, loop, monkeypatch):
         assert hub.search_button.text() == "Searching…" and not hub.search_button.isEnabled()
         await task
         assert waits, "the client did not retry"
-        assert hub.notice.isVisible() and "Could not reach the Hub" in hub.notice.text()
+        assert hub.notice.isVisible() and "Cannot reach the Hugging Face Hub" in hub.notice.text()
         assert hub.results_model.rowCount() == 0 and hub.search_button.text() == "Search"
         hub_server.offline = False
         await hub.search()
         assert not hub.notice.isVisible() and hub.results_model.rowCount() == 2
+
+    run(loop, scenario())
+
+
+def test_offline_is_said_in_seconds_with_retry(lw, hub_server, qtbot, loop):
+    """No network (here: nothing listens at the Hub's address) is said within 3 s, not after
+    huggingface_hub's ~24 s of retries, with a Retry button that runs the search again."""
+    hub = lw.hub
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    lw.service.set_endpoint(dead)
+
+    async def scenario():
+        hub.query.setText("llamadesk")
+        t = time.monotonic()
+        await hub.search()
+        assert time.monotonic() - t < 3
+        assert hub.notice.isVisible() and "Cannot reach the Hub" in hub.notice.text()
+        assert "refused" in hub.notice.text() and "Retry" in hub.notice.text()
+        assert hub.retry_button.isVisible() and hub.results_model.rowCount() == 0
+        snapshot(lw, "hub_offline")
+        lw.service.set_endpoint(hub_server.url)  # the network is back
+        qtbot.mouseClick(hub.retry_button, Qt.LeftButton)
+        await until(lambda: not hub.busy and hub.results_model.rowCount() == 2, 10, "the search run again")
+        assert not hub.notice.isVisible() and not hub.retry_button.isVisible()
 
     run(loop, scenario())
 

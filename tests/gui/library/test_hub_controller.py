@@ -91,7 +91,7 @@ def test_search_fills_the_results_and_says_when_none(controller, loop):
         assert c.results.repos == [] and "“nothing” in gguf or safetensors format" in c.said["noticeChanged"][-1]
         c.service.hub().offline = True
         await c.search("tiny", ("gguf",), "downloads")
-        assert "Could not reach the Hub" in c.said["noticeChanged"][-1] and c.results.repos == []
+        assert "Cannot reach the Hub" in c.said["noticeChanged"][-1] and c.results.repos == []
 
     run(loop, scenario())
 
