@@ -99,9 +99,8 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(resume_error, 8000)
         self.conversation.listChanged.connect(self.sidebar.refresh)
         self.conversation.listChanged.connect(self._update_title)  # a rename shows at once
-        self.conversation.pathChanged.connect(self.refresh_transcript)
+        self.conversation.pathChanged.connect(self._update_title)
         self.conversation.pathChanged.connect(self._status_from_path)
-        self.conversation.messageAdded.connect(self.chat.append_message)
         self.conversation.currentChanged.connect(self._on_conversation_switched)
         self.sidebar.refresh()
         self.refresh_transcript()
@@ -142,7 +141,8 @@ class MainWindow(QMainWindow):
 
     def _build_middle(self) -> QWidget:
         """The transcript (with the token inspector beside it), the notices and the prompt."""
-        column = ChatColumn()
+        self.column = column = ChatColumn()
+        column.attach(self.chats)  # the transcript and prompt show what the controller says
         self.chat, self.inspector, self.prompt = column.chat, column.inspector, column.prompt
         self.send_notice, self.reply_notice = column.send_notice, column.reply_notice
         if self._history_notice:
@@ -287,6 +287,7 @@ class MainWindow(QMainWindow):
             f"Not available with {where}: {caps.why.get('top_logprobs', 'no top_logprobs')}" if lacks_top
             else actions.RECORD_PROBS_TIP)
         self._actions["use_local"].setEnabled(remote is not None)
+        self._actions["continue"].setEnabled(self.info is not None and remote is None and not self.busy)
         self._sync_record_probs()
         if remote is None:
             self.reply_notice.hide()
@@ -309,7 +310,8 @@ class MainWindow(QMainWindow):
         self.prompt.set_model_ready(ready, None if ready else NO_MODEL_HINT)
         self.chat.set_can_generate(ready)
         for name in ("reload", "unload", "info", "regen", "continue"):
-            self._actions[name].setEnabled(ready and not (name in ("regen", "continue") and self.busy))
+            self._actions[name].setEnabled(ready and not (name in ("regen", "continue") and self.busy)
+                                           and (name != "continue" or self.chats.can_continue))
         if self.backend is not None:
             self._actions["reload"].setEnabled(self.models.local_info is not None)
             self._actions["unload"].setEnabled(self.models.local_info is not None)
@@ -380,7 +382,7 @@ class MainWindow(QMainWindow):
         self.status.stats_label.setText(format_stats(self.conversation.view_message(last)))
 
     def refresh_transcript(self) -> None:
-        self.chat.set_messages(self.chats.transcript())
+        self.column.show_transcript()
         self._update_title()
 
     def _update_title(self) -> None:
@@ -399,18 +401,12 @@ class MainWindow(QMainWindow):
         c, r = self.chats, self.reply
         c.status.connect(self.statusBar().showMessage)
         c.error.connect(self.show_error)
-        c.editRequested.connect(self.prompt.begin_edit)
         c.retryOffered.connect(lambda message, kind: self.reply_notice.show_notice(f"⚠ {message}", kind))
         self.status.undo_notice.actionTriggered.connect(c.undo_delete)
         c.undoOffered.connect(self.status.undo_notice.show_notice)
         c.undoEnded.connect(self.status.undo_notice.hide)
-        self.chat.actionRequested.connect(c.message_action)
-        self.chat.branchRequested.connect(c.branch)
-        r.started.connect(self._on_reply_started)
-        r.streamed.connect(self.chat.append_stream)
         r.contextUsed.connect(self.status.show_context)
         r.rateChanged.connect(self.status.stats_label.setText)
-        r.notice.connect(self.chat.set_notice)
         r.finished.connect(self._on_reply_finished)
         r.failed.connect(self.show_error)
         r.saveFailed.connect(self._on_save_failed)
@@ -442,18 +438,10 @@ class MainWindow(QMainWindow):
             self.reply_notice.hide()
             self.chats.retry()
 
-    def _on_reply_started(self, view: dict) -> None:
-        self.chat.set_notice(None)
-        self.reply_notice.hide()
-        self.chat.begin_stream(view)
-        self.chat.scroll_to_bottom()
-
     def _on_reply_finished(self, view: dict) -> None:
-        if view.get("id") is None:  # nothing came back: the error shows in place of the reply
-            self.chat.end_stream(view)
+        if view.get("id") is None:  # nothing came back: the transcript shows the error in its place
             return
         view = self.chats.finished_view(view)
-        self.chat.end_stream(view)
         self.status.stats_label.setText(format_stats(view))
         s = view["stats"]
         self.status.show_context(int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)), self.context_length)
@@ -465,7 +453,8 @@ class MainWindow(QMainWindow):
     def _set_busy(self, busy: bool) -> None:
         self.prompt.set_busy(busy)
         for name in ("regen", "continue", "send"):
-            self._actions[name].setEnabled(not busy and (name == "send" or self.info is not None))
+            self._actions[name].setEnabled(not busy and (name == "send" or self.info is not None)
+                                           and (name != "continue" or self.chats.can_continue))
         self.busyChanged.emit(busy)
 
     def stop(self) -> None:

@@ -139,6 +139,7 @@ class ChatView(QScrollArea):
         self.scroll_to_bottom()
 
     can_generate = True
+    can_continue = True
 
     def set_can_generate(self, on: bool) -> None:
         """Show Regenerate and Continue only while a model is loaded (they would do nothing)."""
@@ -147,6 +148,13 @@ class ChatView(QScrollArea):
             w.set_can_generate(on)
         if self.inspector is not None:
             self.inspector.set_can_branch(on)
+        self.updateGeometry()
+
+    def set_can_continue(self, on: bool) -> None:
+        """Offer Continue on replies that stopped early (False: replies come from a server)."""
+        self.can_continue = on
+        for w in self.widgets:
+            w.set_can_generate(self.can_generate, on)
         self.updateGeometry()
 
     def _branch(self, msg_id: int, index: int, token_id: int, ban: bool) -> None:
@@ -160,7 +168,7 @@ class ChatView(QScrollArea):
         return w
 
     def _add(self, w: MessageWidget) -> MessageWidget:
-        w.set_can_generate(self.can_generate)
+        w.set_can_generate(self.can_generate, self.can_continue)
         w.action.connect(self._on_action)
         w.codeCopied.connect(self.copied)
         w.tokenViewToggled.connect(lambda mid, on, w=w: self._token_view_toggled(w, on))

@@ -1,5 +1,6 @@
 """The middle of the main window: the transcript (with the token inspector beside it),
-the two notices above the prompt, and the prompt editor."""
+the two notices above the prompt, and the prompt editor, and how they show what the
+conversation controller says (:meth:`ChatColumn.attach`)."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
@@ -12,7 +13,8 @@ from gui.widgets.token_inspector import TokenInspector
 
 
 class ChatColumn(QWidget):
-    """Transcript | inspector, then the notices, then the prompt; it only lays them out.
+    """Transcript | inspector, then the notices, then the prompt: it lays them out and
+    connects them to a :class:`~gui.chat.controller.ConversationController`; it decides nothing.
 
     Attributes:
         chat: the :class:`ChatView` transcript.
@@ -57,3 +59,40 @@ class ChatColumn(QWidget):
         lay.addWidget(self.reply_notice)
         self.prompt = PromptEditor()
         lay.addWidget(self.prompt)
+
+    def attach(self, chats) -> None:
+        """Show what ``chats`` (a ConversationController) says, forward what the user asks."""
+        conv, r = chats.conversation, chats.reply
+        self.chats = chats
+        conv.pathChanged.connect(self.show_transcript)
+        conv.messageAdded.connect(self.chat.append_message)
+        chats.editRequested.connect(self.prompt.begin_edit)
+        chats.handBack.connect(self.hand_back)
+        chats.problemChanged.connect(self.prompt.set_problem)
+        chats.canContinueChanged.connect(self.chat.set_can_continue)
+        self.prompt.editor.textChanged.connect(chats.clear_refusal)
+        self.chat.actionRequested.connect(chats.message_action)
+        self.chat.branchRequested.connect(chats.branch)
+        r.started.connect(self._on_started)
+        r.streamed.connect(self.chat.append_stream)
+        r.notice.connect(self.chat.set_notice)
+        r.finished.connect(lambda view: self.chat.end_stream(chats.finished_view(view)))
+
+    def show_transcript(self) -> None:
+        """The branch on screen, anew."""
+        self.chat.set_messages(self.chats.transcript())
+
+    def hand_back(self, text: str, editing) -> None:
+        """A refused message goes back to the editor (as the edit it was, if one)."""
+        typed = self.prompt.text().strip()  # written since it was sent: kept, after it
+        text = f"{text}\n\n{typed}" if typed else text
+        if editing is not None:
+            self.prompt.begin_edit(editing, text)
+        else:
+            self.prompt.set_text(text)
+
+    def _on_started(self, view: dict) -> None:
+        self.chat.set_notice(None)
+        self.reply_notice.hide()
+        self.chat.begin_stream(view)
+        self.chat.scroll_to_bottom()

@@ -9,8 +9,11 @@ it says and forwards what the user asks; it never decides what a conversation be
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from core.engine.constraint import syntax_error
 from core.history.records import HistoryError, Message
 from core.history.store import History
 
@@ -47,6 +50,13 @@ class ConversationController(QObject):
         undoOffered(str): a message was deleted ("Message deleted"); :meth:`undo_delete`
             brings it back until :attr:`undo_ms` pass.
         undoEnded(): undo is no longer offered.
+        problemChanged(str): why Send cannot be used now ("" when it can): settings that
+            cannot be sent (an output format that does not compile, a draft model that is
+            not there) or the worker's refusal of the last attempt (until the text, the
+            settings or the model change).
+        handBack(str, object): a refused message's text goes back to the editor, and the
+            message it was an edit of (or None).
+        canContinueChanged(bool): whether Continue is offered (a server cannot carry on a reply).
     """
 
     status = Signal(str, int)
@@ -55,6 +65,9 @@ class ConversationController(QObject):
     retryOffered = Signal(str, str)
     undoOffered = Signal(str)
     undoEnded = Signal()
+    problemChanged = Signal(str)
+    handBack = Signal(str, object)
+    canContinueChanged = Signal(bool)
 
     undo_ms = 8000
 
@@ -70,9 +83,15 @@ class ConversationController(QObject):
         self._undo_timer = QTimer(self)
         self._undo_timer.setSingleShot(True)
         self._undo_timer.timeout.connect(self.drop_undo)
+        self._refusal = ""  # the worker's reason for refusing the last attempt
+        self._syntax: tuple = (None, "")  # the last output format checked and its error
+        self.settings = settings
         self.reply.interrupted.connect(self._on_interrupted)
+        self.reply.refused.connect(self._on_refused)
         models.modelChanged.connect(self._on_model)
         models.backendChanged.connect(self._on_backend)
+        if hasattr(settings, "changed"):  # the sampling panel says when a setting changes
+            settings.changed.connect(self.clear_refusal)
 
     @property
     def busy(self) -> bool:
@@ -86,9 +105,47 @@ class ConversationController(QObject):
         if info is not None:
             self.reply.context_length = int(info.get("context_length") or 0)
             self.reply.model_id = info.get("name")
+        self.clear_refusal()
 
     def _on_backend(self, remote) -> None:
         self.reply.backend = remote
+        self.canContinueChanged.emit(self.can_continue)
+        self.clear_refusal()
+
+    @property
+    def can_continue(self) -> bool:
+        """Continue is offered: replies come from the local model (OpenAI's API has no way
+        to ask a server to carry on a reply, so a server's replies are not offered it)."""
+        return self.models.backend is None
+
+    # ---- what can be checked before sending
+    def problem(self) -> str:
+        """Why a message cannot be sent now, checked before anything is stored ("" when it
+        can): settings that do not validate, an output format that does not compile, a
+        draft model that is not there, or the worker's refusal of the same attempt."""
+        try:
+            p = self.settings.params().validate()
+        except Exception as e:  # noqa: BLE001 — any invalid setting is a reason to give
+            return f"Invalid settings: {e}"
+        if p.constraint is not None:
+            if self._syntax[0] != p.constraint:  # compiled once per text, not per keystroke
+                self._syntax = (p.constraint, syntax_error(p.constraint))
+            if self._syntax[1]:
+                return f"Output format: {self._syntax[1]}"
+        if p.draft and self.models.backend is None and not Path(p.draft).expanduser().exists():
+            return f"Draft model not found: {p.draft} (choose another, or turn speculative decoding off)"
+        return self._refusal
+
+    def clear_refusal(self, *_) -> None:
+        """The text, the settings or the model changed: check again from scratch."""
+        self._refusal = ""
+        self.problemChanged.emit(self.problem())
+
+    def _on_refused(self, reason: str, text: str, editing) -> None:
+        if text:
+            self.handBack.emit(text, editing)  # before the reason: the editor's change clears it
+        self._refusal = reason[:1].upper() + reason[1:]
+        self.problemChanged.emit(self.problem())
 
     def _prepare(self) -> bool:
         """Whether a reply can start now; sets how many alternatives it records."""
@@ -99,7 +156,12 @@ class ConversationController(QObject):
 
     # ---- replies
     def send(self, text: str, *, editing: int | None = None) -> bool:
-        """A new turn (or the resend of edited message ``editing`` beside the old one)."""
+        """A new turn (or the resend of edited message ``editing`` beside the old one);
+        refused, with nothing stored, while :meth:`problem` has a reason."""
+        reason = self.problem() if self.can_generate else ""
+        if reason:
+            self.problemChanged.emit(reason)
+            return False
         return self._prepare() and self.reply.send(text, editing=editing)
 
     def regenerate(self, msg_id: int | None = None) -> bool:
@@ -107,10 +169,10 @@ class ConversationController(QObject):
         return self._prepare() and self.reply.regenerate(msg_id)
 
     def continue_reply(self, msg_id: int | None = None) -> bool:
-        """Carry on a reply that stopped on length (default: the last message)."""
-        if self.models.backend is not None:
-            self.status.emit("A server cannot carry on a reply (OpenAI's API has no way to ask): "
-                             "regenerate it, or use the local model to continue it", 8000)
+        """Carry on a reply that stopped on length or Stop (default: the last message); an
+        earlier reply is carried on as a new version of itself."""
+        if not self.can_continue:  # not offered; a shortcut still says why, in a few words
+            self.status.emit("Continue needs the local model", 5000)
             return False
         return self._prepare() and self.reply.continue_reply(msg_id)
 
@@ -118,8 +180,7 @@ class ConversationController(QObject):
         """A new version of reply ``msg_id`` from its token ``index``: with ``token_id`` there
         instead, or (``ban``) with ``token_id`` banned from there on."""
         if self.models.backend is not None:
-            self.status.emit("Branching from a token needs the local model: a server's token ids "
-                             "and cache are its own", 8000)
+            self.status.emit("Branching needs the local model", 5000)
             return False
         return self._prepare() and self.reply.branch(msg_id, index, token_id, ban=ban)
 

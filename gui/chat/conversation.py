@@ -103,7 +103,8 @@ class ConversationModel(QObject):
             version = (sibs.index(m.id) + 1, len(sibs))
         return {"id": m.id, "role": m.role, "text": m.text, "stats": m.stats or {},
                 "stop_reason": m.stop_reason, "seed": m.seed, "version": version,
-                "settings": m.settings or {}, "error": (m.meta or {}).get("error")}
+                "settings": m.settings or {}, "error": (m.meta or {}).get("error"),
+                "incomplete": (m.meta or {}).get("incomplete")}
 
     def request_messages(self, system_prompt: str = "", upto: int | None = None) -> list[dict]:
         """What the model is sent: the system prompt, then the branch up to ``upto`` (inclusive)."""
@@ -147,6 +148,17 @@ class ConversationModel(QObject):
         """Show the branch that ends at ``msg_id`` (a new reply to it will follow)."""
         self.history.set_current_leaf(self.conv_id, msg_id)
         self.pathChanged.emit()
+
+    def restore_leaf(self, conv_id: int | None, leaf: int, expected: int) -> bool:
+        """Show again the branch ending at ``leaf`` in conversation ``conv_id``, if its branch
+        still ends at ``expected`` (where a reply that came to nothing was to go); whether
+        it did. The conversation need not be the one on screen any more."""
+        if conv_id is None or leaf == expected or self.history.conversation(conv_id).current_leaf_id != expected:
+            return False
+        self.history.set_current_leaf(conv_id, leaf)
+        if conv_id == self.conv_id:
+            self.pathChanged.emit()
+        return True
 
     def switch_version(self, msg_id: int, step: int) -> int | None:
         """Show the previous (-1) or next (+1) version of a message; returns the new id."""

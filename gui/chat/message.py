@@ -1,7 +1,8 @@
 """One message of the transcript: header (role, versions, actions), body, stats footer.
 
 Messages are plain dicts (built by :mod:`gui.chat.conversation`):
-``{"id", "role", "text", "stats", "stop_reason", "seed", "version": (i, n), "error"}``,
+``{"id", "role", "text", "stats", "stop_reason", "seed", "version": (i, n), "error",
+"incomplete"}`` (an output format cut short, said in the footer),
 plus ``"settings"`` and, for replies generated with token inspection, ``"tokens"``: the
 token record kept in the message meta (:meth:`gui.widgets.token_run.LaneRun.token_record`,
 optionally with ``"offset"``: leading characters of the text no token covers).
@@ -22,6 +23,10 @@ from gui import theme
 from gui.chat.markdown import MessageBody
 from gui.widgets.token_run import LaneRun, lane_colors, parse_token_index, render_lane_html
 from gui.widgets.stats import format_stats
+
+# How a reply ended when it can be carried on: the token limit, Stop, or a crash mid-reply.
+CONTINUABLE = ("length", "cancelled", "incomplete")
+
 
 class MessageWidget(QFrame):
     """One message: header (role, versions, actions), Markdown body, stats footer.
@@ -146,15 +151,18 @@ class MessageWidget(QFrame):
         return b
 
     can_generate = True  # a model is loaded: Regenerate and Continue can do something
+    can_continue = True  # replies come from the local model (a server cannot carry one on)
 
-    def set_can_generate(self, on: bool) -> None:
+    def set_can_generate(self, on: bool, can_continue: bool | None = None) -> None:
         self.can_generate = on
+        if can_continue is not None:
+            self.can_continue = can_continue
         self._show_buttons()
 
     def _show_buttons(self) -> None:
         for name, b in self.buttons.items():
             b.setVisible(not self.streaming and (self.can_generate or name not in ("regenerate", "continue")))
-        if "continue" in self.buttons and self.message.get("stop_reason") not in ("length", "incomplete"):
+        if "continue" in self.buttons and not (self.can_continue and self.message.get("stop_reason") in CONTINUABLE):
             self.buttons["continue"].setVisible(False)
 
     @property
@@ -183,6 +191,8 @@ class MessageWidget(QFrame):
             self.footer.setText(f"⚠ {message['error']}")
         elif streaming:
             self.footer.setText("generating…")
+        elif message.get("incomplete"):  # an output format cut short: said on the reply
+            self.footer.setText(f"⚠ {message['incomplete']} · {format_stats(message)}")
         else:
             self.footer.setText(format_stats(message))
         self.footer.setVisible(bool(self.footer.text()))

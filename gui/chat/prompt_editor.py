@@ -1,7 +1,8 @@
 """The prompt editor: a multi-line box with Send and Stop.
 
 Ctrl+Enter (or Ctrl+Return) sends, Enter inserts a newline, Esc stops a running reply.
-Sending is disabled, with the reason shown in the hint line, while no model is loaded.
+Sending is disabled, with the reason shown in the hint line, while no model is loaded or
+the settings cannot be sent (:meth:`PromptEditor.set_problem`).
 When editing an earlier user message, a banner says so and Esc cancels the edit.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ class PromptEditor(QWidget):
         self._model_ready = False
         self._busy = False
         self._editing: int | None = None
+        self._problem = ""  # why what is written cannot be sent now ("" when it can)
         self._no_model_hint = "No model loaded — open one with File → Open (Ctrl+O) to start chatting."
 
         lay = QVBoxLayout(self)
@@ -113,20 +115,33 @@ class PromptEditor(QWidget):
     def busy(self) -> bool:
         return self._busy
 
+    def set_problem(self, reason: str) -> None:
+        """Why a message cannot be sent now ("" when it can): Send is disabled and the
+        hint line says why, until the cause is fixed."""
+        self._problem = reason
+        self._refresh()
+
+    @property
+    def problem(self) -> str:
+        return self._problem
+
     def can_send(self) -> bool:
-        return self._model_ready and not self._busy and bool(self.text().strip())
+        return self._model_ready and not self._busy and not self._problem and bool(self.text().strip())
 
     def _refresh(self) -> None:
         self.send_button.setEnabled(self.can_send())
         self.send_button.setVisible(not self._busy)
         self.stop_button.setVisible(self._busy)
         self.stop_button.setEnabled(self._busy)
+        blocked = self._model_ready and not self._busy and bool(self._problem)
         if not self._model_ready:
             self.hint.setText(self._no_model_hint)
         elif self._busy:
             self.hint.setText("Generating… Esc or Stop to stop")
         else:
-            self.hint.setText(HINT)
+            self.hint.setText(f"⚠ {self._problem}" if blocked else HINT)
+        self.hint.setStyleSheet(f"color: {theme.colors()['error']};" if blocked else "")
+        self.send_button.setToolTip(self._problem if blocked else "Send (Ctrl+Enter)")
 
     # ---- text
     def text(self) -> str:

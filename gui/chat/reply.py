@@ -23,6 +23,12 @@ from gui.widgets.token_run import LaneRun
 from gui.chat.conversation import ConversationModel
 
 
+# What a reply held to an output format says when it ended before the format was complete.
+UNFINISHED = {"length": "incomplete: stopped at the token limit", "cancelled": "incomplete: stopped"}
+# A reply's meta keys that describe how its last run ended (a continuation replaces them).
+RUN_END_META = ("error", "cut", "incomplete")
+
+
 @dataclass
 class ReplyState:
     """What one reply has so far. ``continue_of`` is the reply being continued (its text is
@@ -47,6 +53,16 @@ class ReplyState:
     # A new reply is written to the store as it grows (a crash loses at most a moment of it).
     partial: PartialReply | None = field(default=None, repr=False)
     prefix_record: dict | None = field(default=None, repr=False)
+    # A continuation saved as a new version carries on this reply (its stats add up).
+    extends: Message | None = field(default=None, repr=False)
+    conv_id: int | None = None
+    # The branch shown before a regenerate / continue / branch replaced it on screen: a
+    # reply that produced nothing puts it back, so no version is ever hidden (issue 22).
+    restore_leaf: int | None = None
+    # The user message this reply's send stored, and the editor's edit it resent: a turn
+    # refused before any text goes back to the editor and is not kept (issue 22).
+    user: Message | None = field(default=None, repr=False)
+    editing: int | None = None
 
 
 class ReplyController(QObject):
@@ -67,7 +83,13 @@ class ReplyController(QObject):
         rateChanged(str): a short live line (tokens, tokens/s) for the status bar.
         notice(str): something to tell about this reply (turns left out to fit).
         finished(dict): the reply is saved; the dict is the stored message's view.
-        failed(str, str): a title and message for an error dialog.
+        failed(str, str): a title and message for an error dialog (the store could not
+            save a reply, a branch cannot be made); a reply's own failure never opens one.
+        refused(str, str, object): a local reply produced nothing (the worker refused it:
+            a prompt longer than the context, an unusable draft model or output format,
+            or invalid settings): the reason, the refused new message's text handed back
+            to the editor ("" when none was sent) and the message id it was an edit of
+            (or None). Nothing of it is kept and the branch on screen is as it was.
         interrupted(str, str, int): a reply from a server failed (refused, unreachable, timed
             out, 401, 429, cut mid-reply): the message to show inline with a Retry, the
             failure's kind, and the id of the message to answer again (what was streamed is
@@ -87,6 +109,7 @@ class ReplyController(QObject):
     notice = Signal(str)
     finished = Signal(dict)
     failed = Signal(str, str)
+    refused = Signal(str, str, object)
     interrupted = Signal(str, str, int)
     saveFailed = Signal(str)
     textRepaired = Signal(str)
@@ -114,9 +137,13 @@ class ReplyController(QObject):
 
     def send(self, text: str, *, editing: int | None = None) -> bool:
         """A new user turn (or the resend of edited message ``editing``, beside the old
-        one) and its reply. False when nothing was started."""
+        one) and its reply. False when nothing was started (nothing is stored then)."""
         if self.busy or not text.strip():
             return False
+        params = self._params()
+        if params is None:
+            return False
+        before = self.conversation.leaf_id()
         try:
             if editing is not None:
                 user = self.conversation.add_user(text, parent_id=self.conversation.message(editing).parent_id)
@@ -128,7 +155,10 @@ class ReplyController(QObject):
         if (user.meta or {}).get("text_repaired"):
             self.textRepaired.emit("Part of the message was not valid text (broken clipboard data or "
                                    "bytes from a file); it was replaced with \ufffd before sending.")
-        return self._start(parent_id=user.id)
+        started = self._start(parent_id=user.id, params=params, restore_leaf=before)
+        if started:
+            self.state.user, self.state.editing = user, editing
+        return started
 
     def regenerate(self, msg_id: int | None = None) -> bool:
         """A new version of a reply (default: the last message); the old versions stay.
@@ -142,18 +172,46 @@ class ReplyController(QObject):
         parent = target.parent_id if target.role == "assistant" else target.id
         if parent is None:
             return False
-        self.conversation.show_branch_at(parent)
-        return self._start(parent_id=parent)
+        return self._start(parent_id=parent, restore_leaf=self._show_branch_at(parent))
 
     def continue_reply(self, msg_id: int | None = None) -> bool:
-        """Carry on a reply that stopped on length (default: the last message)."""
+        """Carry on a reply that stopped (on length, or Stop); default: the last message.
+
+        The reply at the end of its branch is extended in place. An earlier reply (one
+        with messages below it, which answered its text as it is) is carried on as a new
+        version of itself, streamed where it stands: its old text and the turns below it
+        stay reachable with ‹ ›, and nothing stored is overwritten."""
         if self.busy:
             return False
         path = self.conversation.path()
         target = self.conversation.message(msg_id) if msg_id is not None else (path[-1] if path else None)
         if target is None or target.role != "assistant":
             return False
-        return self._start(parent_id=target.parent_id, continue_of=target)
+        if not self.conversation.history.children(target.id):
+            return self._start(parent_id=target.parent_id, continue_of=target)
+        record = (target.meta or {}).get("tokens")
+        return self._start(parent_id=target.parent_id, restore_leaf=self._show_branch_at(target.parent_id),
+                           branch=(target.text, [], target.text, record if isinstance(record, dict) else None),
+                           extends=target)
+
+    def _show_branch_at(self, parent: int) -> int | None:
+        """Show the branch ending at ``parent`` (a new reply to it follows); returns the
+        leaf shown before, which a reply that produces nothing puts back."""
+        before = self.conversation.leaf_id()
+        self.conversation.show_branch_at(parent)
+        return before
+
+    def _params(self, ban: int | None = None):
+        """The validated settings of the next reply (the seed drawn now, so even a reply cut
+        short by quitting records it), or None after saying why they cannot be used."""
+        try:
+            params = self.settings.params().validate().resolved()
+            if ban is not None:
+                params = replace(params, logit_bias={**params.logit_bias, ban: float("-inf")}).validate()
+        except Exception as e:  # noqa: BLE001 — any invalid setting: said inline, nothing sent
+            self.refused.emit(f"invalid sampling settings: {e}", "", None)
+            return None
+        return params
 
     def branch(self, msg_id: int, index: int, token_id: int, *, ban: bool = False) -> bool:
         """A new version of reply ``msg_id`` that keeps its first ``index`` tokens and then
@@ -192,22 +250,21 @@ class ReplyController(QObject):
             kept["prompt_ids"] = server[0]
             if server[1]:
                 kept["stop_token"] = server[1][0]
-        self.conversation.show_branch_at(target.parent_id)
+        before = self._show_branch_at(target.parent_id)
         return self._start(parent_id=target.parent_id, branch=(target.text[:off], ids[:index], prefix, kept),
+                           restore_leaf=before,
                            forced=[] if ban else [int(token_id)], ban=int(token_id) if ban else None,
                            inspect=max(self.inspect, int(rec.get("inspect") or 0)) or 5, server=server)
 
     def _start(self, *, parent_id: int, continue_of: Message | None = None, branch: tuple | None = None,
                forced: list[int] = (), ban: int | None = None, inspect: int | None = None,
-               server: tuple[list[int], list[int]] = ([], [])) -> bool:
+               server: tuple[list[int], list[int]] = ([], []), params=None, restore_leaf: int | None = None,
+               extends: Message | None = None) -> bool:
         inspect = self.inspect if inspect is None else inspect
-        try:
-            # The seed is drawn here, so even a reply cut short by quitting records it.
-            params = self.settings.params().validate().resolved()
-            if ban is not None:
-                params = replace(params, logit_bias={**params.logit_bias, ban: float("-inf")}).validate()
-        except Exception as e:
-            self.failed.emit("Invalid sampling settings", str(e))
+        params = params if params is not None else self._params(ban)
+        if params is None:
+            if restore_leaf is not None:
+                self.conversation.restore_leaf(self.conversation.conv_id, restore_leaf, parent_id)
             return False
         lead, reply_prefix, prefix_text, prefix_record = branch or ("", [], "", None)
         request = GenerateRequest(
@@ -227,7 +284,8 @@ class ReplyController(QObject):
         if partial is not None and prefix_text:
             partial.append(prefix_text)
         self.state = ReplyState(parent_id, params.to_dict(), inspect, continue_of, view["text"],
-                                run=LaneRun() if inspect else None, partial=partial, prefix_record=prefix_record)
+                                run=LaneRun() if inspect else None, partial=partial, prefix_record=prefix_record,
+                                extends=extends, conv_id=self.conversation.conv_id, restore_leaf=restore_leaf)
         if self.backend is not None:
             self.state.server = public_url(self.backend.url)
         self._stream = (self.bridge.generate(request) if self.backend is None
@@ -309,11 +367,9 @@ class ReplyController(QObject):
         if self.state is st:
             self.state = None
         self.busyChanged.emit(False)
-        if not text and st.error and st.continue_of is None and (st.partial is None or st.partial.msg_id is None):
-            # Nothing came back: no empty reply in the store, just the error.
-            if not quiet:
-                self.finished.emit({"id": None, "role": "assistant", "text": "", "error": st.error})
-                self._report(st)
+        if not text and st.error and st.continue_of is None:
+            # Nothing came back: no empty reply (nor a copy of a continued one) is kept.
+            self._nothing_came_back(st, quiet)
             return
         try:
             m = self._store(st, text, params=params, stats=stats, stop_reason=stop_reason, meta=meta)
@@ -329,6 +385,41 @@ class ReplyController(QObject):
         self.finished.emit(view)
         if st.error:
             self._report(st)
+
+    def _nothing_came_back(self, st: ReplyState, quiet: bool) -> None:
+        """A reply failed before any text of its own: the store and the screen go back to
+        how they were (the branch shown before, the versions that exist), and the failure
+        is said once. A server's failure offers Retry (``interrupted``); a local one is a
+        refusal: a new message goes back to the editor unsaved (``refused``)."""
+        conv = self.conversation
+        try:
+            if st.partial is not None and st.partial.msg_id is not None:  # only a branch's copied prefix
+                conv.history.delete_message(st.partial.msg_id)
+            handed = self._take_back(st) if not st.error_kind else ""
+            restored = st.restore_leaf is not None and conv.restore_leaf(st.conv_id, st.restore_leaf, st.parent_id)
+        except HistoryError as e:
+            handed, restored = "", False
+            st.error = f"{st.error} ({e})"
+        if quiet:
+            return
+        if not st.error_kind:
+            self.refused.emit(st.error, handed, st.editing if handed else None)
+            return
+        if not restored:  # a new turn to a server: the error stands in place of the reply
+            self.finished.emit({"id": None, "role": "assistant", "text": "", "error": st.error})
+        self.interrupted.emit(st.error, st.error_kind, st.parent_id)
+
+    def _take_back(self, st: ReplyState) -> str:
+        """Remove the user message a refused send stored (and the chat it started);
+        returns its text for the editor ("" when there is none to take back)."""
+        conv, user = self.conversation, st.user
+        if user is None or conv.history.children(user.id):
+            return ""
+        if user.parent_id is None and len(conv.history.siblings(user.id)) == 1:
+            conv.delete_conversation(user.conversation_id)  # the chat this message started
+        else:
+            conv.delete_message(user.id)
+        return user.text
 
     @staticmethod
     def _meta(st: ReplyState) -> dict:
@@ -347,6 +438,9 @@ class ReplyController(QObject):
                 meta["cut"] = True  # the text is what arrived before the connection broke
         if st.error:
             meta["error"] = st.error
+        if done is not None and done.params.constraint is not None and done.stop_reason in UNFINISHED:
+            # The output format holds only for a whole reply: a cut one does not match it yet.
+            meta["incomplete"] = UNFINISHED[done.stop_reason]
         record = token_record(st)
         if record is not None:
             if done is not None and getattr(done, "prompt_ids", None):
@@ -364,15 +458,20 @@ class ReplyController(QObject):
         """Write the reply: onto the reply it continues, as the growing partial reply's end,
         or as a new message."""
         seed = params.get("seed")
-        if st.continue_of is not None:
-            old = st.continue_of
-            merged = dict(old.stats or {})
+        carried = st.continue_of or st.extends
+        if carried is not None:  # one reply in two runs: its counts add up
+            merged = dict(carried.stats or {})
             merged["generated_tokens"] = int(merged.get("generated_tokens", 0)) + int(stats.get("generated_tokens", 0))
             for k in ("ttft_s", "decode_tok_s", "prompt_tokens", "cached_tokens"):
                 if k in stats:
                     merged[k] = stats[k]
-            return self.conversation.update_reply(old.id, text=st.prefix + text, stats=merged, stop_reason=stop_reason,
-                                                  settings=params, seed=seed, meta={**(old.meta or {}), **meta})
+            stats = merged
+        if st.continue_of is not None:
+            old = st.continue_of
+            # What the earlier run's end said (cut, failed, incomplete) no longer holds.
+            kept = {k: v for k, v in (old.meta or {}).items() if k not in RUN_END_META}
+            return self.conversation.update_reply(old.id, text=st.prefix + text, stats=stats, stop_reason=stop_reason,
+                                                  settings=params, seed=seed, meta={**kept, **meta})
         if st.partial is not None:  # a new reply (a branch's starts with its prefix)
             m = st.partial.finish(st.prefix + text, settings=params, seed=seed, stats=stats,
                                   stop_reason=stop_reason, meta=meta)
@@ -382,10 +481,9 @@ class ReplyController(QObject):
                                            stats=stats, stop_reason=stop_reason, meta=meta)
 
     def _report(self, st: ReplyState) -> None:
+        # A local failure after some text is said on the reply itself (its footer), once.
         if st.error_kind:  # a server's failure: inline, with Retry
             self.interrupted.emit(st.error, st.error_kind, st.parent_id)
-        else:
-            self.failed.emit("Generation failed", st.error)
 
 
 def token_record(st: ReplyState) -> dict | None:

@@ -100,8 +100,9 @@ def test_a_server_cannot_continue_or_branch_and_says_why(loop, history):
     models.set_backend(SimpleNamespace(url="http://127.0.0.1:9/v1"))
     assert c.reply.backend is models.backend
     assert not c.continue_reply(reply.id) and not c.branch(reply.id, 0, 5)
-    assert [s[0] for s in seen] == ["status", "status"] and "server cannot carry on" in seen[0][1]
-    assert "needs the local model" in seen[1][1] and len(bridge.requests) == 1
+    assert [s[0] for s in seen] == ["status", "status"] and not c.can_continue
+    assert seen[0][1] == "Continue needs the local model" and "needs the local model" in seen[1][1]
+    assert len(bridge.requests) == 1
 
 
 def test_message_actions_wait_for_the_reply_on_screen(loop, history):

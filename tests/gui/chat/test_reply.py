@@ -115,14 +115,18 @@ def test_stop_saves_what_streamed(qapp, loop, conv):
 
 
 def test_an_error_before_any_text_saves_nothing(qapp, loop, conv):
+    """A refused turn is not stored (not even the message, nor the chat it started): its
+    text goes back to the editor and the reason is said once, with no dialog."""
     r, _, seen = controller(conv, fails)
+    refused = []
+    r.refused.connect(lambda *a: refused.append(a))
 
     async def go():
         r.send("Hi")
-        await until(lambda: seen["failed"], 5, "the error")
+        await until(lambda: refused, 5, "the refusal")
     run(loop, go())
-    assert seen["failed"] == [("Generation failed", "no model is loaded: open a model first")]
-    assert [m.role for m in conv.path()] == ["user"] and seen["busy"] == [True, False]
+    assert refused == [("no model is loaded: open a model first", "Hi", None)] and seen["failed"] == []
+    assert conv.conv_id is None and conv.conversations() == [] and seen["busy"] == [True, False]
 
 
 def test_regenerate_continue_and_edit_resend(qapp, loop, conv):
