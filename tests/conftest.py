@@ -36,6 +36,9 @@ os.environ.setdefault("LLAMADESK_CPU_DTYPE", "float32")
 # says so to what runs the CLI's main in-process and to child processes (`serve`, the CLI),
 # which would otherwise take every core each while `python3 -m tests` runs a worker per core.
 os.environ.setdefault("LLAMADESK_THREADS", "1")
+# The packed-layer cache writes beside the data folder at every GGUF open; tests that test
+# it turn it on in their own temporary data folder.
+os.environ.setdefault("LLAMADESK_PACK_CACHE", "0")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)

@@ -27,6 +27,8 @@ from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expec
                                      model_info, quant_kind, resolve_device, resolve_dtype)
 from core.checkpoints.gguf_header import ROPE_FREQS, args_from_gguf
 from core.checkpoints.gguf_reader import DAMAGED, Metadata, open_reader
+from core.checkpoints import pack_cache
+from core.checkpoints.pack_cache import PackCache
 from core.checkpoints.gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
 from core.errors import CheckpointError, TokenizerError, one_line
 from core.model import quant
@@ -164,11 +166,17 @@ def tensor_loader(t, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
     return load
 
 
-def packed_loader(t, device: torch.device) -> Callable[[], torch.nn.Module]:
-    """A loader that repacks one quantized GGUF linear weight into a :mod:`core.model.quant` layer."""
+def packed_loader(t, device: torch.device, name: str = "",
+                  cache: PackCache | None = None) -> Callable[[], torch.nn.Module]:
+    """A loader that repacks one quantized GGUF linear weight into a :mod:`core.model.quant`
+    layer, or maps it from the file's packed cache (Meta ``name`` is the cache's key)."""
     n, k = (int(d) for d in reversed(t.shape.tolist()))
 
     def load() -> torch.nn.Module:
+        if cache is not None:
+            layer = cache.get(name, t.tensor_type.name, (n, k))
+            if layer is not None:
+                return layer
         arr = np.asarray(t.data)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable arrays
@@ -178,6 +186,8 @@ def packed_loader(t, device: torch.device) -> Callable[[], torch.nn.Module]:
         except ValueError as e:
             raise CheckpointError(f"{t.tensor_type.name} tensor cannot be read: {e}") from None
         release_mapped_pages(arr.ctypes.data, arr.nbytes)
+        if cache is not None:
+            cache.put(name, t.tensor_type.name, (n, k), layer)
         return layer
 
     return load
@@ -306,7 +316,8 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     types = sorted({t.tensor_type.name for t in reader.tensors})
     # An explicit float dtype asks for float weights: dequantize as before.
     keep_packed = dtype in (None, "auto") or quant_kind(dtype) is not None
-    items, paths, held = _tensor_plan(by_name, args, dev, dt, keep_packed, source)
+    cache = pack_cache.for_load(path, dev, keep_packed)
+    items, paths, held = _tensor_plan(by_name, args, dev, dt, keep_packed, source, cache)
     unsupported = _unsupported_types(reader)
     if unsupported:
         raise CheckpointError(f"tensor type {unsupported[1]} cannot be dequantized", file=source,
@@ -314,6 +325,8 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     limits.check_model(args, dt, dev, source=source, held=held)
     model = build_model(args, items, device=dev, dtype=dt, source=source, progress=progress,
                         display={m: gguf_name(m) for m in expected_shapes(args)}, quantize=quant_kind(dtype))
+    if cache is not None:
+        cache.commit()
     fmt = chat_format_for(tok, template=template)
     stop = set(tok.stop_ids) | fmt.stop_ids()
     info = model_info("gguf", path, args, model, tok, fmt, tensor_types=types,
@@ -325,7 +338,7 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
 
 
 def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt: torch.dtype, keep_packed: bool,
-                 source: str) -> tuple[list, dict[str, set[str]], int]:
+                 source: str, cache: PackCache | None = None) -> tuple[list, dict[str, set[str]], int]:
     """(Meta name -> loader pairs for build_model, how each tensor type is held, the bytes
     they will take) by :func:`holding`'s rule."""
     items, paths, held = [], {}, 0
@@ -343,11 +356,11 @@ def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt
             load = embedding_loader(t, dev, dt)
             if args.tie_word_embeddings:  # the output layer: the same blocks, packed
                 held += nbytes - int(t.n_bytes)
-                output = _named_errors(packed_loader(t, dev), name, source)
+                output = _named_errors(packed_loader(t, dev, "output.weight", cache), name, source)
                 output.packs_tied_output = True  # build_model takes it instead of tying
                 items.append(("output.weight", output))
         elif how.startswith("int4"):  # int4-packed, int4x2-packed, int4x2-requantized
-            load = packed_loader(t, dev)
+            load = packed_loader(t, dev, meta, cache)
             held += nbytes
         else:
             held += nbytes

@@ -29,16 +29,16 @@ def _pb_varint(n: int) -> bytes:
             return bytes(out)
 
 
+# Short lengths and small ints, encoded once: a 128k vocabulary writes ~400k of them.
+_SMALL = [_pb_varint(i) for i in range(1 << 14)]
+
+
 def _pb_int(field: int, value: int) -> bytes:
     return _pb_varint(field << 3) + _pb_varint(value)
 
 
 def _pb_bytes(field: int, value: bytes) -> bytes:
     return _pb_varint(field << 3 | 2) + _pb_varint(len(value)) + value
-
-
-def _pb_float(field: int, value: float) -> bytes:
-    return _pb_varint(field << 3 | 5) + struct.pack("<f", value)
 
 
 # llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user defined, 5 unused, 6 byte —
@@ -65,12 +65,7 @@ def sentencepiece_from_vocab(
             f"vocabulary arrays disagree: {n} tokens, {len(scores)} scores, {len(token_types)} types"
         )
     types, unk_id = _sentencepiece_types(tokens, token_types, bos_id, eos_id, unk_id)
-    parts = []
-    for piece, score, t in zip(tokens, scores, types):
-        body = _pb_bytes(1, piece.encode("utf-8")) + _pb_float(2, float(score))
-        if t != _SP_NORMAL:
-            body += _pb_int(3, t)
-        parts.append(_pb_bytes(1, body))
+    parts = _pieces(tokens, scores, types)
 
     def piece_of(i: int | None, default: str) -> bytes:
         return (tokens[i] if i is not None else default).encode("utf-8")
@@ -101,6 +96,24 @@ def sentencepiece_from_vocab(
     parts.append(_pb_bytes(2, trainer))
     parts.append(_pb_bytes(3, normalizer))
     return SentencePieceTokenizer(b"".join(parts))
+
+
+def _pieces(tokens: list[str], scores: list[float], types: list[int]) -> list[bytes]:
+    """The ModelProto ``pieces`` entries (field 1: piece, score, type unless normal), written
+    with precomputed tags and lengths: the general helpers took ~1 s on a 32k vocabulary."""
+    packed = struct.pack(f"<{len(scores)}f", *map(float, scores))
+    piece_tag, score_tag, type_tag, entry_tag = _SMALL[1 << 3 | 2], _SMALL[2 << 3 | 5], _SMALL[3 << 3], _SMALL[1 << 3 | 2]
+    small = _SMALL
+    out = []
+    for i, (piece, t) in enumerate(zip(tokens, types)):
+        raw = piece.encode("utf-8")
+        n = len(raw)
+        body = piece_tag + (small[n] if n < 16384 else _pb_varint(n)) + raw + score_tag + packed[4 * i:4 * i + 4]
+        if t != _SP_NORMAL:
+            body += type_tag + small[t]
+        m = len(body)
+        out.append(entry_tag + (small[m] if m < 16384 else _pb_varint(m)) + body)
+    return out
 
 
 def _sentencepiece_types(tokens: list[str], token_types: list[int], bos_id: int | None, eos_id: int | None,
