@@ -1,4 +1,4 @@
-"""Command line: ``python -m core generate|compare|serve|tokenize|info|convert|pull|models``.
+"""Command line: ``python -m core generate|compare|serve|tokenize|info|convert|pull|models|cache``.
 
 This module builds the parser and dispatches; each command family lives in its own module
 (generate, compare, serve, info, convert, library), the options several share in
@@ -26,7 +26,8 @@ from core.tokenizer.base import valid_text
 COMMANDS = {"generate": ("core.cli.generate", "cmd_generate"), "compare": ("core.cli.compare", "cmd_compare"),
             "serve": ("core.cli.serve", "cmd_serve"), "tokenize": ("core.cli.info", "cmd_tokenize"),
             "info": ("core.cli.info", "cmd_info"), "pull": ("core.cli.library", "cmd_pull"),
-            "models": ("core.cli.library", "cmd_models"), "convert": ("core.cli.convert", "cmd_convert")}
+            "models": ("core.cli.library", "cmd_models"), "convert": ("core.cli.convert", "cmd_convert"),
+            "cache": ("core.cli.cache", "cmd_cache")}
 
 
 class UsageError(LlamaDeskError):
@@ -153,6 +154,10 @@ def _library_parsers(sub) -> None:
     p.add_argument("--dest", default=None, metavar="FOLDER", help="where to put it (default: the library's models folder)")
     p.add_argument("--context", type=int, default=4096, help="context length the recommendation plans for (default 4096)")
     p.add_argument("--json", action="store_true", help="print one JSON object when done")
+
+    c = sub.add_parser("cache", help="list (or --clear) the packed-layer caches that make a GGUF's next open fast")
+    c.add_argument("--clear", action="store_true", help="remove every packed cache")
+    c.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
 
     m = sub.add_parser("models", help="list the models in the library (models folder and extra folders)")
     m.add_argument("--folder", action="append", default=[], metavar="FOLDER",

@@ -1,11 +1,13 @@
 """The packed-layer cache: a second open maps what the first packed, and only a complete,
 matching cache is ever used."""
+import json
 import os
 
 import pytest
 import torch
 
 from core.checkpoints import load, pack_cache
+from core.cli.main import main
 from core.model import quant
 from tests.core.checkpoints.util import random_model, write_gguf
 
@@ -102,3 +104,14 @@ def test_caches_are_listed_and_removed(q4k):
     (c,) = pack_cache.list_caches()
     pack_cache.remove(c.path)
     assert pack_cache.list_caches() == [] and not list(c.path.parent.iterdir())
+
+
+def test_the_cli_lists_and_clears_caches(q4k, capsys):
+
+    load(q4k, device="cpu")
+    assert main(["cache", "--json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert entry["source"] == str(q4k.resolve()) and entry["bytes"] > 0
+    assert main(["cache"]) == 0 and str(q4k.resolve()) in capsys.readouterr().out
+    assert main(["cache", "--clear"]) == 0
+    assert "removed 1" in capsys.readouterr().err and pack_cache.list_caches() == []
