@@ -27,8 +27,7 @@ from core.checkpoints.common import (LoadedModel, ProgressFn, build_model, expec
                                      model_info, quant_kind, resolve_device, resolve_dtype)
 from core.checkpoints.gguf_header import ROPE_FREQS, args_from_gguf
 from core.checkpoints.gguf_reader import DAMAGED, Metadata, open_reader
-from core.checkpoints import pack_cache
-from core.checkpoints.pack_cache import PackCache
+from core.checkpoints.pack_cache import PackCache, for_load as pack_cache_for_load
 from core.checkpoints.gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
 from core.errors import CheckpointError, TokenizerError, one_line
 from core.model import quant
@@ -316,7 +315,7 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     types = sorted({t.tensor_type.name for t in reader.tensors})
     # An explicit float dtype asks for float weights: dequantize as before.
     keep_packed = dtype in (None, "auto") or quant_kind(dtype) is not None
-    cache = pack_cache.for_load(path, dev, keep_packed)
+    cache = pack_cache_for_load(path, dev, keep_packed)
     items, paths, held = _tensor_plan(by_name, args, dev, dt, keep_packed, source, cache)
     unsupported = _unsupported_types(reader)
     if unsupported:
