@@ -235,3 +235,4 @@ class LanesArea(QScrollArea):
             self.lanes.takeAt(0)
         for col in columns:
             self.lanes.addWidget(col, 1)
+            col.show()  # a lane put back (Undo) was hidden when it was taken out

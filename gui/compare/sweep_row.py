@@ -8,9 +8,9 @@ draft model's file); the view parses the values against lane 1's settings
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QLineEdit, QPushButton
+from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QLineEdit, QMessageBox, QPushButton
 
-from core.engine.lanes import SWEEP_KEYS, draft_name
+from core.engine.lanes import MAX_LANES, SWEEP_KEYS, draft_name
 from core.engine.settings import SCHEMA
 
 from gui import theme
@@ -59,9 +59,11 @@ class SweepRow(QFrame):
 
     Signals:
         applyRequested(): "Make lanes" was pressed, or Return in the values.
+        undoRequested(): "Undo" was pressed (shown after a sweep, see :meth:`offer_undo`).
     """
 
     applyRequested = Signal()
+    undoRequested = Signal()
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -82,8 +84,12 @@ class SweepRow(QFrame):
         self.values.setToolTip(sweep_tip("temperature"))
         self.values.returnPressed.connect(self.applyRequested.emit)
         self.apply_button = _button("Make lanes", "sweepApplyButton",
-                                    "Replace the lanes: one per value, the rest copied from lane 1")
+                                    "One lane per value, the rest copied from lane 1 (asks before "
+                                    "replacing lanes that have results, branches or your edits)")
         self.apply_button.clicked.connect(self.applyRequested.emit)
+        self.undo_button = _button("Undo", "sweepUndoButton", "Put back the lanes as they were before the sweep")
+        self.undo_button.clicked.connect(self.undoRequested.emit)
+        self.undo_button.hide()
         self.browse_button = _button("…", "sweepBrowseButton",
                                      "Add a draft model's file (or a model folder's) to the values")
         self.browse_button.setMaximumWidth(self.browse_button.fontMetrics().horizontalAdvance("…") + 24)
@@ -97,6 +103,7 @@ class SweepRow(QFrame):
         row.addWidget(self.values, 1)
         row.addWidget(self.browse_button)
         row.addWidget(self.apply_button)
+        row.addWidget(self.undo_button)
         row.addWidget(self.error)
         guard_wheel(self)
 
@@ -108,6 +115,29 @@ class SweepRow(QFrame):
         """Off while the lanes run."""
         self.apply_button.setEnabled(on)
         self.browse_button.setEnabled(on)
+        self.undo_button.setEnabled(on)
+
+    def offer_undo(self, on: bool) -> None:
+        self.undo_button.setVisible(on)
+
+    def ask(self, at_stake: str, n_new: int, room: int) -> str:
+        """Replace the lanes, add the sweep's ``n_new`` beside them (when ``room`` allows) or
+        cancel: "replace", "add" or "cancel" (a modal box; tests replace this method)."""
+        box = QMessageBox(QMessageBox.Question, "Make lanes",
+                          f"The sweep makes {n_new} lanes. Replace {at_stake}, or add the new ones beside them?",
+                          parent=self)
+        fit = (f"only {room} more fit beside them" if room else "no more fit beside them") + f" ({MAX_LANES} at most)"
+        box.setInformativeText("Undo puts the lanes back either way." if n_new <= room else
+                               f"{fit[:1].upper()}{fit[1:]}: replace them, or sweep fewer values. Undo puts "
+                               "the lanes back.")
+        replace = box.addButton("Replace", QMessageBox.DestructiveRole)
+        add = box.addButton("Add Beside", QMessageBox.AcceptRole)
+        add.setEnabled(n_new <= room)
+        box.addButton(QMessageBox.Cancel)
+        box.setDefaultButton(add if n_new <= room else replace)
+        box.exec()
+        clicked = box.clickedButton()
+        return "replace" if clicked == replace else "add" if clicked == add else "cancel"
 
     def _param_chosen(self, *_) -> None:
         key = self.key()

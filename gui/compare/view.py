@@ -24,7 +24,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QFileDialog, QLabel, QSplitter, QVBoxLayout, QWidget
 
-from core.engine.lanes import LANE_KEYS, MAX_LANES, parse_sweep, settings_label, sweep_lanes
+from core.engine.lanes import LANE_KEYS, MAX_LANES, settings_label
 from core.engine.settings import SamplingParams
 from core.errors import LlamaDeskError
 from core.worker.protocol import CompareRequest
@@ -38,7 +38,8 @@ from gui.compare.lanes import ban_text
 from gui.compare.models import LaneModel, ModelShelf, loaded_model_from, tokenizers_match
 from gui.compare.runner import (ComparisonRunner, LaneJob, base_request, branch_refusal, branch_spec, refusals,
                                running_line)
-from gui.compare.sweep_row import SweepRow, describe_sweep
+from gui.compare.sweep_row import SweepRow
+from gui.compare.sweeper import LaneSet, LaneSweep
 from gui.widgets.token_run import lane_colors
 
 DEFAULT_INSPECT = 5
@@ -125,7 +126,7 @@ class CompareView(QWidget):
             "fill_saved": self.fill_saved_menu, "export": self.export})
         root.addWidget(self.bar)
         self.sweep_row = SweepRow()
-        self.sweep_row.applyRequested.connect(self.apply_sweep)
+        self.sweeper = LaneSweep(self, self.sweep_row)  # Make lanes (asks what to keep) and Undo
         self.sweep_row.setVisible(False)
         root.addWidget(self.sweep_row)
         root.addWidget(self._lanes_and_inspector(token_text), 1)
@@ -214,17 +215,31 @@ class CompareView(QWidget):
         every lane keeps the first lane's model."""
         if self.running:
             return
-        for col in self.columns:
-            col.setParent(None)
-            col.deleteLater()
         keep = self.columns[0].model if self.columns else self.models[0]
-        self.columns = []
-        self.baseline = 0
-        self.selected = None
-        self.inspector.clear()
+        for col in self.take_lanes().columns:
+            col.deleteLater()
         for i, s in enumerate(settings[:MAX_LANES]):
             self.add_lane(s, model=models[i] if models and i < len(models) else keep)
         self._relayout()
+
+    def take_lanes(self, keep_shown: bool = False) -> LaneSet:
+        """Every lane, whole (columns with their results, branches and models): taken out of
+        the window, or only named (``keep_shown``), to show again with :meth:`put_lanes`."""
+        taken = LaneSet(list(self.columns), self.baseline, self.saved_id, self.last_prompt)
+        if not keep_shown:
+            for col in self.columns:
+                col.setParent(None)
+            self.columns, self.baseline, self.selected = [], 0, None
+            self.inspector.clear()
+        return taken
+
+    def put_lanes(self, lanes: LaneSet) -> LaneSet:
+        """Show ``lanes`` (from :meth:`take_lanes`) in place of the lanes shown; returns those."""
+        shown = self.take_lanes()
+        self.columns, self.baseline = list(lanes.columns), lanes.baseline
+        self.saved_id, self.last_prompt = lanes.saved_id, lanes.last_prompt
+        self._relayout()
+        return shown
 
     def lane_settings(self) -> list[dict]:
         """Every lane's settings as shown (seeds None where "random")."""
@@ -285,24 +300,9 @@ class CompareView(QWidget):
         if on:
             self.sweep_row.values.setFocus()
 
-    def apply_sweep(self, param: str | None = None, values: str | None = None) -> bool:
-        """Replace the lanes with one per value of ``param`` (default: the sweep row's)."""
-        if self.running:
-            return False
-        param = param or self.sweep_row.key()
-        try:
-            vals = parse_sweep(self.sweep_row.values.text() if values is None else values, param)
-            base = self.lane_settings()[0] if self.columns else SamplingParams().to_dict()
-            if param == "seed" and self.bar.seed_lock.isChecked():
-                self.bar.seed_lock.setChecked(False)  # a seed sweep needs different seeds
-            lanes = sweep_lanes(base, param, vals)
-        except LlamaDeskError as e:
-            self.sweep_row.error.setText(str(e))
-            return False
-        self.sweep_row.error.setText("")
-        self.set_lanes(lanes)
-        self.status.setText(describe_sweep(param, vals))
-        return True
+    def apply_sweep(self, param: str | None = None, values: str | None = None, mode: str | None = None) -> bool:
+        """One lane per value of ``param`` (default: the sweep row's); see :class:`LaneSweep`."""
+        return self.sweeper.apply(param, values, mode)
 
     # ------------------------------------------------------------------ models
     def model_of(self, lane: int) -> LaneModel:
@@ -374,6 +374,7 @@ class CompareView(QWidget):
                 self.columns[targets[k]].show_notice(notice)
             self.status.setText(refused)
             return None
+        self.sweeper.forget()  # Undo would now drop these results
         self._running = {job: self.columns[i] for job, i in zip(jobs, targets)}
         for job, col in self._running.items():
             col.run = job.run

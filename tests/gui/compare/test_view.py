@@ -53,7 +53,10 @@ def test_lanes_names_sweep_and_seed_lock(qtbot, loop, history):
     qtbot.mouseClick(v.bar.sweep_button, Qt.LeftButton)
     assert not v.sweep_row.isHidden()
     v.sweep_row.values.setText("0.2:1.4:0.4")
+    asked = []
+    v.sweep_row.ask = lambda *a: asked.append(a) or "replace"  # the 8 lanes made by hand are at stake
     qtbot.mouseClick(v.sweep_row.apply_button, Qt.LeftButton)
+    assert asked == [("the 8 lanes here", 4, 0)]
     assert [c.settings()["temperature"] for c in v.columns] == [0.2, 0.6, 1.0, 1.4]
     assert all(c.settings()["top_p"] == 0.8 and c.settings()["seed"] == 5 for c in v.columns)
     assert not v.apply_sweep("top_p", "0.5, 1.5") and "between" in v.sweep_row.error.text()
