@@ -37,6 +37,7 @@ from gui.library.window import LibraryRoom
 from gui.model_controller import ModelController, with_path
 from gui.model_drop import ModelDrop
 from gui.settings.panel import SamplingPanel
+from gui.send_wait import SendWhenLoaded
 from gui.settings.store import default_settings
 from gui.status_bar import MainStatusBar
 from gui.window_state import WindowState
@@ -92,6 +93,7 @@ class MainWindow(QMainWindow):
         self._sync_record_probs()
         self._wire_reply()
         self._wire_models()
+        self.send_wait = SendWhenLoaded(self)  # Ctrl+Enter during a load: the message waits for it
         self.library = LibraryRoom(self, settings=self.settings, models=self.models)
         self.library.openRequested.connect(self.load_model)
         resume_error = self.library.resume_downloads()  # downloads a previous run left go on
@@ -221,6 +223,7 @@ class MainWindow(QMainWindow):
         m.failed.connect(self.show_error)
         m.message.connect(self.statusBar().showMessage)
         self.bridge.loadProgress.connect(self.status.load_progress.update_progress)
+        self.reply.started.connect(lambda _view: self.status.begin_reply(m.compiling()))
 
     # What the model controller holds, read where the window and its tests look for it.
     info = property(lambda self: self.models.info, doc="the model replies come from (local or remote)")
@@ -406,7 +409,7 @@ class MainWindow(QMainWindow):
         c.undoOffered.connect(self.status.undo_notice.show_notice)
         c.undoEnded.connect(self.status.undo_notice.hide)
         r.contextUsed.connect(self.status.show_context)
-        r.rateChanged.connect(self.status.stats_label.setText)
+        r.rateChanged.connect(self.status.show_rate)
         r.finished.connect(self._on_reply_finished)
         r.failed.connect(self.show_error)
         r.saveFailed.connect(self._on_save_failed)

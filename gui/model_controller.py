@@ -45,7 +45,8 @@ class ModelController(QObject):
 
     Signals:
         switching(): the model is about to change (a load, a server): a running reply stops.
-        loadStarted(str): loading began; the model's name.
+        loadStarted(str): loading began; the model's name (and, for a reload because a
+            load setting changed, which one: "tiny.gguf (device cpu)").
         loadEnded(): loading ended (loaded, failed or cancelled).
         loaded(dict): a model asked for by :meth:`load` is ready (its info).
         modelChanged(object): the model replies come from changed: its info, or None.
@@ -79,6 +80,7 @@ class ModelController(QObject):
         self._tasks: set[asyncio.Task] = set()
         self._load_task: asyncio.Task | None = None
         self._loading_path: str | None = None
+        self._load_seq = 0  # which load is the current one (a newer one replaces it)
         bridge.modelLoaded.connect(self._on_local_loaded)
         bridge.modelUnloaded.connect(self._on_local_unloaded)
 
@@ -98,38 +100,64 @@ class ModelController(QObject):
         return None
 
     # ---- the local model
-    def load(self, path: str) -> asyncio.Task:
-        """Start loading a model (stopping a running reply, cancelling another load)."""
+    @property
+    def loading_path(self) -> str | None:
+        """The model being loaded now, if any."""
+        return self._loading_path
+
+    def compiling(self) -> bool:
+        """Whether the next local reply waits for the compiler first (Compile Decoding: the
+        first decode step after a load compiles, minutes on a CPU)."""
+        return (self.backend is None and self.info is not None
+                and str(self.info.get("decode", "")).startswith("compiles"))
+
+    def load(self, path: str, *, why: str = "") -> asyncio.Task:
+        """Start loading a model (stopping a running reply, cancelling another load);
+        ``why``: what the progress notice says beside the name (a reload's reason).
+
+        ``loadStarted`` is said before this returns, so the prompt stops offering to send
+        to the model being replaced at once, not when the load's task first runs."""
         self.switching.emit()
         if self._load_task is not None and not self._load_task.done():
             self._load_task.cancel()
         self._loading_path = str(path)
-        self._load_task = self._spawn(self._load(str(path)))
+        self._load_seq += 1
+        name = Path(path).name or str(path)
+        self.loadStarted.emit(f"{name} ({why})" if why else name)
+        self._load_task = self._spawn(self._load(str(path), self._load_seq))
         return self._load_task
 
-    async def _load(self, path: str) -> None:
-        self.loadStarted.emit(Path(path).name or path)
+    async def _load(self, path: str, seq: int) -> None:
+        # A load replaced by a newer one ends quietly: the newer one owns the state and notices.
+        current = lambda: seq == self._load_seq  # noqa: E731
         try:
             info = await self.bridge.load(path, device=self.device, dtype=self.dtype, compile=self.compile)
         except asyncio.CancelledError:
-            self._loading_path = None
-            self.set_model(self.current_info())
-            self.message.emit("Loading cancelled", 4000)
+            if current():
+                self._end_load()
+                self.message.emit("Loading cancelled", 4000)
             raise
         except Exception as e:  # BridgeError and anything unexpected: the app stays usable
-            self._loading_path = None
-            self.set_model(self.current_info())
-            if getattr(e, "cancelled", False):
-                self.message.emit("Loading cancelled", 4000)
-            else:
-                self.failed.emit("Could not load the model", with_path(path, str(e)))
+            if current():
+                self._end_load()
+                if getattr(e, "cancelled", False):
+                    self.message.emit("Loading cancelled", 4000)
+                else:
+                    self.failed.emit("Could not load the model", with_path(path, str(e)))
             return
-        finally:
-            self.loadEnded.emit()
-            self._loading_path = None
+        if not current():
+            return
+        self._end_load(restore=False)
         self.recent.add(path)
         self.set_model(info)
         self.loaded.emit(info)
+
+    def _end_load(self, restore: bool = True) -> None:
+        """Loading is over; ``restore``: it failed, replies come from whatever is loaded now."""
+        self._loading_path = None
+        if restore:
+            self.set_model(self.current_info())
+        self.loadEnded.emit()
 
     def cancel_load(self) -> None:
         if self._load_task is not None and not self._load_task.done():
@@ -149,20 +177,27 @@ class ModelController(QObject):
             self._load_task.cancel()
 
     def set_device(self, device: str) -> None:
-        self.device = device
-        self.settings.setValue(DEVICE_KEY, device)
-        self.message.emit(f"Device {device}: used for the next load (Model → Reload Model)", 4000)
+        self._apply("device", device, DEVICE_KEY, f"Device {device}")
 
     def set_dtype(self, dtype: str) -> None:
-        self.dtype = dtype
-        self.settings.setValue(DTYPE_KEY, dtype)
-        self.message.emit(f"Data type {dtype}: used for the next load (Model → Reload Model)", 4000)
+        self._apply("dtype", dtype, DTYPE_KEY, f"Data type {dtype}")
 
     def set_compile(self, on: bool) -> None:
-        self.compile = bool(on)
-        self.settings.setValue(COMPILE_KEY, "true" if on else "false")
-        self.message.emit(f"Compiled decoding {'on' if on else 'off'}: used for the next load "
-                          "(Model → Reload Model)", 4000)
+        self._apply("compile", bool(on), COMPILE_KEY, f"Compiled decoding {'on' if on else 'off'}")
+
+    def _apply(self, attr: str, value, key: str, what: str) -> None:
+        """A load setting changed: kept for the next start, and applied now by reloading the
+        local model (the status bar shows the load's progress and why). With no local model,
+        or while replies come from a server (a reload would switch them back), it waits for
+        the next load, and the status bar says so."""
+        changed = getattr(self, attr) != value
+        setattr(self, attr, value)
+        self.settings.setValue(key, ("true" if value else "false") if isinstance(value, bool) else value)
+        path = self._loading_path or (self.local_info or {}).get("path")
+        if changed and path and self.backend is None:
+            self.load(path, why=what[0].lower() + what[1:])
+        else:
+            self.message.emit(f"{what}: used for the next load (Model → Reload Model)", 4000)
 
     def current_info(self) -> dict | None:
         if self.backend is not None:

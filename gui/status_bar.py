@@ -11,6 +11,8 @@ from PySide6.QtWidgets import QLabel, QProgressBar, QSizePolicy, QStatusBar
 from gui.dialogs.model_dialog import LoadProgress, info_rows, info_summary
 from gui.widgets.notice_bar import NoticeBar
 
+COMPILING = "compiling (first reply only)…"
+
 
 class ElidedLabel(QLabel):
     """A one-line status text that ends in "…" when the bar is narrower than it, so status bar
@@ -81,7 +83,23 @@ class MainStatusBar(QStatusBar):
         self.stats_label.setAccessibleName("statsLabel")
         self.addPermanentWidget(self.stats_label)
         self.context_used = 0
+        self._compiling, self._rates = False, 0  # the reply's compiling note; live updates so far
         self.show_context(0, 0)
+
+    def begin_reply(self, compiling: bool) -> None:
+        """A reply starts; ``compiling``: its first decode step compiles first (Compile
+        Decoding's first reply: minutes on a CPU), which the stats line says until it is over."""
+        self._compiling, self._rates = compiling, 0
+        self.stats_label.setText(COMPILING if compiling else "")
+
+    def show_rate(self, text: str) -> None:
+        """The live reply line (tokens, speed). The first update is the prompt's token, which
+        comes before the compiled step: the compiling note stays until a later one."""
+        self._rates += 1
+        if self._rates > 1:
+            self._compiling = False
+        note = COMPILING if self._compiling else ""
+        self.stats_label.setText(" · ".join(t for t in (note, text) if t))
 
     def show_context(self, used: int, total: int) -> None:
         """The context bar: ``used`` of ``total`` tokens (total 0: no model)."""

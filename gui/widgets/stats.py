@@ -42,6 +42,9 @@ def format_stats(m: dict) -> str:
         parts.append(f"{rate:.1f} tok/s")
     if s.get("decode"):  # which compiled path decoded it (only when compiling was asked for)
         parts.append(decode_label(s["decode"]))
+    if s.get("warmup_s"):  # compiling (or recording a graph) before decoding: not in TTFT or speed
+        w = s["warmup_s"]
+        parts.append(f"compile warm-up {w:.1f} s" if w >= 0.1 else f"compile warm-up {w * 1000:.0f} ms")
     if s.get("cached_tokens") and s.get("prompt_tokens"):  # the prompt's start came from the KV cache
         parts.append(f"{s['cached_tokens']}/{s['prompt_tokens']} prompt tokens cached")
     if m.get("stop_reason"):

@@ -721,24 +721,28 @@ def test_a_reply_with_prompt_lookup_shows_its_drafting_in_the_stats(qtbot, windo
 
 def test_compiled_decoding_menu_reaches_the_engine_and_the_status_bar_says_what_ran(
         qtbot, window, loop, gguf, settings, monkeypatch):
-    """Model → Compile Decoding is kept in the settings and used by the next load; the
-    status bar says the decode path (here torch.compile fails, as on a machine without a
-    compiler: the reply falls back to eager, is the same text, and the bar says so)."""
+    """Model → Compile Decoding is kept in the settings and reloads the model at once; the
+    first reply says it waits for the compiler, its stats the warm-up, and the status bar
+    the decode path (here torch.compile fails, as on a machine without a compiler: the
+    reply falls back to eager, is the same text, and the bar says so)."""
 
     def no_compiler(fn, **kw):
         def compiled(*a, **k):
             raise RuntimeError("no C++ compiler here")
         return compiled
 
+    at_start = []
+    window.reply.started.connect(lambda _view: at_start.append(window.status.stats_label.text()))
+
     async def scenario():
         await load(window, gguf)
         window.panel.from_dict({"temperature": 0.0})
         plain = await send(qtbot, window, "Once upon a time", max_tokens=16)
         assert "decode" not in plain["stats"] and "eager" not in window.status.model_status.text()
-        window.findChild(QAction, "compileDecode").trigger()
-        assert window.compile and settings.value("models/compile") == "true"
         monkeypatch.setattr(torch, "compile", no_compiler)
-        await window.load_model(gguf)
+        window.findChild(QAction, "compileDecode").trigger()  # reloads the model with it
+        assert window.compile and settings.value("models/compile") == "true" and window.models.loading
+        await until(lambda: not window.models.loading and window.info is not None, 30, "the reload")
         assert window.info["decode"] == "compiles at the first decode step (inductor)"
         assert "compiling…" in window.status.model_status.text()
         window.new_chat()
@@ -746,6 +750,8 @@ def test_compiled_decoding_menu_reaches_the_engine_and_the_status_bar_says_what_
         return plain, compiled
 
     plain, compiled = run(loop, scenario(), 90)
+    assert at_start == ["", "compiling (first reply only)…"]
+    assert compiled["stats"]["warmup_s"] > 0 and "compile warm-up" in window.status.stats_label.text()
     assert compiled["text"] == plain["text"]
     assert compiled["stats"]["decode"].startswith("eager: compiling failed (RuntimeError: no C++ compiler")
     assert "eager (compile failed)" in window.status.stats_label.text()

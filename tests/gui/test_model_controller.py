@@ -115,6 +115,39 @@ def test_device_dtype_and_compile_are_kept_for_the_next_load(tmp_path, loop):
     assert bridge.calls == [("/m/a.gguf", "cpu", "int4", True)]
 
 
+def test_device_dtype_and_compile_reload_the_loaded_model_at_once(loop, settings):
+    bridge = FakeBridge()
+    ctl = ModelController(bridge=bridge, settings=settings, device="cpu", dtype="float32")
+    run(loop, ctl.load("/m/a.gguf"))
+    seen = record(ctl)
+    ctl.set_device("cuda")
+    assert ctl.loading
+    run(loop, until(lambda: not ctl.loading, 5, "the reload"))
+    assert ("loadStarted", "a.gguf (device cuda)") in seen  # the progress notice says why
+    ctl.set_dtype("int8")
+    run(loop, until(lambda: not ctl.loading, 5, "the reload"))
+    ctl.set_compile(True)
+    run(loop, until(lambda: not ctl.loading, 5, "the reload"))
+    assert bridge.calls[1:] == [("/m/a.gguf", "cuda", "float32", False), ("/m/a.gguf", "cuda", "int8", False),
+                                ("/m/a.gguf", "cuda", "int8", True)]
+    ctl.set_dtype("int8")  # the same choice again: nothing to apply
+    assert not ctl.loading and len(bridge.calls) == 4
+    ctl.use_remote(remote())  # replies from a server: a reload would take them back, so it waits
+    seen.clear()
+    ctl.set_device("cpu")
+    assert not ctl.loading and len(bridge.calls) == 4
+    assert ("message", "Device cpu: used for the next load (Model → Reload Model)", 4000) in seen
+
+
+def test_a_change_during_a_load_restarts_it_with_the_new_choice(loop, settings):
+    bridge = FakeBridge()
+    ctl = ModelController(bridge=bridge, settings=settings, device="cpu", dtype="float32")
+    ctl.load("/m/big.gguf")
+    ctl.set_dtype("bfloat16")
+    run(loop, until(lambda: not ctl.loading and ctl.info is not None, 5, "the load"))
+    assert bridge.calls[-1] == ("/m/big.gguf", "cpu", "bfloat16", False) and ctl.info["name"] == "big.gguf"
+
+
 def test_replies_move_to_a_server_and_back(loop, settings):
     bridge = FakeBridge()
     ctl = ModelController(bridge=bridge, settings=settings)

@@ -2,13 +2,15 @@
 (gui/model_drop.py): issue 22 items 7, 13 and 18."""
 from __future__ import annotations
 
+import asyncio
+
 from PySide6.QtCore import QMimeData, QPoint, QPointF, QRect, QSize, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDragLeaveEvent, QDropEvent, QGuiApplication
 from PySide6.QtWidgets import QApplication
 
 from core.history.store import History
 from gui.main_window import MainWindow
-from tests.gui.ui_helpers import bridge, close, data_dir, loop, settings, snapshot, window  # noqa: F401
+from tests.gui.ui_helpers import bridge, close, data_dir, load, loop, run, settings, snapshot, until, window  # noqa: F401
 
 
 def _window(bridge, settings, data_dir) -> MainWindow:
@@ -101,3 +103,75 @@ def test_dragging_a_model_over_the_window_says_what_a_drop_does(window, fixtures
     drop = _drag("drop", [notes], window)
     assert not drop.isAccepted() and not overlay.isVisible()
     assert not window.models.loading
+
+
+def test_a_device_change_reloads_with_a_notice_and_ctrl_enter_waits_for_it(qtbot, window, loop, fixtures):
+    """Item 9: the loaded model reloads on the new device with a progress notice that says why.
+    Item 18: Ctrl+Enter during that reload is not ignored: the message waits, then goes."""
+    gguf = str(fixtures / "stories260K.gguf")
+    seen = {}
+
+    def at_load_start(name):  # the window has shown its notice by now (connected before this)
+        seen["status"] = window.status.model_status.text()
+        seen["progress"] = window.status.load_progress.isVisible()
+        snapshot(window, "reload-notice")
+
+    async def scenario():
+        await load(window, gguf)
+        window.panel.maxTokensSpin.setValue(4)
+        window.models.loadStarted.connect(at_load_start)
+        done = []
+        window.replyFinished.connect(done.append)
+        window.models.set_device("cpu")  # Model → Device → cpu (was auto)
+        assert window.models.loading
+        qtbot.keyClicks(window.prompt.editor, "Once upon a time")
+        qtbot.keyClick(window.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
+        assert window.send_wait.waiting and "sent when it is ready" in window.prompt.hint.text()
+        assert window.prompt.text() == "Once upon a time"  # still there, not lost
+        snapshot(window, "reload-message-waits")
+        await until(lambda: done, 30, "the waiting message's reply")
+        return done[0]
+
+    reply = run(loop, scenario(), 60)
+    assert seen["status"] == "Loading stories260K.gguf (device cpu)…" and seen["progress"]
+    assert window.device == "cpu" and window.info["name"] == "stories260K"
+    assert not window.send_wait.waiting and window.prompt.text() == ""
+    path = window.history.current_path(window.conversation.conv_id)
+    assert [m.role for m in path] == ["user", "assistant"] and path[0].text == "Once upon a time"
+    assert reply["id"] == path[1].id
+
+
+def test_a_message_waiting_for_a_load_that_fails_stays_and_is_said_not_sent(qtbot, window, loop, tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+
+    async def scenario():
+        task = window.load_model(str(bad))
+        qtbot.keyClicks(window.prompt.editor, "hello")
+        qtbot.keyClick(window.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
+        assert window.send_wait.waiting
+        await asyncio.gather(task, return_exceptions=True)
+        await until(lambda: not window.send_wait.waiting, 5, "the wait to end")
+
+    run(loop, scenario(), 30)
+    assert window.prompt.text() == "hello" and window.conversation.conv_id is None
+    assert "not sent" in window.statusBar().currentMessage()
+
+
+def test_the_compiling_note_stays_until_a_token_after_the_compiled_step(qtbot):
+    from gui.status_bar import MainStatusBar
+    from gui.widgets.stats import format_stats
+    bar = MainStatusBar()
+    qtbot.addWidget(bar)
+    bar.begin_reply(True)
+    assert bar.stats_label.text() == "compiling (first reply only)…"
+    bar.show_rate("1 tokens · 40.0 tok/s")  # the prompt's token: the compiled step has not run yet
+    assert bar.stats_label.text() == "compiling (first reply only)… · 1 tokens · 40.0 tok/s"
+    bar.show_rate("9 tokens · 3.1 tok/s")
+    assert bar.stats_label.text() == "9 tokens · 3.1 tok/s"
+    bar.begin_reply(False)
+    bar.show_rate("1 tokens · 40.0 tok/s")
+    assert bar.stats_label.text() == "1 tokens · 40.0 tok/s"
+    line = format_stats({"stats": {"generated_tokens": 9, "ttft_s": 0.027, "decode": "compiled (inductor)",
+                                   "warmup_s": 118.4}})
+    assert line == "9 tokens · TTFT 27 ms · compiled · compile warm-up 118.4 s"
