@@ -11,6 +11,7 @@ reports through its signals.
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -71,6 +72,19 @@ def refusals(jobs: list[LaneJob]) -> tuple[dict[int, str], str]:
     return notices, "Settings: " + " · ".join(
         f"lane {', '.join(str(jobs[k].number) for k in ks)} {what} on a server"
         for ks, what in ((bias, "sets a logit bias"), (spec, "drafts (speculative)")) if ks)
+
+
+def seed_changes(runs: list, *, again: bool, new_seeds: bool, locked: bool) -> list[dict]:
+    """What each lane's settings become before a run (``runs``: each lane's LaneRun or None):
+    the shown results' exact settings (``again``, when every lane has results), then fresh
+    seeds (``new_seeds``; one shared when ``locked``)."""
+    exact = again and all(r is not None and r.params for r in runs)
+    changes = [dict(r.params) if exact else {} for r in runs]
+    if new_seeds:
+        shared = random.randrange(2**31)
+        for change in changes:
+            change["seed"] = shared if locked else random.randrange(2**31)
+    return changes
 
 
 def branch_refusal(run: LaneRun | None, index: int, token_id: int, lanes: int, model: LaneModel) -> str:

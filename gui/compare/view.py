@@ -37,7 +37,7 @@ from gui.compare.model_picker import LaneModelPicker
 from gui.compare.lanes import ban_text
 from gui.compare.models import LaneModel, ModelShelf, loaded_model_from, tokenizers_match
 from gui.compare.runner import (ComparisonRunner, LaneJob, base_request, branch_refusal, branch_spec, refusals,
-                               running_line)
+                               running_line, seed_changes)
 from gui.compare.sweep_row import SweepRow
 from gui.compare.sweeper import LaneSet, LaneSweep
 from gui.widgets.token_run import lane_colors
@@ -339,16 +339,6 @@ class CompareView(QWidget):
             self.set_lane_model(self.columns.index(col), model)
 
     # ------------------------------------------------------------------ running
-    def _set_seeds(self, again: bool, new_seeds: bool) -> None:
-        """Before a run: the shown results' exact settings (``again``), or fresh seeds."""
-        if again and all(c.run is not None and c.run.params for c in self.columns):
-            for col in self.columns:
-                col.set_settings(col.run.params)
-        if new_seeds:
-            shared = random.randrange(2**31)
-            for col in self.columns:
-                col.set_settings({"seed": shared if self.bar.seed_lock.isChecked() else random.randrange(2**31)})
-
     def run(self, *, again: bool = False, new_seeds: bool = False,
             only: list[LaneColumn] | None = None) -> asyncio.Task | None:
         """Start the comparison; ``again`` re-runs the shown results' exact settings,
@@ -356,7 +346,10 @@ class CompareView(QWidget):
         keep their results). Returns the task (None if not started)."""
         if self.running:
             return None
-        self._set_seeds(again, new_seeds)
+        for col, change in zip(self.columns, seed_changes([c.run for c in self.columns], again=again,
+                                                          new_seeds=new_seeds, locked=self.bar.seed_lock.isChecked())):
+            if change:
+                col.set_settings(change)
         prompt = self.prompt_row.prompt(self.chat_format)
         if not prompt["text"].strip() and not prompt.get("messages"):
             self.status.setText("Write a prompt first.")

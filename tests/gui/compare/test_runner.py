@@ -13,6 +13,7 @@ from core.worker.protocol import CompareRequest, Error, Prompted
 from gui.bridge import BridgeError, Chunk
 from gui.widgets.token_run import LaneRun
 from gui.compare.models import LaneModel, ModelShelf
+from gui.compare.runner import seed_changes
 from gui.compare.runner import (BIAS_ON_SERVER, DRAFT_HINT, RETRY_HINT, SPECULATIVE_ON_SERVER, ComparisonRunner,
                                 LaneJob, base_request, branch_refusal, branch_spec, missing_drafts, plan, refusals,
                                 retry_order, running_line)
@@ -282,3 +283,17 @@ def test_a_server_lane_streams_from_its_server_and_stop_cancels_every_request():
     assert asyncio.run(go()) == []  # a cancelled request is not a failure
     assert bridge.backends == [None, srv.remote]
     assert runner.stop_asked and all(s.cancelled for s in bridge.streams)
+
+
+def test_seed_changes_before_a_run(monkeypatch):
+    """Re-run takes the shown results' exact settings (only when every lane has some); new
+    seeds are one shared draw under the seed lock, one per lane without it."""
+    draws = iter(range(100, 200))
+    monkeypatch.setattr("gui.compare.runner.random.randrange", lambda n: next(draws))
+    shown = [SimpleNamespace(params={"seed": 7, "temperature": 0.5}),
+             SimpleNamespace(params={"seed": 9, "temperature": 1.0})]
+    assert seed_changes(shown, again=True, new_seeds=False, locked=False) == [p.params for p in shown]
+    assert seed_changes([shown[0], None], again=True, new_seeds=False, locked=False) == [{}, {}]
+    assert seed_changes(shown, again=False, new_seeds=True, locked=True) == [{"seed": 100}, {"seed": 100}]
+    assert seed_changes(shown, again=True, new_seeds=True, locked=False) == [
+        {"seed": 102, "temperature": 0.5}, {"seed": 103, "temperature": 1.0}]
