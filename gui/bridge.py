@@ -40,8 +40,8 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from core.engine.events import Done, Prefilled, Token
 from core.remote.runner import RemoteRunner
-from core.worker.protocol import (CompareRequest, Error, GenerateRequest, Held, LoadProgress, Loaded, Prompted,
-                                  Unloaded)
+from core.worker.protocol import (CompareRequest, Counted, Error, GenerateRequest, Held, LoadProgress, Loaded,
+                                  Prompted, Unloaded)
 from core.worker.worker import Worker
 from core.engine.events import Reply
 
@@ -242,6 +242,13 @@ class Bridge(QObject):
         fut = asyncio.get_running_loop().create_future()
         return await self._await(self._worker.hold(path, device=device, dtype=dtype), fut)
 
+    async def count(self, request: GenerateRequest) -> int:
+        """Tokens the prompt of ``request`` takes with the loaded model (its tokenizer and
+        chat format, oldest turns left out as a reply would); nothing is generated.
+        Raises BridgeError (no model; cancelled by a load)."""
+        fut = asyncio.get_running_loop().create_future()
+        return await self._await(self._worker.count(request), fut)
+
     def release(self, key: str) -> None:
         """Drop a checkpoint held with :meth:`hold`."""
         self._worker.release(key)
@@ -389,6 +396,9 @@ class Bridge(QObject):
             return
         if isinstance(ev, Held):
             self._resolve(rid, dict(ev.info))
+            return
+        if isinstance(ev, Counted):
+            self._resolve(rid, ev.tokens)
             return
         if isinstance(ev, Loaded):
             self._info = dict(ev.info)

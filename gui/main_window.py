@@ -21,6 +21,7 @@ from core.history import export as chat_export
 from core.history.records import HistoryError
 from core.history.store import History
 from core.remote.runner import public_url
+from core.worker.protocol import GenerateRequest
 
 from gui import actions, theme
 from gui.chat.column import ChatColumn
@@ -369,8 +370,9 @@ class MainWindow(QMainWindow):
         self._update_title()
 
     def _status_from_path(self) -> None:
-        """The status bar for what is on screen: the shown reply version's stats, and its
-        context use only when counted by the loaded model's tokenizer; nothing without a model."""
+        """The status bar for what is on screen: the shown reply version's stats, and the
+        context used as the loaded model counts it (the reply's own count when it came from
+        this model, else the worker counts the chat); nothing without a model."""
         if self.busy:  # a streaming reply owns the status bar
             return
         last = self.chats.last_reply()
@@ -382,7 +384,20 @@ class MainWindow(QMainWindow):
         counted_here = last.model_id == self.info.get("name")
         used = int(s.get("prompt_tokens", 0)) + int(s.get("generated_tokens", 0)) if counted_here else 0
         self.status.show_context(used, self.context_length)
+        if not counted_here:
+            self._recount()
         self.status.stats_label.setText(format_stats(self.conversation.view_message(last)))
+
+    def _recount(self) -> None:
+        """The last reply came from another model: the loaded one counts this chat itself."""
+        conv = self.conversation.conv_id
+        try:
+            request = GenerateRequest(messages=self.conversation.request_messages(self.panel.system_prompt()),
+                                      params=self.panel.params(), chat_format=self.panel.chat_format())
+        except Exception:  # settings that cannot be sent: the count waits for the next reply
+            return
+        self.models.count(request, lambda n: self.status.show_context(n, self.context_length)
+                          if conv == self.conversation.conv_id and not self.busy else None)
 
     def refresh_transcript(self) -> None:
         self.column.show_transcript()

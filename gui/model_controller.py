@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Callable
 
 from PySide6.QtCore import QObject, QSettings, Signal
 
@@ -167,6 +168,24 @@ class ModelController(QObject):
         path = (self.info or {}).get("path") or self.recent.last()
         if path:
             self.load(path)
+
+    def count(self, request, then: Callable[[int], object]) -> asyncio.Task | None:
+        """Count the prompt ``request`` makes for the local model (on the worker, with its
+        tokenizer and chat format) and call ``then(tokens)``. Nothing while replies come from
+        a server, no model is loaded, or a load begins before the count is done."""
+        if self.backend is not None or self.local_info is None or self.loading:
+            return None
+
+        counted_by = self.local_info
+
+        async def run() -> None:
+            try:
+                tokens = await self.bridge.count(request)
+            except Exception:  # BridgeError: a load cancelled it, or the model went away
+                return
+            if self.local_info is counted_by and self.backend is None and not self.loading:
+                then(int(tokens))
+        return self._spawn(run())
 
     def unload(self) -> asyncio.Task:
         return self._spawn(self.bridge.unload())

@@ -111,6 +111,15 @@ class Prompted:
 
 
 @dataclass
+class Counted:
+    """The prompt a request makes for the loaded model is ``tokens`` long, of its
+    ``context_length`` (:meth:`Worker.count`: nothing is generated)."""
+    request_id: int
+    tokens: int
+    context_length: int
+
+
+@dataclass
 class Error:
     """A command failed; ``message`` is one line a user can read (never a traceback).
 
@@ -124,4 +133,4 @@ class Error:
     kind: str = ""
 
 
-WorkerEvent = LoadProgress | Loaded | Held | Unloaded | Prompted | Reply | Error
+WorkerEvent = LoadProgress | Loaded | Held | Unloaded | Prompted | Counted | Reply | Error

@@ -33,7 +33,7 @@ from core.prompt.chat_format import chat_format_for
 from core.prompt.prompting import build_prompt
 from core.tokenizer.fingerprint import tokenizer_fingerprint
 from core.worker.protocol import (MAX_INSPECT, MODES, CompareRequest, Error, GenerateRequest, Held, Loaded,
-                                  LoadProgress, Prompted, Unloaded)
+                                  LoadProgress, Counted, Prompted, Unloaded)
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +206,10 @@ class Worker:
         """Queue one reply: Prompted, then Reply(Prefilled), Reply(Token)…, Reply(Done) (or Error)."""
         return self._submit("generate", request=request)
 
+    def count(self, request: GenerateRequest) -> int:
+        """Count the prompt ``request`` makes for the loaded model: Counted (or Error)."""
+        return self._submit("count", request=request)
+
     def compare(self, request: CompareRequest) -> int:
         """Queue a comparison: like :meth:`generate`, with lane-tagged tokens and one Done per lane."""
         return self._submit("compare", request=request)
@@ -284,7 +288,7 @@ class Worker:
         torch.set_num_threads(self.torch_threads)
         handlers = {"load": self._do_load, "adopt": self._do_adopt, "unload": self._do_unload,
                     "hold": self._do_hold, "release": self._do_release,
-                    "generate": self._do_generate, "compare": self._do_generate}
+                    "generate": self._do_generate, "compare": self._do_generate, "count": self._do_count}
         try:
             while True:
                 cmd = self._queue.get()
@@ -467,6 +471,14 @@ class Worker:
         if name not in formats:
             formats[name] = chat_format_for(loaded.tokenizer, override=name)
         return formats[name]
+
+    def _do_count(self, cmd: _Command) -> None:
+        req, eng = cmd.args["request"], self._engine
+        if eng is None:
+            raise SettingsError("no model is loaded: open a model first")
+        fmt = self._chat_format(self._loaded, self._formats, req.chat_format)
+        ids = build_prompt(req, fmt, self._loaded.stop_ids, eng.max_context, req.params.max_new_tokens).ids
+        self._emit(Counted(cmd.request_id, len(ids), eng.max_context))
 
     def _do_generate(self, cmd: _Command) -> None:
         rid, req = cmd.request_id, cmd.args["request"]

@@ -10,7 +10,8 @@ from PySide6.QtWidgets import QApplication
 
 from core.history.store import History
 from gui.main_window import MainWindow
-from tests.gui.ui_helpers import bridge, close, data_dir, load, loop, run, settings, snapshot, until, window  # noqa: F401
+from tests.gui.ui_helpers import (bridge, close, data_dir, load, loop, run, send, settings, snapshot, until,  # noqa: F401
+                                  window)
 
 
 def _window(bridge, settings, data_dir) -> MainWindow:
@@ -175,3 +176,31 @@ def test_the_compiling_note_stays_until_a_token_after_the_compiled_step(qtbot):
     line = format_stats({"stats": {"generated_tokens": 9, "ttft_s": 0.027, "decode": "compiled (inductor)",
                                    "warmup_s": 118.4}})
     assert line == "9 tokens · TTFT 27 ms · compiled · compile warm-up 118.4 s"
+
+
+def test_the_token_counter_is_the_new_models_count_after_switching(qtbot, window, loop, fixtures):
+    """Item 18: after switching models the counter is this chat counted by the new model's
+    tokenizer and chat format (not 0, not the old model's count)."""
+    from core.checkpoints import load as load_checkpoint
+    from core.engine.settings import SamplingParams
+    from core.prompt.prompting import build_prompt
+    from core.worker.protocol import GenerateRequest
+    from gui.model_controller import DEMO_MODEL
+
+    async def scenario():
+        await load(window, str(fixtures / "stories260K.gguf"))
+        await send(qtbot, window, "Once upon a time there was a dog", max_tokens=6)
+        before = window.status.context_used
+        await load(window, str(DEMO_MODEL))
+        await until(lambda: window.status.context_used > 0, 20, "the new model's count")
+        return before
+
+    before = run(loop, scenario(), 60)
+    demo = load_checkpoint(DEMO_MODEL, device="cpu", dtype="float32")
+    request = GenerateRequest(messages=window.conversation.request_messages(window.panel.system_prompt()),
+                              params=SamplingParams(max_new_tokens=window.panel.maxTokensSpin.value()))
+    expected = len(build_prompt(request, demo.chat_format, demo.stop_ids, demo.args.max_seq_len,
+                                request.params.max_new_tokens).ids)
+    assert window.status.context_used == expected != before
+    assert window.status.context_bar.maximum() == window.context_length == demo.args.max_seq_len
+    assert window.status.context_bar.format() == f"{expected} / {demo.args.max_seq_len} tokens"

@@ -13,7 +13,8 @@ from core.engine.events import Done, Prefilled, Token
 from core.errors import SettingsError
 from core.prompt.prompting import fit_dialog, reply_reserve
 from core.engine.settings import SamplingParams
-from core.worker.protocol import CompareRequest, Error, GenerateRequest, LoadProgress, Loaded, Prompted, Unloaded
+from core.worker.protocol import (CompareRequest, Counted, Error, GenerateRequest, LoadProgress, Loaded, Prompted,
+                                  Unloaded)
 from core.worker.worker import Worker, default_torch_threads, load_failure, resolve_torch_threads
 from core.engine.events import Reply
 from tests.helpers import PROMPT, ROOT, Collector, completion, inner, is_token, loaded_ok
@@ -89,6 +90,24 @@ def test_chat_mode_matches_engine_and_reuses_the_cache(make_worker, gguf):
     msgs2 = msgs + [{"role": "assistant", "content": done.text}, {"role": "user", "content": "More."}]
     started = col.finished(w.generate(GenerateRequest(messages=msgs2, params=params, chat_format="llama2")))[1]
     assert isinstance(started, Prefilled) and started.cached_tokens > evs[1].prompt_tokens // 2
+
+
+def test_count_is_the_prompt_a_reply_would_prefill(make_worker, gguf):
+    """Worker.count builds the prompt a reply would (chat format, oldest turns left out) and
+    says its length, without generating: equal to the engine's own prefill count."""
+    w, col = make_worker()
+    rid = w.count(GenerateRequest(messages=[{"role": "user", "content": "hi"}]))
+    assert "no model is loaded" in col.finished(rid)[-1].message
+    w.load(gguf)
+    msgs = [{"role": "system", "content": "Tell a story."}, {"role": "user", "content": "Once upon a time"},
+            {"role": "assistant", "content": "there was a cat."}, {"role": "user", "content": "More."}]
+    request = GenerateRequest(messages=msgs, params=SamplingParams(max_new_tokens=4, seed=1), chat_format="llama2")
+    rid = w.count(request)
+    counted = col.wait(lambda evs: [e for e in evs if e.request_id == rid and isinstance(e, Counted)])[0]
+    prefilled = col.finished(w.generate(request))[1]
+    assert counted.tokens == prefilled.prompt_tokens > 10
+    assert counted.context_length == w.info["context_length"]
+    assert not [e for e in col.of(rid) if not isinstance(e, Counted)]  # nothing generated
 
 
 def test_compare_runs_one_done_per_lane(make_worker, gguf):
