@@ -61,5 +61,7 @@ def test_quit_closes_the_history_with_the_wal_checkpointed(tmp_path, fixtures):
     titles = [r[0] for r in sqlite3.connect(alone).execute("SELECT title FROM conversations")]
     assert "kept on quit" in titles
     # The settings (the recent model, at least) went to the data folder, not Qt's default place.
-    assert "stories260K.gguf" in (tmp_path / "data" / "LlamaDesk.conf").read_text()
+    conf = (tmp_path / "data" / "LlamaDesk.conf").read_text()
+    assert "stories260K.gguf" in conf
+    assert "[window]" in conf and "geometry=@ByteArray(" in conf  # the window's state, for the next start
     assert not (tmp_path / "config" / "LlamaDesk").exists()
