@@ -3,6 +3,7 @@ LlamaForCausalLM) and their Meta twins, stored-chat builders, the worker seen fr
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -162,11 +163,18 @@ class Collector:
             self._cond.notify_all()
 
     def wait(self, pred, timeout: float = 20.0):
-        """Wait until pred(events) is truthy; return its value."""
+        """Wait until pred(events) is truthy; return its value. pred may also read state that
+        no event announces (a server's lane count), so it is re-checked every few ms, not
+        only when an event arrives: else such a wait lasts the whole timeout and then passes."""
+        deadline = time.monotonic() + timeout
         with self._cond:
-            ok = self._cond.wait_for(lambda: pred(self.events), timeout)
+            while not (ok := pred(self.events)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 0.02))
         assert ok, f"timed out; events: {[type(e).__name__ for e in self.events][-20:]}"
-        return pred(self.events)
+        return ok
 
     def finished(self, rid: int, lanes: int = 1):
         """Wait for the terminal events of request rid (one Done per lane, or an Error);
