@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests import forked
 from tools.badseeds import write_gguf
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_DATA is Linux's")]
@@ -22,9 +23,15 @@ SAMPLE_S = 0.05
 
 
 def run_limited(*argv):
-    """``python -m core ARGV`` with its memory bounded the same way on every torch build."""
+    """``python -m core ARGV`` with its memory bounded the same way on every torch build, in
+    a process forked from one that imported torch already (tests/forked.py): the bound and
+    the sampling are :func:`run_bounded`'s; a fresh interpreter per bomb only added ~2.5 s."""
     t0 = time.monotonic()
-    r = run_bounded([sys.executable, "-m", "core", *map(str, argv)])
+    with tempfile.TemporaryDirectory() as d:
+        out, err = Path(d) / "out", Path(d) / "err"
+        child = forked.start(forked.cli, list(argv), stdout=str(out), stderr=str(err), cwd=ROOT, data_limit=LIMIT)
+        r = _bounded(_Forked(child), ["python", "-m", "core", *map(str, argv)], 120,
+                     lambda: (out.read_text(), err.read_text()))
     return r, time.monotonic() - t0
 
 
@@ -41,14 +48,43 @@ def run_bounded(cmd: list[str], timeout: float = 120) -> subprocess.CompletedPro
         resource.setrlimit(resource.RLIMIT_DATA, (LIMIT, LIMIT))
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # no pipe to fill
         child = subprocess.Popen(cmd, cwd=ROOT, preexec_fn=limit, stdout=out, stderr=err, text=True)
-        peak, late = _watch_rss(child, time.monotonic() + timeout)
-        child.wait()
-        out.seek(0), err.seek(0)
-        r = subprocess.CompletedProcess(cmd, child.returncode, out.read(), err.read())
+
+        def read():
+            out.seek(0), err.seek(0)
+            return out.read(), err.read()
+        return _bounded(child, cmd, timeout, read)
+
+
+def _bounded(child, cmd: list[str], timeout: float, read) -> subprocess.CompletedProcess:
+    """Watch ``child`` (poll/kill/wait/returncode/pid) to its end under LIMIT and ``timeout``;
+    ``read()`` gives its (stdout, stderr) once it ended."""
+    peak, late = _watch_rss(child, time.monotonic() + timeout)
+    child.wait()
+    r = subprocess.CompletedProcess(cmd, child.returncode, *read())
     if late:
         raise subprocess.TimeoutExpired(cmd, timeout, r.stdout, r.stderr)
     assert peak <= LIMIT, f"resident memory reached {peak >> 20} MiB (bound {LIMIT >> 20} MiB): {r.stderr[-1000:]}"
     return r
+
+
+class _Forked:
+    """A forked child (tests/forked.py) seen as a subprocess.Popen by :func:`_bounded`."""
+
+    def __init__(self, proc):
+        self.proc, self.pid = proc, proc.pid
+
+    def poll(self):
+        return self.proc.exitcode
+
+    def kill(self):
+        self.proc.kill()
+
+    def wait(self):
+        self.proc.join()
+
+    @property
+    def returncode(self):
+        return self.proc.exitcode
 
 
 def _watch_rss(child: subprocess.Popen, deadline: float) -> tuple[int, bool]:
@@ -79,6 +115,11 @@ def test_the_bound_counts_allocations_not_mapped_files(tmp_path):
     assert mapped.returncode == 0 and int(mapped.stdout) > LIMIT, mapped.stderr
     alloc = run_bounded([sys.executable, "-c", f"b = bytearray({LIMIT + (1 << 30)})"])
     assert alloc.returncode != 0 and "MemoryError" in alloc.stderr
+    # The same bound holds in a child forked from the preloaded server (what run_limited runs).
+    child = forked.start(bytearray, LIMIT + (1 << 30), stdout=str(tmp_path / "out"), stderr=str(tmp_path / "err"),
+                         cwd=ROOT, data_limit=LIMIT)
+    child.join(120)
+    assert child.exitcode == 1 and "MemoryError" in (tmp_path / "err").read_text()
 
 
 def refused(r, *words):

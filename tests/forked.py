@@ -1,0 +1,75 @@
+"""Child processes forked from one interpreter that has already imported torch and the CLI.
+
+A test that needs a fresh process per trial (a memory bound, a SIGKILL) pays Python's and
+torch's start-up in each one: about 2.5 s of CPU for ``python -m core``, most of a robustness
+test's time. Here a multiprocessing fork server imports those modules once per test process
+(it runs no torch op, so no thread pool exists yet to break in a fork); each trial is then a
+fork of it (milliseconds) running the same code in a process of its own, with its own stdout,
+stderr, environment, working folder and resource limits.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import resource
+import sys
+import traceback
+
+from core.cli.main import main as cli_main
+
+PRELOAD = ["torch", "core.cli.main", "core.history.store", "core.history.partial"]
+_context = None
+
+
+def context():
+    """The fork-server context, its server preloading :data:`PRELOAD` (started on first use)."""
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+def start(target, *args, stdout, stderr, cwd, data_limit: int | None = None):
+    """Start ``target(*args)`` in a forked child; its return value is the exit status, as a
+    script's ``raise SystemExit(main())``. ``stdout``/``stderr``: a file path, or the write
+    end of a :func:`context`'s ``Pipe(duplex=False)``; ``data_limit``: RLIMIT_DATA in bytes.
+    The child gets this process's environment as it is now. Returns the started Process."""
+    proc = context().Process(target=_child, args=(target, args, stdout, stderr, str(cwd), dict(os.environ),
+                                                  data_limit))
+    proc.start()
+    return proc
+
+
+def cli(argv: list[str]) -> int:
+    """``python -m core ARGV`` as a child's target (core/__main__.py does no more)."""
+    return cli_main([str(a) for a in argv])
+
+
+def _child(target, args, stdout, stderr, cwd, env, data_limit) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    for fd, where in ((1, stdout), (2, stderr)):
+        if isinstance(where, str):
+            opened = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(opened, fd)
+            os.close(opened)
+        else:
+            os.dup2(where.fileno(), fd)
+    if data_limit:
+        resource.setrlimit(resource.RLIMIT_DATA, (data_limit, data_limit))
+    code = 1
+    try:
+        code = target(*args)
+    except SystemExit as e:
+        code = e.code
+    except BaseException:  # what the interpreter does with an uncaught exception
+        traceback.print_exc()
+        code = 1
+    finally:
+        if isinstance(code, str):
+            print(code, file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else (0 if code is None else 1))
