@@ -122,19 +122,28 @@ def render_markdown(text: str, first_code: int = 0) -> tuple[str, list[str]]:
         inner = re.sub(r"</code>$", "", inner).rstrip("\n")
         codes.append(html.unescape(re.sub(r"<[^>]+>", "", inner)))
         k = first_code + len(codes) - 1
-        return (f'<table width="100%" border="0" cellspacing="0" cellpadding="6" bgcolor="{c["code_bg"]}" '
-                f'style="border: 1px solid {c["border"]}; margin-top: 4px; margin-bottom: 4px;">'
-                f'<tr><td align="right" style="padding-bottom: 0px;"><a href="copy:{k}" '
-                f'style="color:{c["muted"]}; text-decoration:none; font-size:small">Copy code</a></td></tr>'
-                f'<tr><td style="padding-top: 0px;"><pre style="margin:0">{inner}</pre></td></tr></table>')
+        # Two tables: the header is as wide as the text (so "Copy code" stays in view), the
+        # code's own box grows with its longest line, which the body scrolls to sideways.
+        box = f'width="100%" border="0" cellspacing="0" bgcolor="{c["code_bg"]}"'
+        return (f'<table {box} cellpadding="4" style="margin-top: 4px;"><tr><td align="right">'
+                f'<a href="copy:{k}" style="color:{c["muted"]}; text-decoration:none; font-size:small">'
+                f'Copy code</a></td></tr></table>'
+                f'<table {box} cellpadding="6" style="margin-bottom: 4px;"><tr><td style="padding-top: 0px;">'
+                f'<pre style="margin:0">{inner}</pre></td></tr></table>')
 
+    # A Markdown table gets rules between its cells (Qt draws none unless asked).
+    body = body.replace("<table>", f'<table border="1" cellspacing="0" cellpadding="4" '
+                                   f'style="border-collapse: collapse; border-color: {c["border"]}; '
+                                   f'margin-top: 4px; margin-bottom: 4px;">')
+    body = body.replace("<th>", f'<th bgcolor="{c["alt"]}">')
     body = _CODE_BLOCK.sub(block, body)
     body = body.replace("<code>", f'<code style="background:{c["code_bg"]}">')
     return body, codes
 
 
 class MessageBody(QTextBrowser):
-    """A read-only Markdown body that is exactly as tall as its text (no own scrollbar).
+    """A read-only Markdown body that is exactly as tall as its text (no own vertical
+    scrollbar; a code line longer than the body scrolls it sideways).
 
     While a reply streams, only its end changes: each complete Markdown block is rendered
     once and appended in its final form, and the block still being written is plain text
@@ -148,7 +157,8 @@ class MessageBody(QTextBrowser):
         self.setOpenLinks(False)
         self.setFrameShape(QFrame.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        # Prose wraps; a code block keeps its lines, and the longest may need a scrollbar.
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAsNeeded)
         self.setWordWrapMode(QTextOption.WrapAtWordBoundaryOrAnywhere)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.document().setDocumentMargin(2)
@@ -274,6 +284,8 @@ class MessageBody(QTextBrowser):
         if doc.textWidth() != width:  # setting it, even unchanged, lays out the whole text again
             doc.setTextWidth(width)
         h = int(doc.size().height()) + 2 * self.frameWidth() + 2
+        if doc.size().width() > width + 1:  # a long code line: room for the scrollbar under the text
+            h += self.horizontalScrollBar().sizeHint().height()
         if h != self.height():
             self.setFixedHeight(h)
 

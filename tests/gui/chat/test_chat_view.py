@@ -4,12 +4,13 @@ from __future__ import annotations
 import random
 
 from PySide6.QtCore import Qt, QUrl
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QGuiApplication, QTextFrameFormat, QTextTable
 
 import gui.chat.markdown as cv
 from gui.chat.chat_view import ChatView
 from gui.chat.markdown import MessageBody, close_open_fence, closed_blocks_end, render_markdown
 from gui.chat.prompt_editor import PromptEditor
+from tests.gui.ui_helpers import anchor_point, wheel
 
 
 def msgs(n=2, long=False):
@@ -238,3 +239,44 @@ def test_prompt_editor_keys_and_no_model(qtbot):
     assert p.editing == 3 and p.text() == "old text" and p.edit_banner.isVisible()
     qtbot.keyClick(p.editor, Qt.Key_Escape)
     assert p.editing is None and p.text() == ""
+
+
+LONG_CODE = ("Two ways:\n\n```python\nitems = [1, 2, 3]\nvery_long_line = [" + ", ".join(map(str, range(60)))
+             + "]\n```\n\n| Method | Copies |\n|---|---|\n| reverse() | no |\n| [::-1] | yes |\n\nEnd.")
+
+
+def test_a_long_code_line_scrolls_sideways_and_copy_code_stays_in_view(qtbot):
+    """Issue 22 #16: a code line longer than the transcript pushed "Copy code" out of
+    sight and could not be read to its end."""
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.resize(420, 500)
+    view.show()
+    view.set_messages([{"id": 3, "role": "assistant", "text": LONG_CODE, "version": (1, 1)}])
+    body = view.widget_for(3).body
+    qtbot.waitUntil(lambda: 300 < body.viewport().width() < 420
+                    and body.viewport().height() >= body.document().size().height() - 1)
+    copy_at = anchor_point(body, "copy:0")
+    assert 0 < copy_at.x() < body.viewport().width(), (copy_at.x(), body.viewport().width())
+    bar = body.horizontalScrollBar()
+    assert bar.maximum() > 0 and bar.isVisibleTo(body)  # the long line can be scrolled to
+    bar.setValue(bar.maximum())
+    assert body.viewport().height() >= body.document().size().height() - 1  # the scrollbar hides no text
+    with qtbot.waitSignal(view.copied):
+        bar.setValue(0)
+        qtbot.mouseClick(body.viewport(), Qt.LeftButton, pos=anchor_point(body, "copy:0"))
+    assert QGuiApplication.clipboard().text().endswith("58, 59]")
+    # A plain vertical wheel over the body still scrolls the transcript, not the code.
+    assert wheel(body, -1) is not body
+
+
+def test_markdown_tables_have_borders(qtbot):
+    body = MessageBody()
+    qtbot.addWidget(body)
+    body.set_markdown(LONG_CODE)
+    tables = [f for f in body.document().rootFrame().childFrames() if isinstance(f, QTextTable)]
+    grid = [t for t in tables if t.columns() == 2]
+    assert len(grid) == 1 and grid[0].rows() == 3
+    fmt = grid[0].format()
+    assert fmt.border() >= 1 and fmt.borderStyle() != QTextFrameFormat.BorderStyle_None
+    assert fmt.borderCollapse()
