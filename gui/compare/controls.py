@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from PySide6.QtCore import Qt
+import shiboken6
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QMenu, QPlainTextEdit, QPushButton,
                                QScrollArea, QToolButton, QVBoxLayout, QWidget)
 
@@ -216,7 +217,9 @@ class ActionBar(QWidget):
 
 class LanesArea(QScrollArea):
     """The lane columns side by side (objectName ``compareLanes``), scrolled sideways
-    when they do not fit."""
+    when they do not fit. One lane added beside the lanes shown (a branch, Add lane,
+    Duplicate) is scrolled into view once it is laid out, in one move; lanes replaced
+    together (a sweep, Undo, a saved comparison) scroll nothing."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -228,11 +231,29 @@ class LanesArea(QScrollArea):
         self.lanes.setContentsMargins(0, 0, 0, 0)
         self.lanes.setSpacing(6)
         self.setWidget(self.host)
+        self._shown: list[QWidget] = []
+        self._before: list[QWidget] | None = None  # the lanes shown before this round of changes
 
     def show_lanes(self, columns: list[QWidget]) -> None:
         """Lay ``columns`` out in this order (the ones no longer there are taken out)."""
+        if self._before is None:  # the first change since the event loop last ran: compare after all of them
+            self._before = list(self._shown)
+            QTimer.singleShot(0, self, self._scroll_to_added)  # dropped if the window goes first
+        self._shown = list(columns)
         while self.lanes.count():
             self.lanes.takeAt(0)
         for col in columns:
             self.lanes.addWidget(col, 1)
             col.show()  # a lane put back (Undo) was hidden when it was taken out
+
+    def _scroll_to_added(self, tries: int = 20) -> None:
+        before = self._before or []
+        added = [c for c in self._shown if c not in before]
+        col = added[0] if len(added) == 1 and before and all(c in self._shown for c in before) else None
+        if col is not None and shiboken6.isValid(col) and tries and (
+                not col.isVisible() or self.host.width() < col.geometry().right()):  # not laid out yet
+            QTimer.singleShot(0, self, lambda: self._scroll_to_added(tries - 1))
+            return
+        self._before = None
+        if col is not None and shiboken6.isValid(col):
+            self.ensureWidgetVisible(col, 0, 0)

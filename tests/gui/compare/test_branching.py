@@ -14,8 +14,8 @@ from core.engine.settings import SamplingParams
 from gui.compare.view import CompareView
 
 from tests.gui.compare.common import (PROMPT, bridge, history, load_and_run, snapshot, story,  # noqa: F401  (fixtures)
-                                      token_text_of)
-from tests.gui.ui_helpers import loop, run, until  # noqa: F401  (fixtures)
+                                      three_words, token_text_of)
+from tests.gui.ui_helpers import ScriptedBridge, loop, run, until  # noqa: F401  (fixtures)
 
 
 def test_branch_from_a_lane_that_drafts_keeps_drafting_with_the_token_forced(
@@ -159,3 +159,39 @@ def ban_and_run_again(qtbot, loop, v, tok) -> None:
         await until(lambda: not v.running, 60, "the run without it")
     run(loop, wait(), 90)
     assert ban.token_id not in v.columns[1].run.ids
+
+
+def test_a_branched_lane_scrolls_into_view_in_one_move(qtbot, loop, history):
+    """Issue 22 #17: the branch lane is added at the far right, out of sight; it is scrolled
+    into view once laid out, in one move (the scrollbar never goes back or jumps about)."""
+    v = CompareView(bridge=ScriptedBridge(three_words), history=history, prompt=PROMPT, mode="completion",
+                    lanes=[{"temperature": 0.1 * i, "max_new_tokens": 8} for i in range(4)])
+    qtbot.addWidget(v)
+    v.resize(900, 600)
+    v.show()
+
+    async def runs(start):
+        start()
+        await until(lambda: not v.running, 10, "the lanes")
+
+    run(loop, runs(v.run), 20)
+    bar = v.scroll.horizontalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0)
+    bar.setValue(bar.maximum() // 3)
+    start, seen = bar.value(), []
+    bar.valueChanged.connect(seen.append)
+    run(loop, runs(lambda: v.branch_lane(1, 1, 99)), 20)
+    new, vp = v.columns[-1], v.scroll.viewport()
+    assert new.branch is not None and new.branch["token_id"] == 99 and new.run is not None
+    qtbot.waitUntil(lambda: 0 <= new.mapTo(vp, new.rect().topLeft()).x()
+                    and new.mapTo(vp, new.rect().topRight()).x() <= vp.width(), timeout=2000)
+    assert len(seen) == 1 and seen[0] > start, seen
+    # Rendering it again (a heatmap, a token clicked) leaves the scrollbar where it is.
+    v.bar.heatmap_check.setChecked(True)
+    assert v.inspect_token(0, 1)
+    assert len(seen) == 1 and bar.value() == seen[0]
+    # A sweep builds all its lanes in one go: nothing scrolls for them.
+    bar.setValue(0)
+    v.set_lanes([{"temperature": t} for t in (0.2, 0.5, 0.9, 1.2, 1.5)])
+    qtbot.wait(50)
+    assert bar.value() == 0
