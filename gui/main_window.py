@@ -15,7 +15,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QGuiApplication
-from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QMenu, QMessageBox, QSplitter, QWidget
+from PySide6.QtWidgets import QApplication, QFileDialog, QMainWindow, QMenu, QMessageBox, QWidget
 
 from core.history import export as chat_export
 from core.history.records import HistoryError
@@ -27,6 +27,7 @@ from gui import actions, theme
 from gui.chat.column import ChatColumn
 from gui.chat.controller import ConversationController
 from gui.chat.markdown import render_markdown
+from gui.widgets.side_splitter import SideSplitter
 from gui.widgets.stats import format_stats
 from gui.chat.sidebar import ConversationSidebar
 from gui.compare.launch import compare_window_for
@@ -124,7 +125,7 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ layout
     def _build(self) -> None:
         """Conversations | transcript and prompt | sampling settings, and the status bar."""
-        self.splitter = QSplitter(Qt.Horizontal)
+        self.splitter = SideSplitter(Qt.Horizontal)  # the chat keeps its share of a narrow window
         self.splitter.setObjectName("mainSplitter")
         self.splitter.setChildrenCollapsible(True)
         self.sidebar = ConversationSidebar(conversation=self.conversation)

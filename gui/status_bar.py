@@ -16,11 +16,16 @@ COMPILING = "compiling (first reply only)…"
 
 class ElidedLabel(QLabel):
     """A one-line status text that ends in "…" when the bar is narrower than it, so status bar
-    widgets never draw over each other; ``text()`` is still the whole text."""
+    widgets never draw over each other; ``text()`` is still the whole text. Lines of a
+    several-line text are joined by " · " (the bar stays one line high); with ``tip_elided``
+    the whole text is its tooltip whenever it is cut or joined. ``keep``: a start of the
+    text never cut (a model's name), however narrow the bar."""
 
-    def __init__(self, parent=None):
+    def __init__(self, parent=None, *, tip_elided: bool = False):
         super().__init__(parent)
         self._full = ""
+        self.keep = ""
+        self.tip_elided = tip_elided
         self.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Preferred)
 
     def setText(self, text: str) -> None:  # noqa: N802 (Qt's name)
@@ -31,19 +36,26 @@ class ElidedLabel(QLabel):
     def text(self) -> str:
         return self._full
 
+    def _line(self) -> str:
+        return " · ".join(line for line in self._full.splitlines() if line.strip())
+
     def sizeHint(self) -> QSize:  # noqa: N802
-        return QSize(self.fontMetrics().horizontalAdvance(self._full) + 8, super().sizeHint().height())
+        return QSize(self.fontMetrics().horizontalAdvance(self._line()) + 8, super().sizeHint().height())
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802
-        return QSize(min(self.sizeHint().width(), 60), super().minimumSizeHint().height())
+        least = self.fontMetrics().horizontalAdvance(self.keep + "…") + 8 if self.keep else 60
+        return QSize(min(self.sizeHint().width(), least), super().minimumSizeHint().height())
 
     def resizeEvent(self, event) -> None:  # noqa: N802
         super().resizeEvent(event)
         self._elide()
 
     def _elide(self) -> None:
-        shown = self.fontMetrics().elidedText(self._full, Qt.ElideRight, max(self.contentsRect().width(), 0))
+        line = self._line()
+        shown = self.fontMetrics().elidedText(line, Qt.ElideRight, max(self.contentsRect().width(), 0))
         QLabel.setText(self, shown)
+        if self.tip_elided:
+            self.setToolTip(self._full if shown != self._full else "")
 
 
 class MainStatusBar(QStatusBar):
@@ -78,7 +90,7 @@ class MainStatusBar(QStatusBar):
         self.undo_notice = NoticeBar(name="undoNotice", action="Undo", action_name="undoDeleteButton",
                                      dismissible=False, wrap=False, margins=(0, 0, 0, 0))
         self.addPermanentWidget(self.undo_notice)
-        self.stats_label = ElidedLabel()
+        self.stats_label = ElidedLabel(tip_elided=True)
         self.stats_label.setObjectName("statsLabel")
         self.stats_label.setAccessibleName("statsLabel")
         self.addPermanentWidget(self.stats_label)
@@ -112,6 +124,7 @@ class MainStatusBar(QStatusBar):
 
     def show_model(self, info: dict | None) -> None:
         """What the model replies come from is (a server's, a local model's summary), or none."""
+        self.model_status.keep = (info or {}).get("name") or ""  # cut the details, never the name
         if info is None:
             self.model_status.setText("No model loaded")
             self.model_status.setToolTip("")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Callable
 
 import shiboken6
-from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QMenu, QPlainTextEdit, QPushButton,
+from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QMenu, QPlainTextEdit,
                                QScrollArea, QToolButton, QVBoxLayout, QWidget)
 
 from core.engine.lanes import MAX_LANES
@@ -21,13 +21,17 @@ from gui.settings.widgets import guard_wheel
 from gui.widgets.token_inspector import TokenInspector
 
 
-def _button(text: str, name: str, tip: str, slot, icon: str | None = None) -> QPushButton:
-    b = QPushButton(text)
+def _button(text: str, name: str, tip: str, slot, icon: str | None = None) -> QToolButton:
+    """A bar button: a tool button (as wide as its text: the style's 80 px push buttons made
+    the bar wider than an 800 px screen), its icon beside the text."""
+    b = QToolButton()
+    b.setText(text)
     b.setObjectName(name)
     b.setAccessibleName(text.replace("&", "") or tip)
     b.setToolTip(tip)
     if icon:
         b.setIcon(theme.icon(icon))
+        b.setToolButtonStyle(Qt.ToolButtonTextBesideIcon)
     b.clicked.connect(slot)
     return b
 
@@ -163,12 +167,38 @@ class ActionBar(QWidget):
         self.heatmap_check = _check("Heatmap", "heatmapCheck", "Shade each token by how surprising it was (1 − p): "
                                     "the darker, the less likely the pick", slots["heatmap"])
         self.save_button = _button("Save", "compareSaveButton", "Save this comparison in the history", slots["save"])
-        self.saved_button = _menu_button("Saved", "compareSavedButton", "Reopen a saved comparison")
+        self.saved_button = _menu_button("Saved", "compareSavedButton", "Reopen a saved comparison", icon="open")
         self.saved_menu = self.saved_button.menu()
         self.saved_menu.aboutToShow.connect(slots["fill_saved"])
         self.export_button = _menu_button("Export", "compareExportButton", "", [
             ("Markdown…", lambda: slots["export"]("md")), ("JSON…", lambda: slots["export"]("json"))], icon="export")
         self._lay_out()
+        # Narrower than the bar with every label: the buttons with an icon show only it (their
+        # tooltips say what they do), so the window still fits an 800 px screen.
+        self._iconic = [self.run_button, self.stop_button, self.rerun_button, self.add_button, self.saved_button,
+                        self.export_button]
+        self._full_width = self.layout().sizeHint().width()
+        self._set_compact(True)
+        self._compact_width = self.layout().sizeHint().width()
+        self._set_compact(False)
+
+    def _set_compact(self, on: bool) -> None:
+        for b in self._iconic:
+            b.setToolButtonStyle(Qt.ToolButtonIconOnly if on else Qt.ToolButtonTextBesideIcon)
+        self.layout().invalidate()
+
+    @property
+    def compact(self) -> bool:
+        """The icon buttons show only their icons (the bar is too narrow for every label)."""
+        return self.run_button.toolButtonStyle() == Qt.ToolButtonIconOnly
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt API)
+        return QSize(self._compact_width, super().minimumSizeHint().height())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt API)
+        super().resizeEvent(event)
+        if self.compact != (self.width() < self._full_width):
+            self._set_compact(not self.compact)
 
     def _lay_out(self) -> None:
         bar = QHBoxLayout(self)

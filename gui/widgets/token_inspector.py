@@ -13,12 +13,13 @@ from typing import Callable
 
 from PySide6.QtCore import QRect, Qt, Signal
 from PySide6.QtGui import QColor, QPainter
-from PySide6.QtWidgets import (QFrame, QHBoxLayout, QHeaderView, QLabel, QPushButton, QStyledItemDelegate,
+from PySide6.QtWidgets import (QFrame, QHeaderView, QLabel, QPushButton, QStyledItemDelegate,
                                QTableWidget, QTableWidgetItem, QVBoxLayout)
 
 from gui import theme
 
 PROB_ROLE = Qt.UserRole + 1
+NAME_WIDTH = 90  # px of a token's name in the action buttons' text
 
 
 def _visible(piece: str) -> str:
@@ -155,7 +156,8 @@ class TokenInspector(QFrame):
         """"Continue with this" and "Ban and retry" for the chosen row (shown with can_branch)."""
         actions = QFrame(self)
         actions.setObjectName("inspectorActions")
-        al = QHBoxLayout(actions)
+        # One above the other: side by side, "Ban “…” in this lane" was cut in a 270 px panel.
+        al = QVBoxLayout(actions)
         al.setContentsMargins(0, 0, 0, 0)
         al.setSpacing(6)
         self.branch_button = QPushButton("Continue with this")
@@ -198,7 +200,8 @@ class TokenInspector(QFrame):
         ok = row is not None and row["id"] >= 0  # a server's stand-in ids name nothing
         self.branch_button.setEnabled(ok and not row["chosen"])
         self.ban_button.setEnabled(ok)
-        name = self.text_of(row["id"]) if ok else ""
+        # A long token's name is cut to fit the panel; the table row beside shows all of it.
+        name = self.fontMetrics().elidedText(self.text_of(row["id"]), Qt.ElideMiddle, NAME_WIDTH) if ok else ""
         self.branch_button.setText(f"Continue with “{name}”" if ok and not row["chosen"] else "Continue with this")
         self.ban_button.setText(self.ban_label.format(name) if ok else self.ban_label.replace("“{}”", "this"))
 
