@@ -88,3 +88,29 @@ def test_library_window(qtbot, loop, settings, tmp_path, monkeypatch, size, tab)
         assert shown_at(w, size) == []
     finally:
         service.shutdown()
+
+
+def test_side_panes_give_the_middle_its_share_and_get_their_width_back(qtbot):
+    from PySide6.QtCore import Qt
+
+    from gui.widgets.side_splitter import MIDDLE_SHARE, SideSplitter
+    sp = SideSplitter(Qt.Horizontal)
+    for minimum in (150, 100, 240):
+        pane = QLabel("pane")
+        pane.setMinimumWidth(minimum)
+        sp.addWidget(pane)
+    sp.setStretchFactor(1, 1)
+    qtbot.addWidget(sp)
+    sp.resize(1200, 300)
+    sp.show()
+    sp.setSizes([230, 680, 290])
+    sp.resize(800, 300)
+    QApplication.processEvents()
+    narrow = sp.sizes()
+    assert narrow[1] >= MIDDLE_SHARE * sum(narrow) - 2 and narrow[0] >= 150 and narrow[2] >= 240
+    sp.resize(1920, 300)  # wide again: the side panes are as they were set, the middle takes the rest
+    QApplication.processEvents()
+    assert sp.sizes()[0] == 230 and sp.sizes()[2] == 290
+    state = sp.saveState()
+    sp.setSizes([300, 1300, 300])
+    assert sp.restoreState(state) and sp.wanted == {0: 230, 2: 290}  # restored widths are the wanted ones
