@@ -400,6 +400,7 @@ class _Collected:
         self.lps: list[float | None] = []
         self.finish: str | None = None
         self.stop_reason = None
+        self.stop_token_id = None  # a LlamaDesk server's extension: the end token, where stop_reason is null
         self.usage: dict | None = None
 
     def take(self, chunk: dict) -> Iterator[Token]:
@@ -424,6 +425,7 @@ class _Collected:
                 yield ev
             if c.get("finish_reason"):
                 self.finish, self.stop_reason = c["finish_reason"], c.get("stop_reason")
+                self.stop_token_id = c.get("stop_token_id")
 
     def done(self, params: SamplingParams) -> Done:
         """The reply's Done event, once it finished."""
@@ -442,8 +444,10 @@ class _Collected:
         stats.ttft_s = stats.prefill_s = (self.first or end) - self.t0
         stats.decode_s = end - (self.first or end)
         ids = list(self.tokens) if all(t >= 0 for t in self.tokens) else []
-        # vLLM-style stop_reason: the token id that ended it (a chat's end of turn: what a branch stops on)
-        stop_token = self.stop_reason if reason == "eos" and isinstance(self.stop_reason, int) else None
+        # the token id that ended it (a chat's end of turn: what a branch stops on): LlamaDesk's
+        # stop_token_id, else a vLLM-style stop_reason that names one
+        given = self.stop_token_id if isinstance(self.stop_token_id, int) else self.stop_reason
+        stop_token = given if reason == "eos" and isinstance(given, int) and not isinstance(given, bool) else None
         return Done(self.lane, reason, ids, "".join(self.text), self.lps if all(lp is not None for lp in self.lps) else [],
                     params, stats, stop_token)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 from contextlib import asynccontextmanager
 from typing import Callable
 
@@ -19,7 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from core.engine.events import Done, Token
@@ -29,6 +30,7 @@ from core.serving.protocol import (MAX_FORCED, MAX_STOP_IDS, APIError, chat_logp
                                    completion_logprobs, constraint_from_request, messages_from_request, parse_body,
                                    requested_max_tokens, sampling_from_request, stream_options, token_ids)
 from core.serving.guard import Guard, HTTPOptions, answered_hosts
+from core.serving.metrics import CONTENT_TYPE
 from core.serving.responses import Reply
 from core.serving.scheduler import Job
 from core.serving.state import ServerState
@@ -43,7 +45,9 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
     for base in ("/v1", ""):  # llama.cpp's server answers without /v1 too, and clients written for it call so
         routes += [Route(base + "/models", models), Route(base + "/models/{name:path}", model),
                    Route(base + "/completions", completions, methods=["POST"]),
-                   Route(base + "/chat/completions", chat_completions, methods=["POST"])]
+                   Route(base + "/chat/completions", chat_completions, methods=["POST"]),
+                   Route(base + "/health", health)]
+    routes.append(Route("/metrics", metrics))
     hosts = None if state.api_key else answered_hosts(bound, options.allowed_hosts)
     middleware = [Middleware(Guard, hosts=hosts, max_body=options.max_body, read_timeout=options.read_timeout)]
     if options.cors_origins:  # outermost: a refusal from the guard still carries the headers the page needs
@@ -71,7 +75,27 @@ async def lifespan(app: Starlette):
 
 def error(e: APIError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    if e.status == 503:  # a full queue drains in about a second; clients' retries should wait that long
+        headers = {"Retry-After": "1"}
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+SHUTTING_DOWN = "the server is shutting down: retry on another server or once it is back"
+
+
+async def health(request: Request):
+    """200 while the server takes requests, 503 once it is shutting down (as vLLM's /health;
+    no key: load balancers and supervisors ask)."""
+    if request.app.state.server.draining:
+        return error(APIError(503, SHUTTING_DOWN, code="shutting_down", type="server_error"))
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request):
+    """Prometheus' text format (:mod:`core.serving.metrics`); no key, as vLLM's /metrics."""
+    state: ServerState = request.app.state.server
+    text = state.metrics.render(waiting=state.scheduler.waiting, running=state.scheduler.active_lanes)
+    return Response(text, media_type=CONTENT_TYPE)
 
 
 def check_key(request: Request) -> None:
@@ -142,8 +166,11 @@ def completion_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
     forced = token_ids(body, "forced_tokens", vocab, most=MAX_FORCED)
     stops = token_ids(body, "stop_token_ids", vocab, most=MAX_STOP_IDS)
     check_context(len(ids) + len(forced), requested_max_tokens(body), context, what="the prompt")
-    lanes = sampling_from_request(body, default_max_tokens=16, vocab=vocab, lookup=state.lookup, draft=state.draft,
-                                  max_n=state.scheduler.max_batch)
+    # OpenAI's default is 16 tokens; llama.cpp's n_predict -1 runs to the end of the context
+    default = context - len(ids) - len(forced) if body.get("n_predict") == -1 else 16
+    lanes = sampling_from_request(body, default_max_tokens=default, vocab=vocab, lookup=state.lookup,
+                                  draft=state.draft, max_n=state.scheduler.max_batch)
+    check_some_token_left(state, lanes)
     # A completion stops only on the model's own stop tokens (and stop_token_ids: a chat
     # reply continued as a completion ends at its turn's end): no chat turn to end.
     return Job(ids, lanes, False, lp or 0, frozenset(state.loaded.stop_ids) | frozenset(stops), tuple(forced)), lp
@@ -167,6 +194,7 @@ def chat_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
     check_context(len(ids) + len(forced), requested_max_tokens(body), context, what="the messages")
     lanes = sampling_from_request(body, default_max_tokens=context - len(ids), vocab=vocab,
                                   lookup=state.lookup, draft=state.draft, max_n=state.scheduler.max_batch)
+    check_some_token_left(state, lanes)
     # the reply's leading space is dropped at its start only, not after a kept prefix
     strip = strips_reply_space(state.tokenizer, state.loaded.chat_format) and not prefix
     # The end of a chat turn stops this request only: a completion batched beside it
@@ -174,6 +202,15 @@ def chat_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
     stops = (frozenset(state.loaded.stop_ids) | frozenset(state.loaded.chat_format.stop_ids())
              | frozenset(token_ids(body, "stop_token_ids", vocab, most=MAX_STOP_IDS)))
     return Job(ids, lanes, strip, top or 0, stops, tuple(forced)), top
+
+
+def check_some_token_left(state: ServerState, lanes) -> None:
+    """APIError 400 when logit_bias bans every token the model may sample: no reply could
+    have a first token."""
+    limit = state.engine.sample_limit or state.engine.model.args.vocab_size
+    banned = {t for t, b in lanes[0].logit_bias.items() if b == -math.inf and t < limit}
+    if len(banned) >= limit:
+        raise APIError(400, f"logit_bias bans all {limit} tokens: leave at least one to sample", param="logit_bias")
 
 
 def check_bytes(state: ServerState, size: int, what: str) -> None:
@@ -218,15 +255,20 @@ def prepare(state: ServerState, raw: bytes, chat: bool) -> tuple[dict, Job, int 
 async def generate(request: Request, chat: bool):
     state: ServerState = request.app.state.server
     loop = asyncio.get_running_loop()
+    endpoint = "chat" if chat else "completions"
     try:
         check_key(request)
+        if state.draining:
+            raise APIError(503, SHUTTING_DOWN, code="shutting_down", type="server_error")
         raw = await request.body()
         body, job, top, stream, include_usage = await loop.run_in_executor(state.prep, prepare, state, raw, chat)
         # queued here, on the loop: a request whose client left during prepare queues nothing
         job.loop, job.events = loop, asyncio.Queue()
         state.scheduler.enqueue(job)
     except APIError as e:
+        state.metrics.request(endpoint, e.status)
         return error(e)
+    state.metrics.request(endpoint, 200)
     reply = Reply(state, body, chat, job, top)
     if stream:
         return EventSourceResponse(stream_reply(reply, include_usage), ping=15, sep="\n")
@@ -245,18 +287,22 @@ async def whole_reply(request: Request, reply: Reply):
         job.cancel.set()
 
     watch = asyncio.ensure_future(until_disconnect())
+    clock = reply.server.metrics.clock(len(job.lanes))
     try:
         while (item := await job.events.get()) is not None:
             if isinstance(item, Exception):
                 return error(APIError(500, f"generation failed: {item}", type="server_error"))
             choice, ev = item
             if isinstance(ev, Token):
+                clock.token(choice)
                 tokens[choice].append(ev)
     finally:
         watch.cancel()
         job.cancel.set()
-    if any(d is None for d in job.done):
-        return error(APIError(503, "the server stopped before the reply was done", type="server_error"))
+        reply.count_tokens()
+    if any(d is None for d in job.done) or reply.cut_by_shutdown():
+        return error(APIError(503, "the server stopped before the reply was done", code="shutting_down",
+                              type="server_error"))
     if (failed := reply.failure()) is not None:
         return error(failed)
     return JSONResponse(reply.whole(tokens))
@@ -268,6 +314,7 @@ async def stream_reply(reply: Reply, include_usage: bool):
     asked, and [DONE]."""
     job = reply.job
     started = [False] * len(job.lanes)
+    clock = reply.server.metrics.clock(len(job.lanes))
     try:
         if reply.chat:
             for c in range(len(job.lanes)):
@@ -280,16 +327,23 @@ async def stream_reply(reply: Reply, include_usage: bool):
             choice, ev = item
             first, started[choice] = not started[choice], True  # completions: no role chunk came first
             if isinstance(ev, Token):
+                clock.token(choice)
                 if ev.text or reply.top is not None or reply.token_ids:
                     yield {"data": json.dumps(reply.chunk(choice, text=ev.text, tok=ev, first=first))}
             elif isinstance(ev, Done):
                 if (failed := reply.failure(ev)) is not None:  # what streamed stays; the error ends it
                     yield {"data": json.dumps(failed.body())}
                     return
+                if reply.cut_by_shutdown(ev):  # what streamed stays; the client is told why it ends here
+                    break
                 yield {"data": json.dumps(reply.chunk(choice, done=ev, first=first))}
-        if include_usage and all(d is not None for d in job.done):
+        if reply.cut_by_shutdown() or not all(d is not None for d in job.done):
+            yield {"data": json.dumps(APIError(503, "the server stopped before the reply was done",
+                                               code="shutting_down", type="server_error").body())}
+        elif include_usage:
             yield {"data": json.dumps({**reply.head(), "object": reply.object + (".chunk" if reply.chat else ""),
                                        "choices": [], "usage": reply.usage()})}
         yield {"data": "[DONE]"}
     finally:
         job.cancel.set()  # a client that left stops its lanes at the next decode step
+        reply.count_tokens()

@@ -31,6 +31,7 @@ UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
 # Said instead of "not supported" for the fields a later change will serve.
 NOT_YET = {"tools": "tool calling is not served yet: send the request without tools",
            "tool_choice": "tool calling is not served yet: send the request without tool_choice",
+           "parallel_tool_calls": "tool calling is not served yet: send the request without parallel_tool_calls",
            "functions": "function calling is not served yet: send the request without functions",
            "function_call": "function calling is not served yet: send the request without function_call"}
 
@@ -63,11 +64,25 @@ def parse_body(raw: bytes, model_id: str) -> dict:
         raise APIError(400, "the request body nests objects or arrays too deeply to be read") from None
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
+    n_predict(body)
     model = body.get("model")
     if model is not None and model != model_id:
         raise APIError(404, f"the model '{model}' does not exist here; this server has '{model_id}'",
                        param="model", code="model_not_found")
     return body
+
+
+def n_predict(body: dict) -> None:
+    """llama.cpp's ``n_predict`` as ``max_tokens`` when the request gives no OpenAI limit
+    (-1: no limit but the context's, as llama.cpp means it); APIError 400 naming it."""
+    n = body.get("n_predict")
+    if n is None or body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None:
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or not (n == -1 or n >= 1):
+        raise APIError(400, f"n_predict must be -1 (up to the context) or a whole number of at least 1, "
+                       f"got {json.dumps(n)[:40]}", param="n_predict")
+    if n >= 1:
+        body["max_tokens"] = n
 
 
 def stream_options(body: dict) -> tuple[bool, bool]:

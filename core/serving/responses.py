@@ -27,6 +27,23 @@ class Reply:
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.offsets = [0] * len(job.lanes)
+        self.counted = False
+        # vLLM's stop_reason names a stop token id the request gave; the model's own end
+        # of text or of turn is null
+        asked = body.get("stop_token_ids")
+        self.asked_stops = frozenset(asked) if isinstance(asked, list) else frozenset()
+        self.own_stops = frozenset(server.loaded.stop_ids) | frozenset(server.loaded.chat_format.stop_ids())
+
+    def cut_by_shutdown(self, done: Done | None = None) -> bool:
+        """Whether the server's shutdown ended this choice (``done``) or any choice early."""
+        return self.server.draining and any(d is not None and d.stop_reason == "cancelled"
+                                            for d in ([done] if done is not None else self.job.done))
+
+    def count_tokens(self) -> None:
+        """Add this request's tokens to the server's metrics, once."""
+        if not self.counted:
+            self.counted = True
+            self.server.metrics.tokens(len(self.job.prompt), sum(len(d.tokens) for d in self.job.done if d is not None))
 
     def head(self) -> dict:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.server.model_id,
@@ -35,7 +52,12 @@ class Reply:
     def _entry(self, tok: Token) -> dict:
         # "id" (an extension) names each token by id, as a branch at an alternative needs:
         # two tokens may spell the same text.
+        # A reply whose leading space is dropped from its text drops it from its first
+        # token (and that token's alternatives) too: the tokens spell the content.
+        strip = self.job.strip_leading_space and tok.index == 0
+
         def one(piece: str, lp: float, tid: int) -> dict:
+            piece = piece[1:] if strip and piece.startswith(" ") else piece
             return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8")), "id": tid}
         e = one(tok.piece, tok.logprob, tok.token_id)
         alts = []
@@ -62,9 +84,10 @@ class Reply:
                 **({"top_token_ids": [[a["id"] for a in e["top_logprobs"]] for e in entries]} if self.top else {})}
 
     def stop_reason(self, d: Done):
-        """vLLM's stop_reason: the stop string or token id that ended the choice."""
+        """vLLM's stop_reason: the stop string or the request's stop token id that ended
+        the choice; null at the model's own end of text or of turn."""
         if d.stop_reason == "eos":
-            return d.stop_token
+            return d.stop_token if d.stop_token in self.asked_stops and d.stop_token not in self.own_stops else None
         if d.stop_reason == "stop":
             text = self.server.tokenizer.decode(d.tokens)
             hits = [(text.find(s), s) for s in d.params.stop if s in text]
@@ -87,7 +110,8 @@ class Reply:
 
     def usage(self) -> dict:
         done = [d for d in self.job.done if d is not None]
-        completion = sum(len(d.tokens) + (d.stop_token is not None) for d in done)
+        # the tokens the reply reports (text, logprobs, token_ids); the stop token is not one
+        completion = sum(len(d.tokens) for d in done)
         out = {"prompt_tokens": len(self.job.prompt), "completion_tokens": completion,
                "total_tokens": len(self.job.prompt) + completion}
         if done and done[0].stats is not None:  # OpenAI's field: prompt tokens the KV cache held
@@ -112,6 +136,8 @@ class Reply:
             c["logprobs"] = self.logprobs(tokens[i], i)
             c["finish_reason"] = FINISH[d.stop_reason]
             c["stop_reason"] = self.stop_reason(d)
+            if d.stop_token is not None:  # an extension: the token that ended it, even where stop_reason is null
+                c["stop_token_id"] = d.stop_token
             if (spec := speculative_stats(d)) is not None:
                 c["speculative"] = spec
             if self.token_ids:
@@ -134,6 +160,8 @@ class Reply:
         c["finish_reason"] = FINISH[done.stop_reason] if done is not None else None
         if done is not None:
             c["stop_reason"] = self.stop_reason(done)
+            if done.stop_token is not None:
+                c["stop_token_id"] = done.stop_token
             if (spec := speculative_stats(done)) is not None:
                 c["speculative"] = spec
         if self.token_ids:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import math
 import socket
 import threading
+import time
 from typing import Callable
 
 import h11
@@ -78,10 +78,44 @@ class TimedH11(H11Protocol):
 
 def uvicorn_config(app, options: HTTPOptions) -> uvicorn.Config:
     """uvicorn's settings for ``app``: h11 with the header deadline, keep-alive connections
-    closed after 5 idle seconds, running requests given ``shutdown_timeout`` to finish."""
+    closed after 5 idle seconds. Running requests were drained before uvicorn's own
+    shutdown starts (:class:`DrainingServer`); it waits a few seconds more for the last bytes."""
     protocol = type("TimedH11", (TimedH11,), {"read_timeout": options.read_timeout})
     return uvicorn.Config(app, log_level="warning", lifespan="on", http=protocol, timeout_keep_alive=5,
-                          timeout_graceful_shutdown=max(1, math.ceil(options.shutdown_timeout)))
+                          timeout_graceful_shutdown=5)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a drain before its shutdown: the first Ctrl+C (or SIGTERM)
+    stops new requests (503 with Retry-After; /health says 503) and lets running ones
+    finish for up to ``shutdown_timeout`` seconds; then what still runs is ended, each
+    stream with an error event and [DONE], and the server exits. A second Ctrl+C exits now."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, shutdown_timeout: float):
+        super().__init__(config)
+        self.state, self.shutdown_timeout = state, shutdown_timeout
+        self._drain_until: float | None = None
+        self._aborted_at: float | None = None
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._drain_until is not None:  # asked twice: stop draining
+            return super().handle_exit(sig, frame)
+        self._captured_signals.append(sig)  # uvicorn raises it again once it has stopped, as it does
+        self.state.draining = True
+        self._drain_until = time.monotonic() + self.shutdown_timeout
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_until is not None and not self.should_exit:
+            scheduler, now = self.state.scheduler, time.monotonic()
+            if scheduler.idle:
+                # the streams' last events are on their way; a tick later they have been sent
+                self.should_exit = self._aborted_at is None or now - self._aborted_at > 0.2
+            elif now >= self._drain_until and self._aborted_at is None:
+                self._aborted_at = now
+                scheduler.abort()
+            elif self._aborted_at is not None and now - self._aborted_at > 5:  # a step that never returns
+                self.should_exit = True
+        return await super().on_tick(counter)
 
 
 class RunningServer:
@@ -99,7 +133,7 @@ class RunningServer:
         app = build_app(state, on_startup=started.set, options=options, bound=host)
         if wrap is not None:  # ASGI middleware around the app (tests: a server that lacks features)
             app = wrap(app)
-        self._server = uvicorn.Server(uvicorn_config(app, options))
+        self._server = DrainingServer(uvicorn_config(app, options), state, options.shutdown_timeout)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name="llamadesk-http", daemon=True)
         self._thread.start()
@@ -126,7 +160,7 @@ def serve_forever(state: ServerState, host: str, port: int, announce: Callable[[
     h, p = sock.getsockname()[:2]
     shown = f"[{h}]" if ":" in h else h
     app = build_app(state, on_startup=lambda: announce(f"http://{shown}:{p}/v1"), options=options, bound=host)
-    server = uvicorn.Server(uvicorn_config(app, options))
+    server = DrainingServer(uvicorn_config(app, options), state, options.shutdown_timeout)
     try:
         server.run(sockets=[sock])
     finally:

@@ -65,11 +65,22 @@ class Scheduler:
         """Lanes decoding now."""
         return len(self._lanes)
 
+    @property
+    def waiting(self) -> int:
+        """Jobs waiting for rows."""
+        return len(self._waiting)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing runs and nothing waits."""
+        return not self._lanes and not self._waiting
+
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        """Cancel everything, end the thread."""
+    def abort(self) -> None:
+        """Refuse new jobs and end every running and waiting one, without waiting for the
+        thread (the event loop calls this when a drain runs out of time)."""
         with self._cond:
             self._stopping = True
             for job in list(self._waiting):
@@ -78,6 +89,10 @@ class Scheduler:
             for job, _ in list(self._lanes.values()):
                 job.cancel.set()
             self._cond.notify_all()
+
+    def stop(self) -> None:
+        """Cancel everything, end the thread."""
+        self.abort()
         if self._thread.is_alive():
             self._thread.join()
 

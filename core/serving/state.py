@@ -8,6 +8,7 @@ from typing import Callable
 from core.engine.engine import Engine
 from core.engine.settings import SCHEMA
 from core.errors import SettingsError
+from core.serving.metrics import Metrics
 from core.serving.scheduler import Job, Scheduler
 from core.tokenizer.fingerprint import tokenizer_fingerprint
 from core.worker.worker import draft_loader
@@ -37,6 +38,8 @@ class ServerState:
         self.engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids, compile=compile,
                              threads=threads)
         self.prep = ThreadPoolExecutor(2, thread_name_prefix="llamadesk-prep")
+        self.metrics = Metrics()
+        self.draining = False  # told to stop: running requests finish, new ones get 503
         self.max_prompt_bytes = self.engine.max_context * longest_token(loaded.tokenizer, loaded.model.args.vocab_size)
         if not isinstance(lookup, int) or not SCHEMA["lookup"].accepts(lookup):
             raise SettingsError(SCHEMA["lookup"].error(lookup, "--lookup"))

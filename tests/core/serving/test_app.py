@@ -45,7 +45,7 @@ def test_chat_reply_ends_its_turn_and_matches_the_engine(demo):
     c = r.choices[0]
     assert c.message.role == "assistant" and c.message.content == done.text and "Max" in done.text
     assert c.finish_reason == "stop" and r.object == "chat.completion"
-    assert r.usage.completion_tokens == len(done.tokens) + 1  # the end-of-turn token counts
+    assert r.usage.completion_tokens == len(done.tokens)  # the tokens reported: the end of turn is not one
     assert r.usage.prompt_tokens == len(chat_ids(demo, msgs))
 
 
@@ -94,7 +94,7 @@ def test_n_3_equals_three_comparison_lanes_over_one_prompt(stories):
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert [c.text for c in r.choices] == [d.text for d in done]
     assert len({c.text for c in r.choices}) > 1  # three different samples, not one copied
-    assert r.usage.completion_tokens == sum(len(d.tokens) + (d.stop_token is not None) for d in done)
+    assert r.usage.completion_tokens == sum(len(d.tokens) for d in done)
 
 
 def test_logprobs_are_the_raw_distribution_of_the_model(stories):
@@ -127,6 +127,9 @@ def test_chat_logprobs_carry_top_alternatives(demo):
                                             logprobs=True, top_logprobs=2)
     content = r.choices[0].logprobs.content
     assert len(content) == 5 and all(len(t.top_logprobs) == 2 for t in content)
+    # the tokens spell the content: the first one's leading space is dropped from both
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    assert bytes(content[0].bytes).decode() == content[0].token
     # Greedy: the chosen token is the most likely one, so it heads its alternatives.
     for t in content:
         assert t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == pytest.approx(t.logprob, abs=1e-5)
