@@ -11,9 +11,9 @@ import html
 import re
 
 import markdown
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextOption
-from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextOption, QTextTable
+from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QToolButton
 
 from gui import theme
 
@@ -169,6 +169,8 @@ class MessageBody(QTextBrowser):
         self._tail_at = 0  # streaming: where the plain-text tail starts in the document
         self._pieces = True  # streaming: the text can still be rendered block by block
         self.setMouseTracking(True)  # hover over a token's anchor (``highlighted``)
+        self._pinned_copy: list[QToolButton] = []  # "Copy code" kept in view while scrolled sideways
+        self.horizontalScrollBar().valueChanged.connect(self._pin_copy_buttons)
 
     @property
     def rendered(self) -> int:
@@ -288,6 +290,36 @@ class MessageBody(QTextBrowser):
             h += self.horizontalScrollBar().sizeHint().height()
         if h != self.height():
             self.setFixedHeight(h)
+        self._pin_copy_buttons()
+
+    def _pin_copy_buttons(self, *_) -> None:
+        """Scrolled sideways to read a long code line, each code block's "Copy code" link
+        has moved out of view with its header: a button at the body's right edge, over
+        that header, stands in for it (and copies the same block)."""
+        dx = self.horizontalScrollBar().value()
+        heads = [t for t in self.document().rootFrame().childFrames() if isinstance(t, QTextTable)
+                 and t.rows() == 1 and t.cellAt(0, 0).firstCursorPosition().block().text() == "Copy code"] \
+            if dx > 0 and self.codes else []
+        while len(self._pinned_copy) < len(heads):
+            k = len(self._pinned_copy)
+            b = QToolButton(self.viewport())
+            b.setObjectName("pinnedCopyCode")
+            b.setText("Copy code")
+            b.setAutoRaise(True)
+            b.setToolTip("Copy this code block")
+            b.setStyleSheet(f"color: {theme.colors()['muted']}; background: {theme.colors()['code_bg']}; "
+                            "font-size: small; border: none;")
+            b.clicked.connect(lambda *_, k=k: self.anchorClicked.emit(QUrl(f"copy:{k}")))
+            b.adjustSize()
+            self._pinned_copy.append(b)
+        layout = self.document().documentLayout()
+        for k, b in enumerate(self._pinned_copy):
+            rect = layout.frameBoundingRect(heads[k]) if k < len(heads) else None
+            # Shown once the header's own link has (mostly) left the view, never both at once.
+            show = rect is not None and rect.right() - dx < b.width() + 8
+            if show:
+                b.move(self.viewport().width() - b.width() - 4, int(rect.top() - self.verticalScrollBar().value()) + 1)
+            b.setVisible(show)
 
     def resizeEvent(self, e):
         super().resizeEvent(e)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import random
 
 from PySide6.QtCore import Qt, QUrl
+from PySide6.QtWidgets import QToolButton
 from PySide6.QtGui import QGuiApplication, QTextFrameFormat, QTextTable
 
 import gui.chat.markdown as cv
@@ -260,12 +261,22 @@ def test_a_long_code_line_scrolls_sideways_and_copy_code_stays_in_view(qtbot):
     assert 0 < copy_at.x() < body.viewport().width(), (copy_at.x(), body.viewport().width())
     bar = body.horizontalScrollBar()
     assert bar.maximum() > 0 and bar.isVisibleTo(body)  # the long line can be scrolled to
+    assert body.findChild(QToolButton, "pinnedCopyCode") is None or body.findChild(QToolButton, "pinnedCopyCode").isHidden()
     bar.setValue(bar.maximum())
     assert body.viewport().height() >= body.document().size().height() - 1  # the scrollbar hides no text
+    # Scrolled to the line's end, the block's header (and its link) moved out of view: a
+    # "Copy code" button stands at the right edge over it.
+    pinned = body.findChild(QToolButton, "pinnedCopyCode")
+    assert pinned is not None and pinned.isVisible()
+    assert body.viewport().rect().contains(pinned.geometry()) and pinned.y() < copy_at.y() + 8
+    QGuiApplication.clipboard().setText("")
+    with qtbot.waitSignal(view.copied):
+        qtbot.mouseClick(pinned, Qt.LeftButton)
+    assert QGuiApplication.clipboard().text().endswith("58, 59]")
     with qtbot.waitSignal(view.copied):
         bar.setValue(0)
         qtbot.mouseClick(body.viewport(), Qt.LeftButton, pos=anchor_point(body, "copy:0"))
-    assert QGuiApplication.clipboard().text().endswith("58, 59]")
+    assert QGuiApplication.clipboard().text().endswith("58, 59]") and pinned.isHidden()
     # A plain vertical wheel over the body still scrolls the transcript, not the code.
     assert wheel(body, -1) is not body
 
