@@ -82,9 +82,9 @@ class ModelDrop(QObject):
             return True
         if kind == QEvent.DragEnter:
             self.show(path, paths)
-        # Entering is accepted either way, so the highlight can say why a non-model won't
-        # open; moving over the window refuses the drop then (the cursor says so too).
-        event.acceptProposedAction() if path or kind == QEvent.DragEnter else event.ignore()
+        # Files that are no model are taken too, so the highlight can say why they won't
+        # open, and the leave or drop that ends the drag always comes here to hide it.
+        event.acceptProposedAction()
         return True
 
     def show(self, path: str | None, paths: list[str]) -> None:

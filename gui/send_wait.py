@@ -30,6 +30,7 @@ class SendWhenLoaded(QObject):
         window.action("send").triggered.connect(self._submitted)
         window.prompt.editor.submit.connect(self._submitted)
         window.prompt.editor.escape.connect(self.cancel)
+        window.conversation.currentChanged.connect(self.cancel)  # the message stays with its chat
         window.models.loaded.connect(self._loaded)
         window.models.loadEnded.connect(self._load_ended)
 
@@ -45,7 +46,7 @@ class SendWhenLoaded(QObject):
         prompt.set_model_ready(False, WAIT_HINT.format(name=self._name()))
 
     def cancel(self) -> None:
-        """Esc: the message stays in the box, unsent."""
+        """Esc, or another chat opened: the message stays with its chat, unsent."""
         if self.waiting:
             self.waiting = False
             if self.window.models.loading:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from PySide6.QtCore import QMimeData, QPoint, QPointF, QSize, Qt, QUrl
+from PySide6.QtCore import QMimeData, QPointF, QSize, Qt, QUrl
 from PySide6.QtGui import QAction, QColor, QContextMenuEvent, QDragEnterEvent, QDropEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import QApplication, QLabel, QMenu, QMessageBox, QSlider, QWidget
 
@@ -294,7 +294,7 @@ def test_drop_and_recent_models(qtbot, window, loop, gguf, settings):
 
     async def scenario():
         # A drag enters (the drop handler, gui/model_drop.py, takes it), then drops.
-        QApplication.sendEvent(window, QDragEnterEvent(QPoint(10, 10), Qt.CopyAction, md, Qt.LeftButton, Qt.NoModifier))
+        QApplication.sendEvent(window, QDragEnterEvent(QPointF(10, 10), Qt.CopyAction, md, Qt.LeftButton, Qt.NoModifier))
         QApplication.sendEvent(window, ev)
         await until(lambda: window.info is not None, 30, "dropped model loads")
         return True

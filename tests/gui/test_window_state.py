@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from PySide6.QtCore import QMimeData, QPoint, QPointF, QRect, QSize, Qt, QUrl
+from PySide6.QtCore import QMimeData, QPointF, QRect, QSize, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDragLeaveEvent, QDropEvent, QGuiApplication
 from PySide6.QtWidgets import QApplication
 
@@ -78,7 +78,7 @@ def _drag(kind, paths, window):
     md = QMimeData()
     md.setUrls([QUrl.fromLocalFile(str(p)) for p in paths])
     if kind == "enter":
-        ev = QDragEnterEvent(QPoint(40, 40), Qt.CopyAction, md, Qt.LeftButton, Qt.NoModifier)
+        ev = QDragEnterEvent(QPointF(40, 40), Qt.CopyAction, md, Qt.LeftButton, Qt.NoModifier)
     else:
         ev = QDropEvent(QPointF(40, 40), Qt.CopyAction, md, Qt.LeftButton, Qt.NoModifier)
     QApplication.sendEvent(window, ev)
@@ -104,6 +104,11 @@ def test_dragging_a_model_over_the_window_says_what_a_drop_does(window, fixtures
     drop = _drag("drop", [notes], window)
     assert not drop.isAccepted() and not overlay.isVisible()
     assert not window.models.loading
+    md = QMimeData()
+    md.setText("just text")
+    text = QDragEnterEvent(QPointF(40, 40), Qt.CopyAction, md, Qt.LeftButton, Qt.NoModifier)
+    QApplication.sendEvent(window, text)
+    assert not text.isAccepted() and not overlay.isVisible()  # not a file: not the window's to take
 
 
 def test_a_device_change_reloads_with_a_notice_and_ctrl_enter_waits_for_it(qtbot, window, loop, fixtures):
@@ -157,6 +162,25 @@ def test_a_message_waiting_for_a_load_that_fails_stays_and_is_said_not_sent(qtbo
     run(loop, scenario(), 30)
     assert window.prompt.text() == "hello" and window.conversation.conv_id is None
     assert "not sent" in window.statusBar().currentMessage()
+
+
+def test_opening_another_chat_keeps_a_waiting_message_with_its_chat(qtbot, window, loop, fixtures):
+    other = window.history.create_conversation("other")
+    window.sidebar.refresh()
+
+    async def scenario():
+        task = window.load_model(str(fixtures / "stories260K.gguf"))
+        qtbot.keyClicks(window.prompt.editor, "for the new chat")
+        qtbot.keyClick(window.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
+        assert window.send_wait.waiting
+        window.open_conversation(other.id)
+        assert not window.send_wait.waiting
+        await task
+
+    run(loop, scenario(), 30)
+    assert window.history.current_path(other.id) == [] and window.prompt.text() == ""
+    window.open_conversation(None)
+    assert window.prompt.text() == "for the new chat"  # its draft, unsent
 
 
 def test_the_compiling_note_stays_until_a_token_after_the_compiled_step(qtbot):
