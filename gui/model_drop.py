@@ -24,8 +24,10 @@ def model_in(paths: list[str]) -> str | None:
     return next((p for p in paths if model_dialog.looks_like_model(p)), None)
 
 
-def drop_text(path: str | None, paths: list[str], *, current: str | None, loading: bool, busy: bool) -> str:
-    """What dropping ``paths`` does, in a line or two (``path``: the model among them)."""
+def drop_text(path: str | None, paths: list[str], *, current: str | None, loading: bool, busy: bool,
+              server: str | None = None) -> str:
+    """What dropping ``paths`` does, in a line or two (``path``: the model among them;
+    ``server``: where replies come from now, if not from the local model)."""
     if path is None:
         name = Path(paths[0]).name if paths else "this"
         return (f"“{name}” is not a model\nDrop a .gguf file or a model folder "
@@ -35,6 +37,8 @@ def drop_text(path: str | None, paths: list[str], *, current: str | None, loadin
         lines.append("The model loading now is cancelled")
     elif current:
         lines.append(f"It replaces {current}; your chats stay")
+    if server:
+        lines.append(f"Replies come from it instead of {server}")
     if busy:
         lines.append("The reply being written stops (what it wrote is kept)")
     return "\n".join(lines)
@@ -90,7 +94,9 @@ class ModelDrop(QObject):
     def show(self, path: str | None, paths: list[str]) -> None:
         m = self.window.models
         current = m.local_info.get("name") if m.local_info else None
-        self.overlay.setText(drop_text(path, paths, current=current, loading=m.loading, busy=self.window.busy))
+        server = (m.info or {}).get("server") if m.backend is not None else None
+        self.overlay.setText(drop_text(path, paths, current=current, loading=m.loading, busy=self.window.busy,
+                                       server=server))
         c = theme.colors()
         bg = QColor(c["window"])  # see-through: the window stays recognisable under it
         self.overlay.setStyleSheet(

@@ -228,3 +228,19 @@ def test_the_token_counter_is_the_new_models_count_after_switching(qtbot, window
     assert window.status.context_used == expected != before
     assert window.status.context_bar.maximum() == window.context_length == demo.args.max_seq_len
     assert window.status.context_bar.format() == f"{expected} / {demo.args.max_seq_len} tokens"
+
+
+def test_the_drop_text_names_what_the_drop_replaces_and_stops():
+    from gui.model_drop import drop_text
+    model = "/m/llama-3-8b.Q4_K_M.gguf"
+    assert drop_text(model, [model], current=None, loading=False, busy=False) == \
+        "Drop to open “llama-3-8b.Q4_K_M.gguf”"
+    assert drop_text(model, [model], current="stories260K", loading=False, busy=True) == (
+        "Drop to open “llama-3-8b.Q4_K_M.gguf”\nIt replaces stories260K; your chats stay\n"
+        "The reply being written stops (what it wrote is kept)")
+    assert drop_text(model, [model], current="stories260K", loading=True, busy=False).endswith(
+        "The model loading now is cancelled")
+    assert drop_text(model, [model], current=None, loading=False, busy=False, server="http://gpu:8000/v1").endswith(
+        "Replies come from it instead of http://gpu:8000/v1")
+    assert drop_text(None, ["/home/me/notes.txt"], current=None, loading=False, busy=False).startswith(
+        "“notes.txt” is not a model")
