@@ -77,6 +77,8 @@ class CachedFile:
 def list_caches(folder: Path | None = None) -> list[CachedFile]:
     """The complete caches in ``folder`` (default: the data folder's), newest first."""
     folder = folder or cache_folder()
+    if not folder.is_dir():
+        return []
     out = []
     for p in sorted(folder.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime, reverse=True):
         source = ""
@@ -86,6 +88,12 @@ def list_caches(folder: Path | None = None) -> list[CachedFile]:
             pass
         out.append(CachedFile(p, source, p.stat().st_size))
     return out
+
+
+def caches_of(gguf: Path, folder: Path | None = None) -> list[CachedFile]:
+    """The caches written for the GGUF file at ``gguf`` (any version of it)."""
+    want = str(Path(gguf).resolve())
+    return [c for c in list_caches(folder) if c.source == want]
 
 
 def remove(cache: Path) -> None:

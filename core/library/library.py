@@ -23,6 +23,7 @@ import sentencepiece as spm
 from gguf.constants import LlamaFileType
 
 from core import limits
+from core.checkpoints import pack_cache
 from core.checkpoints.gguf_header import ROPE_FREQS, header_args, read_header
 from core.checkpoints.hf import args_from_config
 from core.checkpoints.meta import read_params
@@ -490,6 +491,9 @@ def delete(entry: LibraryEntry, *, state: LibraryState | None = None) -> list[Pa
         removed.append(f)
     st = state or LibraryState()
     p = Path(entry.path)
+    for c in pack_cache.caches_of(p, st.path.parent / pack_cache.FOLDER):  # no use without its model
+        pack_cache.remove(c.path)
+        removed.append(c.path)
     folder = p if p.is_dir() else p.parent
     try:  # a library folder itself stays, even when empty
         if folder.is_dir() and not any(folder.iterdir()) and path_key(folder) not in {path_key(f) for f in st.folders()}:

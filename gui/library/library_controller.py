@@ -10,6 +10,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
+from core.checkpoints import pack_cache
+from core.library.library import human_size
 from gui.library.library_table import LibraryTableModel
 
 
@@ -51,7 +53,10 @@ class LibraryController(QObject):
             return f"Scanning {len(s.folders())} folder(s)…"
         n = len(self.model.entries)
         more = f" and {len(s.extra_folders())} more folder(s)" if s.extra_folders() else ""
-        return f"{self.note}{n} model{'s' if n != 1 else ''} in {s.models_folder()}{more}"
+        caches = self.caches()
+        fast = (f" · fast-open caches: {len(caches)}, {human_size(sum(c.bytes for c in caches))}"
+                if caches else "")
+        return f"{self.note}{n} model{'s' if n != 1 else ''} in {s.models_folder()}{more}{fast}"
 
     def is_empty(self) -> bool:
         """No model found, and no scan running (the empty state shows)."""
@@ -99,6 +104,33 @@ class LibraryController(QObject):
             self.note = f"Could not delete {entry.name}: {err} · "
         else:
             self.note = f"Deleted {entry.name} · "
+        self.statusChanged.emit()
+
+    # -- fast-open caches (core.checkpoints.pack_cache) --------------------------------------
+    def caches(self) -> list:
+        """The packed-layer caches that make GGUF files open fast (a few files: listed here)."""
+        return pack_cache.list_caches(self.service.data_dir / pack_cache.FOLDER)
+
+    def clear_caches_question(self) -> tuple[str, str]:
+        caches = self.caches()
+        return "Clear fast-open caches", (
+            f"Remove {len(caches)} fast-open cache(s) ({human_size(sum(c.bytes for c in caches))})?\n\n"
+            "Each holds a quantized model's weights in the layout the CPU kernels use, written at its "
+            "first open so later opens take a second. The next open of each model writes its cache again.")
+
+    def clear_caches(self) -> asyncio.Task:
+        """Remove every fast-open cache (the user agreed); the outcome goes into the status line."""
+        return asyncio.ensure_future(self._clear_caches())
+
+    async def _clear_caches(self) -> None:
+        caches = self.caches()
+        try:
+            for c in caches:
+                await self.service.call(pack_cache.remove, c.path)
+        except OSError as err:
+            self.note = f"Could not clear the fast-open caches: {err.strerror or err} · "
+        else:
+            self.note = f"Cleared {len(caches)} fast-open cache(s), {human_size(sum(c.bytes for c in caches))} · "
         self.statusChanged.emit()
 
     def rescan(self) -> None:

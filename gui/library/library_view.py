@@ -123,7 +123,12 @@ class LibraryView(QWidget):
         self.delete_button = QPushButton("Delete…")
         self.delete_button.setObjectName("libraryDelete")
         self.delete_button.clicked.connect(self.delete_selected)
-        for b in (self.open_button, self.show_button, self.delete_button):
+        self.clear_caches_button = QPushButton("Clear Caches…")
+        self.clear_caches_button.setObjectName("libraryClearCaches")
+        self.clear_caches_button.setToolTip("Remove the fast-open caches: the weights of quantized models in "
+                                            "the CPU kernels' layout, written at a model's first open")
+        self.clear_caches_button.clicked.connect(self.clear_caches)
+        for b in (self.open_button, self.show_button, self.delete_button, self.clear_caches_button):
             bottom.addWidget(b)
         return bottom
 
@@ -147,6 +152,7 @@ class LibraryView(QWidget):
         self.open_button.setEnabled(self.controller.can_open(e))
         self.show_button.setEnabled(e is not None)
         self.delete_button.setEnabled(e is not None)
+        self.clear_caches_button.setEnabled(bool(self.controller.caches()))
 
     def selected(self):
         rows = self.table.selectionModel().selectedRows()
@@ -187,6 +193,11 @@ class LibraryView(QWidget):
         if e is None or not self.confirm(*self.controller.delete_question(e)):
             return None
         return self.controller.delete(e)
+
+    def clear_caches(self) -> asyncio.Task | None:
+        if not self.controller.caches() or not self.confirm(*self.controller.clear_caches_question()):
+            return None
+        return self.controller.clear_caches()
 
     def _fill_folders(self) -> None:
         m = self.folders_menu

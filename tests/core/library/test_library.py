@@ -10,7 +10,7 @@ import pytest
 from core.library import library
 from core.library.library import LibraryState, delete, family_of, quant_from_name, record_used, scan
 from tests.core.checkpoints.util import random_model, write_gguf, write_tiny_tokenizer
-from core.checkpoints import load
+from core.checkpoints import load, pack_cache
 from tests.helpers import ROOT, tiny_hf
 
 
@@ -211,3 +211,19 @@ def test_generic_names_take_the_repository_or_the_folder(tmp_path, state, fixtur
     assert library.model_name(tmp_path / "models" / "model.gguf") == "model"  # nothing better: the file's own
     assert json.loads(json.dumps(scan([lib / "TinyStories-GGUF"], state=state)[0].to_json()))["location"] == \
         str(lib / "TinyStories-GGUF")
+
+
+def test_deleting_a_gguf_removes_its_fast_open_cache(tmp_path, state, monkeypatch):
+    monkeypatch.setenv(pack_cache.ENV, "1")
+    monkeypatch.setenv("LLAMADESK_DATA_DIR", str(state.path.parent))
+    g = tmp_path / "lib" / "q4.gguf"
+    g.parent.mkdir()
+    write_gguf(g, random_model(dim=256, n_heads=4, n_kv_heads=2, hidden_dim=512), qtype="Q4_K")
+    other = tmp_path / "lib" / "other.gguf"
+    write_gguf(other, random_model(dim=256, n_heads=4, n_kv_heads=2, hidden_dim=512), qtype="Q4_0")
+    load(g, device="cpu")
+    load(other, device="cpu")
+    assert len(pack_cache.list_caches()) == 2
+    removed = delete(next(e for e in scan([tmp_path / "lib"], state=state) if e.path == g), state=state)
+    assert any(p.name.endswith(pack_cache.SUFFIX) for p in removed)
+    assert [c.source for c in pack_cache.list_caches()] == [str(other.resolve())]  # the other model's stays

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from core.checkpoints import pack_cache
 from core.library.library import LibraryEntry, LibraryState
 from gui.library.library_controller import LibraryController
 from gui.library.service import LibraryService
@@ -111,3 +112,23 @@ def test_folders_go_to_the_service(service, loop, tmp_path):
         assert c.is_empty()
 
     run(loop, scenario())
+
+
+def test_fast_open_caches_are_shown_and_cleared(service, loop):
+    c = LibraryController(service)
+    folder = service.data_dir / pack_cache.FOLDER
+    folder.mkdir(parents=True)
+    for name in ("a", "b"):
+        (folder / f"{name}-0123{pack_cache.SUFFIX}").write_bytes(b"x" * 1_500)
+        (folder / f"{name}-0123.packed.source").write_text(str(service.models_folder() / f"{name}.gguf"))
+    assert [p.source.endswith(".gguf") for p in c.caches()] == [True, True]
+    assert c.status_text().endswith(" · fast-open caches: 2, 3.0 KB")
+    title, text = c.clear_caches_question()
+    assert title == "Clear fast-open caches" and "Remove 2 fast-open cache(s) (3.0 KB)" in text
+
+    async def scenario():
+        await c.clear_caches()
+
+    run(loop, scenario())
+    assert c.caches() == [] and not list(folder.iterdir())
+    assert c.note == "Cleared 2 fast-open cache(s), 3.0 KB · " and "fast-open caches:" not in c.status_text()
