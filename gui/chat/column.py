@@ -11,6 +11,8 @@ from gui.chat.prompt_editor import PromptEditor
 from gui.widgets.notice_bar import NoticeBar
 from gui.widgets.token_inspector import TokenInspector
 
+SIDE_BY_SIDE = 560  # px of the column from which the inspector stands beside the transcript
+
 
 class ChatColumn(QWidget):
     """Transcript | inspector, then the notices, then the prompt: it lays them out and
@@ -59,6 +61,14 @@ class ChatColumn(QWidget):
         lay.addWidget(self.reply_notice)
         self.prompt = PromptEditor()
         lay.addWidget(self.prompt)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt API)
+        super().resizeEvent(event)
+        # Too narrow for both side by side (an 800 px window): the inspector goes under the
+        # transcript, so neither is squeezed below its width and the window still fits.
+        want = Qt.Vertical if self.width() < SIDE_BY_SIDE else Qt.Horizontal
+        if self.chat_splitter.orientation() != want:
+            self.chat_splitter.setOrientation(want)
 
     def attach(self, chats) -> None:
         """Show what ``chats`` (a ConversationController) says, forward what the user asks."""

@@ -114,3 +114,18 @@ def test_side_panes_give_the_middle_its_share_and_get_their_width_back(qtbot):
     state = sp.saveState()
     sp.setSizes([300, 1300, 300])
     assert sp.restoreState(state) and sp.wanted == {0: 230, 2: 290}  # restored widths are the wanted ones
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_main_window_with_the_token_inspector(window, size):
+    """A reply in token view shows the inspector beside the transcript; at 800 px there is
+    no room beside it (the window grew past the screen): it goes under the transcript."""
+    w = window
+    top = {"raw": [[61, 0.6], [62, 0.3]], "filtered": [[61, 0.65], [62, 0.35]]}
+    w.inspector.show_token(3, 1, TokenRec(61, " x", " x", -0.5, top), "T 0.9", title="Reply · token 2")
+    w.inspector.show()
+    w.inspector.set_can_branch(True)  # as with a model loaded: Continue and Ban show
+    assert w.inspector.select_row(62)
+    assert shown_at(w, size) == []
+    assert w.inspector.ban_button.isVisibleTo(w)
+    assert w.chat.width() >= 0.4 * size[0] and w.sidebar.width() >= 150
