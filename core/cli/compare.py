@@ -102,7 +102,7 @@ def connect_servers(args, lanes: list[SamplingParams], where: list) -> tuple[dic
                  if on]
         if asked and w[0] is not None and not remotes[w].is_llamadesk:
             raise SettingsError(f"lane {i + 1}: {' and '.join(asked)} runs on a local model or LlamaDesk's serve "
-                                f"only, and {remotes[w].url} is another server")
+                                f"only, and {remotes[w].shown} is another server")
     return remotes, took_s
 
 
@@ -136,7 +136,7 @@ def run_lanes(args, lanes: list[SamplingParams], where: list, remotes: dict) -> 
         for i, w in enumerate(where):
             if w[0] is not None:
                 r = remotes[w]
-                out.fingerprints[i], out.names[i] = r.tokenizer_fingerprint, (r.model, r.url)
+                out.fingerprints[i], out.names[i] = r.tokenizer_fingerprint, (r.model, r.shown)
         local_paths = list(dict.fromkeys(m for s, m in where if s is None))
         for path in local_paths:
             _run_local(args, path, [i for i, w in enumerate(where) if w == (None, path)], lanes, out,

@@ -35,7 +35,7 @@ def cmd_generate(args) -> int:
             raise SettingsError("--num-beams needs a local model: OpenAI-compatible servers do not run beam search")
         remote, load_s = connect(args.server, args, args.remote_model)
         events = remote_stream(remote, args, params, meta=meta)
-        extra = {"model": remote.model, "server": remote.url}
+        extra = {"model": remote.model, "server": remote.shown}
     else:
         if args.model is None:
             raise SettingsError("give a MODEL (a folder or .gguf file) or --server URL")

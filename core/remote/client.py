@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -43,17 +44,32 @@ _KINDS = {400: "bad_request", 401: "auth", 403: "auth", 404: "not_found", 422: "
           429: "rate_limit", 503: "busy"}
 
 
+def public_url(url: str) -> str:
+    """``url`` without any user:password part, for showing and storing (keys never are)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not a URL urllib can split (a broken [IPv6] host): cut the authority by hand
+        scheme, sep, rest = url.partition("://")
+        authority, slash, path = rest.partition("/")
+        return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}"
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
 def base_url(url: str) -> str:
     """``http://host:port`` or ``.../v1`` -> ``.../v1`` (every server above mounts there)."""
     url = url.strip().rstrip("/")
+    shown = public_url(url)
     if not url.startswith(("http://", "https://")):
-        raise RemoteError(f"a server URL starts with http:// or https://, got {url!r}", kind="bad_request")
+        raise RemoteError(f"a server URL starts with http:// or https://, got {shown!r}", kind="bad_request")
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as e:
-        raise RemoteError(f"not a valid server URL: {url!r} ({e})", kind="bad_request") from None
+        raise RemoteError(f"not a valid server URL: {shown!r} ({str(e).replace(url, shown)})",
+                          kind="bad_request") from None
     if not parsed.host or (parsed.port is not None and not 0 < parsed.port < 65536):
-        raise RemoteError(f"not a valid server URL: {url!r} (it needs a host, and a port from 1 to 65535)",
+        raise RemoteError(f"not a valid server URL: {shown!r} (it needs a host, and a port from 1 to 65535)",
                           kind="bad_request")
     return url if url.endswith("/v1") else url + "/v1"
 
@@ -75,6 +91,7 @@ class RemoteModel:
 
     def __post_init__(self) -> None:
         self.url = base_url(self.url)
+        self.shown = public_url(self.url)  # what messages and printed output name: no credentials
         self.card: dict | None = None
         self.caps: Capabilities | None = None  # set by probe(): fields the server lacks are not sent
 
@@ -93,16 +110,16 @@ class RemoteModel:
         what = {401: "the server refused the API key", 403: "the server refused the API key",
                 429: "the server is rate-limiting requests", 503: "the server is busy"}.get(r.status_code)
         text = f"{what}: {msg}" if what and msg else (what or msg or r.reason_phrase)
-        return RemoteError(f"{self.url} answered {r.status_code}: {text}", kind=_KINDS.get(r.status_code, "http"),
+        return RemoteError(f"{self.shown} answered {r.status_code}: {text}", kind=_KINDS.get(r.status_code, "http"),
                            status=r.status_code, param=param)
 
     def _request(self, method: str, path: str, **kw) -> httpx.Response:
         try:
             r = httpx.request(method, self.url + path, headers=self._headers(), timeout=self.timeout, **kw)
         except httpx.TimeoutException:
-            raise RemoteError(f"{self.url} did not answer within {self.timeout:g} s", kind="timeout") from None
+            raise RemoteError(f"{self.shown} did not answer within {self.timeout:g} s", kind="timeout") from None
         except httpx.TransportError as e:
-            raise RemoteError(f"cannot connect to {self.url}: {e}", kind="connection") from None
+            raise RemoteError(f"cannot connect to {self.shown}: {e}", kind="connection") from None
         if r.status_code >= 400:
             raise self._fail(r)
         return r
@@ -113,14 +130,14 @@ class RemoteModel:
         """The server's ``/v1/models`` list."""
         data = self._request("GET", "/models").json().get("data")
         if not isinstance(data, list):
-            raise RemoteError(f"{self.url}/models did not answer a model list", kind="http")
+            raise RemoteError(f"{self.shown}/models did not answer a model list", kind="http")
         return data
 
     def connect(self) -> dict:
         """Look the model up (the first one when none was named); returns its model card."""
         models = self.models()
         if not models:
-            raise RemoteError(f"{self.url} serves no models", kind="not_found")
+            raise RemoteError(f"{self.shown} serves no models", kind="not_found")
         if self.model is None:
             self.card = models[0]
             self.model = self.card["id"]
@@ -128,7 +145,7 @@ class RemoteModel:
             self.card = next((m for m in models if m.get("id") == self.model), None)
             if self.card is None:
                 ids = ", ".join(str(m.get("id")) for m in models)
-                raise RemoteError(f"{self.url} has no model '{self.model}' (it has: {ids})", kind="not_found")
+                raise RemoteError(f"{self.shown} has no model '{self.model}' (it has: {ids})", kind="not_found")
         return self.card
 
     @property
@@ -203,7 +220,7 @@ class RemoteModel:
         extensions = {"logit_bias_text": list(p.logit_bias_text), "lookup": p.lookup, "draft": p.draft}
         asked = {k: v for k, v in extensions.items() if v}
         if asked and not self.is_llamadesk:
-            raise RemoteError(f"{self.url} is not a LlamaDesk server: {', '.join(asked)} need LlamaDesk's serve "
+            raise RemoteError(f"{self.shown} is not a LlamaDesk server: {', '.join(asked)} need LlamaDesk's serve "
                               "(or a local model)", kind="unsupported")
         b.update(asked)
         return b
@@ -227,7 +244,7 @@ class RemoteModel:
         body = self.body(params, prompt=prompt, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs)
         body.update(extra or {})
         path = "/chat/completions" if chat else "/completions"
-        got = _Collected(self.url, lane, chat, meta)
+        got = _Collected(self.shown, lane, chat, meta)
         try:
             with httpx.stream("POST", self.url + path, json=body, headers=self._headers(),
                               timeout=self.timeout) as r:
@@ -242,13 +259,13 @@ class RemoteModel:
                         got.finish = "abort"
                         break
         except httpx.TimeoutException:
-            raise RemoteError(f"{self.url} stopped answering for {self.timeout:g} s", kind="timeout") from None
+            raise RemoteError(f"{self.shown} stopped answering for {self.timeout:g} s", kind="timeout") from None
         except (httpx.RemoteProtocolError, httpx.ReadError) as e:
-            raise RemoteError(f"the connection to {self.url} was cut mid-reply ({e})", kind="cut") from None
+            raise RemoteError(f"the connection to {self.shown} was cut mid-reply ({e})", kind="cut") from None
         except httpx.TransportError as e:
-            raise RemoteError(f"cannot connect to {self.url}: {e}", kind="connection") from None
+            raise RemoteError(f"cannot connect to {self.shown}: {e}", kind="connection") from None
         if got.finish is None:
-            raise RemoteError(f"the connection to {self.url} ended mid-reply", kind="cut")
+            raise RemoteError(f"the connection to {self.shown} ended mid-reply", kind="cut")
         yield got.done(params)
 
     def branch(self, params: SamplingParams, prompt_ids: list[int], forced: list[int], *,
@@ -271,7 +288,7 @@ class RemoteModel:
         if self.card is None:
             self.connect()
         if forced and not self.is_llamadesk:
-            raise RemoteError(f"{self.url} is not a LlamaDesk server: it cannot continue a reply with a forced token",
+            raise RemoteError(f"{self.shown} is not a LlamaDesk server: it cannot continue a reply with a forced token",
                               kind="unsupported")
         extra: dict = {}
         if forced:
@@ -407,7 +424,7 @@ class _Collected:
         """One streamed chunk's Token events (``meta`` gets what the chunk reports)."""
         if "error" in chunk:
             err = chunk["error"]
-            raise RemoteError(f"{self.url} failed mid-reply: {err.get('message', err)}", kind="http")
+            raise RemoteError(f"{self.shown} failed mid-reply: {err.get('message', err)}", kind="http")
         if chunk.get("usage"):
             self.usage = chunk["usage"]
             cached = (self.usage.get("prompt_tokens_details") or {}).get("cached_tokens")

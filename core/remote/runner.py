@@ -28,9 +28,8 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
-from urllib.parse import urlsplit, urlunsplit
 
-from core.remote.client import RemoteError, RemoteModel
+from core.remote.client import RemoteError, RemoteModel, public_url
 from core.engine.events import Done, Stats, Token
 from core.errors import one_line
 from core.engine.settings import SamplingParams
@@ -40,14 +39,6 @@ from core.engine.events import Reply
 log = logging.getLogger(__name__)
 
 __all__ = ["RemoteRunner", "context_length", "describe_error", "public_url"]
-
-
-def public_url(url: str) -> str:
-    """``url`` without any user:password part, for showing and storing (keys never are)."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
 def context_length(model: RemoteModel) -> int:
@@ -264,7 +255,7 @@ class RemoteRunner:
             with job.lock:
                 if not lane.closed and not job.failed:  # the stream ended without a Done
                     job.failed = True
-                    self._emit(Error(job.rid, f"the connection to {model.url} ended mid-reply", kind="cut"))
+                    self._emit(Error(job.rid, f"the connection to {model.shown} ended mid-reply", kind="cut"))
             self._forget(job)
 
     def _fail(self, job: _Job, message: str, kind: str) -> None:

@@ -4,6 +4,7 @@ Probing runs against the real server, and against the same server behind middlew
 that makes it behave like a server lacking features (refusing ``seed``, silently
 dropping ``top_k``, ``repetition_penalty`` and ``n``), which the probe must tell apart.
 """
+import json
 import os
 import signal
 import subprocess
@@ -87,3 +88,27 @@ def test_a_server_killed_mid_stream_is_a_cut_with_the_partial_reply_kept(fixture
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_credentials_in_a_server_url_are_never_printed(lm, capsys):
+    from core.cli.main import main
+    with RunningServer(ServerState(lm)) as srv:
+        plain = srv.url
+        secret = plain.replace("http://", "http://ann:hunter2@")
+        assert RemoteModel(secret).shown == plain
+        capsys.readouterr()
+        assert main(["generate", "--server", secret, "--prompt", "Once", "--max-new-tokens", "3", "--json"]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["server"] == plain and "hunter2" not in out + err
+        assert main(["compare", "--server", secret, "--prompt", "Once", "--max-new-tokens", "2", "--json",
+                     "--lane", "temperature=0", "--lane", "temperature=1,seed=1"]) == 0
+        out, err = capsys.readouterr()
+        assert [lane["server"] for lane in json.loads(out)["lanes"]] == [plain, plain] and "hunter2" not in out + err
+        assert main(["generate", "--server", secret, "--model", "nope", "--prompt", "Once"]) == 2
+        err = capsys.readouterr().err
+        assert plain in err and "hunter2" not in err
+    assert main(["generate", "--server", secret, "--prompt", "Once"]) == 2  # stopped: cannot connect
+    err = capsys.readouterr().err
+    assert "cannot connect" in err and "hunter2" not in err and "ann:" not in err
+    assert main(["generate", "--server", "http://ann:hunter2@[::1", "--prompt", "Once"]) == 2
+    assert "hunter2" not in capsys.readouterr().err
