@@ -173,12 +173,17 @@ class Vocabulary:
             self._grammars.popitem(last=False)
         return grammar
 
-    def start(self, constraint: Constraint, stop_ids: Iterable[int]) -> ConstraintState:
-        """A fresh state for one lane, at the start of its output."""
+    def start(self, constraint: Constraint, stop_ids: Iterable[int], after: str = "") -> ConstraintState:
+        """A state for one lane, at the start of its output, or past ``after``: the text
+        of a reply being continued, which the output so far already holds (so a JSON reply
+        cut at the token limit carries on inside its object, not with a second one)."""
 
         matcher = llg.LLMatcher(self.lltokenizer(), self.check(constraint), log_level=0, limits=parser_limits())
         if matcher.is_error():
             raise ConstraintError(f"the {constraint.describe()} cannot be compiled: {first_lines(matcher.get_error())}")
+        if after and not matcher.consume_tokens(self.lltokenizer().tokenize_str(after)):
+            raise ConstraintError(f"the reply to continue does not match the {constraint.describe()}: "
+                                  "regenerate it instead")
         return ConstraintState(self, matcher, constraint, stop_ids)
 
 

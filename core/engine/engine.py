@@ -52,6 +52,7 @@ class Joining:
     inspect: int = 0  # top alternatives to record per token (0: none)
     stop_ids: frozenset[int] | None = None  # None: the engine's default_stop_ids
     forced: tuple[int, ...] = ()  # the reply's first tokens, taken instead of sampled (a branch)
+    continued: str = ""  # a continued reply's text so far: its output format starts past it
 
 
 class Engine:
@@ -193,7 +194,8 @@ class Engine:
 
     def generate(self, prompt: list[int], params: SamplingParams, *, cancel: threading.Event | None = None,
                  strip_leading_space: bool = False, inspect: int = 0,
-                 stop_ids: Iterable[int] | None = None, forced: Sequence[int] = ()) -> Iterator[Event]:
+                 stop_ids: Iterable[int] | None = None, forced: Sequence[int] = (),
+                 continued: str = "") -> Iterator[Event]:
         """Stream one reply to ``prompt`` (token ids, BOS included).
 
         Yields Prefilled, then Token events, then one Done. Beam search (num_beams > 1)
@@ -201,19 +203,20 @@ class Engine:
         (default: the engine's ``default_stop_ids``). ``forced``: the reply's first tokens,
         taken instead of sampled (with their log-probs and alternatives, as if drawn):
         branching a reply at a token is its prefix as the end of ``prompt`` (reused from
-        the KV cache) and the chosen alternative forced.
+        the KV cache) and the chosen alternative forced. ``continued``: the text of the
+        reply this one carries on (the end of ``prompt``), which an output format has matched.
         """
         if params.num_beams > 1:
             if forced:
                 raise SettingsError("a forced token (a branch) does not combine with beam search")
             return beam_generate(self, prompt, params.validate(), cancel, strip_leading_space, self._stops(stop_ids))
         return self.generate_lanes(prompt, [params], cancel=cancel, strip_leading_space=strip_leading_space,
-                                   inspect=inspect, stop_ids=stop_ids, forced=forced)
+                                   inspect=inspect, stop_ids=stop_ids, forced=forced, continued=continued)
 
     def generate_lanes(self, prompt: list[int], lanes: Sequence[SamplingParams], *,
                        cancel: threading.Event | None = None, strip_leading_space: bool = False,
                        inspect: int = 0, stop_ids: Iterable[int] | None = None,
-                       forced: Sequence[int] = ()) -> Iterator[Event]:
+                       forced: Sequence[int] = (), continued: str = "") -> Iterator[Event]:
         """Decode one prompt under several sampler settings together (a comparison).
 
         The prompt is prefilled once, copied into one cache row per lane, and every step
@@ -223,7 +226,7 @@ class Engine:
         if not 1 <= len(lanes) <= MAX_LANES:
             raise SettingsError(f"a comparison has 1 to {MAX_LANES} lanes, got {len(lanes)}")
         return self._run([Joining(prompt, list(lanes), cancel, strip_leading_space, inspect,
-                                  self._stops(stop_ids), tuple(int(t) for t in forced))])
+                                  self._stops(stop_ids), tuple(int(t) for t in forced), continued)])
 
     def _stops(self, stop_ids: Iterable[int] | None) -> frozenset[int]:
         return self.default_stop_ids if stop_ids is None else frozenset(stop_ids)
@@ -311,7 +314,8 @@ class Engine:
             batch.add(Lane(len(batch.lanes), q, seeded_generator(q, self.device),
                            StreamDecoder(self.tokenizer, strip_leading_space=j.strip_leading_space),
                            j.prompt, cancel=j.cancel, inspect=j.inspect, stop_ids=stops,
-                           constraint=None if q.constraint is None else self.vocabulary.start(q.constraint, stops),
+                           constraint=None if q.constraint is None
+                           else self.vocabulary.start(q.constraint, stops, j.continued),
                            forced=j.forced), len(j.prompt))
         self._prefill.take_best_row(r0, j.prompt)
         logits, reuse = self._prefill.row(r0, j.prompt, j.cancel)

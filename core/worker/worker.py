@@ -515,7 +515,7 @@ class Worker:
             limits.check_fits(need - eng.cache.nbytes(), eng.device,
                               what=f"a request of {tokens} tokens" + (f" in {rows} rows" if rows > 1 else ""))
         how = dict(cancel=cmd.cancel, strip_leading_space=prompt.strip_leading_space, inspect=int(req.inspect),
-                   stop_ids=prompt.stop_ids)
+                   stop_ids=prompt.stop_ids, continued=req.continue_reply)
         if eng.draft_loader is None:
             eng.draft_loader = draft_loader(eng)
         if cmd.kind == "compare":

@@ -9,14 +9,13 @@ it says and forwards what the user asks; it never decides what a conversation be
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from core.engine.constraint import syntax_error
 from core.history.records import HistoryError, Message
 from core.history.store import History
 
+from gui.chat.checks import draft_problem
 from gui.chat.conversation import ConversationModel
 from gui.chat.reply import ReplyController
 
@@ -132,8 +131,10 @@ class ConversationController(QObject):
                 self._syntax = (p.constraint, syntax_error(p.constraint))
             if self._syntax[1]:
                 return f"Output format: {self._syntax[1]}"
-        if p.draft and self.models.backend is None and not Path(p.draft).expanduser().exists():
-            return f"Draft model not found: {p.draft} (choose another, or turn speculative decoding off)"
+        if p.draft and self.models.backend is None:
+            why = draft_problem(p.draft, self.models.info)
+            if why:
+                return why
         return self._refusal
 
     def clear_refusal(self, *_) -> None:

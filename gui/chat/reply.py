@@ -367,8 +367,9 @@ class ReplyController(QObject):
         if self.state is st:
             self.state = None
         self.busyChanged.emit(False)
-        if not text and st.error and st.continue_of is None:
-            # Nothing came back: no empty reply (nor a copy of a continued one) is kept.
+        if not text and st.error:
+            # Nothing came back: no empty reply (nor a copy of a continued one) is kept, and a
+            # reply that was to be continued in place stays as it was.
             self._nothing_came_back(st, quiet)
             return
         try:
@@ -379,10 +380,7 @@ class ReplyController(QObject):
             return
         if quiet:
             return
-        view = self.conversation.view_message(m)
-        if isinstance((m.meta or {}).get("tokens"), dict):  # read once, here: the window need not again
-            view["tokens"] = m.meta["tokens"]
-        self.finished.emit(view)
+        self._emit_finished(m)
         if st.error:
             self._report(st)
 
@@ -402,12 +400,28 @@ class ReplyController(QObject):
             st.error = f"{st.error} ({e})"
         if quiet:
             return
+        if st.continue_of is not None:  # the reply it was to carry on stands as it was
+            self._show_stored(st.continue_of.id)
         if not st.error_kind:
             self.refused.emit(st.error, handed, st.editing if handed else None)
             return
         if not restored:  # a new turn to a server: the error stands in place of the reply
             self.finished.emit({"id": None, "role": "assistant", "text": "", "error": st.error})
         self.interrupted.emit(st.error, st.error_kind, st.parent_id)
+
+    def _show_stored(self, msg_id: int) -> None:
+        try:
+            m = self.conversation.message(msg_id)
+        except HistoryError:  # deleted meanwhile: the transcript shows the branch anew
+            self.conversation.pathChanged.emit()
+            return
+        self._emit_finished(m)
+
+    def _emit_finished(self, m: Message) -> None:
+        view = self.conversation.view_message(m)
+        if isinstance((m.meta or {}).get("tokens"), dict):  # read once, here: the window need not again
+            view["tokens"] = m.meta["tokens"]
+        self.finished.emit(view)
 
     def _take_back(self, st: ReplyState) -> str:
         """Remove the user message a refused send stored (and the chat it started);

@@ -324,3 +324,22 @@ def test_a_chat_reply_through_the_worker_is_held_and_a_bad_one_is_an_error_event
     again = w.generate(GenerateRequest(mode="chat", messages=[{"role": "user", "content": "Hi"}],
                                        params=SamplingParams(temperature=0, max_new_tokens=4)))
     assert isinstance(col.finished(again)[-1], Done)
+
+
+def test_a_json_reply_cut_at_the_token_limit_continues_inside_its_object(story):
+    """Continue on a constrained reply that stopped on length: the output format starts
+    past the text so far, so the two parts together are one valid object (issue 22)."""
+    lm, eng = story
+    constraint = Constraint("json_schema", json.dumps(PERSON))
+    prompt = lm.tokenizer.encode("Once upon a time", bos=True)
+    for seed in range(4):
+        cut = list(eng.generate(prompt, SamplingParams(temperature=1.0, seed=seed, max_new_tokens=4,
+                                                       constraint=constraint)))[-1]
+        assert cut.stop_reason == "length" and cut.text.startswith("{")
+        rest = list(eng.generate(prompt + [int(t) for t in cut.tokens],
+                                 SamplingParams(temperature=1.0, seed=seed, max_new_tokens=40, constraint=constraint),
+                                 continued=cut.text))[-1]
+        assert rest.stop_reason == "eos" and not rest.text.startswith("{"), rest.text
+        jsonschema.validate(json.loads(cut.text + rest.text), PERSON)
+    with pytest.raises(ConstraintError, match="does not match"):
+        list(eng.generate(prompt, SamplingParams(max_new_tokens=4, constraint=constraint), continued="Once"))

@@ -5,9 +5,11 @@ window) against a scripted bridge: each test plays the replies it needs."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
 from core.engine.constraint import Constraint
@@ -18,8 +20,9 @@ from gui.chat.column import ChatColumn
 from gui.chat.controller import ConversationController
 from tests.gui.chat.test_controller import AnyBackendBridge, Models
 from tests.gui.chat.test_reply import Settings, chunk, until_stopped
-from tests.gui.ui_helpers import loop, run, snapshot, until  # noqa: F401 (fixtures)
+from tests.gui.ui_helpers import bridge, data_dir, load, loop, run, settings, snapshot, until, window  # noqa: F401
 
+DEMO = Path(__file__).resolve().parents[3] / "assets" / "models" / "llamadesk-demo"
 SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
 
 
@@ -63,7 +66,7 @@ def chat(qtbot, history, script, **params):
     column.attach(c)
     column.chat.set_can_generate(True)
     column.prompt.set_model_ready(True)
-    models.set_model({"name": "tiny", "context_length": 512})
+    models.set_model({"name": "tiny", "context_length": 512, "vocab_size": 512})
     column.resize(720, 640)
     column.show()
     errors = []
@@ -187,7 +190,7 @@ def test_a_refused_first_message_leaves_no_chat_behind(qtbot, loop, history):
     assert t.col.prompt.text() == "hi" and t.col.chat.widgets == []
 
 
-def test_what_can_be_checked_before_sending_disables_send(qtbot, loop, history, tmp_path):
+def test_what_can_be_checked_before_sending_disables_send(qtbot, loop, history, tmp_path, fixtures):
     t = chat(qtbot, history, replies("ok"))
     t.settings.p = replace(t.settings.p, constraint=Constraint("json_schema", "{nope"))
     t.c.clear_refusal()  # the panel's changed()
@@ -197,6 +200,18 @@ def test_what_can_be_checked_before_sending_disables_send(qtbot, loop, history, 
     t.settings.p = replace(t.settings.p, constraint=None, draft=str(tmp_path / "gone.gguf"))
     t.c.clear_refusal()
     assert "Draft model not found" in t.col.prompt.hint.text() and not t.col.prompt.can_send()
+    (tmp_path / "notes.gguf").write_text("not a model")
+    t.settings.p = replace(t.settings.p, draft=str(tmp_path / "notes.gguf"))
+    t.c.clear_refusal()
+    assert "Draft model cannot be used" in t.col.prompt.hint.text() and not t.col.prompt.can_send()
+    # Another vocabulary, from the header alone: the demo model's 2,048 tokens, the model's 512.
+    t.settings.p = replace(t.settings.p, draft=str(DEMO))
+    t.c.clear_refusal()
+    assert "2,048-token vocabulary, the model 512" in t.col.prompt.hint.text() and not t.col.prompt.can_send()
+    assert not t.c.send("hi") and t.bridge.requests == [] and history.conversations() == []
+    t.settings.p = replace(t.settings.p, draft=str(fixtures / "stories260K.gguf"))  # the same tokenizer
+    t.c.clear_refusal()
+    assert t.col.prompt.can_send()
     t.settings.p = replace(t.settings.p, draft="")
     t.c.clear_refusal()
     assert t.col.prompt.can_send() and t.errors == []
@@ -259,3 +274,65 @@ def test_a_json_reply_cut_at_the_token_limit_says_incomplete(qtbot, loop, histor
     assert "incomplete: stopped at the token limit" in w.footer.text()
     assert offered(w)
     snapshot(t.col, "issue22_json_incomplete")
+
+
+def test_a_failed_continue_leaves_the_reply_as_it_was(qtbot, loop, history):
+    t = chat(qtbot, history, replies("Once", Exception("the reply to continue does not match the JSON schema")))
+    send(loop, t, "go")
+    before = t.c.conversation.path()[-1]
+    assert t.c.continue_reply(before.id)
+    finish(loop, t)
+    after = history.message(before.id)
+    assert (after.text, after.stop_reason, after.meta.get("error")) == ("Once", "length", None)
+    assert shown(t)[-1] == ("assistant", "Once", (1, 1)) and not t.col.chat.streaming
+    assert "does not match" in t.col.prompt.hint.text() and t.errors == []
+
+
+def test_continue_completes_a_cut_json_reply_on_the_real_worker(qtbot, loop, history, fixtures):
+    """Through the bridge and worker on the fixture model: the continued reply is one
+    valid object, and its "incomplete" note is gone."""
+    import json
+
+    from gui.bridge import Bridge
+    bridge = Bridge(torch_threads=1)
+    models = Models()
+    person = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+              "properties": {"name": {"type": "string", "pattern": "^[A-Za-z ]{1,8}$"},
+                             "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+    settings = Settings(max_new_tokens=4, temperature=1.0, seed=3,
+                        constraint=Constraint("json_schema", json.dumps(person)))
+    c = ConversationController(bridge=bridge, history=history, models=models, settings=settings)
+
+    async def go():
+        models.set_model(await bridge.load(fixtures / "stories260K.gguf"))
+        assert c.send("Once upon a time")
+        await until(lambda: not c.busy, 30, "the cut reply")
+        cut = c.conversation.path()[-1]
+        assert cut.stop_reason == "length" and cut.meta.get("incomplete")
+        settings.p = replace(settings.p, max_new_tokens=40)
+        assert c.continue_reply(cut.id)
+        await until(lambda: not c.busy, 30, "the continued reply")
+        await bridge.shutdown()
+        return cut
+    cut = run(loop, go())
+    whole = c.conversation.path()[-1]
+    assert whole.id == cut.id and whole.text.startswith(cut.text) and whole.stop_reason == "eos"
+    assert set(json.loads(whole.text)) == {"name", "age"} and "incomplete" not in whole.meta
+
+
+def test_the_window_disables_send_with_the_reason_inline(qtbot, window, loop, fixtures):
+    """In the window: an output format that cannot compile, typed in the real panel,
+    disables Send with the reason under the prompt; no dialog, nothing stored."""
+    run(loop, load(window, str(fixtures / "stories260K.gguf")))
+    window.resize(800, 600)
+    panel = window.panel
+    panel.constraintCombo.setCurrentIndex(panel.constraintCombo.findData("json_schema"))
+    panel.constraintText.setPlainText('{"type": "objectx"}')
+    qtbot.keyClicks(window.prompt.editor, "hello")
+    assert not window.prompt.send_button.isEnabled() and "Output format" in window.prompt.hint.text()
+    qtbot.keyClick(window.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
+    assert not window.busy and window.dialogs == [] and window.history.conversations() == []
+    QApplication.processEvents()
+    snapshot(window, "issue22_send_disabled_800")
+    panel.constraintCombo.setCurrentIndex(panel.constraintCombo.findData(""))
+    assert window.prompt.send_button.isEnabled()
