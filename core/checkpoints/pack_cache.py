@@ -17,15 +17,21 @@ What keeps a cache honest:
   killed writer leaves a temporary that is never read, and is swept on the next write;
 - a cache that cannot be read is deleted and the file is packed again.
 
+The cache is written on a background thread once the model is built: the load returns (and
+cancels) as before, and the first reply does not wait for a disk write of the whole model.
+The thread only reads the packed tensors, which nothing writes once built.
+
 ``LLAMADESK_PACK_CACHE=0`` turns it off (the test suite does, except where it tests it).
 A cache is skipped when the disk lacks room for it twice over.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,31 +147,44 @@ class PackCache:
         self.layers[name] = (kind, tuple(shape), layer)
         self.packed_now += 1
 
-    def commit(self) -> Path | None:
-        """Write the cache when this load packed anything; None when nothing was written
-        (everything came from the cache, no room, or the folder is not writable)."""
+    def commit(self, background: bool = True) -> threading.Thread | None:
+        """Write the cache when this load packed anything (on a thread, see the module's
+        docstring; :func:`flush` waits for it); None when there is nothing to write."""
         if not self.packed_now or not enabled():
             return None
+        if not background:
+            self.write()
+            return None
+        t = threading.Thread(target=self.write, name="pack-cache", daemon=True)
+        with _WRITERS_LOCK:
+            _WRITERS.append(t)
+        t.start()
+        return t
+
+    def write(self) -> Path | None:
+        """Write the cache now; None when it was not written (no room, not writable)."""
         layers = {name: {"kind": kind, "shape": list(shape), "planes": layer.planes,
                          "packed": layer.packed, "scale_zeros": layer.scale_zeros}
                   for name, (kind, shape, layer) in self.layers.items()}
         need = sum(v["packed"].nbytes + v["scale_zeros"].nbytes for v in layers.values())
         folder = self.path.parent
+        # pid (for the sweep of dead writers) and thread: two loads of one file may both write
+        tmp = folder / f".{self.path.name}.{os.getpid()}-{threading.get_ident()}.tmp"
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if shutil.disk_usage(folder).free < 2 * need:
                 log.info("not caching packed layers of %s: too little free disk", self.gguf)
                 return None
             _sweep_temporaries(folder)
-            tmp = folder / f".{self.path.name}.{os.getpid()}.tmp"
             with open(tmp, "wb") as f:
                 torch.save({"version": LAYOUT_VERSION, "layers": layers}, f)
                 f.flush()
                 os.fsync(f.fileno())
             self.path.with_suffix(".source").write_text(str(self.gguf), encoding="utf-8")
             os.replace(tmp, self.path)
-        except OSError as e:
+        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
             log.warning("could not write the packed cache %s: %s", self.path, e)
+            tmp.unlink(missing_ok=True)
             return None
         return self.path
 
@@ -174,11 +193,28 @@ class PackCache:
         remove(self.path)
 
 
+_WRITERS: list[threading.Thread] = []
+_WRITERS_LOCK = threading.Lock()
+
+
+def flush(timeout: float | None = None) -> None:
+    """Wait for the caches being written (tests, benchmarks, a CLI about to exit)."""
+    with _WRITERS_LOCK:
+        writers = list(_WRITERS)
+        _WRITERS.clear()
+    for t in writers:
+        t.join(timeout)
+
+
+# A command that loads and exits at once (generate, info) still leaves its cache behind.
+atexit.register(flush)
+
+
 def _sweep_temporaries(folder: Path) -> None:
     """Remove temporaries of writers that died (their pid is gone)."""
     for tmp in folder.glob(".*.tmp"):
         try:
-            pid = int(tmp.name.rsplit(".", 2)[-2])
+            pid = int(tmp.name.rsplit(".", 2)[-2].split("-")[0])
             os.kill(pid, 0)
         except ProcessLookupError:
             tmp.unlink(missing_ok=True)

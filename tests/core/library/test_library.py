@@ -223,6 +223,7 @@ def test_deleting_a_gguf_removes_its_fast_open_cache(tmp_path, state, monkeypatc
     write_gguf(other, random_model(dim=256, n_heads=4, n_kv_heads=2, hidden_dim=512), qtype="Q4_0")
     load(g, device="cpu")
     load(other, device="cpu")
+    pack_cache.flush()
     assert len(pack_cache.list_caches()) == 2
     removed = delete(next(e for e in scan([tmp_path / "lib"], state=state) if e.path == g), state=state)
     assert any(p.name.endswith(pack_cache.SUFFIX) for p in removed)
