@@ -80,7 +80,7 @@ class ChatColumn(QWidget):
         chats.handBack.connect(self.hand_back)
         chats.problemChanged.connect(self.prompt.set_problem)
         chats.canContinueChanged.connect(self.chat.set_can_continue)
-        self.prompt.editor.textChanged.connect(chats.clear_refusal)
+        self.prompt.editor.textChanged.connect(lambda: chats.draft_changed(self.prompt.text()))
         self.chat.actionRequested.connect(chats.message_action)
         self.chat.branchRequested.connect(chats.branch)
         r.started.connect(self._on_started)

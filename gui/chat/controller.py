@@ -9,17 +9,26 @@ it says and forwards what the user asks; it never decides what a conversation be
 """
 from __future__ import annotations
 
+import asyncio
+
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from core.engine.constraint import syntax_error
 from core.history.records import HistoryError, Message
 from core.history.store import History
+from core.prompt.prompting import reply_reserve
+from core.worker.protocol import GenerateRequest
+
+from gui.bridge import BridgeError
 
 from gui.chat.checks import draft_problem
 from gui.chat.conversation import ConversationModel
 from gui.chat.reply import ReplyController
 
 INSPECT_TOP = 5  # alternatives recorded per token of a chat reply (the worker's ``inspect``)
+COUNT_DELAY_MS = 400  # a long message is counted once typing pauses
+# Tokens the chat format wraps a system prompt and a message in, at most (headers, BOS).
+FORMAT_TOKENS = 64
 
 
 class ConversationController(QObject):
@@ -83,6 +92,10 @@ class ConversationController(QObject):
         self._undo_timer.setSingleShot(True)
         self._undo_timer.timeout.connect(self.drop_undo)
         self._refusal = ""  # the worker's reason for refusing the last attempt
+        self._draft = ""  # the editor's text, checked against the context as it changes
+        self._too_long = ""  # why the draft does not fit in the context ("" when it does)
+        self._count_timer = QTimer(self, singleShot=True, interval=COUNT_DELAY_MS)
+        self._count_timer.timeout.connect(self._count_draft)
         self._syntax: tuple = (None, "")  # the last output format checked and its error
         self.settings = settings
         self.reply.interrupted.connect(self._on_interrupted)
@@ -135,12 +148,52 @@ class ConversationController(QObject):
             why = draft_problem(p.draft, self.models.info)
             if why:
                 return why
-        return self._refusal
+        return self._refusal or self._too_long
 
     def clear_refusal(self, *_) -> None:
         """The text, the settings or the model changed: check again from scratch."""
         self._refusal = ""
+        self._count_timer.start()
         self.problemChanged.emit(self.problem())
+
+    def draft_changed(self, text: str) -> None:
+        """The editor's text changed: it is checked against the context once typing pauses."""
+        self._draft = text
+        self.clear_refusal()
+
+    def _count_draft(self) -> None:
+        """Whether the draft (with the system prompt) fits the prompt a reply leaves room for,
+        counted by the worker with the model's tokenizer; only a text with more bytes than
+        that room is counted (a token is at least a byte), so typing costs nothing."""
+        text, info, count = self._draft, self.models.info or {}, getattr(self.reply.bridge, "count", None)
+        ctx = int(info.get("context_length") or 0)
+        try:
+            params, system = self.settings.params().validate(), self.settings.system_prompt()
+        except Exception:  # noqa: BLE001 — invalid settings are the reason given already
+            return
+        room = ctx - reply_reserve(ctx, params.max_new_tokens) if ctx else 0
+        if self.models.backend is not None or count is None or not room or not text.strip() \
+                or len((system + text).encode("utf-8")) + FORMAT_TOKENS < room:
+            self._set_too_long("")
+            return
+        msgs = ([{"role": "system", "content": system}] if system.strip() else []) + [{"role": "user", "content": text}]
+        request = GenerateRequest(messages=msgs, params=params, chat_format=self.settings.chat_format())
+
+        async def run() -> None:
+            try:
+                await count(request)
+                why = ""
+            except BridgeError as e:  # build_prompt's reason: how many tokens, how many fit
+                why = "" if e.cancelled else str(e)
+            if text == self._draft:  # still the text that was counted
+                self._set_too_long(why)
+        asyncio.ensure_future(run())
+
+    def _set_too_long(self, why: str) -> None:
+        why = why[:1].upper() + why[1:]
+        if why != self._too_long:
+            self._too_long = why
+            self.problemChanged.emit(self.problem())
 
     def _on_refused(self, reason: str, text: str, editing) -> None:
         if text:

@@ -336,3 +336,9 @@ def test_the_window_disables_send_with_the_reason_inline(qtbot, window, loop, fi
     snapshot(window, "issue22_send_disabled_800")
     panel.constraintCombo.setCurrentIndex(panel.constraintCombo.findData(""))
     assert window.prompt.send_button.isEnabled()
+    # A message longer than the context: counted by the worker once typing pauses.
+    window.prompt.set_text("Once upon a time there was a dog. " * 400)
+    run(loop, until(lambda: "fit in the prompt" in window.prompt.hint.text(), 20, "the count"))
+    assert not window.prompt.send_button.isEnabled() and window.history.conversations() == []
+    window.prompt.set_text("Once upon a time")
+    run(loop, until(lambda: window.prompt.send_button.isEnabled(), 5, "Send again"))
