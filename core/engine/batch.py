@@ -45,6 +45,8 @@ class Lane:
     t_decode: float = 0.0  # when its prefill ended
     constraint: ConstraintState | None = None  # where the lane is in its JSON schema/regex/grammar
     forced: tuple[int, ...] = ()
+    min_tokens: int = 0  # vLLM's min_tokens: no stop token is drawn, no stop string ends it, before this
+    stop_from: int = 0  # where in text a stop string may begin (past the min_tokens' text)
 
     @property
     def cancelled(self) -> bool:
@@ -233,6 +235,9 @@ class Batch:
         torch.nan_to_num_(logits, nan=0.0, posinf=0.0, neginf=0.0)
         if self.sample_limit is not None:
             logits[:, self.sample_limit:] = float("-inf")
+        for k, lane in enumerate(lanes):  # a constraint says itself when its output ends
+            if len(lane.tokens) < lane.min_tokens and lane.stop_ids and lane.constraint is None:
+                logits[k, sorted(lane.stop_ids)] = float("-inf")
         previous = [torch.tensor(lane.context, device=dev) if lane.params.repetition_penalty != 1.0 else None
                     for lane in lanes]
         bitmask, stuck = choice_masks(lanes, logits.shape[-1])
@@ -294,8 +299,10 @@ class Batch:
         lane.logprobs.append(logprob)
         lane.text += lane.decoder.push(tok)
         reason = None
-        for s in q.stop:
-            at = lane.text.find(s)
+        if len(lane.tokens) < lane.min_tokens:  # a stop string may begin only after this text
+            lane.stop_from = len(lane.text)
+        for s in (q.stop if len(lane.tokens) >= lane.min_tokens else ()):
+            at = lane.text.find(s, lane.stop_from)
             if at >= 0:
                 lane.text = lane.text[:at]
                 reason = "stop"

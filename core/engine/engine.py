@@ -53,6 +53,7 @@ class Joining:
     stop_ids: frozenset[int] | None = None  # None: the engine's default_stop_ids
     forced: tuple[int, ...] = ()  # the reply's first tokens, taken instead of sampled (a branch)
     continued: str = ""  # a continued reply's text so far: its output format starts past it
+    min_tokens: int = 0  # stop tokens and stop strings end no lane before it has this many tokens
 
 
 class Engine:
@@ -316,7 +317,7 @@ class Engine:
                            j.prompt, cancel=j.cancel, inspect=j.inspect, stop_ids=stops,
                            constraint=None if q.constraint is None
                            else self.vocabulary.start(q.constraint, stops, j.continued),
-                           forced=j.forced), len(j.prompt))
+                           forced=j.forced, min_tokens=j.min_tokens), len(j.prompt))
         self._prefill.take_best_row(r0, j.prompt)
         logits, reuse = self._prefill.row(r0, j.prompt, j.cancel)
         seconds = time.perf_counter() - t0

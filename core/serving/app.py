@@ -25,10 +25,11 @@ from starlette.routing import Route
 
 from core.engine.events import Done, Token
 from core.errors import ConstraintError, SettingsError
-from core.prompt.prompting import render_chat, strips_reply_space
+from core.prompt.prompting import strips_reply_space
 from core.serving.protocol import (MAX_FORCED, MAX_STOP_IDS, APIError, chat_logprobs, check_context,
                                    completion_logprobs, constraint_from_request, messages_from_request, parse_body,
                                    requested_max_tokens, sampling_from_request, stream_options, token_ids)
+from core.serving.extensions import Extras, read_extensions, render_messages, with_min_tokens
 from core.serving.guard import Guard, HTTPOptions, answered_hosts
 from core.serving.metrics import CONTENT_TYPE
 from core.serving.responses import Reply
@@ -148,7 +149,7 @@ async def chat_completions(request: Request):
 # -- requests as scheduler jobs -----------------------------------------------------------
 
 
-def completion_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
+def completion_job(state: ServerState, body: dict, ex: Extras = Extras()) -> tuple[Job, int | None]:
     """(the job a /v1/completions body asks for, how many logprob alternatives to report)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -167,21 +168,23 @@ def completion_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
     stops = token_ids(body, "stop_token_ids", vocab, most=MAX_STOP_IDS)
     check_context(len(ids) + len(forced), requested_max_tokens(body), context, what="the prompt")
     # OpenAI's default is 16 tokens; llama.cpp's n_predict -1 runs to the end of the context
-    default = context - len(ids) - len(forced) if body.get("n_predict") == -1 else 16
+    default = context - len(ids) - len(forced) if ex.unbounded or body.get("n_predict") == -1 else 16
     lanes = sampling_from_request(body, default_max_tokens=default, vocab=vocab, lookup=state.lookup,
                                   draft=state.draft, max_n=state.scheduler.max_batch)
     check_some_token_left(state, lanes)
     # A completion stops only on the model's own stop tokens (and stop_token_ids: a chat
     # reply continued as a completion ends at its turn's end): no chat turn to end.
-    return Job(ids, lanes, False, lp or 0, frozenset(state.loaded.stop_ids) | frozenset(stops), tuple(forced)), lp
+    own = frozenset() if ex.ignore_eos else frozenset(state.loaded.stop_ids)
+    return Job(ids, with_min_tokens(ex, body, lanes), False, lp or 0, own | frozenset(stops), tuple(forced),
+               ex.min_tokens), lp
 
 
-def chat_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
+def chat_job(state: ServerState, body: dict, ex: Extras = Extras()) -> tuple[Job, int | None]:
     """(the job a /v1/chat/completions body asks for, how many logprob alternatives to report)."""
     msgs = messages_from_request(body)
     check_bytes(state, sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in msgs), "the messages")
     try:
-        ids = render_chat(state.loaded.chat_format, msgs)
+        ids = render_messages(state.loaded.chat_format, msgs, ex)
     except SettingsError as e:
         raise APIError(400, str(e), param="messages") from None
     vocab, context = state.engine.model.args.vocab_size, state.engine.max_context
@@ -196,12 +199,14 @@ def chat_job(state: ServerState, body: dict) -> tuple[Job, int | None]:
                                   lookup=state.lookup, draft=state.draft, max_n=state.scheduler.max_batch)
     check_some_token_left(state, lanes)
     # the reply's leading space is dropped at its start only, not after a kept prefix
-    strip = strips_reply_space(state.tokenizer, state.loaded.chat_format) and not prefix
+    strip = (strips_reply_space(state.tokenizer, state.loaded.chat_format) and not prefix
+             and not ex.continue_final and ex.generation_prompt)
     # The end of a chat turn stops this request only: a completion batched beside it
     # must run on past the same token.
-    stops = (frozenset(state.loaded.stop_ids) | frozenset(state.loaded.chat_format.stop_ids())
-             | frozenset(token_ids(body, "stop_token_ids", vocab, most=MAX_STOP_IDS)))
-    return Job(ids, lanes, strip, top or 0, stops, tuple(forced)), top
+    own = frozenset() if ex.ignore_eos else (frozenset(state.loaded.stop_ids)
+                                             | frozenset(state.loaded.chat_format.stop_ids()))
+    stops = own | frozenset(token_ids(body, "stop_token_ids", vocab, most=MAX_STOP_IDS))
+    return Job(ids, with_min_tokens(ex, body, lanes), strip, top or 0, stops, tuple(forced), ex.min_tokens), top
 
 
 def check_some_token_left(state: ServerState, lanes) -> None:
@@ -243,7 +248,11 @@ def prepare(state: ServerState, raw: bytes, chat: bool) -> tuple[dict, Job, int 
     event loop: parsing, tokenizing and compiling a constraint take time that grows with
     the body."""
     body = parse_body(raw, state.model_id)
-    job, top = chat_job(state, body) if chat else completion_job(state, body)
+    body, ex = read_extensions(body)
+    try:
+        job, top = chat_job(state, body, ex) if chat else completion_job(state, body, ex)
+    except APIError as e:
+        raise ex.named(e) from None
     stream, include_usage = stream_options(body)
     check_job(state, job, body, chat)
     return body, job, top, stream, include_usage

@@ -24,6 +24,8 @@ MAX_STOPS = 32  # OpenAI takes 4; vLLM clients send a handful
 MAX_STOP_CHARS = 1024
 MAX_BIAS_TEXTS = 256
 MAX_BIAS_TEXT_CHARS = 1024
+MAX_CHOICES = 256  # guided_choice strings
+REGEX_META = set("\\.+*?()|[]{}^$#&-~")  # escaped in a guided_choice string: it is a literal
 # Request fields that change what OpenAI would return; refused unless left at their no-op value.
 UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
                "echo": (False,), "suffix": ("",), "best_of": (1,), "tools": ([],), "tool_choice": ("none",),
@@ -116,35 +118,93 @@ def _schema_text(schema, field: str) -> str:
         raise APIError(400, f"{field}: the JSON schema nests objects or arrays too deeply", param=field) from None
 
 
+def _schema(value, field: str) -> Constraint:
+    """A JSON schema given as an object or as its JSON text (vLLM's guided_json takes both)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise APIError(400, f"{field} must be a JSON schema (an object or its JSON text)", param=field) from None
+    if not isinstance(value, (dict, bool)):
+        raise APIError(400, f"{field} must be a JSON schema (an object)", param=field)
+    return Constraint("json_schema", _schema_text(value, field))
+
+
+def _text(value, field: str, kind: str) -> Constraint:
+    if not isinstance(value, str):
+        raise APIError(400, f"{field} must be a string", param=field)
+    return Constraint(kind, value)
+
+
+def _choice(value, field: str) -> Constraint:
+    """vLLM's guided_choice: the output is exactly one of the strings, as a regex of
+    literal alternatives (every regex metacharacter escaped)."""
+    if (not isinstance(value, list) or not value or len(value) > MAX_CHOICES
+            or not all(isinstance(c, str) and c for c in value)):
+        raise APIError(400, f"{field} must be a list of 1 to {MAX_CHOICES} non-empty strings", param=field)
+    return Constraint("regex", "(" + "|".join("".join("\\" + ch if ch in REGEX_META else ch for ch in c)
+                                            for c in value) + ")")
+
+
+def _response_format(rf) -> Constraint | None:
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise APIError(400, 'response_format must be {"type": "text"}, {"type": "json_object"} or '
+                       '{"type": "json_schema", "json_schema": {"schema": {...}}}', param="response_format")
+    if kind == "json_object":  # llama.cpp's form carries a schema beside the type
+        return Constraint("json_object") if rf.get("schema") is None else _schema(rf["schema"], "response_format")
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        schema = js.get("schema") if isinstance(js, dict) else None
+        if not isinstance(schema, (dict, bool)):
+            raise APIError(400, "response_format.json_schema.schema must be a JSON schema (an object)",
+                           param="response_format")
+        return Constraint("json_schema", _schema_text(schema, "response_format"))
+    return None
+
+
+def _structured_outputs(so) -> list[tuple[str, Constraint]]:
+    """vLLM's structured_outputs object: one of json, regex, choice, grammar, json_object."""
+    if not isinstance(so, dict):
+        raise APIError(400, "structured_outputs must be an object such as {\"regex\": \"...\"}",
+                       param="structured_outputs")
+    known = {"json", "regex", "choice", "grammar", "json_object", "disable_fallback", "disable_any_whitespace",
+             "disable_additional_properties", "whitespace_pattern"}
+    if unknown := sorted(set(so) - known):
+        raise APIError(400, f"structured_outputs.{unknown[0]} is not supported by this server", param="structured_outputs")
+    if so.get("whitespace_pattern") is not None:
+        raise APIError(400, "structured_outputs.whitespace_pattern is not supported by this server",
+                       param="structured_outputs")
+    f = "structured_outputs"
+    makers = {"json": lambda v: _schema(v, f), "regex": lambda v: _text(v, f, "regex"),
+              "grammar": lambda v: _text(v, f, "grammar"), "choice": lambda v: _choice(v, f),
+              "json_object": lambda v: Constraint("json_object") if v is True else None}
+    return [(f, c) for key, make in makers.items() if so.get(key) is not None and (c := make(so[key])) is not None]
+
+
+# Fields that hold the output to a constraint, by name: llama.cpp's json_schema and
+# grammar, this server's regex, vLLM's guided_* (structured_outputs and response_format apart).
+CONSTRAINT_FIELDS = {"json_schema": lambda v: _schema(v, "json_schema"),
+                     "regex": lambda v: _text(v, "regex", "regex"), "grammar": lambda v: _text(v, "grammar", "grammar"),
+                     "guided_json": lambda v: _schema(v, "guided_json"),
+                     "guided_regex": lambda v: _text(v, "guided_regex", "regex"),
+                     "guided_grammar": lambda v: _text(v, "guided_grammar", "grammar"),
+                     "guided_choice": lambda v: _choice(v, "guided_choice")}
+
+
 def constraint_from_request(body: dict) -> tuple[Constraint | None, str | None]:
     """(the constraint a request asks for, the field that asked); APIError 400 naming the
     field for a malformed one or for more than one. Fields: OpenAI's response_format
-    (json_object, json_schema), llama.cpp's json_schema and grammar (GBNF, or Lark), regex."""
+    (json_object, json_schema; llama.cpp's json_object with a schema), llama.cpp's
+    json_schema and grammar (GBNF, or Lark), regex, vLLM's guided_* and structured_outputs."""
     found: list[tuple[str, Constraint]] = []
-    rf = body.get("response_format")
-    if rf is not None:
-        kind = rf.get("type") if isinstance(rf, dict) else None
-        if kind not in ("text", "json_object", "json_schema"):
-            raise APIError(400, 'response_format must be {"type": "text"}, {"type": "json_object"} or '
-                           '{"type": "json_schema", "json_schema": {"schema": {...}}}', param="response_format")
-        if kind == "json_object":
-            found.append(("response_format", Constraint("json_object")))
-        elif kind == "json_schema":
-            js = rf.get("json_schema")
-            schema = js.get("schema") if isinstance(js, dict) else None
-            if not isinstance(schema, (dict, bool)):
-                raise APIError(400, "response_format.json_schema.schema must be a JSON schema (an object)",
-                               param="response_format")
-            found.append(("response_format", Constraint("json_schema", _schema_text(schema, "response_format"))))
-    if body.get("json_schema") is not None:
-        if not isinstance(body["json_schema"], (dict, bool)):
-            raise APIError(400, "json_schema must be a JSON schema (an object)", param="json_schema")
-        found.append(("json_schema", Constraint("json_schema", _schema_text(body["json_schema"], "json_schema"))))
-    for key in ("regex", "grammar"):
+    if body.get("response_format") is not None and (c := _response_format(body["response_format"])) is not None:
+        found.append(("response_format", c))
+    for key, make in CONSTRAINT_FIELDS.items():
         if body.get(key) is not None:
-            if not isinstance(body[key], str):
-                raise APIError(400, f"{key} must be a string", param=key)
-            found.append((key, Constraint(key, body[key])))
+            found.append((key, make(body[key])))
+    if body.get("structured_outputs") is not None:
+        found += _structured_outputs(body["structured_outputs"])
     if len(found) > 1:
         raise APIError(400, f"give one constraint: {found[0][0]} and {found[1][0]} were both given", param=found[1][0])
     if not found:

@@ -23,6 +23,7 @@ class Reply:
         self.server, self.chat, self.job, self.body = server, chat, job, body
         self.top = top  # None: no logprobs; k: the chosen token plus the k most likely
         self.token_ids = bool(body.get("return_token_ids"))
+        self.keep_stop = bool(body.get("include_stop_str_in_output"))  # vLLM's: the stop string stays in the text
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -94,6 +95,11 @@ class Reply:
             return min(hits)[1] if hits else None
         return None
 
+    def stop_text(self, d: Done) -> str:
+        """What follows a finished choice's text: the stop string that ended it, when the
+        request asked to keep it (include_stop_str_in_output), else nothing."""
+        return (self.stop_reason(d) or "") if self.keep_stop and d.stop_reason == "stop" else ""
+
     def failure(self, done: Done | None = None) -> APIError | None:
         """The error a choice that stopped on one (``done``, else the first such) answers
         with: a constraint that went past the grammar engine's limits mid-reply is a 400
@@ -130,9 +136,9 @@ class Reply:
         for i, d in enumerate(self.job.done):
             c: dict[str, Any] = {"index": i}
             if self.chat:
-                c["message"] = {"role": "assistant", "content": d.text}
+                c["message"] = {"role": "assistant", "content": d.text + self.stop_text(d)}
             else:
-                c["text"] = d.text
+                c["text"] = d.text + self.stop_text(d)
             c["logprobs"] = self.logprobs(tokens[i], i)
             c["finish_reason"] = FINISH[d.stop_reason]
             c["stop_reason"] = self.stop_reason(d)
@@ -149,9 +155,11 @@ class Reply:
     def chunk(self, choice: int, *, text: str = "", tok: Token | None = None, done: Done | None = None,
               first: bool = False) -> dict:
         c: dict[str, Any] = {"index": choice}
+        if done is not None:
+            text = self.stop_text(done)
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-            if tok is not None:
+            if tok is not None or text:
                 delta["content"] = text
             c["delta"] = delta
         else:

@@ -29,6 +29,7 @@ class Job:
     inspect: int = 0
     stop_ids: frozenset[int] = frozenset()  # this request's: a chat adds its format's end of turn
     forced: tuple[int, ...] = ()  # the reply's first tokens, given (a branch: forced_tokens)
+    min_tokens: int = 0  # vLLM's min_tokens: no stop before this many tokens
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -155,7 +156,7 @@ class Scheduler:
                 next_lane += len(job.lanes)
                 free -= len(job.lanes)
                 out.append(Joining(job.prompt, job.lanes, job.cancel, job.strip_leading_space, job.inspect,
-                                   job.stop_ids, job.forced))
+                                   job.stop_ids, job.forced, job.min_tokens))
         return out
 
     def _dispatch(self, ev) -> None:
