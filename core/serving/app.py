@@ -29,6 +29,7 @@ from core.prompt.prompting import strips_reply_space
 from core.serving.protocol import (MAX_FORCED, MAX_STOP_IDS, APIError, chat_logprobs, check_context,
                                    completion_logprobs, constraint_from_request, messages_from_request, parse_body,
                                    requested_max_tokens, sampling_from_request, stream_options, token_ids)
+from core.serving import responses_api
 from core.serving.extensions import Extras, read_extensions, render_messages, with_min_tokens
 from core.serving.guard import Guard, HTTPOptions, answered_hosts
 from core.serving.metrics import CONTENT_TYPE
@@ -47,6 +48,7 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
         routes += [Route(base + "/models", models), Route(base + "/models/{name:path}", model),
                    Route(base + "/completions", completions, methods=["POST"]),
                    Route(base + "/chat/completions", chat_completions, methods=["POST"]),
+                   Route(base + "/responses", responses, methods=["POST"]),
                    Route(base + "/health", health)]
     routes.append(Route("/metrics", metrics))
     hosts = None if state.api_key else answered_hosts(bound, options.allowed_hosts)
@@ -146,6 +148,11 @@ async def chat_completions(request: Request):
     return await generate(request, chat=True)
 
 
+async def responses(request: Request):
+    """OpenAI's Responses API, answered by the chat path (:mod:`core.serving.responses_api`)."""
+    return await generate(request, chat=True, api="responses")
+
+
 # -- requests as scheduler jobs -----------------------------------------------------------
 
 
@@ -242,12 +249,14 @@ def check_job(state: ServerState, job: Job, body: dict, chat: bool) -> None:
         raise APIError(400, str(e), param=param) from None
 
 
-def prepare(state: ServerState, raw: bytes, chat: bool) -> tuple[dict, Job, int | None, bool, bool]:
+def prepare(state: ServerState, raw: bytes, chat: bool, api: str = "") -> tuple[dict, Job, int | None, bool, bool]:
     """(body, job, logprob alternatives, stream, include_usage) for a request body, the
     job checked but not queued. Runs on the request threads (``state.prep``), never on the
     event loop: parsing, tokenizing and compiling a constraint take time that grows with
     the body."""
     body = parse_body(raw, state.model_id)
+    if api == "responses":
+        body = responses_api.chat_body(body)
     body, ex = read_extensions(body)
     try:
         job, top = chat_job(state, body, ex) if chat else completion_job(state, body, ex)
@@ -261,16 +270,16 @@ def prepare(state: ServerState, raw: bytes, chat: bool) -> tuple[dict, Job, int 
 # -- generation ---------------------------------------------------------------------------
 
 
-async def generate(request: Request, chat: bool):
+async def generate(request: Request, chat: bool, api: str = ""):
     state: ServerState = request.app.state.server
     loop = asyncio.get_running_loop()
-    endpoint = "chat" if chat else "completions"
+    endpoint = api or ("chat" if chat else "completions")
     try:
         check_key(request)
         if state.draining:
             raise APIError(503, SHUTTING_DOWN, code="shutting_down", type="server_error")
         raw = await request.body()
-        body, job, top, stream, include_usage = await loop.run_in_executor(state.prep, prepare, state, raw, chat)
+        body, job, top, stream, include_usage = await loop.run_in_executor(state.prep, prepare, state, raw, chat, api)
         # queued here, on the loop: a request whose client left during prepare queues nothing
         job.loop, job.events = loop, asyncio.Queue()
         state.scheduler.enqueue(job)
@@ -279,12 +288,17 @@ async def generate(request: Request, chat: bool):
         return error(e)
     state.metrics.request(endpoint, 200)
     reply = Reply(state, body, chat, job, top)
+    if api == "responses":
+        if stream:
+            return EventSourceResponse(responses_api.events(stream_reply(reply, True), body, state.model_id),
+                                       ping=15, sep="\n")
+        return await whole_reply(request, reply, lambda chat: responses_api.whole(chat, body, state.model_id))
     if stream:
         return EventSourceResponse(stream_reply(reply, include_usage), ping=15, sep="\n")
     return await whole_reply(request, reply)
 
 
-async def whole_reply(request: Request, reply: Reply):
+async def whole_reply(request: Request, reply: Reply, shape: Callable[[dict], dict] = lambda d: d):
     """The reply as one JSON response once every choice is done; a client that leaves
     first cancels the job."""
     job = reply.job
@@ -314,7 +328,7 @@ async def whole_reply(request: Request, reply: Reply):
                               type="server_error"))
     if (failed := reply.failure()) is not None:
         return error(failed)
-    return JSONResponse(reply.whole(tokens))
+    return JSONResponse(shape(reply.whole(tokens)))
 
 
 async def stream_reply(reply: Reply, include_usage: bool):
