@@ -156,7 +156,7 @@ class Scheduler:
                 next_lane += len(job.lanes)
                 free -= len(job.lanes)
                 out.append(Joining(job.prompt, job.lanes, job.cancel, job.strip_leading_space, job.inspect,
-                                   job.stop_ids, job.forced, job.min_tokens))
+                                   job.stop_ids, job.forced, min_tokens=job.min_tokens))
         return out
 
     def _dispatch(self, ev) -> None:
