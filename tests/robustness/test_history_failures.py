@@ -17,6 +17,8 @@ import pytest
 from core.history.partial import INCOMPLETE, PartialReply
 from core.history.records import HistoryError
 from core.history.store import History
+from tests import forked
+from tests.robustness.history_writer import write_until_killed
 
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,32 +191,6 @@ def test_two_processes_write_one_store(tmp_path):
         assert [m.text for m in h.current_path(convs[name].id)] == [f"{name} {i}" for i in range(60)]
 
 
-CHILD = textwrap.dedent("""
-    import sys, time
-    sys.path.insert(0, ROOT)
-    from core.history.partial import PartialReply
-    from core.history.store import History
-    h = History(PATH)
-    c = h.create_conversation(f"run {RUN}")
-    parent = None
-    for turn in range(1000):
-        text = f"run {RUN} turn {turn} question"
-        parent = h.add_message(c.id, role="user", text=text, parent_id=parent).id
-        print("C", parent, text, flush=True)
-        p = PartialReply(h, c.id, parent, every_s=0.25, every_chars=400)
-        reply = ""
-        for j in range(150):
-            piece = f"w{j} "
-            reply += piece
-            p.append(piece)
-            print("P", turn, len(reply), flush=True)
-            time.sleep(0.002)
-        m = p.finish(reply, stop_reason="length")
-        parent = m.id
-        print("C", m.id, reply, flush=True)
-""")
-
-
 def expected_reply(n_chars: int) -> str:
     return "".join(f"w{j} " for j in range(150))[:n_chars]
 
@@ -226,15 +202,22 @@ def test_sigkill_loop_loses_no_completed_message_and_little_of_the_streaming_rep
     rng = random.Random(12)
     kills, lost_chars, partials = 0, [], 0
     for run in range(35):
-        code = CHILD.replace("ROOT", repr(str(ROOT))).replace("PATH", repr(str(path))).replace("RUN", str(run))
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-        # Wait until it has started writing, then kill it at a random moment.
-        first = proc.stdout.readline()
-        assert first.startswith("C"), first
-        time.sleep(rng.uniform(0.0, 0.8))
-        proc.send_signal(signal.SIGKILL)
-        out = first + proc.stdout.read()
-        proc.wait()
+        # A writer process of its own, forked from one that imported the store already
+        # (tests/forked.py): the kill is as real, the start-up costs milliseconds.
+        reader, writer = forked.context().Pipe(duplex=False)
+        proc = forked.start(write_until_killed, str(path), run, stdout=writer, stderr=str(tmp_path / "stderr"),
+                            cwd=ROOT)
+        writer.close()
+        with os.fdopen(os.dup(reader.fileno()), encoding="utf-8", errors="replace") as lines:
+            reader.close()
+            # Wait until it has started writing, then kill it at a random moment.
+            first = lines.readline()
+            assert first.startswith("C"), first
+            time.sleep(rng.uniform(0.0, 0.8))
+            os.kill(proc.pid, signal.SIGKILL)
+            out = first + lines.read()
+        proc.join()
+        assert proc.exitcode == -signal.SIGKILL
         kills += 1
         h, notice = History.open_or_recover(path)
         assert notice is None  # never damaged by a kill
