@@ -12,8 +12,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import resource
+import runpy
+import subprocess
 import sys
+import tempfile
 import traceback
+from pathlib import Path
 
 from core.cli.main import main as cli_main
 
@@ -44,6 +48,37 @@ def start(target, *args, stdout, stderr, cwd, data_limit: int | None = None):
 def cli(argv: list[str]) -> int:
     """``python -m core ARGV`` as a child's target (core/__main__.py does no more)."""
     return cli_main([str(a) for a in argv])
+
+
+def script(path: str, argv: list[str]) -> int:
+    """``python PATH ARGV`` as a child's target."""
+    sys.argv = [path, *argv]
+    sys.path.insert(0, str(Path(path).parent))
+    runpy.run_path(path, run_name="__main__")
+    return 0
+
+
+def module(name: str, argv: list[str]) -> int:
+    """``python -m NAME ARGV`` as a child's target."""
+    sys.argv = [name, *argv]
+    runpy.run_module(name, run_name="__main__", alter_sys=True)
+    return 0
+
+
+def run(target, *args, cwd, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``target(*args)`` in a forked child, waited for: its exit status, stdout and stderr
+    as :func:`subprocess.run` gives them (``args`` is the target's name and arguments)."""
+    with tempfile.TemporaryDirectory() as d:
+        out, err = Path(d) / "out", Path(d) / "err"
+        proc = start(target, *args, stdout=str(out), stderr=str(err), cwd=cwd)
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+            raise subprocess.TimeoutExpired([target.__name__, *map(str, args)], timeout, out.read_text(),
+                                            err.read_text())
+        return subprocess.CompletedProcess([target.__name__, *map(str, args)], proc.exitcode, out.read_text(),
+                                           err.read_text())
 
 
 def _child(target, args, stdout, stderr, cwd, env, data_limit) -> None:

@@ -1,17 +1,17 @@
 """bench/gpu.py cannot run without a GPU, but it must import, explain itself and refuse cleanly."""
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests import forked
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    """``python bench/gpu.py ARGS``, forked from an interpreter with torch imported already."""
+    return forked.run(forked.script, str(ROOT / "bench" / "gpu.py"), list(args), cwd=ROOT)
 
 
 def test_help_names_the_cuda_graphs_stage():

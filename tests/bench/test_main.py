@@ -1,22 +1,21 @@
 """``python -m bench --quick`` writes the report with every section (no times asserted)."""
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from bench.__main__ import write_report
+from tests import forked
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(300)
-def test_quick_bench_writes_markdown_and_json(tmp_path, meta_fixtures):
-    env = {**os.environ, "LLAMADESK_FIXTURES": str(meta_fixtures)}
+def test_quick_bench_writes_markdown_and_json(tmp_path, meta_fixtures, monkeypatch):
     kept = "# Performance\n\n## Serving (hand-written)\n\nnot the bench's to touch\n"
     (tmp_path / "PERFORMANCE.md").write_text(kept)
-    run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=280)
+    monkeypatch.setenv("LLAMADESK_FIXTURES", str(meta_fixtures))  # the forked child runs with this process's environment
+    run = forked.run(forked.module, "bench", ["--quick", "--out", str(tmp_path)], cwd=ROOT, timeout=280)
     assert run.returncode == 0, run.stderr[-2000:]
     md = (tmp_path / "PERFORMANCE.md").read_text()
     data = json.loads((tmp_path / "performance.json").read_text())
@@ -25,11 +24,7 @@ def test_quick_bench_writes_markdown_and_json(tmp_path, meta_fixtures):
         assert any(t.startswith(want) for t in titles), (want, titles)
         assert f"### {want}" in md
     assert md.startswith(kept)  # other sections stay; a second run replaces only its own block
-    again = subprocess.run([sys.executable, "-c", "from pathlib import Path; from bench.__main__ import "
-                            f"write_report; write_report(Path({str(tmp_path / 'PERFORMANCE.md')!r}), "
-                            "'<!-- python -m bench: begin (generated) -->X<!-- python -m bench: end -->')"],
-                           cwd=ROOT, capture_output=True, text=True)
-    assert again.returncode == 0, again.stderr
+    write_report(tmp_path / "PERFORMANCE.md", "<!-- python -m bench: begin (generated) -->X<!-- python -m bench: end -->")
     assert (tmp_path / "PERFORMANCE.md").read_text() == kept.rstrip("\n") + "\n\n" + \
         "<!-- python -m bench: begin (generated) -->X<!-- python -m bench: end -->\n"
     by = {t.split(" ")[0]: s["data"] for t, s in zip(titles, data["sections"])}
@@ -43,12 +38,11 @@ def test_quick_bench_writes_markdown_and_json(tmp_path, meta_fixtures):
 
 
 @pytest.mark.timeout(300)
-def test_sampler_bench_runs_alone(meta_fixtures):
+def test_sampler_bench_runs_alone(meta_fixtures, monkeypatch):
     """bench/bench_sampler.py --quick: the interleaved sampler table and the decode-step
     ratios print (plumbing only: no times asserted)."""
-    env = {**os.environ, "LLAMADESK_FIXTURES": str(meta_fixtures)}
-    run = subprocess.run([sys.executable, "bench/bench_sampler.py", "--quick"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=280)
+    monkeypatch.setenv("LLAMADESK_FIXTURES", str(meta_fixtures))  # the forked child runs with this process's environment
+    run = forked.run(forked.script, str(ROOT / "bench" / "bench_sampler.py"), ["--quick"], cwd=ROOT, timeout=280)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "| flat (logit std 0.5) | top-p | 8 |" in run.stdout
     assert "Top-p decode / greedy decode" in run.stdout and "eight top-p lanes" in run.stdout
