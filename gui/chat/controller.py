@@ -133,8 +133,14 @@ class ConversationController(QObject):
     # ---- what can be checked before sending
     def problem(self) -> str:
         """Why a message cannot be sent now, checked before anything is stored ("" when it
-        can): settings that do not validate, an output format that does not compile, a
-        draft model that is not there, or the worker's refusal of the same attempt."""
+        can): :meth:`settings_problem`, the worker's refusal of the same attempt, or a
+        draft longer than the context."""
+        return self.settings_problem() or self._refusal or self._too_long
+
+    def settings_problem(self) -> str:
+        """Why no reply can be asked for with the settings as they are ("" when one can):
+        settings that do not validate, an output format that does not compile, a draft
+        model that is missing, unreadable or of another vocabulary."""
         try:
             p = self.settings.params().validate()
         except Exception as e:  # noqa: BLE001 — any invalid setting is a reason to give
@@ -145,10 +151,8 @@ class ConversationController(QObject):
             if self._syntax[1]:
                 return f"Output format: {self._syntax[1]}"
         if p.draft and self.models.backend is None:
-            why = draft_problem(p.draft, self.models.info)
-            if why:
-                return why
-        return self._refusal or self._too_long
+            return draft_problem(p.draft, self.models.info)
+        return ""
 
     def clear_refusal(self, *_) -> None:
         """The text, the settings or the model changed: check again from scratch."""
@@ -202,8 +206,13 @@ class ConversationController(QObject):
         self.problemChanged.emit(self.problem())
 
     def _prepare(self) -> bool:
-        """Whether a reply can start now; sets how many alternatives it records."""
+        """Whether a reply can start now (a model, settings that can be sent: else the
+        reason is said under the prompt); sets how many alternatives it records."""
         if not self.can_generate:
+            return False
+        reason = self.settings_problem()
+        if reason:
+            self.problemChanged.emit(self.problem())
             return False
         self.reply.inspect = INSPECT_TOP if self.record_probs else 0
         return True

@@ -21,6 +21,7 @@ from gui.chat.controller import ConversationController
 from tests.gui.chat.test_controller import AnyBackendBridge, Models
 from tests.gui.chat.test_reply import Settings, chunk, until_stopped
 from tests.gui.ui_helpers import bridge, data_dir, load, loop, run, settings, snapshot, until, window  # noqa: F401
+from tests.gui.ui_helpers import send as window_send
 
 DEMO = Path(__file__).resolve().parents[3] / "assets" / "models" / "llamadesk-demo"
 SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
@@ -342,3 +343,28 @@ def test_the_window_disables_send_with_the_reason_inline(qtbot, window, loop, fi
     assert not window.prompt.send_button.isEnabled() and window.history.conversations() == []
     window.prompt.set_text("Once upon a time")
     run(loop, until(lambda: window.prompt.send_button.isEnabled(), 5, "Send again"))
+
+
+def test_the_window_offers_continue_only_for_local_replies(window, loop, fixtures):
+    """Chat → Continue Reply is off while replies come from a server, on again after."""
+    run(loop, load(window, str(fixtures / "stories260K.gguf")))
+    assert window.action("continue").isEnabled()
+    window.use_remote(SimpleNamespace(url="http://127.0.0.1:9/v1", caps=None, model="served", card=None))
+    assert not window.action("continue").isEnabled() and window.action("regen").isEnabled()
+    window.use_local()
+    assert window.action("continue").isEnabled()
+
+
+def test_the_window_keeps_the_reply_when_the_draft_model_cannot_draft(qtbot, window, loop, fixtures):
+    """The issue's steps: a reply, then Speculative → Draft model with a model of another
+    vocabulary, Ctrl+R: nothing is sent, the reply stays on screen, the reason is inline."""
+    run(loop, load(window, str(fixtures / "stories260K.gguf")))
+    run(loop, window_send(qtbot, window, "Once upon a time", max_tokens=4))
+    before = [(w.message["role"], w.message["text"]) for w in window.chat.widgets]
+    window.panel.speculative.apply({"speculative": "draft", "draft_path": str(DEMO)})
+    window.panel.speculative.changed.emit()
+    assert "2,048-token vocabulary" in window.prompt.hint.text()
+    window.action("regen").trigger()
+    assert not window.busy and window.dialogs == []
+    assert [(w.message["role"], w.message["text"]) for w in window.chat.widgets] == before
+    assert len(window.history.children(window.conversation.path()[0].id)) == 1
