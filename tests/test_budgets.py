@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +42,18 @@ def _sources(packages: tuple[str, ...]) -> dict[str, Path]:
 
 SOURCES = _sources(PACKAGES)
 SIZED_SOURCES = _sources(SIZED)
-TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in SIZED_SOURCES.items()}
-LINES = {name: path.read_text().splitlines() for name, path in SIZED_SOURCES.items()}
+
+
+@functools.cache
+def trees() -> dict[str, ast.AST]:
+    """Every sized module's syntax tree, parsed when a test first asks (not while every
+    xdist worker collects the suite: ~1 s each)."""
+    return {name: ast.parse(path.read_text(), str(path)) for name, path in SIZED_SOURCES.items()}
+
+
+@functools.cache
+def source_lines() -> dict[str, list[str]]:
+    return {name: path.read_text().splitlines() for name, path in SIZED_SOURCES.items()}
 
 
 def _rel(name: str) -> str:
@@ -78,7 +89,7 @@ def _absolute(name: str, node: ast.ImportFrom) -> str:
 def _imported_modules(name: str) -> set[str]:
     """The project modules ``name`` imports (anywhere in it), resolved to files we have."""
     out = set()
-    for node in ast.walk(TREES[name]):
+    for node in ast.walk(trees()[name]):
         targets = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -94,14 +105,14 @@ def _imported_modules(name: str) -> set[str]:
 
 
 def test_no_module_is_over_600_lines():
-    over = {_rel(n): len(lines) for n, lines in LINES.items() if len(lines) > MAX_MODULE_LINES}
+    over = {_rel(n): len(lines) for n, lines in source_lines().items() if len(lines) > MAX_MODULE_LINES}
     assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
 
 
 def test_no_function_is_over_60_lines_without_saying_why():
     over = []
-    for name, tree in TREES.items():
-        lines = LINES[name]
+    for name, tree in trees().items():
+        lines = source_lines()[name]
         for fn in _functions(tree):
             first = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
             length = fn.end_lineno - first + 1
@@ -115,8 +126,8 @@ def test_no_function_is_over_60_lines_without_saying_why():
 
 def test_function_level_imports_are_few_and_say_why():
     found, silent = [], []
-    for name, tree in ((n, TREES[n]) for n in SOURCES):
-        lines = LINES[name]
+    for name, tree in ((n, trees()[n]) for n in SOURCES):
+        lines = source_lines()[name]
         for node in _function_imports(tree):
             where = f"{_rel(name)}:{node.lineno}"
             found.append(where)
@@ -135,7 +146,7 @@ def test_function_level_imports_are_few_and_say_why():
 
 def test_no_module_imports_another_modules_private_names():
     bad = []
-    for name, tree in ((n, TREES[n]) for n in SOURCES):
+    for name, tree in ((n, trees()[n]) for n in SOURCES):
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 mod = _absolute(name, node)
