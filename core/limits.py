@@ -202,15 +202,14 @@ def check_fits(needed: int, device=None, *, what: str, releasable: int = 0) -> N
                         f"is available", needed=needed, available=free + releasable)
 
 
-def check_request(args, tokens: int, *, rows: int = 1, itemsize: int, held_tokens: int = 0, device=None) -> None:
-    """Refuse a request whose KV cache (``tokens`` positions x ``rows``) cannot fit.
-
-    ``held_tokens`` x rows are already allocated and count as available.
-    """
+def check_request(args, tokens: int, *, rows: int = 1, itemsize: int, held: int = 0, device=None) -> None:
+    """Refuse, with the figure, a request whose KV cache (``tokens`` positions x ``rows``)
+    cannot fit: what it needs beyond the ``held`` bytes of cache already allocated (which
+    it reuses) must be free on ``device``."""
     need = kv_bytes(args, tokens, batch=rows, itemsize=itemsize)
-    have = kv_bytes(args, held_tokens, batch=rows, itemsize=itemsize)
-    if need > have:
-        check_fits(need - have, device, what=f"a request of {tokens} tokens" + (f" x {rows} lanes" if rows > 1 else ""))
+    if need > held:
+        check_fits(need - held, device, what=f"a request of {tokens} tokens" + (f" x {rows} rows" if rows > 1 else "")
+                   + " (the prompt and the most new tokens it may make, held in the KV cache)")
 
 
 # --------------------------------------------------------------------------- files

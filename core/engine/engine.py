@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from core import limits
 from core.engine.batch import Batch, Lane, finish
 from core.engine.beam import beam_generate
 from core.engine.constrain import Vocabulary
@@ -210,6 +211,7 @@ class Engine:
         if params.num_beams > 1:
             if forced:
                 raise SettingsError("a forced token (a branch) does not combine with beam search")
+            self.check_memory(len(prompt), [params])
             return beam_generate(self, prompt, params.validate(), cancel, strip_leading_space, self._stops(stop_ids))
         return self.generate_lanes(prompt, [params], cancel=cancel, strip_leading_space=strip_leading_space,
                                    inspect=inspect, stop_ids=stop_ids, forced=forced, continued=continued)
@@ -258,6 +260,7 @@ class Engine:
         lanes' settings validated, each with a concrete seed."""
         self.check_prompt(prompt)
         lanes = [q.validate().resolved().with_text_bias(self.tokenizer.encode).validate() for q in lanes]
+        self.check_memory(len(prompt), lanes)  # before a draft model is loaded for it
         vocab = self.model.args.vocab_size
         for q in lanes:
             bad = [t for t in q.logit_bias if t >= vocab]
@@ -268,6 +271,18 @@ class Engine:
             if q.constraint is not None:
                 self.vocabulary.check(q.constraint)  # ConstraintError before anything streams
         return lanes
+
+    def check_memory(self, prompt_tokens: int, lanes: Sequence[SamplingParams]) -> None:
+        """Raise ResourceError, saying how much it needs, for a request whose KV cache
+        cannot fit in free memory: the prompt and the most new tokens a lane may make,
+        capped by the context, one cache row per lane and beam. The cache grows as tokens
+        come, so without this a request the machine cannot hold would run until it fails."""
+        if not lanes:
+            return
+        rows = len(lanes) * max(q.num_beams for q in lanes)
+        tokens = min(prompt_tokens + max(q.max_new_tokens for q in lanes), self.max_context)
+        limits.check_request(self.model.args, tokens, rows=rows, itemsize=self.cache.dtype.itemsize,
+                             held=self.cache.nbytes(), device=self.device)
 
     # -- the decode loop -------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from core.engine.events import Done, Token
-from core.errors import ConstraintError, SettingsError
+from core.errors import ConstraintError, ResourceError, SettingsError
 from core.prompt.prompting import strips_reply_space
 from core.serving.protocol import (MAX_FORCED, MAX_STOP_IDS, APIError, chat_logprobs, check_context,
                                    completion_logprobs, constraint_from_request, messages_from_request, parse_body,
@@ -247,6 +247,8 @@ def check_job(state: ServerState, job: Job, body: dict, chat: bool) -> None:
     except SettingsError as e:  # the prompt, or a logit_bias_text TEXT the tokenizer makes nothing of
         param = "logit_bias_text" if str(e).startswith("bad logit bias") else ("messages" if chat else "prompt")
         raise APIError(400, str(e), param=param) from None
+    except ResourceError as e:  # its KV cache cannot fit: fewer new tokens (or a shorter prompt) might
+        raise APIError(400, str(e), param="max_tokens") from None
 
 
 def prepare(state: ServerState, raw: bytes, chat: bool, api: str = "") -> tuple[dict, Job, int | None, bool, bool]:

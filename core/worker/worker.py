@@ -506,14 +506,7 @@ class Worker:
         lanes = [p.validate().resolved() for p in lanes]
         prompt = build_prompt(req, self._chat_format(loaded, formats, req.chat_format), loaded.stop_ids,
                               eng.max_context, max(p.max_new_tokens for p in lanes))
-        # Refuse, saying how much it needs, a request whose KV cache cannot fit.
-        args = loaded.args
-        rows = len(lanes) * max(p.num_beams for p in lanes)
-        tokens = min(len(prompt.ids) + max(p.max_new_tokens for p in lanes), eng.max_context)
-        need = limits.kv_bytes(args, tokens, batch=rows, itemsize=eng.cache.dtype.itemsize)
-        if need > eng.cache.nbytes():
-            limits.check_fits(need - eng.cache.nbytes(), eng.device,
-                              what=f"a request of {tokens} tokens" + (f" in {rows} rows" if rows > 1 else ""))
+        eng.check_memory(len(prompt.ids), lanes)  # before the draft loader or anything else runs
         how = dict(cancel=cmd.cancel, strip_leading_space=prompt.strip_leading_space, inspect=int(req.inspect),
                    stop_ids=prompt.stop_ids, continued=req.continue_reply)
         if eng.draft_loader is None:
