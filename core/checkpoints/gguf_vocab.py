@@ -9,7 +9,8 @@ import struct
 
 from core.errors import TokenizerError
 from core.tokenizer import HFTokenizer, SentencePieceTokenizer
-from core.tokenizer.base import BYTE_TO_UNICODE, LLAMA3_PATTERN
+from core.tokenizer.base import BYTE_TO_UNICODE, LLAMA3_PATTERN, read_tokenizer_file
+from core.tokenizer.tiktoken_bpe import parse_ranks
 
 # Minimal protobuf wire encoding for sentencepiece's ModelProto. The package's generated
 # sentencepiece_model_pb2 needs the protobuf runtime, which this project does not depend on;
@@ -231,3 +232,87 @@ def byte_level_vocab_from_ranks(ranks: dict[bytes, int]) -> tuple[list[str], lis
             merges.append((r, left, right))
     merges.sort()
     return spell, [f"{spell[a]} {spell[b]}" for _, a, b in merges]
+
+
+# --------------------------------------------------------------------------- writing "gpt2" vocabularies
+
+#: The pre-tokenizer name llama.cpp gives Llama 3's split pattern (the one ``hf_byte_level_from_vocab``
+#: rebuilds); a GGUF "gpt2" vocabulary is read back under this name only.
+LLAMA_BPE = "llama-bpe"
+_UNUSED = _SP_UNUSED
+# Texts both tokenizers must split alike before a vocabulary is written: words, contractions,
+# digit runs, punctuation runs, whitespace runs and line breaks, non-Latin scripts, emoji.
+_SAME_IDS_TEXTS = (
+    "Hello world", "This is a test sentence.", "  leading spaces and trailing   ", "they're I'LL we've 's",
+    "numbers 1234567890 3.14159 -42 1e10", "line one\nline two\r\n\n\nafter blank lines\t\ttabs",
+    "def f(x):\n    return {'a': [1, 2, 3]}  # comment\n", "Grüße, naïve café — 日本語のテキスト",
+    "Ελληνικά, русский, עברית, العربية, हिन्दी, 한국어", "emoji 🤖🦙✨ family 👨‍👩‍👧 flags 🇫🇷🇯🇵",
+    "<|begin_of_text|> <|eot_id|> <s> [INST]", "\u200b\u00a0 zero-width and no-break",
+)
+
+
+def byte_level_vocab(tok, size: int) -> tuple[list[str], list[str], list[int]]:
+    """(tokens, merges, token types): a Llama 3-kind tokenizer (a byte-level BPE
+    tokenizer.json, or Meta's tiktoken ranks with its 256 special tokens) as the arrays of a
+    GGUF "gpt2" vocabulary of ``size`` entries (the model's embedding rows; ids no token
+    has are "[PAD<id>]", unused, as llama.cpp's converter writes them).
+
+    Raises TokenizerError for a tokenizer whose text splitting is not Llama 3's: llama.cpp
+    knows a "gpt2" vocabulary's pre-tokenizer by name only, and the loader here by this one.
+    """
+    if tok.kind == "tiktoken":
+        ranks = parse_ranks(read_tokenizer_file(tok.source), tok.source)
+        tokens, merges = byte_level_vocab_from_ranks(ranks)
+        by_id = dict(enumerate(tokens))
+        types = {i: _SP_NORMAL for i in by_id}
+        for name, i in tok.special_tokens.items():
+            by_id[i], types[i] = name, _SP_CONTROL
+    elif tok.kind == "hf":
+        by_id, merges, types = _hf_byte_level_arrays(tok)
+    else:
+        raise TokenizerError(f"a '{tok.kind}' tokenizer is not a byte-level BPE vocabulary")
+    n = max(size, max(by_id) + 1)
+    return ([by_id.get(i, f"[PAD{i}]") for i in range(n)], merges,
+            [types.get(i, _UNUSED) for i in range(n)])
+
+
+def _hf_byte_level_arrays(tok) -> tuple[dict[int, str], list[str], dict[int, int]]:
+    doc = json.loads(tok.backend.to_str())
+    model = doc.get("model") or {}
+    if model.get("type") != "BPE" or doc.get("normalizer") is not None or not _splits_like_llama3(doc):
+        raise TokenizerError(f"{tok.source} is not Llama 3's byte-level BPE (model {model.get('type')}, its own "
+                             "normalizer or pre-tokenizer): a GGUF file names its text splitting, and only "
+                             f"'{LLAMA_BPE}' is written here (convert to hf instead)")
+    by_id = {int(i): t for t, i in model["vocab"].items()}
+    types = {i: _SP_NORMAL for i in by_id}
+    for i, added in tok.backend.get_added_tokens_decoder().items():
+        by_id[int(i)] = added.content
+        types[int(i)] = _SP_CONTROL if added.special else _SP_USER
+    # tokenizers writes a merge as "left right" (older files) or ["left", "right"].
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    return by_id, merges, types
+
+
+def _splits_like_llama3(doc: dict) -> bool:
+    """Whether a tokenizer.json's pre-tokenizer is Llama 3's: its regex split, then bytes
+    mapped to GPT-2's alphabet with no second split."""
+    pre = doc.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]
+    if not isinstance(steps, list) or len(steps) != 2:
+        return False
+    split, byte_level = steps
+    return (split.get("type") == "Split" and (split.get("pattern") or {}).get("Regex") == LLAMA3_PATTERN
+            and split.get("behavior") == "Isolated" and not split.get("invert")
+            and byte_level.get("type") == "ByteLevel" and byte_level.get("use_regex") is False
+            and not byte_level.get("add_prefix_space"))
+
+
+def check_same_ids(tok, tokens: list[str], merges: list[str], types: list[int]) -> None:
+    """Raise TokenizerError unless the tokenizer these arrays rebuild (as the GGUF loader
+    will) gives ``tok``'s ids for a set of texts that exercise every part of splitting."""
+    rebuilt = hf_byte_level_from_vocab(tokens, merges, types, bos_id=tok.bos_id, eos_id=tok.eos_id)
+    for text in _SAME_IDS_TEXTS:
+        want, got = tok.encode(text), rebuilt.encode(text)
+        if want != got:
+            raise TokenizerError(f"the vocabulary written from {tok.source} would not give its token ids back "
+                                 f"(for {text!r}: {want[:8]} but {got[:8]})")

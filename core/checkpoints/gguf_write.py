@@ -20,7 +20,8 @@ from gguf.quants import quantize
 from core.checkpoints.common import LoadedModel
 from core.checkpoints.gguf import gguf_name
 from core.checkpoints.gguf_reader import Metadata, open_reader
-from core.errors import CheckpointError
+from core.checkpoints.gguf_vocab import LLAMA_BPE, byte_level_vocab, check_same_ids
+from core.errors import CheckpointError, TokenizerError
 from core.model.transformer import rope_frequencies
 from core.model.args import ModelArgs
 
@@ -90,7 +91,8 @@ def add_llama_params(w, a: ModelArgs, name: str | None = None, qtype: str | None
 
 
 def _write_tokenizer(w, loaded: LoadedModel) -> None:
-    """A GGUF source's tokenizer fields are copied; a SentencePiece one is written out."""
+    """A GGUF source's tokenizer fields are copied; a SentencePiece one is written out as a
+    "llama" vocabulary, a Llama 3 one (tokenizer.json or tiktoken ranks) as "gpt2"."""
     tok = loaded.tokenizer
     if loaded.info.get("format") == "gguf":
         path = Path(loaded.info["path"])
@@ -101,9 +103,13 @@ def _write_tokenizer(w, loaded: LoadedModel) -> None:
                 sub = field.types[1] if len(field.types) > 1 else None
                 w.add_key_value(key, md.get(key), field.types[0], sub_type=sub)
         return
-    if getattr(tok, "kind", None) != "sentencepiece":
-        raise CheckpointError(f"writing a GGUF needs a SentencePiece or GGUF tokenizer; this model's is "
-                              f"'{getattr(tok, 'kind', '?')}' (convert to hf instead)")
+    kind = getattr(tok, "kind", None)
+    if kind in ("hf", "tiktoken"):
+        _write_byte_level(w, tok, loaded.args.vocab_size)
+        return
+    if kind != "sentencepiece":
+        raise CheckpointError(f"writing a GGUF needs a SentencePiece, Llama 3 or GGUF tokenizer; this model's is "
+                              f"'{kind or '?'}' (convert to hf instead)")
     sp = tok.processor
     n = sp.get_piece_size()
     tokens, scores, types = [], [], []
@@ -122,6 +128,31 @@ def _write_tokenizer(w, loaded: LoadedModel) -> None:
         if ident is not None and ident >= 0:
             add(int(ident))
     w.add_add_space_prefix(bool(tok.add_dummy_prefix))
+
+
+def _write_byte_level(w, tok, size: int) -> None:
+    """Llama 3's tokenizer as llama.cpp's converter writes it: "gpt2" tokens (GPT-2's byte
+    alphabet), merges, token types, the "llama-bpe" pre-tokenizer and the special ids,
+    after checking that the loader rebuilds the same ids from them."""
+    try:
+        tokens, merges, types = byte_level_vocab(tok, size)
+        check_same_ids(tok, tokens, merges, types)
+    except TokenizerError as e:
+        raise CheckpointError(str(e)) from None
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(LLAMA_BPE)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    special = tok.special_tokens
+    for ident, add in ((tok.bos_id, w.add_bos_token_id), (tok.eos_id, w.add_eos_token_id),
+                       (special.get("<|eot_id|>"), w.add_eot_token_id), (special.get("<|eom_id|>"), w.add_eom_token_id),
+                       (tok.pad_id, w.add_pad_token_id)):
+        if ident is not None:
+            add(int(ident))
+    # The prompt starts with BOS here (and in Meta's and HF's Llama 3): llama.cpp adds it when told.
+    w.add_add_bos_token(tok.bos_id is not None)
+    w.add_add_eos_token(False)
 
 
 def gguf_tensor_bytes(path: str | Path) -> int:
