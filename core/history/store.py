@@ -95,7 +95,7 @@ class History:
             if isinstance(e, HistoryError):
                 raise
             if isinstance(e, DataFolderError):
-                raise HistoryError(str(e)) from None
+                raise HistoryError(str(e)) from e  # the cause tells open_or_recover what to say
             kind = HistoryDamagedError if _is_damage(e) else HistoryError
             raise kind(f"cannot open history {self.path}: {e}") from None
 
@@ -119,8 +119,10 @@ class History:
                                    f"as {kept.name} and a new history was started.")
             except (HistoryError, OSError) as e:
                 reason = str(e)
-        return cls(":memory:"), (f"Conversations cannot be saved in {path.parent} ({reason}); this session "
-                                 "keeps them in memory only, and they will be lost when the app closes.")
+        where = (f": {reason}" if isinstance(first_error.__cause__, DataFolderError)
+                 else f" in {path.parent} ({reason})")
+        return cls(":memory:"), (f"Conversations cannot be saved{where}; this session keeps them in memory "
+                                 "only, and they will be lost when the app closes.")
 
     # ------------------------------------------------------------------ plumbing
 

@@ -3,6 +3,7 @@ moved aside at start-up with a notice (issue 12)."""
 from __future__ import annotations
 
 import os
+import sqlite3
 
 import pytest
 from PySide6.QtCore import Qt
@@ -134,3 +135,38 @@ def test_text_repaired_before_sending_is_said(qtbot, loop, bridge, settings, dat
         assert run(loop, scenario(), 90)
     finally:
         close(loop, w)
+
+
+def test_a_store_missing_its_messages_table_is_kept_and_said(qtbot, loop, bridge, settings, data_dir):  # noqa: F811
+    path = data_dir / "history.sqlite3"
+    with History(path) as h:
+        h.create_conversation("old chat")
+    con = sqlite3.connect(path)
+    con.execute("DROP TABLE messages")
+    con.commit()
+    con.close()
+    w = MainWindow(bridge=bridge, settings=settings, autoload=False)
+    qtbot.addWidget(w)
+    w.show()
+    try:
+        assert "damaged" in w.chat.notice.text() and w.chat.notice.isVisible()
+        assert len([p for p in data_dir.iterdir() if ".damaged-" in p.name and not p.name.endswith(("-wal", "-shm"))]) == 1
+        c = w.history.create_conversation("new")  # the fresh store holds messages again
+        w.history.add_message(c.id, role="user", text="hi")
+    finally:
+        close(loop, w)
+
+
+def test_a_data_folder_that_is_a_file_is_said_in_the_window(qtbot, loop, bridge, settings, tmp_path, monkeypatch):  # noqa: F811
+    blocker = tmp_path / "LlamaDesk"
+    blocker.write_text("a file where the data folder should be")
+    monkeypatch.setenv("LLAMADESK_DATA_DIR", str(blocker))
+    w = MainWindow(bridge=bridge, settings=settings, autoload=False)
+    qtbot.addWidget(w)
+    w.show()
+    try:
+        text = w.chat.notice.text()
+        assert w.chat.notice.isVisible() and f"{blocker} is a file, not a folder" in text and "memory only" in text
+    finally:
+        close(loop, w)
+    assert blocker.read_text() == "a file where the data folder should be"
