@@ -192,14 +192,15 @@ def fits(needed: int, device=None, *, releasable: int = 0) -> bool:
     return free is None or needed <= free + releasable
 
 
-def check_fits(needed: int, device=None, *, what: str, releasable: int = 0) -> None:
-    """Raise ResourceError saying how much ``what`` needs when it does not fit."""
+def check_fits(needed: int, device=None, *, what: str, releasable: int = 0, advice: str = "") -> None:
+    """Raise ResourceError saying how much ``what`` needs when it does not fit (and
+    ``advice``, what the user can do about it)."""
     free = available_bytes(device)
     if free is None or needed <= free + releasable:
         return
     where = "GPU memory" if str(getattr(device, "type", device)) == "cuda" else "memory"
     raise ResourceError(f"{what} needs {human(needed)} of {where}, but only {human(free + releasable)} "
-                        f"is available", needed=needed, available=free + releasable)
+                        f"is available{': ' + advice if advice else ''}", needed=needed, available=free + releasable)
 
 
 def check_request(args, tokens: int, *, rows: int = 1, itemsize: int, held: int = 0, device=None) -> None:
@@ -209,7 +210,8 @@ def check_request(args, tokens: int, *, rows: int = 1, itemsize: int, held: int 
     need = kv_bytes(args, tokens, batch=rows, itemsize=itemsize)
     if need > held:
         check_fits(need - held, device, what=f"a request of {tokens} tokens" + (f" x {rows} rows" if rows > 1 else "")
-                   + " (the prompt and the most new tokens it may make, held in the KV cache)")
+                   + " (the prompt and the most new tokens it may make, held in the KV cache)",
+                   advice="ask for fewer new tokens" + (" or fewer lanes" if rows > 1 else ""))
 
 
 # --------------------------------------------------------------------------- files
