@@ -31,20 +31,23 @@ def test_a_reply_the_memory_cannot_hold_is_refused_with_its_figure(qtbot, loop, 
         w.panel.maxTokensSpin.setValue(400)
         qtbot.keyClicks(w.prompt.editor, "Tell me a story.")
         qtbot.keyClick(w.prompt.editor, Qt.Key_Return, Qt.ControlModifier)
-        await until(lambda: w.chat.widgets and "needs" in w.chat.widgets[-1].footer.text(), 30, "the refusal")
+        await until(lambda: "needs" in w.prompt.hint.text(), 30, "the refusal")
         await until(lambda: not w.reply.busy, 30, "the reply's end")
-        return w.chat.widgets[-1].footer.text()
+        return w.prompt.hint.text()
 
     try:
         text = run(loop, scenario(), 90)
-        assert w.chat.widgets[-1].footer.isVisible()
-        # Said in the reply's place, with the figure: K and V of every layer, float32, per position.
-        m = re.search(r"a request of (\d+) tokens .*? needs ([\d.]+ \w+) of memory, but only 1000 bytes", text)
+        # Said under the editor, with the figure: K and V of every layer, float32, per position.
+        m = re.search(r"a request of (\d+) tokens .*? needs ([\d.]+ \w+) of memory, but only 1000 bytes", text, re.I)
         assert m, text
         params = json.loads((DEMO / "params.json").read_text())
         per_token = 2 * params["n_layers"] * params["n_kv_heads"] * params["head_dim"] * 4
         assert m.group(2) == limits.human(int(m.group(1)) * per_token) and int(m.group(1)) > 400
-        assert "fewer new tokens" in text and not w.reply.busy
-        assert w.prompt.editor.isEnabled()
+        assert "fewer new tokens" in text and w.prompt.hint.isVisible()
+        # Nothing is lost: the message is back in the editor, and fewer new tokens lift the refusal.
+        assert w.prompt.text() == "Tell me a story." and not w.prompt.send_button.isEnabled()
+        monkeypatch.undo()
+        w.panel.maxTokensSpin.setValue(8)
+        assert w.prompt.send_button.isEnabled() and "needs" not in w.prompt.hint.text()
     finally:
         close(loop, w)
