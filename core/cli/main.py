@@ -88,7 +88,10 @@ def _serve_parser(sub) -> None:
                    help="clients must send 'Authorization: Bearer KEY' (default: $LLAMADESK_API_KEY)")
     s.add_argument("--max-batch", type=int, default=16, help="most sequences decoded together")
     s.add_argument("--max-queue", type=int, default=64, help="most requests waiting; more get 503")
-    s.add_argument("--model-name", default=None, help="the model id clients use (default: the folder or file name)")
+    s.add_argument("--model-name", default=None, help="the model id clients use (default: the folder or file name); "
+                   "NAME,ALIAS,... answers to each, replies say the first")
+    s.add_argument("--any-model-name", action="store_true",
+                   help="answer a request whatever model it names, as llama.cpp's server does (OpenAI answers 404)")
     s.add_argument("--lookup", type=int, default=0, metavar="N",
                    help="requests draft by prompt lookup over the last N tokens (1-8) unless they say otherwise "
                         "(request field lookup; same output, faster when replies repeat their prompt)")

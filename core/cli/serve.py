@@ -63,7 +63,9 @@ def cmd_serve(args) -> int:
     check_serve_args(args)
     loaded, load_s = load_model(args)
     plan = serve_threads(loaded, args.threads)
-    state = ServerState(loaded, model_id=args.model_name, api_key=args.api_key,
+    names = [n.strip() for n in (args.model_name or "").split(",") if n.strip()]
+    state = ServerState(loaded, model_id=names[0] if names else None, aliases=tuple(names[1:]),
+                        any_model=args.any_model_name, api_key=args.api_key,
                         max_batch=args.max_batch, max_queue=args.max_queue, lookup=args.lookup, draft=args.draft,
                         compile=args.compile, threads=(plan.prefill, plan.decode) if plan else None)
 

@@ -31,6 +31,7 @@ from core.serving.protocol import (MAX_FORCED, MAX_STOP_IDS, APIError, chat_logp
                                    requested_max_tokens, sampling_from_request, stream_options, token_ids)
 from core.serving import responses_api
 from core.serving.extensions import Extras, read_extensions, render_messages, with_min_tokens
+from core.serving.group import MAX_PROMPTS, JobGroup, enqueue, parts_of
 from core.serving.guard import Guard, HTTPOptions, answered_hosts
 from core.serving.metrics import CONTENT_TYPE
 from core.serving.responses import Reply
@@ -125,19 +126,21 @@ async def models(request: Request):
         check_key(request)
     except APIError as e:
         return error(e)
-    return JSONResponse({"object": "list", "data": [request.app.state.server.model_card()]})
+    state: ServerState = request.app.state.server
+    return JSONResponse({"object": "list", "data": [state.model_card(name) for name in state.model_names]})
 
 
 async def model(request: Request):
     state: ServerState = request.app.state.server
     try:
         check_key(request)
-        if request.path_params["name"] != state.model_id:
+        if request.path_params["name"] not in state.model_names and not state.any_model:
             raise APIError(404, f"the model '{request.path_params['name']}' does not exist here",
                            param="model", code="model_not_found")
     except APIError as e:
         return error(e)
-    return JSONResponse(state.model_card())
+    name = request.path_params["name"]
+    return JSONResponse(state.model_card(name if name in state.model_names else None))
 
 
 async def completions(request: Request):
@@ -225,6 +228,22 @@ def check_some_token_left(state: ServerState, lanes) -> None:
         raise APIError(400, f"logit_bias bans all {limit} tokens: leave at least one to sample", param="logit_bias")
 
 
+def is_batch(prompt) -> bool:
+    """Whether a completion's prompt is several prompts: a list of texts or of token lists."""
+    return (isinstance(prompt, list) and len(prompt) > 1
+            and (all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt)))
+
+
+def batch_job(state: ServerState, body: dict, ex: Extras) -> tuple[JobGroup, int | None]:
+    """A completion of several prompts: one job each, bounded before any is tokenized."""
+    prompts = body["prompt"]
+    most = min(MAX_PROMPTS, state.scheduler.max_queue)
+    if len(prompts) > most:
+        raise APIError(400, f"prompt takes at most {most} prompts in one request, got {len(prompts)}", param="prompt")
+    jobs = [completion_job(state, {**body, "prompt": p}, ex) for p in prompts]
+    return JobGroup([j for j, _ in jobs]), jobs[0][1]
+
+
 def check_bytes(state: ServerState, size: int, what: str) -> None:
     """APIError 400 for a text too long to fit the context whatever it tokenizes to:
     refused by its length, before the tokenizer spends time and memory on it."""
@@ -240,7 +259,8 @@ def check_job(state: ServerState, job: Job, body: dict, chat: bool) -> None:
     """What the engine refuses in ``job`` (a constraint that does not compile, a prompt
     or logit_bias_text it cannot take) answers as a 400 naming the field."""
     try:
-        state.scheduler.check(job)
+        for part in parts_of(job):
+            state.scheduler.check(part)
     except ConstraintError as e:  # the schema/regex/grammar does not compile
         field = constraint_from_request(body)[1]
         raise APIError(400, f"{field}: {e}", param=field) from None
@@ -256,12 +276,17 @@ def prepare(state: ServerState, raw: bytes, chat: bool, api: str = "") -> tuple[
     job checked but not queued. Runs on the request threads (``state.prep``), never on the
     event loop: parsing, tokenizing and compiling a constraint take time that grows with
     the body."""
-    body = parse_body(raw, state.model_id)
+    body = parse_body(raw, state.model_names, any_model=state.any_model)
     if api == "responses":
         body = responses_api.chat_body(body)
     body, ex = read_extensions(body)
     try:
-        job, top = chat_job(state, body, ex) if chat else completion_job(state, body, ex)
+        if chat:
+            job, top = chat_job(state, body, ex)
+        elif is_batch(body.get("prompt")):
+            job, top = batch_job(state, body, ex)
+        else:
+            job, top = completion_job(state, body, ex)
     except APIError as e:
         raise ex.named(e) from None
     stream, include_usage = stream_options(body)
@@ -284,7 +309,7 @@ async def generate(request: Request, chat: bool, api: str = ""):
         body, job, top, stream, include_usage = await loop.run_in_executor(state.prep, prepare, state, raw, chat, api)
         # queued here, on the loop: a request whose client left during prepare queues nothing
         job.loop, job.events = loop, asyncio.Queue()
-        state.scheduler.enqueue(job)
+        enqueue(state.scheduler, job)
     except APIError as e:
         state.metrics.request(endpoint, e.status)
         return error(e)

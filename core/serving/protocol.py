@@ -56,8 +56,10 @@ class QueueFull(APIError):
                          code="queue_full", type="server_error")
 
 
-def parse_body(raw: bytes, model_id: str) -> dict:
-    """The request body as a JSON object naming this server's model (or none)."""
+def parse_body(raw: bytes, model_id: str | tuple[str, ...], *, any_model: bool = False) -> dict:
+    """The request body as a JSON object naming this server's model (``model_id``: its
+    name, or its names), or none; ``any_model``: whatever model it names (llama.cpp and LM
+    Studio answer so with one model loaded)."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
@@ -68,8 +70,9 @@ def parse_body(raw: bytes, model_id: str) -> dict:
         raise APIError(400, "the request body must be a JSON object")
     n_predict(body)
     model = body.get("model")
-    if model is not None and model != model_id:
-        raise APIError(404, f"the model '{model}' does not exist here; this server has '{model_id}'",
+    names = (model_id,) if isinstance(model_id, str) else model_id
+    if model is not None and model not in names and not any_model:
+        raise APIError(404, f"the model '{model}' does not exist here; this server has '{names[0]}'",
                        param="model", code="model_not_found")
     return body
 

@@ -44,7 +44,7 @@ class Reply:
         """Add this request's tokens to the server's metrics, once."""
         if not self.counted:
             self.counted = True
-            self.server.metrics.tokens(len(self.job.prompt), sum(len(d.tokens) for d in self.job.done if d is not None))
+            self.server.metrics.tokens(self.job.prompt_tokens, sum(len(d.tokens) for d in self.job.done if d is not None))
 
     def head(self) -> dict:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.server.model_id,
@@ -118,8 +118,8 @@ class Reply:
         done = [d for d in self.job.done if d is not None]
         # the tokens the reply reports (text, logprobs, token_ids); the stop token is not one
         completion = sum(len(d.tokens) for d in done)
-        out = {"prompt_tokens": len(self.job.prompt), "completion_tokens": completion,
-               "total_tokens": len(self.job.prompt) + completion}
+        out = {"prompt_tokens": self.job.prompt_tokens, "completion_tokens": completion,
+               "total_tokens": self.job.prompt_tokens + completion}
         if done and done[0].stats is not None:  # OpenAI's field: prompt tokens the KV cache held
             out["prompt_tokens_details"] = {"cached_tokens": done[0].stats.cached_tokens}
         spec = [s for s in (speculative_stats(d) for d in done) if s is not None]
@@ -148,7 +148,7 @@ class Reply:
                 c["speculative"] = spec
             if self.token_ids:
                 c["token_ids"] = list(d.tokens)
-                c["prompt_token_ids"] = list(self.job.prompt)
+                c["prompt_token_ids"] = list(self.job.prompt_of(i))
             choices.append(c)
         return {**self.head(), "choices": choices, "usage": self.usage()}
 
@@ -175,7 +175,7 @@ class Reply:
         if self.token_ids:
             c["token_ids"] = [tok.token_id] if tok is not None else []
             if first:
-                c["prompt_token_ids"] = list(self.job.prompt)
+                c["prompt_token_ids"] = list(self.job.prompt_of(choice))
         return {**self.head(), "object": self.object + ".chunk" if self.chat else self.object, "choices": [c]}
 
 

@@ -35,6 +35,14 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     done: list[Done | None] = field(default_factory=list)
 
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt)
+
+    def prompt_of(self, choice: int) -> list[int]:
+        """The prompt choice ``choice`` continues (a group of prompts has several)."""
+        return self.prompt
+
     def emit(self, item) -> None:
         """Hand (choice, event), an exception, or None (finished) to the request's coroutine."""
         if self.loop is not None and not self.loop.is_closed():

@@ -27,13 +27,17 @@ class ServerState:
     settings, off the event loop (:func:`core.serving.app.prepare`).
     """
 
-    def __init__(self, loaded, *, model_id: str | None = None, api_key: str | None = None,
+    def __init__(self, loaded, *, model_id: str | None = None, aliases: tuple[str, ...] = (), any_model: bool = False,
+                 api_key: str | None = None,
                  max_batch: int = 16, max_queue: int = 64, on_done: Callable[[Job], None] | None = None,
                  lookup: int = 0, draft: str | None = None, compile: bool | str = False,
                  threads: tuple[int, int] | None = None):
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         self.model_id = model_id or loaded.name
+        # every name a request may give (replies say the first); any_model: whatever it gives
+        self.model_names = tuple(dict.fromkeys((self.model_id, *aliases)))
+        self.any_model = any_model
         self.api_key = api_key or None
         self.engine = Engine(loaded.model, loaded.tokenizer, stop_ids=loaded.stop_ids, compile=compile,
                              threads=threads)
@@ -59,8 +63,8 @@ class ServerState:
         self.scheduler.stop()
         self.prep.shutdown(wait=False, cancel_futures=True)
 
-    def model_card(self) -> dict:
-        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "llamadesk",
+    def model_card(self, name: str | None = None) -> dict:
+        return {"id": name or self.model_id, "object": "model", "created": self.created, "owned_by": "llamadesk",
                 "max_model_len": self.engine.max_context,
                 "llamadesk": {"chat_format": self.loaded.chat_format.name, "vocab_size": self.loaded.model.args.vocab_size,
                               "tokenizer": tokenizer_fingerprint(self.tokenizer, self.loaded.model.args.vocab_size),

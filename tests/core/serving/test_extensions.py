@@ -180,3 +180,32 @@ def test_add_generation_prompt_false_leaves_the_assistant_header_out(demo):
     r = chat(demo, temperature=0, max_tokens=4, extra_body={"add_generation_prompt": False})
     assert r.usage.prompt_tokens == len(demo.direct.chat_format.encode_dialog(DOG, add_generation_prompt=False))
     assert r.usage.prompt_tokens < len(chat_ids(demo, DOG))
+
+
+def test_a_list_of_prompts_is_batched_with_choices_indexed_as_openai_does(stories):
+    prompts = [ONCE, "The cat", "Lily and Tom"]
+    r = stories.client.completions.create(model=stories.model, prompt=prompts, max_tokens=6, n=2, temperature=1.0,
+                                          seed=11, extra_body={"return_token_ids": True})
+    assert [c.index for c in r.choices] == list(range(6))
+    for c in r.choices:  # prompt i, choice j is index i * n + j, drawn from seed + j as a lone request's
+        i, j = divmod(c.index, 2)
+        ids = stories.direct.tokenizer.encode(prompts[i], bos=True)
+        want = stories.alone(ids, SamplingParams(temperature=1.0, top_p=1.0, seed=11 + j, max_new_tokens=6))
+        assert c.text == want.text and c.model_extra["prompt_token_ids"] == ids
+    lengths = [len(stories.direct.tokenizer.encode(p, bos=True)) for p in prompts]
+    assert r.usage.prompt_tokens == sum(lengths) and r.usage.completion_tokens == 36
+    streamed = {}
+    for chunk in stories.client.completions.create(model=stories.model, prompt=prompts, max_tokens=6, n=2,
+                                                   temperature=1.0, seed=11, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert streamed == {c.index: c.text for c in r.choices}
+
+
+def test_token_list_prompts_batch_too_and_too_many_prompts_are_refused(stories):
+    ids = [stories.direct.tokenizer.encode(p, bos=True) for p in (ONCE, "The cat")]
+    r = stories.client.completions.create(model=stories.model, prompt=ids, max_tokens=4, temperature=0)
+    assert [c.text for c in r.choices] == [stories.alone(i, SamplingParams(temperature=0, max_new_tokens=4)).text
+                                           for i in ids]
+    err = fails(stories, "/completions", {"prompt": ["x"] * 65, "max_tokens": 1})
+    assert err["param"] == "prompt" and "at most" in err["message"]
