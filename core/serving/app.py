@@ -171,7 +171,7 @@ def completion_job(state: ServerState, body: dict, ex: Extras = Extras()) -> tup
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
     else:
-        raise APIError(400, "prompt must be one string or one list of token ids", param="prompt")
+        raise APIError(400, "prompt must be a string, a list of token ids, or a list of either", param="prompt")
     ids = ids + token_ids(body, "reply_prefix", vocab, most=context)
     lp = completion_logprobs(body)
     forced = token_ids(body, "forced_tokens", vocab, most=MAX_FORCED)

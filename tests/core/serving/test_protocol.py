@@ -40,7 +40,7 @@ def test_malformed_json_is_400_with_an_error_object(stories):
     (dict(logit_bias={"7": 101}), "logit_bias"),
     (dict(logit_bias={"9999": 1}), "logit_bias"),
     (dict(logit_bias={"the": 1}), "logit_bias"),
-    (dict(prompt=["one", "two"]), "prompt"),
+    (dict(prompt=["one", ["two"]]), "prompt"),  # a list of prompts is of one kind
 ])
 def test_an_invalid_setting_is_400_naming_it(stories, kw, param):
     kw = {"prompt": "Once", "max_tokens": 4, **kw}
