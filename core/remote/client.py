@@ -153,6 +153,32 @@ class RemoteModel:
         return bool(self.card and "llamadesk" in self.card)
 
     @property
+    def dialect(self) -> str:
+        """Whose extension fields the server speaks: "llamadesk", "vllm", "llama.cpp" (its
+        model cards say owned_by "llamacpp") or "openai" (OpenAI's fields only)."""
+        card = self.card or {}
+        if "llamadesk" in card:
+            return "llamadesk"
+        return {"vllm": "vllm", "llamacpp": "llama.cpp"}.get(card.get("owned_by"), "openai")
+
+    def in_dialect(self, body: dict) -> dict:
+        """``body`` (this app's field names, which LlamaDesk's serve takes) in the server's
+        own: llama.cpp's repeat_penalty, vLLM's structured_outputs for a regex or grammar.
+        RemoteError "unsupported" for a constraint the server has no field for."""
+        out, dialect = dict(body), self.dialect
+        if dialect == "llama.cpp" and "repetition_penalty" in out:
+            out["repeat_penalty"] = out.pop("repetition_penalty")
+        for kind in ("regex", "grammar"):
+            if kind not in out:
+                continue
+            if dialect == "vllm":
+                out["structured_outputs"] = {kind: out.pop(kind)}
+            elif dialect == "llama.cpp" and kind == "regex":
+                raise RemoteError(f"{self.shown} (llama.cpp's server) has no regular-expression constraint: use a "
+                                  "grammar or a JSON schema", kind="unsupported")
+        return out
+
+    @property
     def tokenizer_fingerprint(self) -> str | None:
         """The model's tokenizer hash where the server says it (LlamaDesk servers), else None."""
         return (self.card or {}).get("llamadesk", {}).get("tokenizer")
@@ -163,7 +189,8 @@ class RemoteModel:
         """One non-streamed chat request (``body`` without model and stream); the reply object."""
         if self.card is None:
             self.connect()
-        return self._request("POST", "/chat/completions", json={"model": self.model, **body, "stream": False}).json()
+        return self._request("POST", "/chat/completions",
+                             json=self.in_dialect({"model": self.model, **body, "stream": False})).json()
 
     def probe(self) -> Capabilities:
         """Find what the server honours with a few short requests (about ten, 8 tokens or fewer).
@@ -212,7 +239,7 @@ class RemoteModel:
             b["prompt"] = prompt
             if logprobs:
                 b["logprobs"] = top_logprobs
-        if self.is_llamadesk or (self.card or {}).get("owned_by") == "vllm":
+        if self.dialect in ("llamadesk", "vllm"):
             b["return_token_ids"] = True
         b.update(request_fields(p.constraint))
         if p.logit_bias:  # token ids: the server's own (e.g. a ban picked from its replies' tokens)
@@ -223,7 +250,7 @@ class RemoteModel:
             raise RemoteError(f"{self.shown} is not a LlamaDesk server: {', '.join(asked)} need LlamaDesk's serve "
                               "(or a local model)", kind="unsupported")
         b.update(asked)
-        return b
+        return self.in_dialect(b)
 
     def stream(self, params: SamplingParams, *, prompt: str | list[int] | None = None,
                messages: list[dict] | None = None, lane: int = 0, logprobs: bool = True, top_logprobs: int = 0,
