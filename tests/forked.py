@@ -9,10 +9,12 @@ stderr, environment, working folder and resource limits.
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import resource
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,15 +36,56 @@ def context():
     return _context
 
 
-def start(target, *args, stdout, stderr, cwd, data_limit: int | None = None):
+def start(target, *args, stdout, stderr, cwd, data_limit: int | None = None, env: dict | None = None):
     """Start ``target(*args)`` in a forked child; its return value is the exit status, as a
     script's ``raise SystemExit(main())``. ``stdout``/``stderr``: a file path, or the write
     end of a :func:`context`'s ``Pipe(duplex=False)``; ``data_limit``: RLIMIT_DATA in bytes.
-    The child gets this process's environment as it is now. Returns the started Process."""
-    proc = context().Process(target=_child, args=(target, args, stdout, stderr, str(cwd), dict(os.environ),
-                                                  data_limit))
+    The child gets ``env``, by default this process's environment as it is now; it gets
+    SIGTERM if the fork server ends (as it does with this process). Returns the Process."""
+    proc = context().Process(target=_child, args=(target, args, stdout, stderr, str(cwd),
+                                                  dict(os.environ if env is None else env), data_limit))
     proc.start()
     return proc
+
+
+class Popen:
+    """:func:`start`'s child with the face of a :class:`subprocess.Popen` (pid, poll, wait,
+    send_signal, terminate, kill, returncode, and ``stderr`` when it is piped here)."""
+
+    def __init__(self, target, *args, cwd, env: dict | None = None, pipe_stderr: bool = False):
+        reader = writer = None
+        if pipe_stderr:
+            reader, writer = context().Pipe(duplex=False)
+        self.process = start(target, *args, stdout=os.devnull, stderr=writer or os.devnull, cwd=cwd, env=env)
+        self.pid = self.process.pid
+        self.stderr = None
+        if pipe_stderr:
+            writer.close()
+            self.stderr = os.fdopen(os.dup(reader.fileno()), encoding="utf-8", errors="replace")
+            reader.close()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(str(self.pid), timeout)
+        return self.process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self.process.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def cli(argv: list[str]) -> int:
@@ -82,6 +125,8 @@ def run(target, *args, cwd, timeout: float = 120) -> subprocess.CompletedProcess
 
 
 def _child(target, args, stdout, stderr, cwd, env, data_limit) -> None:
+    if sys.platform == "linux":  # never outlive the run: the fork server ends with the test process
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
