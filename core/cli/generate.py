@@ -70,5 +70,8 @@ def _print_json(done: Done, params: SamplingParams, meta: dict, load_s: float, e
         **({"decode": st.decode} if st.decode else {}),
         **({"speculative": st.speculative} if st.speculative else {}),
         **({"error": done.error} if done.error else {}),
+        # Beam search: every hypothesis it returned, best first (the first is the reply above).
+        **({"beams": [{"text": b.text, "tokens": b.tokens, "logprobs": b.logprobs, "score": b.score,
+                       "stop_reason": b.stop_reason} for b in done.beams]} if done.beams else {}),
         **extra,
     }, ensure_ascii=False))

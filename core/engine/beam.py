@@ -7,13 +7,13 @@ drive :func:`beam_search` with a scripted distribution.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
 
 from core.engine.batch import OVERFLOW, Lane, finish
-from core.engine.events import Event, Prefilled, Stats, Token
+from core.engine.events import Beam, Event, Prefilled, Stats, Token
 from core.engine.prefill import cancelled
 from core.engine.sampling import seeded_generator
 from core.engine.settings import SamplingParams
@@ -24,13 +24,16 @@ from core.tokenizer import StreamDecoder
 @dataclass
 class BeamResult:
     """The best hypothesis: its tokens, each token's log-prob, the normalised score, the stop
-    token that ended it (None when it ran out of length) and whether it was cancelled."""
+    token that ended it (None when it ran out of length) and whether it was cancelled;
+    ``rest``: the other hypotheses returned (num_beams in all, as transformers'
+    ``num_return_sequences=num_beams``), best first."""
 
     tokens: list[int]
     logprobs: list[float]
     score: float
     stop_token: int | None
     cancelled: bool = False
+    rest: list["BeamResult"] = field(default_factory=list)
 
 
 def beam_search(step: Callable[[list[int], list[int]], torch.Tensor | None], first_logits: torch.Tensor, *,
@@ -44,7 +47,8 @@ def beam_search(step: Callable[[list[int], list[int]], torch.Tensor | None], fir
         first_logits: logits [V] after the prompt.
 
     Returns:
-        the best hypothesis by sum of log-probs / length ** length_penalty.
+        the best hypothesis by sum of log-probs / length ** length_penalty, the next
+        ``num_beams - 1`` in its ``rest``.
     """
     def norm(score: float, length: int) -> float:
         return score / (max(length, 1) ** length_penalty)
@@ -82,29 +86,36 @@ def beam_search(step: Callable[[list[int], list[int]], torch.Tensor | None], fir
         logp = torch.log_softmax(out.float(), -1)
     pool = [(f[0], f[1], f[2], f[3]) for f in finished]
     pool += [(norm(s, len(toks)), toks, lps, None) for s, toks, lps in beams]
-    best = max(pool, key=lambda f: f[0])
-    return BeamResult(best[1], best[2], best[0], best[3])
+    ranked = [BeamResult(toks, lps, score, stop) for score, toks, lps, stop in
+              sorted(pool, key=lambda f: f[0], reverse=True)[:num_beams]]
+    return BeamResult(ranked[0].tokens, ranked[0].logprobs, ranked[0].score, ranked[0].stop_token, rest=ranked[1:])
 
 
 def beam_generate(engine, prompt: list[int], params: SamplingParams, cancel, strip_leading_space: bool,
-                  stops: frozenset[int]) -> Iterator[Event]:
+                  stops: frozenset[int], lane: int = 0) -> Iterator[Event]:
     """One reply by beam search on ``engine`` (an :class:`core.engine.engine.Engine`):
-    Prefilled, then the best beam's tokens once it is known, then Done."""
+    Prefilled, then the best beam's tokens once it is known, then Done (its ``beams``: every
+    hypothesis returned, best first). ``lane``: the events' lane (a comparison's)."""
     engine.check_prompt(prompt)
-    return _beam_events(engine, prompt, params, cancel, strip_leading_space, stops)
+    return _beam_events(engine, prompt, params, cancel, strip_leading_space, stops, lane)
 
 
 @torch.inference_mode()
-def _beam_events(engine, prompt, params: SamplingParams, cancel, strip_leading_space, stops) -> Iterator[Event]:
+def _beam_events(engine, prompt, params: SamplingParams, cancel, strip_leading_space, stops,
+                 index: int) -> Iterator[Event]:
     t0 = time.perf_counter()
     nb, cache = params.num_beams, engine.cache
     max_new = min(params.max_new_tokens, engine.max_context - len(prompt))
     cache.ensure(nb, len(prompt) + (max_new if engine.preallocate else 1))
     logits, reuse = engine.prefill_row(0, prompt, cancel)
     stats = Stats(prompt_tokens=len(prompt), cached_tokens=reuse, prefill_s=time.perf_counter() - t0)
-    yield Prefilled(len(prompt), reuse, stats.prefill_s)
-    lane = Lane(0, params, seeded_generator(params), StreamDecoder(engine.tokenizer, strip_leading_space=strip_leading_space),
-                prompt)
+    yield Prefilled(len(prompt), reuse, stats.prefill_s, (index,))
+
+    def new_lane() -> Lane:
+        return Lane(index, params, seeded_generator(params),
+                    StreamDecoder(engine.tokenizer, strip_leading_space=strip_leading_space), prompt)
+
+    lane = new_lane()
     if logits is None:
         yield finish(lane, "cancelled", stats)
         return
@@ -125,19 +136,37 @@ def _beam_events(engine, prompt, params: SamplingParams, cancel, strip_leading_s
 
     result = beam_search(step, _checked(logits, engine.sample_limit), num_beams=nb, max_new_tokens=max_new,
                          stop_ids=stops, length_penalty=params.length_penalty)
-    reason = "cancelled" if result.cancelled else ("eos" if result.stop_token is not None else
-                                                   ("length" if max_new == params.max_new_tokens else "context"))
+    ran_out = "length" if max_new == params.max_new_tokens else "context"
+
+    def reason(hyp: BeamResult) -> str:
+        return "cancelled" if hyp.cancelled else ("eos" if hyp.stop_token is not None else ran_out)
+
     cache.reset()  # beams reordered rows; nothing reliable to reuse
     stats.ttft_s = time.perf_counter() - t0
-    for i, (tok, lp) in enumerate(zip(result.tokens, result.logprobs)):
+    yield from _replay(lane, result, engine.piece)
+    stats.generated_tokens = len(lane.tokens)
+    stats.decode_s = time.perf_counter() - t_dec
+    done = finish(lane, reason(result), stats, stop_token=result.stop_token)
+    done.beams = [Beam(done.tokens, done.text, done.logprobs, result.score, done.stop_reason, done.stop_token)]
+    for hyp in result.rest:  # the runners-up, each decoded as its own reply
+        other = new_lane()
+        _replay(other, hyp, engine.piece)
+        d = finish(other, reason(hyp), stats, stop_token=hyp.stop_token)
+        done.beams.append(Beam(d.tokens, d.text, d.logprobs, hyp.score, d.stop_reason, d.stop_token))
+    yield done
+
+
+def _replay(lane: Lane, hyp: BeamResult, piece: Callable[[int], str]) -> list[Token]:
+    """Put hypothesis ``hyp``'s tokens into ``lane`` (its text decoded as a stream would be);
+    returns their Token events."""
+    events = []
+    for i, (tok, lp) in enumerate(zip(hyp.tokens, hyp.logprobs)):
         lane.tokens.append(tok)
         lane.logprobs.append(lp)
         delta = lane.decoder.push(tok)
         lane.text += delta
-        yield Token(0, i, tok, delta, engine.piece(tok), lp)
-    stats.generated_tokens = len(lane.tokens)
-    stats.decode_s = time.perf_counter() - t_dec
-    yield finish(lane, reason, stats, stop_token=result.stop_token)
+        events.append(Token(lane.index, i, tok, delta, piece(tok), lp))
+    return events
 
 
 def _checked(out: torch.Tensor, sample_limit: int | None) -> torch.Tensor:

@@ -224,12 +224,22 @@ class Engine:
 
         The prompt is prefilled once, copied into one cache row per lane, and every step
         decodes all unfinished lanes in one batched forward. ``forced`` as in :meth:`generate`,
-        for every lane.
+        for every lane. A lane with num_beams > 1 runs its beam search on its own after
+        the sampled lanes (its beams take the cache's rows).
         """
         if not 1 <= len(lanes) <= MAX_LANES:
             raise SettingsError(f"a comparison has 1 to {MAX_LANES} lanes, got {len(lanes)}")
-        return self._run([Joining(prompt, list(lanes), cancel, strip_leading_space, inspect,
-                                  self._stops(stop_ids), tuple(int(t) for t in forced), continued)])
+        beams = [k for k, q in enumerate(lanes) if q.num_beams > 1]
+        if beams and forced:
+            raise SettingsError("a forced token (a branch) does not combine with beam search")
+        sampled = [k for k in range(len(lanes)) if k not in beams]
+        parts = [(k, beam_generate(self, prompt, lanes[k].validate().resolved(), cancel, strip_leading_space,
+                                   self._stops(stop_ids), lane=k)) for k in beams]
+        if not sampled:
+            return _chained([], parts)
+        run = self._run([Joining(prompt, [lanes[k] for k in sampled], cancel, strip_leading_space, inspect,
+                                 self._stops(stop_ids), tuple(int(t) for t in forced), continued)])
+        return run if not beams else _chained([(sampled, run)], parts)
 
     def _stops(self, stop_ids: Iterable[int] | None) -> frozenset[int]:
         return self.default_stop_ids if stop_ids is None else frozenset(stop_ids)
@@ -390,3 +400,21 @@ class Engine:
             done = batch.settle(li)
             if done is not None:
                 yield done
+
+
+def _chained(batched: list[tuple[list[int], Iterator[Event]]], beams: list[tuple[int, Iterator[Event]]]) -> Iterator[Event]:
+    """The events of a comparison's batched lanes (renumbered: their lane k is the
+    comparison's ``lanes[k]``), then each beam-search lane's, one after another."""
+    try:
+        for lanes, events in batched:
+            for ev in events:
+                if isinstance(ev, Prefilled):
+                    ev.lanes = tuple(lanes[i] for i in ev.lanes)
+                else:
+                    ev.lane = lanes[ev.lane]
+                yield ev
+        for _, events in beams:
+            yield from events
+    finally:
+        for events in [e for _, e in batched] + [e for _, e in beams]:
+            events.close()

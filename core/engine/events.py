@@ -8,7 +8,7 @@ the server's response shaping and the GUI import this without importing torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.engine.settings import SamplingParams
 
@@ -80,9 +80,23 @@ class Stats:
 
 
 @dataclass
+class Beam:
+    """One hypothesis a beam search returned: its tokens and text, each token's log-prob,
+    its score (summed log-prob / length ** length_penalty), why it ended and the stop
+    token that ended it (None when it ran out of length)."""
+    tokens: list[int]
+    text: str
+    logprobs: list[float]
+    score: float
+    stop_reason: str
+    stop_token: int | None = None
+
+
+@dataclass
 class Done:
     """A lane finished; ``stop_reason`` is one of STOP_REASONS; for "error", ``error``
-    says why in one line."""
+    says why in one line. A beam search's Done is its best hypothesis, and ``beams`` holds
+    every hypothesis it returned (up to num_beams), best first: the first is this one."""
     lane: int
     stop_reason: str
     tokens: list[int]
@@ -93,6 +107,7 @@ class Done:
     stop_token: int | None = None
     error: str = ""
     prompt_ids: list[int] | None = None  # a server's reply: its prompt as the server tokenized it
+    beams: list[Beam] = field(default_factory=list)
 
 
 Event = Prefilled | Token | Done

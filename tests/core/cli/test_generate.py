@@ -31,6 +31,19 @@ def test_generate_streams_same_text_as_json(capsys, tiny_meta_dir):
     assert streamed == json.loads(out)["text"] + "\n"
 
 
+def test_beam_search_json_lists_every_beam_best_first(capsys, tiny_meta_dir):
+    rc, out, err = run_cli(capsys, "generate", tiny_meta_dir, "--prompt", "Hello world", "--max-new-tokens", "5",
+                           "--num-beams", "3", "--json", "--device", "cpu")
+    assert rc == 0, err
+    obj = json.loads(out)
+    beams = obj["beams"]
+    assert len(beams) == 3 and len({tuple(b["tokens"]) for b in beams}) == 3
+    assert (beams[0]["text"], beams[0]["tokens"], beams[0]["logprobs"]) == (obj["text"], obj["tokens"], obj["logprobs"])
+    assert [b["score"] for b in beams] == sorted((b["score"] for b in beams), reverse=True)
+    tok = load_tokenizer(tiny_meta_dir / "tokenizer.model")
+    assert all(b["text"] == tok.decode(obj["prompt_tokens"] + b["tokens"])[len("Hello world"):] for b in beams)
+
+
 def test_empty_prompt_is_bos_alone(capsys, tiny_meta_dir):
     rc, out, _ = run_cli(capsys, "generate", tiny_meta_dir, "--prompt", "", "--max-new-tokens", "2", "--json")
     assert rc == 0 and json.loads(out)["prompt_tokens"] == [1]

@@ -236,6 +236,54 @@ def test_beam_search_with_a_stop_token_equals_transformers_generate(engine, lm, 
     assert float(hf_logprobs(hf_twin, prompt, ours).sum()) == pytest.approx(ref_score, abs=1e-4)
 
 
+@pytest.mark.parametrize("num_beams,stop_at", [(2, None), (4, None), (3, 2)])
+def test_every_beam_returned_equals_transformers_return_sequences(engine, lm, hf_twin, num_beams, stop_at):
+    """Done.beams are the hypotheses transformers returns with num_return_sequences=num_beams:
+    the same token sequences (a stopped one ends with its stop token), in the same order, with
+    the same scores; with a stop token, length_penalty 0 (the convention both share)."""
+    from transformers import GenerationConfig
+    prompt = lm.tokenizer.encode("Hello world", bos=True)
+    stop = None if stop_at is None else hf_beam(hf_twin, prompt, num_beams=3, max_new_tokens=8, eos_token_id=None)[0][stop_at]
+    penalty, early = (1.0, True) if stop is None else (0.0, "never")
+    params = SamplingParams(temperature=0, num_beams=num_beams, max_new_tokens=6, length_penalty=penalty)
+    done = list(engine.generate(prompt, params, stop_ids=() if stop is None else (stop,)))[-1]
+    gc = GenerationConfig(do_sample=False, pad_token_id=0, bos_token_id=1, num_beams=num_beams,
+                          num_return_sequences=num_beams, max_new_tokens=6, eos_token_id=stop, length_penalty=penalty,
+                          early_stopping=early, return_dict_in_generate=True, output_scores=True)
+    with torch.no_grad():
+        out = hf_twin.generate(torch.tensor([prompt]), generation_config=gc)
+    ref = [row[len(prompt):].tolist() for row in out.sequences]
+    ref = [r[:r.index(stop) + 1] if stop in r else r for r in ref]  # rows are padded with the stop token
+    ours = [b.tokens + ([b.stop_token] if b.stop_token is not None else []) for b in done.beams]
+    assert ours == ref and len(set(map(tuple, ref))) == num_beams
+    assert stop is None or any(b.stop_reason == "eos" for b in done.beams)
+    assert [b.score for b in done.beams] == pytest.approx([float(x) for x in out.sequences_scores], abs=1e-4)
+    best = done.beams[0]
+    assert (best.tokens, best.text, best.logprobs) == (done.tokens, done.text, done.logprobs)
+    for b in done.beams:  # each beam's text is its tokens decoded, its log-probs the model's
+        assert b.text == lm.tokenizer.decode(prompt + b.tokens)[len("Hello world"):]
+        assert b.stop_reason == ("eos" if b.stop_token is not None else "length")
+        torch.testing.assert_close(torch.tensor(b.logprobs), hf_logprobs(hf_twin, prompt, b.tokens), atol=1e-4, rtol=0)
+
+
+def test_a_beam_lane_of_a_comparison_is_that_beam_search_beside_sampled_lanes(engine, lm):
+    prompt = lm.tokenizer.encode("Hello world", bos=True)
+    lanes = [SamplingParams(temperature=0, max_new_tokens=5), SamplingParams(temperature=0, num_beams=3, max_new_tokens=5),
+             SamplingParams(temperature=0, max_new_tokens=4)]
+    evs = list(engine.generate_lanes(prompt, lanes))
+    dones = {e.lane: e for e in evs if isinstance(e, Done)}
+    alone = run(engine, prompt, temperature=0, num_beams=3, max_new_tokens=5)[1]
+    assert [b.tokens for b in dones[1].beams] == [b.tokens for b in alone.beams] and len(alone.beams) == 3
+    assert dones[1].tokens == alone.tokens and dones[1].params.num_beams == 3
+    assert dones[0].tokens == reference_greedy(lm.model, prompt, 5) and dones[2].tokens == dones[0].tokens[:4]
+    assert not dones[0].beams and not dones[2].beams
+    for k in (0, 1, 2):
+        assert "".join(e.text for e in evs if isinstance(e, Token) and e.lane == k) == dones[k].text
+    assert sorted(k for e in evs if isinstance(e, Prefilled) for k in e.lanes) == [0, 1, 2]
+    with pytest.raises(SettingsError, match="beam"):
+        engine.generate_lanes(prompt, lanes, forced=[5])
+
+
 def test_invalid_prompt_tokens_are_rejected(engine):
     with pytest.raises(SettingsError, match="vocabulary"):
         list(engine.generate([1, 10**6], SamplingParams()))

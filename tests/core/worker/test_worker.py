@@ -123,6 +123,25 @@ def test_compare_runs_one_done_per_lane(make_worker, gguf):
     assert tops and all(t and len(t["raw"]) <= 3 for t in tops)
 
 
+def test_beam_search_comes_back_with_every_beam_as_the_engine_gives_them(make_worker, gguf):
+    w, col = make_worker()
+    w.load(gguf)
+    params = SamplingParams(temperature=0, num_beams=3, max_new_tokens=8, seed=1)
+    done = col.finished(w.generate(GenerateRequest(mode="completion", prompt=PROMPT, params=params)))[-1]
+    lm = checkpoints.load(gguf)
+    eng = Engine(lm.model, lm.tokenizer, max_context=lm.args.max_seq_len, stop_ids=lm.stop_ids)
+    direct = list(eng.generate(lm.tokenizer.encode(PROMPT, bos=True), params))[-1]
+    def same(a, b):  # the same hypotheses; numbers to float rounding (another thread count)
+        return ([(x.tokens, x.text, x.stop_reason) for x in a] == [(x.tokens, x.text, x.stop_reason) for x in b]
+                and [x.score for x in a] == pytest.approx([x.score for x in b], abs=1e-4))
+    assert len(done.beams) == 3 and same(done.beams, direct.beams)
+    # a comparison's beam lane comes back with its beams too, beside a sampled lane
+    lanes = [SamplingParams(temperature=0, max_new_tokens=8), params]
+    evs = col.finished(w.compare(CompareRequest(mode="completion", prompt=PROMPT, lanes=lanes)), lanes=2)
+    dones = {e.lane: e for e in evs if isinstance(e, Done)}
+    assert same(dones[1].beams, direct.beams) and not dones[0].beams
+
+
 def test_continue_reply_carries_on_after_the_partial_reply(make_worker, gguf):
     w, col = make_worker()
     w.load(gguf)
