@@ -16,13 +16,14 @@ from core.engine.constraint import Constraint
 from core.engine.settings import SCHEMA, SamplingParams
 from core.prompt.chat_format import FORMAT_NAMES
 from gui import theme
+from gui.settings.beams import BeamControls, beam_reason
 from gui.settings.output_format import OutputFormatEditor
 from gui.settings.presets import (BUILTIN_PRESETS, CUSTOM, DEFAULT_PRESET, USER_PRESET_KEYS, PresetChooser,
                                   matches)
 from gui.settings.speculative import SpeculativeControls
 from gui.settings.store import PanelStore, default_settings
 from gui.settings.text_items import bias_items, format_stop_strings, parse_stop_strings
-from gui.settings.widgets import add_row, form, guard_wheel, named, slider_pair, spin_box
+from gui.settings.widgets import add_row, form, form_with_notice, guard_wheel, named, slider_pair, spin_box
 
 CHAT_FORMATS = (("auto", "Auto"), ("llama3", "Llama 3"), ("llama2", "Llama 2"),
                 ("raw", "Raw completion"))
@@ -30,7 +31,6 @@ assert tuple(k for k, _ in CHAT_FORMATS) == tuple(FORMAT_NAMES)
 
 # Why a control has no server counterpart (where the capability probe has nothing to say).
 _NOT_REMOTE = {"logit_bias": "a bias by text needs the model's tokenizer, and a server's is not known here"}
-HIDDEN = ("num_beams", "length_penalty")  # kept and given back, not shown (the CLI's, for now)
 SEED_MAX = SCHEMA["seed"].widget_range()[1]
 MAX_TOKENS_CEILING = SCHEMA["max_new_tokens"].widget_range()[1]
 
@@ -55,11 +55,11 @@ class SamplingPanel(QWidget):
         self.setObjectName("samplingPanel")
         self.store = PanelStore(settings if settings is not None else default_settings(), self)
         self._loading = 0  # >0 while widgets are set programmatically
-        self._hidden = {k: SCHEMA[k].default for k in HIDDEN}
         self._wanted_max_tokens = SamplingParams().max_new_tokens
         self._user_presets: dict[str, dict] = {}
         self._last_stop = self._last_bias = ""  # editingFinished fires without edits too
         self.caps = None  # a server's core.remote.client.Capabilities while replies come from one
+        self._server = ""
         self._build()
         self._wire()
         self._restore()
@@ -71,8 +71,10 @@ class SamplingPanel(QWidget):
         self.presetCombo = self.presets.combo
         self.savePresetButton = self.presets.save_button
         self.deletePresetButton = self.presets.delete_button
-        sections = (self.presets, self._build_sampling(), self._build_length(), self._build_speed(),
-                    self._build_output_format())
+        self._sampling_box, self._speed_box = self._build_sampling(), self._build_speed()
+        self._format_box = self._build_output_format()
+        sections = (self.presets, self._sampling_box, self._build_beams(), self._build_length(), self._speed_box,
+                    self._format_box)
         conversation = self._build_conversation()
         # Scrollable, so a short window still reaches every control.
         inner = QWidget()
@@ -110,6 +112,16 @@ class SamplingPanel(QWidget):
         self.repetitionPenaltySpin = spin_box(SCHEMA["repetition_penalty"], "repetitionPenaltySpin")
         self.repetitionPenaltySpin.setValue(SCHEMA["repetition_penalty"].default)
         add_row(f, "&Repetition penalty", self.repetitionPenaltySpin)
+        return box
+
+    def _build_beams(self) -> QWidget:
+        """Beam search: the likeliest replies instead of sampled ones, each a version of the reply."""
+        self.beams = BeamControls(self)
+        self.numBeamsSpin, self.lengthPenaltySpin = self.beams.beams, self.beams.length_penalty
+        self.beamNotice = self.beams.notice
+        box, f = form_with_notice("Beam search", self.beamNotice)
+        add_row(f, "Bea&ms", self.numBeamsSpin)
+        add_row(f, "&Length penalty", self.lengthPenaltySpin)
         return box
 
     def _build_length(self) -> QWidget:
@@ -199,6 +211,7 @@ class SamplingPanel(QWidget):
         self.chatFormatCombo.currentIndexChanged.connect(self._edited)
         self.speculative.changed.connect(self._edited)
         self.outputFormat.changed.connect(self._edited)
+        self.beams.changed.connect(self._beams_changed)
         self.presetCombo.currentIndexChanged.connect(self._preset_chosen)
         # clicked(bool) would arrive as the name argument; drop it.
         self.savePresetButton.clicked.connect(lambda: self.save_preset())
@@ -214,13 +227,16 @@ class SamplingPanel(QWidget):
         """The spin box that sets the schema's setting ``name`` (None: not shown here)."""
         return {"temperature": self.temperatureSpin, "top_p": self.topPSpin, "top_k": self.topKSpin,
                 "min_p": self.minPSpin, "repetition_penalty": self.repetitionPenaltySpin,
-                "max_new_tokens": self.maxTokensSpin, "seed": self.seedSpin, "lookup": self.lookupSpin}.get(name)
+                "max_new_tokens": self.maxTokensSpin, "seed": self.seedSpin, "lookup": self.lookupSpin,
+                "num_beams": self.numBeamsSpin, "length_penalty": self.lengthPenaltySpin}.get(name)
 
     def params(self) -> SamplingParams:
         """The settings for the next reply (seed None when a random seed is wanted).
 
         A control the connected server lacks (see :meth:`set_capabilities`) gives its off
-        value, so a reply's recorded settings are the ones the server really applied."""
+        value, so a reply's recorded settings are the ones the server really applied. With beams
+        on, what beam search refuses (logit bias, speculative decoding, output format) is off."""
+        beams = self.beams.on
         has = (lambda f: True) if self.caps is None else (lambda f: getattr(self.caps, f, False))
         return SamplingParams(
             temperature=round(self.temperatureSpin.value(), 4),
@@ -231,11 +247,10 @@ class SamplingPanel(QWidget):
             seed=None if self.randomSeedCheck.isChecked() or not has("seed") else self.seedSpin.value(),
             max_new_tokens=self.maxTokensSpin.value(),
             stop=parse_stop_strings(self.stopStrings.text()),
-            num_beams=self._hidden["num_beams"],
-            length_penalty=self._hidden["length_penalty"],
-            logit_bias_text=bias_items(self.logitBiasEdit.text())[0] if has("logit_bias") else (),
-            **(self.speculative.values() if self.caps is None else {}),
-            constraint=self.constraint(),
+            **self.beams.values(),
+            logit_bias_text=bias_items(self.logitBiasEdit.text())[0] if has("logit_bias") and not beams else (),
+            **(self.speculative.values() if self.caps is None and not beams else {}),
+            constraint=None if beams else self.constraint(),
         ).validate()
 
     def constraint(self) -> Constraint | None:
@@ -271,18 +286,11 @@ class SamplingPanel(QWidget):
         """Replies come from a server with these :class:`core.remote.client.Capabilities` (None: the
         local model, everything on). Each control the server lacks is disabled, its tooltip
         saying why (the probe's finding); the chat format is the server's own template."""
-        self.caps = caps
+        self.caps, self._server = caps, server
         where = server or "the server"
-        controls = {"seed": (self.seedSpin, self.randomSeedCheck), "top_k": (self.topKSpin,),
-                    "min_p": (self.minPSpin,), "repetition_penalty": (self.repetitionPenaltySpin,),
-                    "logit_bias": (self.logitBiasEdit,)}
-        for field_name, widgets in controls.items():
-            lacking = caps is not None and not getattr(caps, field_name, False)
-            why = (caps.why.get(field_name) or _NOT_REMOTE.get(field_name)
-                   or f"{where} does not support {field_name}") if lacking else ""
-            for w in widgets:
-                w.setEnabled(not lacking)
-                w.setToolTip(f"Not available with {where}: {why}." if lacking else w.accessibleDescription())
+        self.beams.enable(caps is None, "" if caps is None else
+                          f"Not available with {where}: beam search runs in this app's engine only.")
+        self._enable_controls()
         self.chatFormatCombo.setEnabled(caps is None)
         self.chatFormatCombo.setToolTip(
             self.chatFormatCombo.accessibleDescription() if caps is None
@@ -292,6 +300,29 @@ class SamplingPanel(QWidget):
             self.speculativeCombo.accessibleDescription() if caps is None
             else f"Not available with {where}: speculative decoding runs in this app's engine; "
                  "how the server decodes is the server's own setting.")
+
+    def _enable_controls(self) -> None:
+        """Each control on unless the server lacks it or beam search leaves it out; its
+        tooltip says which. Beam search turns whole sections off (sampling, speed, output
+        format): a section's own controls keep their state for when it comes back."""
+        caps, where = self.caps, self._server or "the server"
+        beams = beam_reason(self.beams.count) if self.beams.on else ""
+        controls = {"seed": (self.seedSpin, self.randomSeedCheck), "top_k": (self.topKSpin,),
+                    "min_p": (self.minPSpin,), "repetition_penalty": (self.repetitionPenaltySpin,),
+                    "logit_bias": (self.logitBiasEdit,)}
+        for field_name, widgets in controls.items():
+            lacking = caps is not None and not getattr(caps, field_name, False)
+            why = (caps.why.get(field_name) or _NOT_REMOTE.get(field_name)
+                   or f"{where} does not support {field_name}") if lacking else ""
+            for w in widgets:
+                w.setEnabled(not lacking and not (beams and field_name in ("seed", "logit_bias")))
+                w.setToolTip(f"Not available with {where}: {why}." if lacking else
+                             beams if beams and field_name in ("seed", "logit_bias") else w.accessibleDescription())
+        if self.randomSeedCheck.isChecked():
+            self.seedSpin.setEnabled(False)
+        for box in (self._sampling_box, self._speed_box, self._format_box):
+            box.setEnabled(not beams)
+            box.setToolTip(beams)
 
     def set_model_context(self, n_ctx: int) -> None:
         """Cap max new tokens at the model's context length; the user's own choice comes
@@ -311,6 +342,7 @@ class SamplingPanel(QWidget):
     def to_dict(self) -> dict:
         """Everything the panel holds, JSON-ready; :meth:`from_dict` reads it back."""
         d = self.params().to_dict()
+        d["logit_bias_text"] = list(bias_items(self.logitBiasEdit.text())[0])  # kept while beams leave it out
         d.update(random_seed=self.randomSeedCheck.isChecked(), seed_value=self.seedSpin.value(),
                  max_new_tokens=self._wanted_max_tokens,
                  system_prompt=self.system_prompt(), chat_format=self.chat_format(),
@@ -407,11 +439,9 @@ class SamplingPanel(QWidget):
         self._loading += 1
         try:
             self._apply_numbers(d)
-            self._apply_seed(d)
+            self.beams.apply(d)
+            self._apply_seed(d)  # after the beams: what they turn off follows both
             self._apply_texts(d)
-            for k in self._hidden:
-                if k in d:
-                    self._hidden[k] = type(self._hidden[k])(d[k])
             self.speculative.apply(d)
             self.outputFormat.apply(d)
         finally:
@@ -446,7 +476,7 @@ class SamplingPanel(QWidget):
         if random_seed is not None:
             with QSignalBlocker(self.randomSeedCheck):
                 self.randomSeedCheck.setChecked(bool(random_seed))
-        self.seedSpin.setEnabled(not self.randomSeedCheck.isChecked())
+        self._enable_controls()
 
     def _apply_texts(self, d: dict) -> None:
         if "stop" in d:
@@ -490,7 +520,11 @@ class SamplingPanel(QWidget):
         self._after_change()
 
     def _random_toggled(self, checked: bool) -> None:
-        self.seedSpin.setEnabled(not checked)
+        self._enable_controls()
+        self._edited()
+
+    def _beams_changed(self) -> None:
+        self._enable_controls()
         self._edited()
 
     def _stop_edited(self) -> None:

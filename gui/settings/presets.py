@@ -10,19 +10,20 @@ from PySide6.QtWidgets import QComboBox, QGroupBox, QHBoxLayout, QPushButton, QS
 from gui.settings.widgets import named
 
 # Built-in presets set only the sampler; length, seed and prompt stay as the user has them.
+# Each samples, so it turns beam search off (beams would leave its settings unused).
 BUILTIN_PRESETS: dict[str, dict] = {
     "Precise": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
-                "repetition_penalty": 1.0},
+                "repetition_penalty": 1.0, "num_beams": 1},
     "Balanced": {"temperature": 0.7, "top_p": 0.9, "top_k": 0, "min_p": 0.0,
-                 "repetition_penalty": 1.0},
+                 "repetition_penalty": 1.0, "num_beams": 1},
     "Creative": {"temperature": 1.1, "top_p": 0.98, "top_k": 0, "min_p": 0.05,
-                 "repetition_penalty": 1.0},
+                 "repetition_penalty": 1.0, "num_beams": 1},
 }
 DEFAULT_PRESET = "Balanced"
 CUSTOM = "Custom"
 
 # What a user preset captures (chat format is a property of the model, so it is left out).
-USER_PRESET_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+USER_PRESET_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "num_beams", "length_penalty",
                     "max_new_tokens", "stop", "random_seed", "seed_value", "system_prompt")
 
 

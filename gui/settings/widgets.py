@@ -7,7 +7,7 @@ from typing import Callable
 
 from PySide6.QtCore import QEvent, QObject, QSignalBlocker, Qt
 from PySide6.QtWidgets import (QAbstractSpinBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QSlider, QSpinBox, QWidget)
+                               QLabel, QSlider, QSpinBox, QVBoxLayout, QWidget)
 
 from core.engine.settings import Setting
 
@@ -102,11 +102,29 @@ def slider_pair(setting: Setting, slider_name: str, spin_name: str,
 def form(title: str) -> tuple[QGroupBox, QFormLayout]:
     """A titled group holding a form whose long rows wrap (the panel is narrow)."""
     box = QGroupBox(title)
-    f = QFormLayout(box)
+    return box, form_layout(box)
+
+
+def form_with_notice(title: str, notice: QLabel) -> tuple[QGroupBox, QFormLayout]:
+    """:func:`form`, with a word-wrapped ``notice`` under the form: a form whose rows wrap
+    gives a wrapped label the height for another width (clipped); a box layout does not."""
+    box = QGroupBox(title)
+    rows = QWidget()
+    f = form_layout(rows)
+    f.setContentsMargins(0, 0, 0, 0)
+    v = QVBoxLayout(box)
+    v.addWidget(rows)
+    v.addWidget(notice)
+    return box, f
+
+
+def form_layout(parent: QWidget) -> QFormLayout:
+    """``parent``'s form layout, its long rows wrapping."""
+    f = QFormLayout(parent)
     f.setRowWrapPolicy(QFormLayout.WrapLongRows)
     f.setFieldGrowthPolicy(QFormLayout.AllNonFixedFieldsGrow)
     f.setLabelAlignment(Qt.AlignLeft | Qt.AlignVCenter)
-    return box, f
+    return f
 
 
 def add_row(f: QFormLayout, text: str, field: QWidget, buddy: QWidget | None = None) -> None:

@@ -22,9 +22,9 @@ def panel(qtbot, tmp_path):
     return p
 
 
-def test_numbers_without_a_control_are_the_local_only_ones(panel):
-    assert {s.name for s in NUMBERS if not s.panel} == {"num_beams", "length_penalty"}
-    assert all(panel.control(s.name) is None for s in NUMBERS if not s.panel)
+def test_every_number_has_a_control(panel):
+    assert {s.name for s in NUMBERS if not s.panel} == set()
+    assert all(panel.control(s.name) is not None for s in NUMBERS)
 
 
 @pytest.mark.parametrize("s", SHOWN, ids=lambda s: s.name)
