@@ -20,6 +20,7 @@ from core.worker.protocol import Error, GenerateRequest, Prompted
 
 from gui.bridge import Chunk
 from gui.widgets.token_run import LaneRun
+from gui.chat.beam_versions import store_beams
 from gui.chat.conversation import ConversationModel
 
 
@@ -374,6 +375,8 @@ class ReplyController(QObject):
             return
         try:
             m = self._store(st, text, params=params, stats=stats, stop_reason=stop_reason, meta=meta)
+            if done is not None and len(done.beams) > 1 and st.continue_of is None:  # the other beams: versions
+                m = store_beams(self.conversation, m, done, model_id=self.model_id)
         except HistoryError as e:
             if not quiet:
                 self.failed.emit("Could not save the reply", str(e))

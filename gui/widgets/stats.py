@@ -49,7 +49,10 @@ def format_stats(m: dict) -> str:
         parts.append(f"{s['cached_tokens']}/{s['prompt_tokens']} prompt tokens cached")
     if m.get("stop_reason"):
         parts.append(f"stop: {m['stop_reason']}")
-    if m.get("seed") is not None:
+    beam = s.get("beam")
+    if isinstance(beam, dict):  # beam search: no seed plays a part
+        parts.append(f"beam {beam.get('rank')} of {beam.get('of')} (score {beam.get('score', 0.0):.3f})")
+    elif m.get("seed") is not None:
         parts.append(f"seed {m['seed']}")
     lines = [" · ".join(parts)]
     sp = s.get("speculative")
