@@ -189,6 +189,7 @@ def lane_stats(tokens: Sequence[int], logprobs: Sequence[float], engine_stats: d
         "distinct_1": distinct_n(tokens, 1),
         "distinct_2": distinct_n(tokens, 2),
         **({"speculative": st["speculative"]} if st.get("speculative") else {}),
+        **({"beam": st["beam"]} if st.get("beam") else {}),  # a beam search lane: its best beam
         # how much of the prompt the KV cache held (a branch reuses its source lane's tokens)
         **({k: st[k] for k in ("prompt_tokens", "cached_tokens")} if st.get("cached_tokens") else {}),
     }

@@ -22,6 +22,7 @@ from gui.compare.lanes import divergence_label, lane_diff
 from gui.compare.models import LaneModel
 from gui.settings.output_format import CONSTRAINT_HINTS, CONSTRAINT_KINDS
 from gui.settings.speculative import SpeculativeControls
+from gui.settings.beams import beam_reason
 from gui.settings.widgets import guard_wheel
 from gui.settings.text_items import bias_items, format_stop_strings
 from gui.widgets.token_run import LaneRun, parse_anchor, render_lane_html
@@ -31,7 +32,9 @@ OPEN_CHECKPOINT, CONNECT_SERVER = -1, -2  # the lane model combo's two actions
 
 # The numeric settings a lane edits, in the order shown (three to a row; the seed has its
 # own); their ranges, steps and help are the settings schema's.
-FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens", "seed")
+FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens", "num_beams",
+          "length_penalty", "seed")
+SAMPLED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")  # what beam search leaves out
 
 
 def _label(text: str, name: str, color: str | None = None) -> QLabel:
@@ -64,6 +67,8 @@ def _field(key: str) -> QSpinBox | QDoubleSpinBox:
     w.setKeyboardTracking(False)
     if key == "seed":
         w.setSpecialValueText("random")
+    if key == "num_beams":
+        w.setSpecialValueText("off")
     return w
 
 
@@ -116,9 +121,11 @@ class LaneColumn(QFrame):
         self._speculative_row(lay)
         self._constraint_row(lay)
         self._bias_row(lay)
+        self._editable = (True, False)  # set_editable's: editable, seed locked
         self.set_settings(settings)
         for w in self.fields.values():
             w.valueChanged.connect(lambda *_: self.settingsChanged.emit())
+        self.fields["num_beams"].valueChanged.connect(self._show_beams)
         self._text_area(lay)
         guard_wheel(self)  # the wheel scrolls, it does not edit the setting under the pointer
 
@@ -186,8 +193,8 @@ class LaneColumn(QFrame):
             lab.setBuddy(w)
             r, c = divmod(n, 3)
             if key == "seed":
-                grid.addWidget(lab, 2, 0)
-                grid.addWidget(w, 2, 1, 1, 5)
+                grid.addWidget(lab, r + 1, 0)
+                grid.addWidget(w, r + 1, 1, 1, 5)
             else:
                 grid.addWidget(lab, r, 2 * c)
                 grid.addWidget(w, r, 2 * c + 1)
@@ -367,7 +374,12 @@ class LaneColumn(QFrame):
         self.settingsChanged.emit()
 
     def settings(self) -> dict:
-        d = {"constraint": self.constraint(), "logit_bias_text": self.logit_bias(), **self.speculative.values()}
+        """The lane's settings; with beams, what beam search refuses (format, bias, speculative)
+        is left out (the fields keep it for when beams are off)."""
+        if self.fields["num_beams"].value() > 1:
+            d = {"constraint": None, "logit_bias_text": [], "lookup": 0, "draft": ""}
+        else:
+            d = {"constraint": self.constraint(), "logit_bias_text": self.logit_bias(), **self.speculative.values()}
         for key, w in self.fields.items():
             v = w.value()
             if key == "seed":
@@ -409,6 +421,22 @@ class LaneColumn(QFrame):
             w.blockSignals(True)
             w.setValue(v)
             w.blockSignals(False)
+        self._show_beams()
+
+    def _show_beams(self, *_) -> None:
+        """With beams, the sampler's fields are off (their tooltips say why) and the length
+        penalty on; a locked seed follows lane 1's; nothing is editable during a run."""
+        on, seed_locked = self._editable
+        n = self.fields["num_beams"].value()
+        why = beam_reason(n) if n > 1 else ""
+        for key, w in self.fields.items():
+            off = (why and key in SAMPLED) or (key == "length_penalty" and not why)
+            w.setEnabled(on and not off and not (key == "seed" and seed_locked and self.lane > 0))
+            if key in SAMPLED:
+                w.setToolTip(why or SCHEMA[key].help)
+        for w in (self.constraint_kind, self.constraint_text, self.bias_edit):
+            w.setEnabled(on and not why)
+        self.speculative.enable(on and not why)
 
     def set_index(self, columns: list["LaneColumn"], baseline: bool) -> None:
         """Show this lane's place among ``columns`` (the view's lanes, this one among them)."""
@@ -432,12 +460,8 @@ class LaneColumn(QFrame):
 
     def set_editable(self, on: bool, seed_locked: bool) -> None:
         self.model_combo.setEnabled(on)
-        self.constraint_kind.setEnabled(on)
-        self.constraint_text.setEnabled(on)
-        self.bias_edit.setEnabled(on)
-        self.speculative.enable(on)
-        for key, w in self.fields.items():
-            w.setEnabled(on and not (key == "seed" and seed_locked and self.lane > 0))
+        self._editable = (on, seed_locked)
+        self._show_beams()
         for b in (self.left_button, self.right_button, self.dup_button, self.remove_button):
             b.setVisible(on)
         self.adopt_button.setEnabled(on and self.run is not None and self.run.finished and bool(self.run.text))

@@ -34,6 +34,8 @@ BIAS_ON_SERVER = ("A logit bias by text needs the model's tokenizer, and this se
 SPECULATIVE_ON_SERVER = ("Prompt lookup and draft models run in LlamaDesk's engine (here or in its serve); this "
                          "server decodes on its own: set the lane's speculative decoding to Off, or run it on a "
                          "local model.")
+BEAMS_ON_SERVER = ("Beam search runs in this app's engine only (no server's API offers it): set the lane's "
+                   "beams to off, or run it on a local model.")
 
 
 @dataclass(eq=False)
@@ -66,12 +68,16 @@ def refusals(jobs: list[LaneJob]) -> tuple[dict[int, str], str]:
     other = [k for k, j in enumerate(jobs) if not j.model.takes_extensions]
     bias = [k for k in other if jobs[k].params.logit_bias_text]
     spec = [k for k in other if jobs[k].params.speculative and k not in bias]
-    notices = {**{k: BIAS_ON_SERVER for k in bias}, **{k: SPECULATIVE_ON_SERVER for k in spec}}
+    beams = [k for k, j in enumerate(jobs) if j.model.kind == "server" and j.params.num_beams > 1]
+    beams = [k for k in beams if k not in bias and k not in spec]
+    notices = {**{k: BIAS_ON_SERVER for k in bias}, **{k: SPECULATIVE_ON_SERVER for k in spec},
+               **{k: BEAMS_ON_SERVER for k in beams}}
     if not notices:
         return {}, ""
     return notices, "Settings: " + " · ".join(
         f"lane {', '.join(str(jobs[k].number) for k in ks)} {what} on a server"
-        for ks, what in ((bias, "sets a logit bias"), (spec, "drafts (speculative)")) if ks)
+        for ks, what in ((bias, "sets a logit bias"), (spec, "drafts (speculative)"), (beams, "runs beam search"))
+        if ks)
 
 
 def seed_changes(runs: list, *, again: bool, new_seeds: bool, locked: bool) -> list[dict]:

@@ -79,6 +79,8 @@ class LaneRun:
         self.stop_reason = done.stop_reason
         self.params = done.params.to_dict()
         self.engine_stats = done.stats.to_dict()
+        if getattr(done, "beams", None):  # a beam search lane shows its best beam
+            self.engine_stats["beam"] = {"rank": 1, "of": len(done.beams), "score": done.beams[0].score}
         self.prompt_ids = list(getattr(done, "prompt_ids", None) or [])
         self.stop_token = getattr(done, "stop_token", None)
 

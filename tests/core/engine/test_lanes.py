@@ -98,7 +98,8 @@ def test_parse_sweep_lists_and_ranges():
     ("-0.5", "temperature", "at least"),
     ("1.5", "top_p", "between"),
     ("2.5", "top_k", "whole numbers"),
-    ("0.5", "num_beams", "cannot sweep"),
+    ("0.5", "num_beams", "whole numbers"),
+    ("1, 17", "num_beams", "to 16"),
     ("1:2:3:4", "temperature", "start:stop:step"),
     ("nan", "temperature", "finite"),
 ])
