@@ -145,6 +145,13 @@ def ended_in_error(dones) -> int:
     return 0
 
 
+def beams_json(done) -> dict:
+    """A beam search's Done as --json says it: every beam it returned, best first (the
+    first is the reply itself); nothing for a sampled reply."""
+    return {"beams": [{"text": b.text, "tokens": b.tokens, "logprobs": b.logprobs, "score": b.score,
+                       "stop_reason": b.stop_reason} for b in done.beams]} if done.beams else {}
+
+
 def spec_note(stats) -> str:
     """' · lookup 3: 12/20 drafted tokens accepted' for a reply that drafted, else ''."""
     sp = getattr(stats, "speculative", None) if stats is not None else None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.cli.backends import connect, engine_for, load_model, prompt_ids, remote_stream
-from core.cli.common import (BACKEND_KEYS, SPEC_KEYS, check_bias, constraint_from_args,
+from core.cli.common import (BACKEND_KEYS, SPEC_KEYS, beams_json, check_bias, constraint_from_args,
                              ended_in_error, spec_note)
 from core.engine.events import Done, Prefilled
 from core.engine.lanes import parse_lane_spec
@@ -179,8 +179,10 @@ def cmd_compare(args) -> int:
     for i, d in enumerate(dones):
         p = d.params
         on = run.names[i][0] + (f" on {run.names[i][1]}" if run.names[i][1] else "")
-        print(f"── lane {i + 1}: {on} · temperature={p.temperature} top_p={p.top_p} top_k={p.top_k} "
-              f"min_p={p.min_p} repetition_penalty={p.repetition_penalty} seed={p.seed} "
+        how = (f"num_beams={p.num_beams} length_penalty={p.length_penalty} " if p.num_beams > 1 else
+               f"temperature={p.temperature} top_p={p.top_p} top_k={p.top_k} "
+               f"min_p={p.min_p} repetition_penalty={p.repetition_penalty} seed={p.seed} ")
+        print(f"── lane {i + 1}: {on} · {how}"
               + (f"· {p.constraint.describe()} " if p.constraint is not None else "")
               + (f"· logit bias {', '.join(p.logit_bias_text)} " if p.logit_bias_text else "")
               + f"· {len(d.tokens)} tokens · {d.stop_reason}{spec_note(d.stats)}")
@@ -197,7 +199,8 @@ def _print_json(run: Outcome, dones: list[Done], match: bool | None, load_s: flo
         "prompt_tokens": run.prompt_ids[0],
         "lanes": [{"settings": d.params.to_dict(), "text": d.text, "tokens": d.tokens, "logprobs": d.logprobs,
                    "stop_reason": d.stop_reason, "stats": d.stats.to_dict(), "model": run.names[i][0],
-                   "server": run.names[i][1], **({"error": d.error} if d.error else {})} for i, d in enumerate(dones)],
+                   "server": run.names[i][1], **({"error": d.error} if d.error else {}), **beams_json(d)}
+                  for i, d in enumerate(dones)],
         "tokenizers_match": match,
         "timings": {"load_s": load_s, "prefill_s": run.prefill_s, "decode_s": run.total_s - run.prefill_s,
                     "total_s": run.total_s},

@@ -6,7 +6,7 @@ import sys
 from dataclasses import replace
 
 from core.cli.backends import check_remote_opts, connect, engine_for, load_model, prompt_ids, remote_stream
-from core.cli.common import check_bias, constraint_from_args, ended_in_error, logit_bias_ids
+from core.cli.common import beams_json, check_bias, constraint_from_args, ended_in_error, logit_bias_ids
 from core.engine.events import Done, Token
 from core.engine.settings import SamplingParams
 from core.errors import SettingsError
@@ -70,8 +70,6 @@ def _print_json(done: Done, params: SamplingParams, meta: dict, load_s: float, e
         **({"decode": st.decode} if st.decode else {}),
         **({"speculative": st.speculative} if st.speculative else {}),
         **({"error": done.error} if done.error else {}),
-        # Beam search: every hypothesis it returned, best first (the first is the reply above).
-        **({"beams": [{"text": b.text, "tokens": b.tokens, "logprobs": b.logprobs, "score": b.score,
-                       "stop_reason": b.stop_reason} for b in done.beams]} if done.beams else {}),
+        **beams_json(done),
         **extra,
     }, ensure_ascii=False))

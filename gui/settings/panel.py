@@ -120,7 +120,7 @@ class SamplingPanel(QWidget):
         self.numBeamsSpin, self.lengthPenaltySpin = self.beams.beams, self.beams.length_penalty
         self.beamNotice = self.beams.notice
         box, f = form_with_notice("Beam search", self.beamNotice)
-        add_row(f, "Bea&ms", self.numBeamsSpin)
+        add_row(f, "Be&ams", self.numBeamsSpin)
         add_row(f, "&Length penalty", self.lengthPenaltySpin)
         return box
 

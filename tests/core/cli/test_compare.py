@@ -21,6 +21,21 @@ def test_compare_json(capsys, tiny_meta_dir):
     assert all(set(l) >= {"settings", "text", "tokens", "logprobs", "stop_reason", "stats"} for l in lanes)
 
 
+def test_a_beam_lane_in_compare_is_generates_beam_search(capsys, tiny_meta_dir):
+    base = ["--prompt", "Hello", "--max-new-tokens", "5", "--json", "--device", "cpu"]
+    rc, out, err = run_cli(capsys, "compare", tiny_meta_dir, *base, "--lane", "temperature=0",
+                           "--lane", "num_beams=3,length_penalty=0.5")
+    assert rc == 0, err
+    lanes = json.loads(out)["lanes"]
+    rc, out, err = run_cli(capsys, "generate", tiny_meta_dir, *base, "--num-beams", "3", "--length-penalty", "0.5")
+    assert rc == 0, err
+    alone = json.loads(out)
+    assert lanes[1]["beams"] == alone["beams"] and lanes[1]["tokens"] == alone["tokens"] and len(alone["beams"]) == 3
+    assert lanes[1]["settings"]["num_beams"] == 3 and "beams" not in lanes[0]
+    rc, out, _ = run_cli(capsys, "compare", tiny_meta_dir, *base[:4], "--lane", "num_beams=2")
+    assert rc == 0 and "num_beams=2 length_penalty=1.0" in out and "temperature=" not in out
+
+
 def test_logit_bias_per_lane_in_compare(capsys, fixtures):
     """A lane's own logit_bias= items bias only that lane (after --logit-bias's), and
     --json carries them as text and as the ids this checkpoint's tokenizer gave."""
