@@ -94,6 +94,10 @@ def connect_servers(args, lanes: list[SamplingParams], where: list) -> tuple[dic
     servers do not: that is said before any lane runs."""
     remotes: dict[tuple, object] = {}
     took_s = 0.0
+    for i, (q, w) in enumerate(zip(lanes, where)):
+        if q.num_beams > 1 and w[0] is not None:
+            raise SettingsError(f"lane {i + 1}: beam search (num_beams) runs on a local model only: "
+                                "servers, LlamaDesk's serve too, do not run it")
     for server, model in dict.fromkeys(w for w in where if w[0] is not None):
         remotes[(server, model)], took = connect(server, args, model)
         took_s += took

@@ -30,7 +30,11 @@ def test_a_beam_lane_in_compare_is_generates_beam_search(capsys, tiny_meta_dir):
     rc, out, err = run_cli(capsys, "generate", tiny_meta_dir, *base, "--num-beams", "3", "--length-penalty", "0.5")
     assert rc == 0, err
     alone = json.loads(out)
-    assert lanes[1]["beams"] == alone["beams"] and lanes[1]["tokens"] == alone["tokens"] and len(alone["beams"]) == 3
+    def same(beams):  # float rounding aside (the comparison's prefill ran beside another lane)
+        return [(b["tokens"], b["text"], b["stop_reason"]) for b in beams]
+    assert same(lanes[1]["beams"]) == same(alone["beams"]) and len(alone["beams"]) == 3
+    assert [b["score"] for b in lanes[1]["beams"]] == pytest.approx([b["score"] for b in alone["beams"]], abs=1e-4)
+    assert lanes[1]["tokens"] == alone["tokens"]
     assert lanes[1]["settings"]["num_beams"] == 3 and "beams" not in lanes[0]
     rc, out, _ = run_cli(capsys, "compare", tiny_meta_dir, *base[:4], "--lane", "num_beams=2")
     assert rc == 0 and "num_beams=2 length_penalty=1.0" in out and "temperature=" not in out
@@ -74,6 +78,8 @@ def test_logit_bias_per_lane_in_compare(capsys, fixtures):
     ("temperature=0,logit_bias=girl=+500", "between"),
     # a LlamaDesk server takes a bias by text (test_lane_knobs.py); this one is not there
     ("logit_bias=girl=1,server=http://127.0.0.1:9", "cannot connect"),
+    # no server runs beam search: said before connecting
+    ("num_beams=2,server=http://127.0.0.1:9", "local model only"),
 ])
 def test_bad_lane_logit_bias_exits_2_with_one_line(capsys, fixtures, lane, needle):
     rc, out, err = run_cli(capsys, "compare", fixtures / "stories260K.gguf", "--prompt", "Hi", "--lane", lane)
