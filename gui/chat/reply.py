@@ -375,7 +375,7 @@ class ReplyController(QObject):
             return
         try:
             m = self._store(st, text, params=params, stats=stats, stop_reason=stop_reason, meta=meta)
-            if done is not None and len(done.beams) > 1 and st.continue_of is None:  # the other beams: versions
+            if done is not None and len(done.beams) > 1 and self._fresh(st):  # the other beams: versions
                 m = store_beams(self.conversation, m, done, model_id=self.model_id)
         except HistoryError as e:
             if not quiet:
@@ -470,6 +470,11 @@ class ReplyController(QObject):
                     record["stop_token"] = int(st.prefix_record["stop_token"])
             meta["tokens"] = record
         return meta
+
+    @staticmethod
+    def _fresh(st: ReplyState) -> bool:
+        """A reply of its own: not carrying on (or branching from) the text of another."""
+        return st.continue_of is None and st.extends is None and not st.prefix
 
     def _store(self, st: ReplyState, text: str, *, params: dict, stats: dict, stop_reason: str, meta: dict) -> Message:
         """Write the reply: onto the reply it continues, as the growing partial reply's end,

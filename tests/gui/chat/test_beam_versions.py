@@ -77,6 +77,24 @@ def test_every_beam_is_a_version_of_the_reply_and_the_best_is_shown(qapp, loop, 
     assert conv.path()[-1].id == view["id"]  # walking the versions and back leaves the best on screen
 
 
+def test_carrying_a_beam_reply_on_adds_one_version_not_more_beams(qapp, loop, conv):
+    r = ReplyController(bridge=ScriptedBridge(three_beams), conversation=conv, settings=Settings(num_beams=3))
+    finished: list[dict] = []
+    r.finished.connect(finished.append)
+
+    async def go():
+        assert r.send("Tell me")
+        await until(lambda: finished, 10, "the reply")
+        assert r.continue_reply(finished[0]["id"])
+        await until(lambda: len(finished) == 2, 10, "the continuation")
+    run(loop, go())
+    best = finished[0]["id"]
+    texts = [m.text for m in conv.history.siblings(best)]
+    # the continuation is the best beam carried on (in place or as a version of its own); the
+    # continuation's own runners-up are not stored as more versions
+    assert "A catA cat" in texts and texts.count("A dog") == texts.count("The end") == 1 and len(texts) <= 4
+
+
 def test_the_window_shows_the_command_lines_beams_as_versions(qtbot, window, loop, fixtures, capsys):
     """Beams 3 in the panel, a chat reply through the real bridge and worker: ‹ › walks the
     beams `python -m core generate --chat --num-beams 3 --json` lists, best first."""
