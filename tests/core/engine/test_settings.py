@@ -57,7 +57,7 @@ def test_the_schema_declares_every_sampling_field_once_with_its_default():
 
 def test_lane_and_sweep_keys_come_from_the_schema():
     assert LANE_KEYS == ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens",
-                         "lookup", "draft", "constraint", "logit_bias_text")
+                         "num_beams", "length_penalty", "lookup", "draft", "constraint", "logit_bias_text")
     assert set(SWEEP_KEYS) == {s.name for s in SETTINGS if s.sweep}
     assert set(SWEEP_OTHER) == {s.name for s in SETTINGS if s.sweep and not s.numeric}
 

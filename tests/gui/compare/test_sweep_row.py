@@ -55,6 +55,8 @@ SWEEPS = [  # setting, values typed in the Sweep row, the lane values they make,
     ("repetition_penalty", "1, 1.3", [1.0, 1.3], "repetition_penalty {}"),
     ("seed", "4, 5", [4, 5], "seed {}"),
     ("max_new_tokens", "3, 5", [3, 5], "max_new_tokens {}"),
+    ("num_beams", "1, 2", [1, 2], "num_beams {}"),
+    ("length_penalty", "0, 2", [0.0, 2.0], None),  # said only where beams run (not in these lanes)
     ("lookup", "0, 2", [0, 2], "prompt lookup {}"),
     ("draft", None, ["", "DRAFT"], "draft model {}"),  # the "…" button fills it in
     ("constraint", "on, off", [{"kind": "regex", "text": "[a-z ,.]+"}, None], None),
@@ -111,7 +113,7 @@ def test_every_knob_sweeps_from_the_sweep_row_and_its_lanes_run_save_and_export(
         for section, value in zip(sections, values):
             if key == "constraint":
                 assert ("format regular expression" in section) == (value is not None)
-            elif value or key not in ("lookup", "draft"):  # speculative decoding off: not named
+            elif md_form is not None and (value or key not in ("lookup", "draft")):  # speculative off: not named
                 shown = ", ".join(value) if isinstance(value, list) else f"{value:g}" if isinstance(value, float) \
                     else value
                 assert md_form.format(shown) in section, (key, value, section)
