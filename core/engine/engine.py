@@ -233,6 +233,8 @@ class Engine:
         if beams and forced:
             raise SettingsError("a forced token (a branch) does not combine with beam search")
         sampled = [k for k in range(len(lanes)) if k not in beams]
+        for k in beams:  # each runs on its own, one cache row per beam
+            self.check_memory(len(prompt), [lanes[k]])
         parts = [(k, beam_generate(self, prompt, lanes[k].validate().resolved(), cancel, strip_leading_space,
                                    self._stops(stop_ids), lane=k)) for k in beams]
         if not sampled:
