@@ -84,8 +84,9 @@ class ReplyController(QObject):
         rateChanged(str): a short live line (tokens, tokens/s) for the status bar.
         notice(str): something to tell about this reply (turns left out to fit).
         finished(dict): the reply is saved; the dict is the stored message's view.
-        failed(str, str): a title and message for an error dialog (the store could not
-            save a reply, a branch cannot be made); a reply's own failure never opens one.
+        failed(str, str): a title and message for an error dialog (a branch cannot be
+            made); a reply's own failure never opens one. A reply the store could not save
+            ends as ``finished`` with no id, its text, and the reason as its error.
         refused(str, str, object): a local reply produced nothing (the worker refused it:
             a prompt longer than the context, an unusable draft model or output format,
             or invalid settings): the reason, the refused new message's text handed back
@@ -377,9 +378,10 @@ class ReplyController(QObject):
             m = self._store(st, text, params=params, stats=stats, stop_reason=stop_reason, meta=meta)
             if done is not None and len(done.beams) > 1 and self._fresh(st):  # the other beams: versions
                 m = store_beams(self.conversation, m, done, model_id=self.model_id)
-        except HistoryError as e:
+        except HistoryError as e:  # a full disk, a read-only folder: the text stays on screen
             if not quiet:
-                self.failed.emit("Could not save the reply", str(e))
+                self.finished.emit({"id": None, "role": "assistant", "text": st.prefix + text,
+                                    "error": f"this reply could not be saved: {e}"})
             return
         if quiet:
             return

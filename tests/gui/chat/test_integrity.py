@@ -368,3 +368,18 @@ def test_the_window_keeps_the_reply_when_the_draft_model_cannot_draft(qtbot, win
     assert not window.busy and window.dialogs == []
     assert [(w.message["role"], w.message["text"]) for w in window.chat.widgets] == before
     assert len(window.history.children(window.conversation.path()[0].id)) == 1
+
+
+def test_a_reply_the_store_cannot_save_keeps_its_text_and_says_why_on_it(qtbot, loop, history, monkeypatch):
+    from core.history.records import HistoryError
+
+    t = chat(qtbot, history, replies("Kept text"))
+    assert t.c.send("go")
+
+    def full(*a, **k):
+        raise HistoryError("history database error: database or disk is full")
+    monkeypatch.setattr(history, "add_message", full)
+    finish(loop, t)
+    w = t.col.chat.widgets[-1]
+    assert not t.col.chat.streaming and w.message["text"] == "Kept text"
+    assert "could not be saved" in w.footer.text() and "disk is full" in w.footer.text() and t.errors == []
