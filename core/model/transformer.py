@@ -17,6 +17,10 @@ from core.model.args import ModelArgs
 from core.model.kv_cache import KVCache
 
 SMALL_BATCH = 16  # rows up to which Linear multiplies weight-first (see Linear.forward)
+# Batch-invariant decode pads a step to at least this many rows: CPU BLAS runs one row as a
+# matrix-vector product and 2-3 rows with other blocking, whose sums round differently from
+# the GEMM kernel that every count from 4 up shares (measured with MKL, float32 and bfloat16).
+INVARIANT_ROWS = 4
 
 def rope_frequencies(args: ModelArgs) -> torch.Tensor:
     """Inverse frequencies [head_dim // 2], with Llama 3.1 scaling when configured."""
@@ -64,9 +68,14 @@ class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.invariant = False  # decode-shaped inputs take one kernel path (Transformer.batch_invariant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
+        if self.invariant and x.dim() == 3 and x.shape[1] == 1:
+            # A decode step [B, 1, D]: every row count runs the same GEMM, so a row's
+            # numbers do not depend on how many other requests share its step.
+            return _padded_linear(x, self.weight, rows)
         if 1 < rows <= SMALL_BATCH and x.device.type == "cpu" and self.weight.numel() >= 1 << 18:
             # A few rows at once (comparison lanes decoding together): CPU BLAS runs
             # x @ W.T at a third of the speed of W @ x.T for 2-8 rows (measured with MKL:
@@ -75,6 +84,13 @@ class Linear(nn.Module):
             x2 = x.reshape(rows, x.shape[-1])
             return (self.weight @ x2.t()).t().reshape(*x.shape[:-1], self.weight.shape[0])
         return F.linear(x, self.weight)
+
+
+def _padded_linear(x: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
+    x2 = x.reshape(rows, x.shape[-1])
+    if rows < INVARIANT_ROWS:
+        x2 = torch.cat([x2, x2.new_zeros(INVARIANT_ROWS - rows, x2.shape[1])])
+    return F.linear(x2, weight)[:rows].reshape(*x.shape[:-1], weight.shape[0])
 
 
 class Embedding(nn.Module):
@@ -146,7 +162,10 @@ class Attention(nn.Module):
                 k = k.repeat_interleave(rep, dim=1)
                 v = v.repeat_interleave(rep, dim=1)
         drop = self.dropout if self.training else 0.0
-        if isinstance(mask, str):  # "causal": keys are exactly the T queries
+        if isinstance(mask, tuple):  # batch-invariant decode: each row alone over its own keys
+            out = torch.cat([F.scaled_dot_product_attention(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n], **gqa)
+                             for b, n in enumerate(mask)])
+        elif isinstance(mask, str):  # "causal": keys are exactly the T queries
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop, **gqa)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, **gqa)
@@ -192,6 +211,8 @@ class Transformer(nn.Module):
         if args.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self._rope: torch.Tensor | None = None  # grown on demand, on the weights' device
+        self.invariant = False
+        self.batch_invariant(True)
         if self.tok_embeddings.weight.device.type != "meta":
             self.init_weights()
 
@@ -206,6 +227,16 @@ class Transformer(nn.Module):
                 p.normal_(0.0, std / math.sqrt(2 * self.args.n_layers))
             else:
                 p.normal_(0.0, std)
+
+    def batch_invariant(self, on: bool = True) -> None:
+        """Whether a decode step gives each row the numbers it would get alone (the default):
+        every row count runs the same GEMM (rows padded to INVARIANT_ROWS) and attention
+        runs per row over exactly that row's keys. A KVCache step only: a static cache step
+        (CUDA graphs) attends over the whole capacity with a mask and is not invariant."""
+        self.invariant = bool(on)
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.invariant = self.invariant
 
     def rope(self, end: int) -> torch.Tensor:
         """The cos/sin table covering positions [0, end), cached on the model's device."""
@@ -226,6 +257,8 @@ class Transformer(nn.Module):
             pos = start_pos.to(dev).view(B, 1) + torch.arange(T, device=dev)  # [B, T]
             end = cache.span(pos)  # a static cache answers its capacity: no host sync
             rope = self.rope(end)[pos]  # [B, T, D/2, 2]
+            if self.invariant and T == 1 and isinstance(cache, KVCache):
+                return rope, tuple(int(p) + 1 for p in pos.view(B).tolist()), pos
             # Each row sees only keys at or before its own position, so a row never reads
             # slots that a longer row wrote past its own end.
             mask = torch.arange(end, device=dev).view(1, 1, 1, end) <= pos.view(B, 1, T, 1)
@@ -234,7 +267,7 @@ class Transformer(nn.Module):
             end = start_pos + T
             rope = self.rope(end)[start_pos:end].unsqueeze(0)  # [1, T, D/2, 2]
             if T == 1:
-                mask = None
+                mask = (end,) * B if self.invariant and B > 1 and isinstance(cache, KVCache) else None
             elif cache is None or start_pos == 0:
                 mask = "causal"
             else:  # a chunk after a cached prefix: causal within, all of the prefix
