@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from core.engine.events import Done, Prefilled
 from core.engine.lanes import parse_lane_spec
 from core.engine.settings import SamplingParams
 from core.errors import SettingsError
+from core.remote.client import RemoteError
+from core.remote.runner import ONE_AT_A_TIME, SERIAL
 from core.tokenizer.fingerprint import tokenizer_fingerprint
 
 MAX_LANES = 8
@@ -129,10 +132,29 @@ def run_lanes(args, lanes: list[SamplingParams], where: list, remotes: dict) -> 
     out = Outcome()
     t0 = time.perf_counter()
 
-    def run_remote(i: int) -> Done:
+    one_at_a_time: set = set()  # servers that cut a running reply off when the next came
+    locks = {w: threading.Lock() for w in where}
+    shared = {w for w in where if where.count(w) > 1}
+
+    def stream_lane(i: int) -> Done:
         meta: dict = {}
         done = [e for e in remote_stream(remotes[where[i]], args, lanes[i], lane=i, meta=meta) if isinstance(e, Done)][0]
         out.prompt_ids[i] = meta.get("prompt_token_ids")
+        return done
+
+    def run_remote(i: int) -> Done:
+        w = where[i]
+        try:
+            return stream_lane(i)
+        except RemoteError as e:
+            if not getattr(e, "unfinished", False) or w not in shared:
+                raise
+        if w not in one_at_a_time:
+            one_at_a_time.add(w)
+            print(f"note: {remotes[w].shown}: {ONE_AT_A_TIME}; its lanes ran one after another", file=sys.stderr)
+        with locks[w]:  # the lanes it cut off run again, one at a time
+            done = stream_lane(i)
+        done.stats.decode = SERIAL
         return done
 
     with ThreadPoolExecutor(max_workers=MAX_LANES) as pool:

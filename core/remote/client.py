@@ -292,7 +292,9 @@ class RemoteModel:
         except httpx.TransportError as e:
             raise RemoteError(f"cannot connect to {self.shown}: {e}", kind="connection") from None
         if got.finish is None:
-            raise RemoteError(f"the connection to {self.shown} ended mid-reply", kind="cut")
+            err = RemoteError(f"the connection to {self.shown} ended mid-reply", kind="cut")
+            err.unfinished = True  # a stream that ended cleanly without a finish reason (runner.py)
+            raise err
         yield got.done(params)
 
     def branch(self, params: SamplingParams, prompt_ids: list[int], forced: list[int], *,

@@ -78,6 +78,13 @@ def describe_error(kind: str, message: str) -> str:
     return f"{text.rstrip('.')}. {_ADVICE[kind]}"
 
 
+# A server that serves one request at a time and ends the running reply, without a finish
+# reason, when the next request comes: llama-cpp-python's server does by default.
+ONE_AT_A_TIME = ("this server runs one request at a time and ended a running reply when the next came "
+                 "(llama-cpp-python's server does unless started with --interrupt_requests False)")
+SERIAL = "lanes one after another (the server runs one request at a time)"
+
+
 def _chosen_top(tok: Token) -> Token:
     """Key the server's top alternative that is the chosen token by the chosen token's id,
     so the inspector marks it; the others keep stand-in ids that cannot equal it. A server
@@ -120,6 +127,9 @@ class _Job:
         self.lock = threading.Lock()
         self.lanes = [_Lane(p) for p in lanes]
         self.failed = False
+        self.running = 0  # lane threads still streaming
+        self.again: list[int] = []  # lanes the server cut off before any token: run again, one by one
+        self.serial = False
 
     @property
     def open(self) -> bool:
@@ -139,6 +149,9 @@ class RemoteRunner:
         self._ids = itertools.count(-1, -1)
         self._lock = threading.Lock()
         self._jobs: dict[int, _Job] = {}
+        # Servers seen cutting a reply off when the next request came: their lanes run one
+        # after another from then on, for this runner's (the session's) life.
+        self.one_at_a_time: set[str] = set()
 
     # -- public API (any thread) -------------------------------------------------------------
 
@@ -197,10 +210,41 @@ class RemoteRunner:
         with self._lock:
             self._jobs[rid] = job
         self._emit(Prompted(rid, 0, context_length(model)))
+        if len(lanes) > 1 and model.url in self.one_at_a_time:
+            job.serial, job.running = True, 1
+            threading.Thread(target=self._run_serial, args=(job, list(range(len(lanes))), request, model),
+                             name=f"llamadesk-remote{rid}", daemon=True).start()
+            return rid
+        job.running = len(lanes)
         for i in range(len(lanes)):
             threading.Thread(target=self._run_lane, args=(job, i, request, model),
                              name=f"llamadesk-remote{rid}.{i}", daemon=True).start()
         return rid
+
+    def _run_serial(self, job: _Job, lanes: list[int], request, model: RemoteModel) -> None:
+        for i in lanes:
+            if job.cancel.is_set() or job.failed:
+                break
+            job.lanes[i].t0 = time.perf_counter()
+            with job.lock:
+                job.running += 1
+            self._run_lane(job, i, request, model)
+        with job.lock:
+            job.running -= 1
+        self._forget(job)
+
+    def _cut_off(self, job: _Job, i: int, model: RemoteModel) -> bool:
+        """Lane i's stream ended without a finish reason while other lanes of its request
+        streamed: the server runs one request at a time. Remember that; a lane that got no
+        token runs again once the others are done (True); one that did fails (False)."""
+        if len(job.lanes) < 2 or job.serial:
+            return False
+        self.one_at_a_time.add(model.url)
+        with job.lock:
+            if job.lanes[i].tokens or job.failed or job.cancel.is_set():
+                return False
+            job.again.append(i)
+            return True
 
     def _emit(self, event) -> None:
         try:
@@ -236,6 +280,8 @@ class RemoteRunner:
                         ev = Reply(job.rid, _chosen_top(ev) if top else ev)
                     else:
                         lane.closed = True
+                        if job.serial or (job.again and i in job.again):
+                            ev.stats.decode = SERIAL  # said in the lane's stats
                         if caps is not None and not caps.seed:
                             # The server was sent no seed: record none rather than one it never saw.
                             ev.params = replace(ev.params, seed=None)
@@ -248,15 +294,29 @@ class RemoteRunner:
                         ev = Reply(job.rid, ev)
                     self._emit(ev)
         except RemoteError as e:
-            self._fail(job, str(e), e.kind)
+            if getattr(e, "unfinished", False) and self._cut_off(job, i, model):
+                pass  # runs again below, once the other lanes are done
+            elif getattr(e, "unfinished", False) and model.url in self.one_at_a_time:
+                self._fail(job, f"lane {i + 1}: {e}: {ONE_AT_A_TIME}; its lanes run one after another from now on", "cut")
+            else:
+                self._fail(job, str(e), e.kind)
         except Exception as e:  # noqa: BLE001 — a thread must never die silently
             self._fail(job, f"the server's reply could not be read: {type(e).__name__}: {one_line(e)}", "http")
         finally:
-            with job.lock:
-                if not lane.closed and not job.failed:  # the stream ended without a Done
-                    job.failed = True
-                    self._emit(Error(job.rid, f"the connection to {model.shown} ended mid-reply", kind="cut"))
-            self._forget(job)
+            self._lane_ended(job, i, request, model)
+
+    def _lane_ended(self, job: _Job, i: int, request, model: RemoteModel) -> None:
+        with job.lock:
+            lane = job.lanes[i]
+            if not lane.closed and not job.failed and (job.serial or i not in job.again):  # ended without a Done
+                job.failed = True
+                self._emit(Error(job.rid, f"the connection to {model.shown} ended mid-reply", kind="cut"))
+            job.running -= 1
+            again = [] if job.serial or job.running else list(job.again)
+        if again:  # this was the last lane streaming: the cut-off ones now run, one by one
+            job.serial, job.running = True, 1
+            self._run_serial(job, again, request, model)
+        self._forget(job)
 
     def _fail(self, job: _Job, message: str, kind: str) -> None:
         with job.lock:
