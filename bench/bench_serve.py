@@ -1,4 +1,4 @@
-"""Serving under load: 1, 4 and 16 concurrent streaming clients against ``serve``.
+"""Serving under load: 1, 4, 16 and 32 concurrent streaming clients against ``serve``.
 
 Each client sends one streaming /v1/completions request; we measure aggregate generated
 tokens per second (all tokens / wall time from the first request to the last reply) and
@@ -28,13 +28,14 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import bench_invariance  # noqa: E402
 from core.checkpoints.common import LoadedModel  # noqa: E402
 from core.model.transformer import Transformer  # noqa: E402
 from core.model.args import ModelArgs
 from core.serving.run import RunningServer  # noqa: E402
 from core.serving.state import ServerState  # noqa: E402
 
-LEVELS = (1, 4, 16)
+LEVELS = (1, 4, 16, 32)
 
 
 class _NoStopTokenizer:
@@ -128,8 +129,9 @@ def bench_model(lm: LoadedModel, prompts, tokens: int, repeats: int) -> dict:
 
 
 def run(quick: bool = False) -> dict:
-    """Both models at 1, 4 and 16 clients; ``{"title", "markdown", "data"}``. ``quick``: 8
-    tokens, one run, and a ~10M random model instead of the 125M one (seconds, not minutes)."""
+    """Both models at 1, 4, 16 and 32 clients, then the cost of batch invariance;
+    ``{"title", "markdown", "data"}``. ``quick``: 8 tokens, one run, and a ~10M random model
+    instead of the 125M one (seconds, not minutes)."""
     tokens, repeats = (8, 1) if quick else (48, 2)
     data = {"threads": torch.get_num_threads(), "tokens_per_request": tokens, "repeats": repeats, "models": {}}
     lm = fixture_model()
@@ -151,6 +153,9 @@ def run(quick: bool = False) -> dict:
             lines.append(f"| {name} | {n} | {r['tok_s']:.1f} | {r['x_one_client']:.2f} | "
                          f"{r['ttft_p50_s'] * 1000:.0f} ms | {r['ttft_p99_s'] * 1000:.0f} ms |")
     lines += ["", "Goal: aggregate tok/s at 16 clients ≥ 4× one client."]
+    inv = bench_invariance.run(quick)  # what the default batch-invariant decode step costs
+    data["invariance"] = inv["data"]
+    lines += ["", f"**{inv['title']}** (`bench/bench_invariance.py`)", "", inv["markdown"]]
     return {"title": "Serving: concurrent streaming clients", "markdown": "\n".join(lines), "data": data}
 
 
