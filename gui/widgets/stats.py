@@ -20,6 +20,8 @@ def decode_label(status: str) -> str:
         return "CUDA graphs" if "CUDA graphs)" in status else "compiled"
     if status.startswith("compiles"):
         return "compiling…"
+    if not status.startswith("eager"):  # a server's lanes ran one after another (core.remote.runner.SERIAL)
+        return status
     return "eager (compile failed)"
 
 
