@@ -64,7 +64,7 @@ def random_model(small: bool = False) -> LoadedModel:
                          max_seq_len=2048)
     model = Transformer(args).eval().requires_grad_(False)
     info = {"name": "random-10M" if small else "random-125M", "dtype": "float32", "device": "cpu"}
-    return LoadedModel(model, _NoStopTokenizer(), SimpleNamespace(name="raw"), args, set(), info)
+    return LoadedModel(model, _NoStopTokenizer(), SimpleNamespace(name="raw", stop_ids=frozenset), args, set(), info)
 
 
 def fixture_model() -> LoadedModel | None:
