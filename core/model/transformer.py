@@ -238,6 +238,11 @@ class Transformer(nn.Module):
             if isinstance(m, Linear):
                 m.invariant = self.invariant
 
+    def _per_row(self, cache) -> bool:
+        """Whether decode attention runs row by row: invariant, on an eager KVCache step. A
+        compiled step would specialise on every row's length (a recompile per step)."""
+        return self.invariant and isinstance(cache, KVCache) and not torch.compiler.is_compiling()
+
     def rope(self, end: int) -> torch.Tensor:
         """The cos/sin table covering positions [0, end), cached on the model's device."""
         dev = self.tok_embeddings.weight.device
@@ -257,7 +262,7 @@ class Transformer(nn.Module):
             pos = start_pos.to(dev).view(B, 1) + torch.arange(T, device=dev)  # [B, T]
             end = cache.span(pos)  # a static cache answers its capacity: no host sync
             rope = self.rope(end)[pos]  # [B, T, D/2, 2]
-            if self.invariant and T == 1 and isinstance(cache, KVCache):
+            if T == 1 and self._per_row(cache):
                 return rope, tuple(int(p) + 1 for p in pos.view(B).tolist()), pos
             # Each row sees only keys at or before its own position, so a row never reads
             # slots that a longer row wrote past its own end.
@@ -267,7 +272,7 @@ class Transformer(nn.Module):
             end = start_pos + T
             rope = self.rope(end)[start_pos:end].unsqueeze(0)  # [1, T, D/2, 2]
             if T == 1:
-                mask = (end,) * B if self.invariant and B > 1 and isinstance(cache, KVCache) else None
+                mask = (end,) * B if B > 1 and self._per_row(cache) else None
             elif cache is None or start_pos == 0:
                 mask = "causal"
             else:  # a chunk after a cached prefix: causal within, all of the prefix
