@@ -60,6 +60,8 @@ def test_twenty_seeded_requests_alone_and_in_batches_of_2_to_16_give_the_same_to
 
 
 def test_four_comparison_lanes_equal_each_lane_alone(demo):
+    """A lane alone is a comparison of one lane (a lone chat reply takes the fast one-row
+    path instead: nothing shares its steps, see the next test)."""
     lm, engine = demo
     prompt = lm.tokenizer.encode("Once upon a time", bos=True)
     lanes = [SamplingParams(temperature=t, seed=7 + i, max_new_tokens=8) for i, t in enumerate((0, 0.7, 1.0, 1.3))]
@@ -67,8 +69,31 @@ def test_four_comparison_lanes_equal_each_lane_alone(demo):
     done = sorted((e for e in engine.generate_lanes(prompt, lanes) if isinstance(e, Done)), key=lambda d: d.lane)
     for lane, d in zip(lanes, done):
         engine.cache.reset()
-        alone = [e for e in engine.generate(prompt, lane) if isinstance(e, Done)][0]
+        alone = [e for e in engine.generate_lanes(prompt, [lane]) if isinstance(e, Done)][0]
         assert (alone.tokens, alone.logprobs) == (d.tokens, d.logprobs)
+
+
+def test_a_lone_reply_takes_the_fast_path_and_serve_the_invariant_one(demo):
+    lm, engine = demo
+    prompt = lm.tokenizer.encode("Once upon a time", bos=True)
+    seen = []
+    forward = lm.model.forward
+
+    def spy(*a, **k):
+        seen.append(lm.model.invariant)
+        return forward(*a, **k)
+    lm.model.forward = spy
+    try:
+        list(engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=3)))
+        assert seen and not any(seen)
+        seen.clear()
+        list(engine.generate_lanes(prompt, [SamplingParams(temperature=0, max_new_tokens=3)]))
+        assert seen and all(seen)
+        seen.clear()
+        serve_together(engine, requests(lm, 1))
+        assert seen and all(seen)
+    finally:
+        del lm.model.forward
 
 
 def test_without_invariance_a_batch_changes_a_request(demo):
@@ -76,9 +101,9 @@ def test_without_invariance_a_batch_changes_a_request(demo):
     over the longest row) round a row differently once it shares its step."""
     lm, engine = demo
     reqs = requests(lm, 5)
-    lm.model.batch_invariant(False)
+    engine.batch_invariant = False
     try:
         alone = [serve_together(engine, [r])[0] for r in reqs]
         assert serve_together(engine, reqs) != alone
     finally:
-        lm.model.batch_invariant(True)
+        engine.batch_invariant = True
