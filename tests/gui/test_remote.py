@@ -385,8 +385,12 @@ def test_controls_the_server_lacks_are_disabled_saying_why_and_never_sent(qtbot,
     window.use_remote(r)
     assert not window.action("record_probs").isEnabled() and "no top_logprobs" in window.action("record_probs").toolTip()
     window.use_local()
-    assert all(w.isEnabled() for w in (panel.seedSpin, panel.topKSpin, panel.repetitionPenaltySpin,
+    assert all(w.isEnabled() for w in (panel.randomSeedCheck, panel.topKSpin, panel.repetitionPenaltySpin,
                                        panel.chatFormatCombo, panel.speculativeCombo, panel.lookupSpin))
+    # the seed box follows "Random seed for each reply", as it does without a server
+    assert panel.seedSpin.isEnabled() == (not panel.randomSeedCheck.isChecked())
+    panel.randomSeedCheck.setChecked(not panel.randomSeedCheck.isChecked())
+    assert panel.seedSpin.isEnabled() == (not panel.randomSeedCheck.isChecked())
     assert panel.params().lookup > 0
     assert panel.params().top_k == 40 and window.action("record_probs").isEnabled() and window.backend is None
 
