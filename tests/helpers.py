@@ -275,25 +275,34 @@ def lacking(app):
     async def wrapped(scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST":
             return await app(scope, receive, send)
-        raw = b""
-        while True:
-            m = await receive()
-            raw += m.get("body", b"")
-            if not m.get("more_body"):
-                break
-        body = json.loads(raw)
+        body = json.loads(await read_body(receive))
         if "seed" in body:
             err = {"error": {"message": "Unrecognized request argument supplied: seed", "type": "invalid_request_error"}}
             return await JSONResponse(err, status_code=400)(scope, receive, send)
         for key in ("top_k", "repetition_penalty", "n"):
             body.pop(key, None)
-        data, sent = json.dumps(body).encode(), False
-
-        async def again():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": data, "more_body": False}
-            return await receive()
-        return await app(scope, again, send)
+        return await app(scope, replaying(json.dumps(body).encode(), receive), send)
     return wrapped
+
+
+async def read_body(receive) -> bytes:
+    """The whole request body of an ASGI request (test middlewares that rewrite it)."""
+    raw = b""
+    while True:
+        m = await receive()
+        raw += m.get("body", b"")
+        if not m.get("more_body"):
+            return raw
+
+
+def replaying(data: bytes, receive):
+    """An ASGI ``receive`` that gives ``data`` as the body once, then the client's own
+    messages (its disconnect, which serve waits for)."""
+    sent = []
+
+    async def again():
+        if not sent:
+            sent.append(1)
+            return {"type": "http.request", "body": data, "more_body": False}
+        return await receive()
+    return again

@@ -15,6 +15,7 @@ from core.engine.settings import SamplingParams
 from core.remote.client import RemoteError, RemoteModel
 from core.serving.run import RunningServer
 from core.serving.state import ServerState
+from tests.helpers import read_body, replaying
 
 pytestmark = pytest.mark.timeout(120)
 # what each server would silently drop: the other dialects' names
@@ -32,25 +33,12 @@ def persona(app, who: dict, seen: list):
         if scope["path"].endswith("/models"):
             card = {"id": "m", "object": "model", "owned_by": who["owned_by"]}
             return await JSONResponse({"object": "list", "data": [card]})(scope, receive, send)
-        raw = b""
-        while True:
-            m = await receive()
-            raw += m.get("body", b"")
-            if not m.get("more_body"):
-                break
-        body = json.loads(raw)
+        body = json.loads(await read_body(receive))
         seen.append(dict(body))
         for key in IGNORED[who["owned_by"]]:
             body.pop(key, None)
         body.pop("model", None)
-        data, sent = json.dumps(body).encode(), []
-
-        async def again():
-            if not sent:
-                sent.append(1)
-                return {"type": "http.request", "body": data, "more_body": False}
-            return await receive()  # then the client's disconnect, as serve waits for it
-        return await app(scope, again, send)
+        return await app(scope, replaying(json.dumps(body).encode(), receive), send)
     return wrapped
 
 
