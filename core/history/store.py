@@ -50,6 +50,21 @@ def _moved_aside(path: Path) -> Path:
     return target
 
 
+def _wal_mode(conn: sqlite3.Connection, wait: float = 10.0) -> str:
+    """Switch ``conn`` to WAL. Two openers of a brand-new file both ask for the exclusive
+    lock this needs; SQLite answers one of them "locked" at once (the busy timeout does not
+    apply to a lock upgrade that could deadlock), so that one retries until the other's
+    switch is done and the file reports WAL."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 def _contains(haystack: str | None, needle: str | None) -> int:
     # Registered as an SQL function: SQLite's LIKE/lower() fold ASCII only, casefold() all.
     if not haystack or needle is None:
@@ -76,7 +91,7 @@ class History:
             self._conn.text_factory = decode_text
             self._conn.execute("PRAGMA foreign_keys = ON")
             if self.path != ":memory:":
-                mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                mode = _wal_mode(self._conn)
                 if str(mode).lower() != "wal":
                     raise HistoryError(f"cannot use WAL journal for {self.path} (got {mode})")
             # FULL: a commit is on disk before add_message returns (a chat turn is tiny).
