@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from core.engine.constraint import LABELS
-from core.history.records import KINDS, Conversation, HistoryError, prompt_markdown
+from core.history.records import KINDS, Conversation, HistoryError, Message, prompt_markdown
 from core.history.schema import MESSAGE_COLUMNS
 from core.history.store import History
+from core.history.tool_messages import TOOL_ROLE, calls_of, source_of
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "export_markdown", "export_json", "import_json", "read_export",
            "export_file_name"]
@@ -46,7 +47,7 @@ def export_markdown(history: History, conv_id: int) -> str:
             if line:
                 out += [f"> {line}", ""]
     for m in history.current_path(conv_id):
-        out += [f"## {m.role.capitalize()}", "", m.text, ""]
+        out += _message_markdown(m)
         if m.role == "assistant":
             line = _settings_line(m.settings, m.seed, m.model_id, m.stats, m.stop_reason)
             n = len(history.siblings(m.id))
@@ -56,6 +57,22 @@ def export_markdown(history: History, conv_id: int) -> str:
             if line:
                 out += [f"> {line}", ""]
     return "\n".join(out).rstrip() + "\n"
+
+def _message_markdown(m: Message) -> list[str]:
+    """A message's heading and text; a reply's tool calls as JSON blocks, a tool result
+    headed with the tool it came from."""
+    if m.role == TOOL_ROLE:
+        rec = m.tool_result or {}
+        notes = [w for w, on in (("failed", rec.get("is_error")), ("cut", rec.get("truncated"))) if on]
+        head = f"## Tool result · {rec.get('name', '?')}" + (f" ({', '.join(notes)})" if notes else "")
+        return [head, "", "```", m.text, "```", ""]
+    out = [f"## {m.role.capitalize()}", "", m.text, ""]
+    for c in calls_of(m):
+        source = source_of(m, c.id)
+        out += [f"**Tool call** `{c.name}`" + (f" · {source}" if source else ""), "",
+                "```json", c.raw or json.dumps(c.arguments, indent=2, ensure_ascii=False), "```", ""]
+    return out
+
 
 def export_json(history: History, conv_id: int) -> dict:
     """Everything about a conversation — the whole message tree with settings, seeds
@@ -223,9 +240,12 @@ def _checked_message_id(m: Any, where: str, seen: set[int]) -> int:
         _bad(f"{where} has no 'role'")
     if not isinstance(m.get("text"), str):
         _bad(f"{where} has no string 'text'")
-    for k in ("settings", "stats", "meta"):
+    for k in ("settings", "stats", "meta", "tool_result"):
         if m.get(k) is not None and not isinstance(m[k], dict):
             _bad(f"{where}: '{k}' must be an object")
+    calls = m.get("tool_calls")
+    if calls is not None and (not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls)):
+        _bad(f"{where}: 'tool_calls' must be a list of objects")
     seed = m.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         _bad(f"{where}: 'seed' must be an integer")

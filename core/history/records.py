@@ -52,6 +52,9 @@ class Message:
     stop_reason: str | None
     created_at: float
     meta: dict = field(default_factory=dict)
+    # A reply's tool calls (OpenAI-shaped, each with its "source"); a "tool" message's call.
+    tool_calls: list | None = None
+    tool_result: dict | None = None
 
 
 def json_default(obj: Any) -> Any:
@@ -126,6 +129,9 @@ def message_from_row(row: sqlite3.Row) -> Message:
             d[k], damaged = None, damaged + [k]
     if not isinstance(d["meta"], dict):
         d["meta"] = {}
+    for k, kind in (("tool_calls", list), ("tool_result", dict)):
+        if d[k] is not None and not isinstance(d[k], kind):
+            d[k], damaged = None, damaged + [k]
     if isinstance(d["text"], Damaged):
         d["text"], damaged = str(d["text"]), damaged + ["text"]
     if not isinstance(d["text"], str):

@@ -10,7 +10,7 @@ import functools
 import sqlite3
 from typing import Callable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA_V1 = """
 CREATE TABLE conversations (
@@ -43,13 +43,24 @@ CREATE INDEX messages_by_parent ON messages(parent_id);
 CREATE INDEX conversations_by_update ON conversations(updated_at);
 """
 
+
+
+def _v1_to_v2(con: sqlite3.Connection) -> None:
+    """Tool use (issue 25): a reply's calls (``tool_calls``, a JSON list of OpenAI-shaped
+    calls, each with the ``source`` that runs it) and, on a ``tool`` message, which call
+    its text answers (``tool_result``: call id, name, source, truncated, is_error)."""
+    con.execute("ALTER TABLE messages ADD COLUMN tool_calls TEXT")
+    con.execute("ALTER TABLE messages ADD COLUMN tool_result TEXT")
+
+
 # MIGRATIONS[v] upgrades a version-v database to v+1 (run inside one transaction).
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
 
 MESSAGE_COLUMNS = ("id", "conversation_id", "parent_id", "role", "text", "settings", "seed",
-                    "model_id", "stats", "stop_reason", "created_at", "meta")
-JSON_FIELDS = ("settings", "stats", "meta")
-UPDATABLE = ("role", "text", "settings", "seed", "model_id", "stats", "stop_reason", "meta")
+                   "model_id", "stats", "stop_reason", "created_at", "meta", "tool_calls", "tool_result")
+JSON_FIELDS = ("settings", "stats", "meta", "tool_calls", "tool_result")
+UPDATABLE = ("role", "text", "settings", "seed", "model_id", "stats", "stop_reason", "meta", "tool_calls",
+             "tool_result")
 
 SUBTREE_SQL = """
 WITH RECURSIVE sub(id) AS (

@@ -294,6 +294,7 @@ class History:
                     settings: dict | None = None, seed: int | None = None,
                     model_id: str | None = None, stats: dict | None = None,
                     stop_reason: str | None = None, meta: dict | None = None,
+                    tool_calls: list | None = None, tool_result: dict | None = None,
                     make_current: bool = True) -> Message:
         """Append a message under ``parent_id`` (None: a root). With ``make_current`` the
         new message becomes the conversation's current leaf."""
@@ -309,14 +310,10 @@ class History:
                               (parent_id,)).fetchone()
                 if p is None or p[0] != conv_id:
                     raise HistoryError(f"parent message {parent_id} is not in conversation {conv_id}")
-            cur = c.execute(
-                "INSERT INTO messages (conversation_id, parent_id, role, text, settings, seed,"
-                " model_id, stats, stop_reason, created_at, meta)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (conv_id, parent_id, role, text, dumps(settings),
-                 None if seed is None else int(seed), model_id, dumps(stats), stop_reason,
-                 now, dumps(meta or {})))
-            msg_id = cur.lastrowid
+            msg_id = c.insert_message(dict(
+                conversation_id=conv_id, parent_id=parent_id, role=role, text=text, settings=settings, seed=seed,
+                model_id=model_id, stats=stats, stop_reason=stop_reason, created_at=now, meta=meta,
+                tool_calls=tool_calls, tool_result=tool_result))
             if make_current:
                 c.execute("UPDATE conversations SET current_leaf_id = ?, updated_at = ? WHERE id = ?",
                           (msg_id, now, conv_id))
@@ -512,15 +509,9 @@ class History:
             new_conv = cur.lastrowid
             id_map: dict[int, int] = {}
             for m in msgs:
-                cur = c.execute(
-                    "INSERT INTO messages (conversation_id, parent_id, role, text, settings, seed,"
-                    " model_id, stats, stop_reason, created_at, meta)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (new_conv, id_map.get(m.get("parent_id")), m["role"], m["text"],
-                     dumps(m.get("settings")), m.get("seed"), m.get("model_id"),
-                     dumps(m.get("stats")), m.get("stop_reason"), m.get("created_at", now),
-                     dumps(m.get("meta") or {})))
-                id_map[m["id"]] = cur.lastrowid
+                id_map[m["id"]] = c.insert_message({**m, "conversation_id": new_conv,
+                                                    "parent_id": id_map.get(m.get("parent_id")),
+                                                    "created_at": m.get("created_at", now)})
             leaf = conv.get("current_leaf_id")
             c.execute("UPDATE conversations SET current_leaf_id = ? WHERE id = ?",
                       (id_map.get(leaf) if leaf is not None else None, new_conv))
@@ -568,6 +559,18 @@ class _Transaction:
     def execute(self, sql: str, args: tuple | list = ()) -> sqlite3.Cursor:
         # Every string written (titles, meta JSON too) goes in as valid UTF-8.
         return self.conn.execute(sql, [clean_text(v)[0] if isinstance(v, str) else v for v in args])
+
+    def insert_message(self, fields: dict) -> int:
+        """One new message row from ``fields`` (every column but ``id``; a missing one is
+        NULL, JSON fields are encoded); returns its id."""
+        cols = [k for k in MESSAGE_COLUMNS if k != "id"]
+        values = {k: fields.get(k) for k in cols}
+        values["meta"] = values["meta"] or {}
+        if values["seed"] is not None:
+            values["seed"] = int(values["seed"])
+        args = [dumps(values[k]) if k in JSON_FIELDS else values[k] for k in cols]
+        sql = f"INSERT INTO messages ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        return self.execute(sql, args).lastrowid
 
     def executescript_in_tx(self, script: str) -> None:
         # executescript() would COMMIT first; run the statements one by one instead.

@@ -15,6 +15,7 @@ from PySide6.QtCore import QObject, Signal
 from core.history import export as chat_export
 from core.history.records import Message
 from core.history.store import History
+from core.history.tool_messages import openai_message
 
 TITLE_CHARS = 48
 
@@ -104,13 +105,14 @@ class ConversationModel(QObject):
         return {"id": m.id, "role": m.role, "text": m.text, "stats": m.stats or {},
                 "stop_reason": m.stop_reason, "seed": m.seed, "version": version,
                 "settings": m.settings or {}, "error": (m.meta or {}).get("error"),
-                "incomplete": (m.meta or {}).get("incomplete")}
+                "incomplete": (m.meta or {}).get("incomplete"), "tool_calls": m.tool_calls or [],
+                "tool_result": m.tool_result}
 
     def request_messages(self, system_prompt: str = "", upto: int | None = None) -> list[dict]:
         """What the model is sent: the system prompt, then the branch up to ``upto`` (inclusive)."""
         msgs = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
         for m in self.path():
-            msgs.append({"role": m.role, "content": m.text})
+            msgs.append(openai_message(m))
             if m.id == upto:
                 break
         return msgs
