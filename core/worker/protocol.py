@@ -70,6 +70,23 @@ class CompareRequest(PromptRequest):
     model: str = ""
 
 
+@dataclass
+class AttributeRequest(PromptRequest):
+    """Where a span of a finished chat reply came from (:mod:`core.engine.attribution`).
+
+    The prompt is rendered from the PromptRequest fields as for the reply; ``reply`` is the
+    reply's text as shown and ``reply_ids`` its token ids when known (else the text is
+    encoded). ``span`` is a character range of ``reply``; ``passages`` are character ranges
+    of ``messages[source_message]``'s content (the grounded message and its source map).
+    Answered by :class:`Attributed` (one share per passage) or Error.
+    """
+    reply: str = ""
+    reply_ids: list[int] = field(default_factory=list)
+    span: tuple[int, int] = (0, 0)
+    passages: list[tuple[int, int]] = field(default_factory=list)
+    source_message: int = -1
+
+
 # --------------------------------------------------------------------------- events
 
 @dataclass
@@ -133,4 +150,17 @@ class Error:
     kind: str = ""
 
 
-WorkerEvent = LoadProgress | Loaded | Held | Unloaded | Prompted | Counted | Reply | Error
+@dataclass
+class Attributed:
+    """The answer to an :class:`AttributeRequest`: ``shares[i]`` of the span's attention went
+    to passage i and ``none`` to the rest of the prompt and the reply so far (summed over
+    ``layers`` x ``heads``, averaged over the span's ``tokens``)."""
+    request_id: int
+    shares: list[float]
+    none: float
+    layers: int
+    heads: int
+    tokens: int
+
+
+WorkerEvent = Attributed | LoadProgress | Loaded | Held | Unloaded | Prompted | Counted | Reply | Error

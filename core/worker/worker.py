@@ -32,7 +32,8 @@ from core.model.tuning import plan_for
 from core.prompt.chat_format import chat_format_for
 from core.prompt.prompting import build_prompt
 from core.tokenizer.fingerprint import tokenizer_fingerprint
-from core.worker.protocol import (MAX_INSPECT, MODES, CompareRequest, Error, GenerateRequest, Held, Loaded,
+from core.worker.attribute import run_attribution
+from core.worker.protocol import (MAX_INSPECT, MODES, AttributeRequest, CompareRequest, Error, GenerateRequest, Held, Loaded,
                                   LoadProgress, Counted, Prompted, Unloaded)
 
 log = logging.getLogger(__name__)
@@ -214,6 +215,10 @@ class Worker:
         """Queue a comparison: like :meth:`generate`, with lane-tagged tokens and one Done per lane."""
         return self._submit("compare", request=request)
 
+    def attribute(self, request: AttributeRequest) -> int:
+        """Where a span of a reply came from (core/worker/attribute.py): Attributed or Error."""
+        return self._submit("attribute", request=request)
+
     def cancel(self, request_id: int) -> None:
         """Cancel one request, running or queued; the others go on. Unknown or finished
         ids are ignored (a late Stop must not reach the next request)."""
@@ -288,7 +293,9 @@ class Worker:
         torch.set_num_threads(self.torch_threads)
         handlers = {"load": self._do_load, "adopt": self._do_adopt, "unload": self._do_unload,
                     "hold": self._do_hold, "release": self._do_release,
-                    "generate": self._do_generate, "compare": self._do_generate, "count": self._do_count}
+                    "generate": self._do_generate, "compare": self._do_generate, "count": self._do_count,
+                    "attribute": lambda c: self._emit(run_attribution(self._loaded, self._engine, c.request_id,
+                                                                      c.args["request"], c.cancel))}
         try:
             while True:
                 cmd = self._queue.get()
