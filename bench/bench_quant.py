@@ -34,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import llamacpp_node  # noqa: E402
 
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K")
 #: engine name -> the child's --dtype (``llama.cpp`` runs llama-cpp-python instead)
@@ -48,12 +49,23 @@ LLAMA_CPP_NOTE = ("llama.cpp runs with `use_extra_bufts=False` (weights in its p
 
 
 def peer_available() -> tuple[bool, str]:
-    """Whether llama-cpp-python imports here, and why not."""
+    """Whether llama.cpp can run here (llama-cpp-python, else node-llama-cpp's prebuilt
+    build: bench/llamacpp_node.py), and why not."""
     try:
         import llama_cpp  # noqa: F401  (imported to see that it is there)
         return True, ""
     except Exception as e:  # ImportError, or a broken shared library
-        return False, f"llama_cpp is not importable here ({type(e).__name__}: {e}); install the `bench` extra"
+        why = f"llama_cpp is not importable here ({type(e).__name__}: {e}); install the `bench` extra"
+    ok, why_node = llamacpp_node.available()
+    return (True, "") if ok else (False, f"{why}; or {why_node}")
+
+
+def _llama_cpp_python() -> bool:
+    try:
+        import llama_cpp  # noqa: F401  (imported to see that it is there)
+        return True
+    except Exception:  # ImportError, or a broken shared library
+        return False
 
 
 def model_args(dim: int, layers: int, vocab: int):
@@ -145,7 +157,9 @@ def prompt_ids(vocab: int, n: int) -> list[int]:
 def measure(file: Path, dtype: str, prompt: int, decode: int, threads: int = 1) -> dict:
     """Load ``file`` and time it through the Engine (or llama.cpp); timings and memory."""
     if dtype == PEER:
-        return measure_llama_cpp(file, prompt, decode, threads)
+        if _llama_cpp_python():
+            return measure_llama_cpp(file, prompt, decode, threads)
+        return measure_llama_cpp_node(file, prompt, decode, threads)
     from core.checkpoints import load
     from core.checkpoints.gguf_write import gguf_tensor_bytes
     from core.engine.engine import Engine
@@ -225,6 +239,20 @@ def measure_llama_cpp(file: Path, prompt: int, decode: int, threads: int) -> dic
            "tensor_mb": gguf_tensor_bytes(file) / 2 ** 20, "paths": None, "dtype": "llama.cpp"}
     llm.close() if hasattr(llm, "close") else None
     return out
+
+
+def measure_llama_cpp_node(file: Path, prompt: int, decode: int, threads: int) -> dict:
+    """llama.cpp through node-llama-cpp's prebuilt binaries (its own defaults: mmap, batch
+    512, its extra buffer types), in a node process of its own."""
+    from core.checkpoints.gguf_header import header_args, read_header
+    from core.checkpoints.gguf_write import gguf_tensor_bytes
+
+    meta, tensors = read_header(file)
+    ids = prompt_ids(header_args(meta, tensors, str(file)).vocab_size, prompt)
+    r = llamacpp_node.measure(file, ids, decode, threads)
+    return {**{k: r[k] for k in ("load_s", "ttft_after_load_s", "prefill_tok_s", "decode_tok_s", "tokens",
+                                 "rss_after_load_mb", "load_rss_growth_mb", "run_rss_growth_mb", "peak_rss_mb")},
+            "tensor_mb": gguf_tensor_bytes(file) / 2 ** 20, "paths": None, "dtype": r["engine"]}
 
 
 def _child(file: Path, dtype: str, prompt: int, decode: int, threads: int) -> dict:
