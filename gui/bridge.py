@@ -40,8 +40,8 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal, Slot
 
 from core.engine.events import Done, Prefilled, Token
 from core.remote.runner import RemoteRunner
-from core.worker.protocol import (CompareRequest, Counted, Error, GenerateRequest, Held, LoadProgress, Loaded,
-                                  Prompted, Unloaded)
+from core.worker.protocol import (AttributeRequest, Attributed, CompareRequest, Counted, Error, GenerateRequest,
+                                  Held, LoadProgress, Loaded, Prompted, Unloaded)
 from core.worker.worker import Worker
 from core.engine.events import Reply
 
@@ -249,6 +249,12 @@ class Bridge(QObject):
         fut = asyncio.get_running_loop().create_future()
         return await self._await(self._worker.count(request), fut)
 
+    async def attribute(self, request: AttributeRequest) -> Attributed:
+        """Where a span of a local reply came from (:mod:`core.worker.attribute`): the
+        Attributed event. Raises BridgeError (no model, a span it cannot place, cancelled)."""
+        fut = asyncio.get_running_loop().create_future()
+        return await self._await(self._worker.attribute(request), fut)
+
     def release(self, key: str) -> None:
         """Drop a checkpoint held with :meth:`hold`."""
         self._worker.release(key)
@@ -397,8 +403,8 @@ class Bridge(QObject):
         if isinstance(ev, Held):
             self._resolve(rid, dict(ev.info))
             return
-        if isinstance(ev, Counted):
-            self._resolve(rid, ev.tokens)
+        if isinstance(ev, (Counted, Attributed)):
+            self._resolve(rid, ev.tokens if isinstance(ev, Counted) else ev)
             return
         if isinstance(ev, Loaded):
             self._info = dict(ev.info)

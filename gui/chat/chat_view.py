@@ -35,6 +35,7 @@ class ChatView(QScrollArea):
     copied = Signal(str)
     tokenViewChanged = Signal(bool)
     branchRequested = Signal(int, int, int, bool)
+    sourcesRequested = Signal(str, int, str)  # MessageWidget.sourcesRequested, from any message
 
     def __init__(self, *, inspector=None, parent=None):
         super().__init__(parent)
@@ -173,6 +174,7 @@ class ChatView(QScrollArea):
         w.codeCopied.connect(self.copied)
         w.tokenViewToggled.connect(lambda mid, on, w=w: self._token_view_toggled(w, on))
         w.tokenClicked.connect(self._token_clicked)
+        w.sourcesRequested.connect(self.sourcesRequested)
         w.tokenHovered.connect(self._token_hovered)
         w.heatmap_check.toggled.connect(lambda on: setattr(self, "heatmap", on))
         self._layout.insertWidget(self._layout.count() - 1, w)

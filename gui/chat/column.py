@@ -8,6 +8,7 @@ from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
 from gui.chat.chat_view import ChatView
 from gui.chat.prompt_editor import PromptEditor
+from gui.chat.sources_panel import SourcesPanel
 from gui.widgets.notice_bar import NoticeBar
 from gui.widgets.token_inspector import TokenInspector
 
@@ -23,6 +24,7 @@ class ChatColumn(QWidget):
         inspector: the :class:`TokenInspector`, shown while a reply shows its tokens.
         send_notice: a message the store could not save (Retry sends it again).
         reply_notice: a server's reply that failed (Retry asks again).
+        sources: the :class:`SourcesPanel` (a cited passage, where a reply span came from).
         prompt: the :class:`PromptEditor`.
     """
 
@@ -46,6 +48,9 @@ class ChatColumn(QWidget):
         self.chat_splitter.setCollapsible(0, False)
         self.chat_splitter.setSizes([440, 260])
         lay.addWidget(self.chat_splitter, 1)
+        # A cited passage, or where a span of a reply came from (hidden until asked).
+        self.sources = SourcesPanel()
+        lay.addWidget(self.sources)
         # A message the store could not save stays in the editor; this says why and sends it
         # again once the cause (a full disk, a read-only folder) is fixed.
         self.send_notice = NoticeBar(name="sendNotice", label_name="contextNotice", action="Retry",
@@ -83,6 +88,14 @@ class ChatColumn(QWidget):
         self.prompt.editor.textChanged.connect(lambda: chats.draft_changed(self.prompt.text()))
         self.chat.actionRequested.connect(chats.message_action)
         self.chat.branchRequested.connect(chats.branch)
+        src = chats.sources
+        self.chat.sourcesRequested.connect(
+            lambda kind, mid, arg: src.open_citation(mid, int(arg)) if kind == "cite" else src.where_from(mid, arg))
+        src.passage.connect(self.sources.show_passage)
+        src.ranking.connect(self.sources.show_ranking)
+        src.working.connect(self.sources.show_busy)
+        src.notice.connect(self.sources.show_notice)
+        self.sources.passageRequested.connect(src.open_citation)
         r.started.connect(self._on_started)
         r.streamed.connect(self.chat.append_stream)
         r.notice.connect(self.chat.set_notice)

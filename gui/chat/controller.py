@@ -24,6 +24,7 @@ from gui.bridge import BridgeError
 from gui.chat.checks import draft_problem
 from gui.chat.conversation import ConversationModel
 from gui.chat.reply import ReplyController
+from gui.chat.sources import SourcesController
 
 INSPECT_TOP = 5  # alternatives recorded per token of a chat reply (the worker's ``inspect``)
 COUNT_DELAY_MS = 400  # a long message is counted once typing pauses
@@ -84,6 +85,8 @@ class ConversationController(QObject):
         self.models = models
         self.conversation = ConversationModel(history=history, parent=self)
         self.reply = ReplyController(bridge=bridge, conversation=self.conversation, settings=settings, parent=self)
+        self.sources = SourcesController(bridge=bridge, conversation=self.conversation, settings=settings,
+                                         models=models, parent=self)
         self.record_probs = False
         self._retry_parent: int | None = None  # the message a failed server reply answered
         self._drafts: dict[int | None, str] = {}  # unsent prompt text per conversation (None: a new chat)

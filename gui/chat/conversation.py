@@ -17,6 +17,8 @@ from core.history.records import Message
 from core.history.store import History
 from core.history.tool_messages import openai_message
 
+from gui.chat import grounded
+
 TITLE_CHARS = 48
 
 
@@ -106,13 +108,26 @@ class ConversationModel(QObject):
                 "stop_reason": m.stop_reason, "seed": m.seed, "version": version,
                 "settings": m.settings or {}, "error": (m.meta or {}).get("error"),
                 "incomplete": (m.meta or {}).get("incomplete"), "tool_calls": m.tool_calls or [],
-                "tool_result": m.tool_result}
+                "tool_result": m.tool_result, **self._documents_view(m)}
+
+    def _documents_view(self, m: Message) -> dict:
+        """A grounded question's chips; the source numbers its reply can link ([n])."""
+        if m.role == "user":
+            chips = grounded.chips(m.meta)
+            return {"documents": chips} if chips else {}
+        if m.role != "assistant" or m.parent_id is None:
+            return {}
+        g = grounded.grounding_of(self.history.message(m.parent_id).meta)
+        return {"sources": [int(s.get("number", 0)) for s in g.get("sources") or []]} if g else {}
 
     def request_messages(self, system_prompt: str = "", upto: int | None = None) -> list[dict]:
         """What the model is sent: the system prompt, then the branch up to ``upto`` (inclusive)."""
         msgs = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
         for m in self.path():
-            msgs.append(openai_message(m))
+            msg = openai_message(m)
+            if m.role == "user":  # a grounded question is sent with its passages
+                msg["content"] = grounded.sent_content(m.text, m.meta)
+            msgs.append(msg)
             if m.id == upto:
                 break
         return msgs
@@ -121,13 +136,14 @@ class ConversationModel(QObject):
         return self.history.message(msg_id)
 
     # ---- changes
-    def add_user(self, text: str, *, parent_id: int | None = ..., ) -> Message:  # type: ignore[assignment]
-        """Store a user message under ``parent_id`` (default: the end of the branch)."""
+    def add_user(self, text: str, *, parent_id: int | None = ..., meta: dict | None = None) -> Message:  # type: ignore[assignment]
+        """Store a user message under ``parent_id`` (default: the end of the branch), with
+        ``meta`` (a grounded question's documents: :mod:`gui.chat.grounded`)."""
         conv = self._ensure(text)
         leaf = self.leaf_id()
         if parent_id is ...:
             parent_id = leaf
-        m = self.history.add_message(conv, role="user", text=text, parent_id=parent_id)
+        m = self.history.add_message(conv, role="user", text=text, parent_id=parent_id, meta=meta)
         self.listChanged.emit()
         if parent_id == leaf:  # the branch on screen grows by one: no need to show it anew
             self.messageAdded.emit(self.view_message(m))

@@ -16,6 +16,7 @@ from PySide6.QtGui import QTextBlockFormat, QTextCharFormat, QTextCursor, QTextD
 from PySide6.QtWidgets import QFrame, QSizePolicy, QTextBrowser, QToolButton
 
 from gui import theme
+from gui.chat.grounded import link_citations
 
 _CODE_BLOCK = re.compile(r'(?:<div class="codehilite"[^>]*>\s*)?<pre[^>]*>(.*?)</pre>(?:\s*</div>)?', re.S)
 
@@ -106,11 +107,11 @@ def closed_blocks_end(text: str, start: int = 0) -> int:
     return end
 
 
-def render_markdown(text: str, first_code: int = 0) -> tuple[str, list[str]]:
+def render_markdown(text: str, first_code: int = 0, cite: frozenset[int] = frozenset()) -> tuple[str, list[str]]:
     """(HTML for a QTextBrowser, the raw text of each code block in order).
 
     Each code block becomes a shaded table with a "Copy code" link (``copy:K``, K counted
-    from ``first_code``) on top.
+    from ``first_code``) on top; citations [n] of the numbers in ``cite`` link to ``cite:n``.
     """
     c = theme.colors()
     body = _markdown().convert(close_open_fence(text))
@@ -138,7 +139,7 @@ def render_markdown(text: str, first_code: int = 0) -> tuple[str, list[str]]:
     body = body.replace("<th>", f'<th bgcolor="{c["alt"]}">')
     body = _CODE_BLOCK.sub(block, body)
     body = body.replace("<code>", f'<code style="background:{c["code_bg"]}">')
-    return body, codes
+    return link_citations(body, set(cite)), codes
 
 
 class MessageBody(QTextBrowser):
@@ -163,6 +164,7 @@ class MessageBody(QTextBrowser):
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.document().setDocumentMargin(2)
         self.codes: list[str] = []
+        self.cite: frozenset[int] = frozenset()  # source numbers whose [n] link to their passage
         self.markdown_text = ""
         self.streaming = False
         self._rendered = 0  # streaming: chars of markdown_text shown as rendered blocks
@@ -185,7 +187,7 @@ class MessageBody(QTextBrowser):
     def set_markdown(self, text: str) -> None:
         """Render the whole text at once."""
         self.markdown_text, self.streaming = text, False
-        body, self.codes = render_markdown(text)
+        body, self.codes = render_markdown(text, cite=self.cite)
         self._style()
         self.setHtml(body)
         self._fit()
@@ -243,7 +245,7 @@ class MessageBody(QTextBrowser):
         one setHtml: a fragment inserted at a block's end merges its first block into that
         block and loses its format, so the fragment is cut from a document where a dummy
         paragraph comes first, starting at its first real block's separator."""
-        body, codes = render_markdown(text, first_code=len(self.codes))
+        body, codes = render_markdown(text, first_code=len(self.codes), cite=self.cite)
         self.codes += codes
         doc = self.document()
         if doc.isEmpty():

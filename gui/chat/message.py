@@ -13,9 +13,11 @@ heatmap).
 """
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import QSize, Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication
-from PySide6.QtWidgets import QCheckBox, QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QFrame, QHBoxLayout, QLabel, QMenu, QToolButton, QVBoxLayout, QWidget
 
 from core.engine.lanes import settings_label
 
@@ -38,6 +40,9 @@ class MessageWidget(QFrame):
         tokenClicked(int, int), tokenHovered(int, int): message id and token index in
             the token view (hover: index -1 when the pointer leaves the tokens).
         tokenViewToggled(int, bool): the body switched to tokens (True) or Markdown.
+        sourcesRequested(str, int, str): a grounded reply's citation was clicked ("cite",
+            the id, the number) or "Where did this come from?" asked ("where", the id, the
+            selected text, or the whole reply when nothing is selected).
     """
 
     action = Signal(str, int)
@@ -45,6 +50,7 @@ class MessageWidget(QFrame):
     tokenClicked = Signal(int, int)
     tokenHovered = Signal(int, int)
     tokenViewToggled = Signal(int, bool)
+    sourcesRequested = Signal(str, int, str)
 
     def __init__(self, *, message: dict, streaming: bool = False, parent=None):
         super().__init__(parent)
@@ -66,6 +72,13 @@ class MessageWidget(QFrame):
         self.body = MessageBody(parent=self)
         self.body.anchorClicked.connect(self._anchor)
         self.body.highlighted.connect(self._hovered)
+        self.body.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.body.customContextMenuRequested.connect(self._context_menu)
+        self.chips = QLabel(self)  # a grounded question's files and how they were read
+        self.chips.setObjectName("documentChips")
+        self.chips.setWordWrap(True)
+        self.chips.hide()
+        lay.addWidget(self.chips)
         lay.addWidget(self.body)
         self.footer = QLabel()
         self.footer.setObjectName("messageFooter")
@@ -112,6 +125,12 @@ class MessageWidget(QFrame):
         else:
             names += [("regenerate", "Regenerate reply"), ("continue", "Continue reply")]
         names.append(("delete", "Delete message"))
+        if role == "assistant":  # shown for replies to grounded questions (update_message)
+            self.where_button = self._button("where", "Where did this come from? (select part of the reply first)")
+            self.where_button.clicked.disconnect()
+            self.where_button.clicked.connect(self._ask_where)
+            self.where_button.hide()
+            head.addWidget(self.where_button)
         for name, tip in names:
             self.buttons[name] = self._button(name, tip)
             head.addWidget(self.buttons[name])
@@ -180,6 +199,7 @@ class MessageWidget(QFrame):
         self.prev_button.setEnabled(i > 1 and not streaming)
         self.next_button.setEnabled(i < n and not streaming)
         self._show_buttons()
+        self._show_documents(message, streaming)
         self._load_tokens(message.get("tokens"))
         has_tokens = self.has_token_record and not streaming
         self.inspect_button.setVisible(has_tokens)
@@ -197,12 +217,37 @@ class MessageWidget(QFrame):
             self.footer.setText(format_stats(message))
         self.footer.setVisible(bool(self.footer.text()))
 
+    def _show_documents(self, message: dict, streaming: bool) -> None:
+        chips = message.get("documents") or []
+        c = theme.colors()
+        self.chips.setText(" ".join(f'<span style="background:{c["alt"]}; color:{c["text"]}">&nbsp;{html.escape(t)}'
+                                    f'&nbsp;</span>' for t in chips))
+        self.chips.setVisible(bool(chips))
+        self.body.cite = frozenset(message.get("sources") or ())
+        if hasattr(self, "where_button"):
+            self.where_button.setVisible(bool(self.body.cite) and not streaming)
+
+    def _ask_where(self) -> None:
+        sel = self.body.textCursor().selectedText()
+        self.sourcesRequested.emit("where", int(self.message.get("id") or 0), sel or self.message.get("text", ""))
+
+    def _context_menu(self, pos) -> None:
+        menu = self.body.createStandardContextMenu(pos)
+        if self.body.cite and not self.streaming:
+            act = menu.addAction("Where did this come from?")
+            act.setObjectName("whereFromAction")
+            act.triggered.connect(self._ask_where)
+        menu.exec(self.body.mapToGlobal(pos))
+        menu.deleteLater()
+
     def set_text(self, text: str) -> None:
         self.message["text"] = text
         if self.token_mode:
             self._render_tokens()
         elif self.streaming:
             self.body.begin_stream(text)
+        elif self.body.streaming and self.body.cite:  # blocks streamed before had no links
+            self.body.set_markdown(text)
         elif self.body.streaming:
             self.body.finish_stream(text)
         else:
@@ -300,6 +345,8 @@ class MessageWidget(QFrame):
         i = parse_token_index(s) if self.token_mode else None
         if i is not None:
             self.tokenClicked.emit(int(self.message.get("id") or 0), i)
+        elif s.startswith("cite:") and s[5:].isdigit():
+            self.sourcesRequested.emit("cite", int(self.message.get("id") or 0), s[5:])
         elif s.startswith("copy:"):
             k = int(s[5:])
             if 0 <= k < len(self.body.codes):
