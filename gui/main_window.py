@@ -430,7 +430,7 @@ class MainWindow(QMainWindow):
         r.failed.connect(self.show_error)
         r.saveFailed.connect(self._on_save_failed)
         r.textRepaired.connect(lambda text: self.statusBar().showMessage(text, 10000))
-        r.busyChanged.connect(self._set_busy)
+        c.busyChanged.connect(self._set_busy)  # a reply or its tool calls
 
     @property
     def busy(self) -> bool:

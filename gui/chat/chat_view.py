@@ -12,6 +12,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from gui.chat.message import MessageWidget
+from gui.chat.tool_views import ToolCard, message_widget
 
 class ChatView(QScrollArea):
     """The transcript (objectName ``transcript``).
@@ -70,6 +71,7 @@ class ChatView(QScrollArea):
         self._layout.addStretch(1)
         self.setWidget(inner)
         self.widgets: list[MessageWidget] = []
+        self.cards: dict[str, ToolCard] = {}  # approval cards by call id, after the messages
         self._stream: MessageWidget | None = None
         self._stream_text = ""
         self.renders = 0  # stream updates, for tests and benchmarks
@@ -119,6 +121,8 @@ class ChatView(QScrollArea):
     def set_messages(self, messages: list[dict]) -> None:
         """Show these messages (the current branch), replacing what is shown."""
         self._stream = None
+        for call_id in list(self.cards):  # the branch anew: a card still waiting is shown again by its round
+            self.remove_card(call_id)
         views, pinned = set(self._token_views), self.pinned
         for w in self.widgets:
             w.setParent(None)
@@ -127,7 +131,7 @@ class ChatView(QScrollArea):
         self._token_views = set()
         self.pinned = None
         for m in messages:
-            w = self._add(MessageWidget(message=m, parent=self.widget()))
+            w = self._add(message_widget(m, parent=self.widget()))
             if w.msg_id in views:  # a re-render keeps the token views that were open
                 w.heatmap_check.setChecked(self.heatmap)
                 w.set_token_view(True)
@@ -164,7 +168,7 @@ class ChatView(QScrollArea):
 
     def append_message(self, message: dict) -> MessageWidget:
         """Show one more message at the end (the others stay as they are)."""
-        w = self._add(MessageWidget(message=message, parent=self.widget()))
+        w = self._add(message_widget(message, parent=self.widget()))
         self.scroll_to_bottom()
         return w
 
@@ -283,11 +287,37 @@ class ChatView(QScrollArea):
     def end_stream(self, message: dict) -> None:
         """The reply finished (or stopped): show its final text, id, versions and stats."""
         if self._stream is None:
-            self._add(MessageWidget(message=message, parent=self.widget()))
+            self._add(message_widget(message, parent=self.widget()))
+            return
+        if message.get("tool_calls"):  # the calls are listed under the text: the widget that shows them
+            old, self._stream = self._stream, None
+            i = self._layout.indexOf(old)
+            self.widgets.remove(old)
+            old.setParent(None)
+            old.deleteLater()
+            w = self._add(message_widget(message, parent=self.widget()))
+            self._layout.insertWidget(i, w)
             return
         self._stream.update_message(message, streaming=False)
         self._stream = None
         self.updateGeometry()  # its buttons are back
+
+    # ---- tool calls waiting for the user
+    def add_card(self, card: dict) -> ToolCard:
+        """An approval card at the end of the transcript (``cards`` by call id)."""
+        self.remove_card(card["call_id"])
+        w = ToolCard(card, parent=self.widget())
+        self.cards[w.call_id] = w
+        self._layout.insertWidget(self._layout.count() - 1, w)
+        self.scroll_to_bottom()
+        w.run_button.setFocus()
+        return w
+
+    def remove_card(self, call_id: str) -> None:
+        w = self.cards.pop(call_id, None)
+        if w is not None:
+            w.setParent(None)
+            w.deleteLater()
 
     @property
     def streaming(self) -> bool:

@@ -100,10 +100,30 @@ class ChatColumn(QWidget):
         r.streamed.connect(self.chat.append_stream)
         r.notice.connect(self.chat.set_notice)
         r.finished.connect(lambda view: self.chat.end_stream(chats.finished_view(view)))
+        t = chats.tool_round
+        t.approvalNeeded.connect(self._ask)
+        t.callRunning.connect(lambda call_id: self.chat.cards[call_id].set_running()
+                              if call_id in self.chat.cards else None)
+        t.callSettled.connect(self.chat.remove_card)
+        t.resultAdded.connect(self.chat.append_message)
+        t.notice.connect(self.chat.set_notice)
+
+    def _ask(self, card: dict) -> None:
+        """A tool call waits for the user: its card, whose answer goes to the round."""
+        w = self.chat.add_card(card)
+        t = self.chats.tool_round
+
+        def decided(call_id: str, action: str, arguments, always: bool) -> None:
+            if not t.decide(call_id, action, arguments=arguments, always=always) and t.problem:
+                w.say(f"⚠ {t.problem}")
+        w.decided.connect(decided)
 
     def show_transcript(self) -> None:
         """The branch on screen, anew."""
         self.chat.set_messages(self.chats.transcript())
+        card = self.chats.tool_round.pending()
+        if card is not None and card.get("reply_id") in {w.msg_id for w in self.chat.widgets}:
+            self._ask(card)
 
     def hand_back(self, text: str, editing) -> None:
         """A refused message goes back to the editor (as the edit it was, if one)."""

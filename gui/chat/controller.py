@@ -21,10 +21,12 @@ from core.worker.protocol import GenerateRequest
 
 from gui.bridge import BridgeError
 
+from gui.chat.chat_tools import ChatTools
 from gui.chat.checks import draft_problem
 from gui.chat.conversation import ConversationModel
 from gui.chat.reply import ReplyController
 from gui.chat.sources import SourcesController
+from gui.chat.tool_round import ToolRound
 
 INSPECT_TOP = 5  # alternatives recorded per token of a chat reply (the worker's ``inspect``)
 COUNT_DELAY_MS = 400  # a long message is counted once typing pauses
@@ -66,6 +68,7 @@ class ConversationController(QObject):
         handBack(str, object): a refused message's text goes back to the editor, and the
             message it was an edit of (or None).
         canContinueChanged(bool): whether Continue is offered (a server cannot carry on a reply).
+        busyChanged(bool): a reply or a round of tool calls started, or both ended.
     """
 
     status = Signal(str, int)
@@ -77,6 +80,7 @@ class ConversationController(QObject):
     problemChanged = Signal(str)
     handBack = Signal(str, object)
     canContinueChanged = Signal(bool)
+    busyChanged = Signal(bool)
 
     undo_ms = 8000
 
@@ -87,6 +91,14 @@ class ConversationController(QObject):
         self.reply = ReplyController(bridge=bridge, conversation=self.conversation, settings=settings, parent=self)
         self.sources = SourcesController(bridge=bridge, conversation=self.conversation, settings=settings,
                                          models=models, parent=self)
+        # Tools (issue 25): what the open chat offers each reply, and the calls a reply makes.
+        self.tools = ChatTools(conversation=self.conversation, parent=self)
+        self.tool_round = ToolRound(conversation=self.conversation, tools=self.tools, prefs=self.tools, parent=self)
+        self.reply.tools = self.tools.tools
+        self.reply.finished.connect(self.tool_round.on_reply)
+        self.tool_round.continueWith.connect(self._after_tools)
+        self.reply.busyChanged.connect(lambda b: self.busyChanged.emit(b or self.tool_round.busy))
+        self.tool_round.busyChanged.connect(lambda b: self.busyChanged.emit(b or self.reply.busy))
         self.record_probs = False
         self._retry_parent: int | None = None  # the message a failed server reply answered
         self._drafts: dict[int | None, str] = {}  # unsent prompt text per conversation (None: a new chat)
@@ -110,7 +122,13 @@ class ConversationController(QObject):
 
     @property
     def busy(self) -> bool:
-        return self.reply.busy
+        return self.reply.busy or self.tool_round.busy
+
+    def _after_tools(self, tool_msg_id: int) -> None:
+        """Every call of a reply has its result: the reply goes on from the last one."""
+        if not self.regenerate(tool_msg_id):
+            self.status.emit("The tool results are saved; the reply could not go on "
+                             "(load a model, or fix the settings, then Regenerate)", 8000)
 
     @property
     def can_generate(self) -> bool:
@@ -271,12 +289,14 @@ class ConversationController(QObject):
             return False
 
     def stop(self) -> None:
-        """Stop the running reply; what streamed so far is kept."""
-        if self.busy:
+        """Stop the running reply or tool calls; what streamed or ran so far is kept."""
+        self.tool_round.stop()
+        if self.reply.busy:
             self.reply.stop()
 
     def close(self) -> None:
         """The window is closing: save what streamed and stop."""
+        self.tool_round.stop()
         self.reply.abandon()
 
     # ---- messages
