@@ -378,3 +378,21 @@ def check_model(args, dtype, device, *, source: str, held: int | None = None) ->
     check_fits(need, device, what=f"the model in {source} ({n / 1e9:.2f}B parameters"
                f"{'' if held is not None else f' at {itemsize} bytes each'} plus its KV cache)")
     return need
+
+
+# --------------------------------------------------------------------------- documents
+
+#: Largest file read as a document, checked by size before a byte is read (a 2 GB file is
+#: refused at once); text formats are read streamed, these bound what is kept in memory.
+MAX_TEXT_DOCUMENT_BYTES = 64 * MiB
+MAX_PDF_BYTES = 256 * MiB
+MAX_OFFICE_BYTES = 64 * MiB  # .docx (zip): also the most its parts may inflate to
+MAX_HTML_BYTES = 32 * MiB
+MAX_PDF_PAGES = 5000
+#: Seconds one PDF may take to read (checked between pages): a bomb cannot hold indexing.
+MAX_PDF_SECONDS = 120.0
+#: Characters of text one document may yield (about 20 MB of text as UTF-8).
+MAX_DOCUMENT_CHARS = 20_000_000
+#: Files one collection scan visits (documents or not) before it stops and says so.
+MAX_COLLECTION_FILES = 200_000
+MAX_COLLECTION_DEPTH = 64  # folder levels below a collection's root

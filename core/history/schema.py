@@ -10,7 +10,7 @@ import functools
 import sqlite3
 from typing import Callable
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA_V1 = """
 CREATE TABLE conversations (
@@ -53,8 +53,51 @@ def _v1_to_v2(con: sqlite3.Connection) -> None:
     con.execute("ALTER TABLE messages ADD COLUMN tool_result TEXT")
 
 
+# v3: documents (core/documents/index.py). A blob is one file's content, keyed by its hash,
+# so a file met twice (attached again, in two collections) is read and embedded once.
+DOCUMENTS_V3 = (
+    """CREATE TABLE doc_collections (
+        id INTEGER PRIMARY KEY, root TEXT NOT NULL UNIQUE, name TEXT NOT NULL,
+        created_at REAL NOT NULL, updated_at REAL NOT NULL,
+        state TEXT NOT NULL DEFAULT 'new', meta TEXT NOT NULL DEFAULT '{}')""",
+    """CREATE TABLE doc_blobs (
+        id INTEGER PRIMARY KEY, sha256 TEXT NOT NULL UNIQUE, kind TEXT NOT NULL, name TEXT NOT NULL,
+        size INTEGER NOT NULL, pages INTEGER, chars INTEGER NOT NULL, chunk_tokens INTEGER NOT NULL,
+        notes TEXT NOT NULL DEFAULT '[]', attached INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL)""",
+    """CREATE TABLE doc_chunks (
+        id INTEGER PRIMARY KEY, blob_id INTEGER NOT NULL REFERENCES doc_blobs(id) ON DELETE CASCADE,
+        ordinal INTEGER NOT NULL, page INTEGER, line_start INTEGER NOT NULL, line_end INTEGER NOT NULL,
+        heading TEXT NOT NULL DEFAULT '', text TEXT NOT NULL, tokens INTEGER NOT NULL)""",
+    "CREATE INDEX doc_chunks_by_blob ON doc_chunks(blob_id, ordinal)",
+    """CREATE TABLE doc_files (
+        id INTEGER PRIMARY KEY,
+        collection_id INTEGER NOT NULL REFERENCES doc_collections(id) ON DELETE CASCADE,
+        path TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+        blob_id INTEGER REFERENCES doc_blobs(id) ON DELETE SET NULL,
+        status TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', indexed_at REAL NOT NULL,
+        UNIQUE (collection_id, path))""",
+    "CREATE INDEX doc_files_by_blob ON doc_files(blob_id)",
+    """CREATE TABLE doc_embeddings (
+        chunk_id INTEGER NOT NULL REFERENCES doc_chunks(id) ON DELETE CASCADE,
+        embedder TEXT NOT NULL, vector BLOB NOT NULL, PRIMARY KEY (embedder, chunk_id))""",
+    # BM25 over the chunks; external content, kept in step by the triggers below.
+    """CREATE VIRTUAL TABLE doc_chunks_fts USING fts5(
+        text, heading, content='doc_chunks', content_rowid='id', tokenize='unicode61 remove_diacritics 2')""",
+    """CREATE TRIGGER doc_chunks_ai AFTER INSERT ON doc_chunks BEGIN
+        INSERT INTO doc_chunks_fts(rowid, text, heading) VALUES (new.id, new.text, new.heading); END""",
+    """CREATE TRIGGER doc_chunks_ad AFTER DELETE ON doc_chunks BEGIN
+        INSERT INTO doc_chunks_fts(doc_chunks_fts, rowid, text, heading)
+        VALUES ('delete', old.id, old.text, old.heading); END""",
+)
+
+
+def _v2_to_v3_documents(conn: sqlite3.Connection) -> None:
+    for stmt in DOCUMENTS_V3:
+        conn.execute(stmt)
+
+
 # MIGRATIONS[v] upgrades a version-v database to v+1 (run inside one transaction).
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3_documents}
 
 MESSAGE_COLUMNS = ("id", "conversation_id", "parent_id", "role", "text", "settings", "seed",
                    "model_id", "stats", "stop_reason", "created_at", "meta", "tool_calls", "tool_result")
