@@ -1,0 +1,75 @@
+"""The index in the history store: migration, blobs cached by hash, FTS5 BM25."""
+import sqlite3
+
+import pytest
+
+from core.documents.extract import DocumentError
+from core.documents.index import DocumentIndex, fts_query
+from core.history.schema import MIGRATIONS, SCHEMA_V1, SCHEMA_VERSION
+from core.history.store import History
+
+
+def test_a_version_1_history_gains_the_documents_tables(tmp_path):
+    path = tmp_path / "history.sqlite3"
+    con = sqlite3.connect(path)
+    con.executescript(SCHEMA_V1)
+    con.execute("INSERT INTO conversations (title, created_at, updated_at) VALUES ('kept', 0, 0)")
+    con.execute("PRAGMA user_version = 1")
+    con.commit()
+    con.close()
+    with DocumentIndex(path) as ix:
+        assert ix.q("SELECT count(*) FROM doc_chunks")[0][0] == 0
+    with History(path) as h:
+        assert [c.title for c in h.conversations()] == ["kept"]
+
+
+def test_attach_is_cached_by_content(ix, tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("Llamas hum softly.\n\nAlpacas spit.")
+    b.write_text(a.read_text())
+    blob1, doc = ix.attach(a)
+    blob2, _ = ix.attach(b)
+    assert blob1.id == blob2.id and blob1.chunks == 1 and doc.sha256 == blob1.sha256
+    assert ix.q("SELECT count(*) FROM doc_blobs")[0][0] == 1
+
+
+def test_bm25_finds_the_passage_and_user_syntax_is_inert(ix, tmp_path):
+    p = tmp_path / "zoo.md"
+    p.write_text("# Llamas\n\nLlamas hum when calm.\n\n# Otters\n\nOtters hold hands while asleep.\n\n"
+                 "# Birds\n\nParrots mimic speech.")
+    blob, _ = ix.attach(p, max_tokens=12)
+    hits = ix.hits([c for c, _ in ix.bm25("do otters sleep holding hands?", [blob.id])])
+    assert hits[0].heading == "Otters" and hits[0].where() == "zoo.md, lines 5-7"
+    assert ix.bm25('NEAR(" OR text:*', [blob.id]) == [] and fts_query('a:"b" OR c*') == '"a" OR "b" OR "or" OR "c"'
+
+
+def test_deleting_a_blob_removes_its_fts_rows(ix, tmp_path):
+    p = tmp_path / "x.txt"
+    p.write_text("quokka smiles")
+    blob, _ = ix.attach(p)
+    with ix.tx() as c:
+        c.execute("DELETE FROM doc_blobs WHERE id = ?", (blob.id,))
+    assert ix.q("SELECT count(*) FROM doc_chunks_fts WHERE doc_chunks_fts MATCH 'quokka'")[0][0] == 0
+
+
+def test_collection_on_a_missing_folder_is_refused(ix, tmp_path):
+    with pytest.raises(DocumentError, match="not a folder"):
+        ix.add_collection(tmp_path / "nope")
+
+
+def test_in_memory_index():
+    with DocumentIndex(":memory:") as ix:
+        assert ix.collections() == []
+
+
+def test_a_version_2_history_with_tool_messages_gains_documents(tmp_path):
+    path = tmp_path / "history.sqlite3"
+    con = sqlite3.connect(path)
+    con.executescript(SCHEMA_V1)
+    MIGRATIONS[1](con)
+    con.execute("PRAGMA user_version = 2")
+    con.commit()
+    con.close()
+    with DocumentIndex(path) as ix:
+        assert ix.q("PRAGMA user_version")[0][0] == SCHEMA_VERSION == 3
+        assert {r[1] for r in ix.q("PRAGMA table_info(messages)")} >= {"tool_calls", "tool_result"}
