@@ -77,12 +77,12 @@ class Grounding:
     def to_meta(self) -> dict:
         """A JSON-able dict (stored with the message) that :meth:`from_meta` reads back."""
         d = asdict(self)
-        d["prompt_chars"] = len(self.prompt)
+        d["summary"] = self.summary
         return d
 
     @classmethod
     def from_meta(cls, d: dict) -> "Grounding":
-        d = {k: v for k, v in d.items() if k != "prompt_chars"}
+        d = {k: v for k, v in d.items() if k != "summary"}
         d["sources"] = [Source(**{**s, "chunk_ids": tuple(s["chunk_ids"]), "span": tuple(s["span"])})
                         for s in d.get("sources", [])]
         return cls(**d)
