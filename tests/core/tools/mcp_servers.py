@@ -1,0 +1,128 @@
+"""MCP servers for the tests and the bench, built with the SDK's own server API.
+
+``python mcp_servers.py stdio``: the good server over stdio, misbehaving on request (its
+tools ``hang``, ``die``, ``big``, ``drop``). ``python mcp_servers.py noisy``: the same after
+printing lines that are not JSON-RPC on stdout (as servers that log to stdout do). ``python mcp_servers.py silent``: a
+process that reads stdin and never answers. ``python mcp_servers.py liar``: answers every
+request with JSON-RPC that is not a valid MCP result. :func:`http_server` runs the good
+server over streamable HTTP in a thread of the test process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+
+BIG = 10 * 1024 * 1024
+
+
+def build():
+    import anyio  # why: the silent and lying servers must start fast, without the SDK
+    from mcp.server.mcpserver import MCPServer  # why: as above
+
+    app = MCPServer("testserver", log_level="WARNING")
+
+    @app.tool()
+    def add(a: int, b: int) -> int:
+        """Add two whole numbers."""
+        return a + b
+
+    @app.tool(name="text.echo")
+    def echo(text: str) -> str:
+        """Say the text back (a name OpenAI would not accept as it is)."""
+        return text
+
+    @app.tool()
+    def env(name: str) -> str:
+        """An environment variable of the server's process."""
+        return os.environ.get(name, "<unset>")
+
+    @app.tool()
+    async def hang() -> str:
+        """Never answers."""
+        await anyio.sleep_forever()
+        return ""
+
+    @app.tool()
+    def die() -> str:
+        """The process exits in the middle of the call."""
+        os._exit(3)
+
+    @app.tool()
+    def big() -> str:
+        """A 10 MB result."""
+        return "x" * BIG
+
+    @app.tool()
+    def drop(name: str) -> str:
+        """Remove a tool from the server's list."""
+        app.remove_tool(name)
+        return f"removed {name}"
+
+    @app.tool()
+    def spare() -> str:
+        """A tool the tests remove."""
+        return "spare"
+
+    @app.prompt()
+    def review(code: str, language: str = "python") -> str:
+        """Ask for a code review."""
+        return f"Review this {language} code:\n{code}"
+
+    @app.resource("note://readme", mime_type="text/markdown")
+    def readme() -> str:
+        """A short note."""
+        return "# Read me\nhello from the server"
+
+    @app.resource("note://long")
+    def long_note() -> str:
+        return "y" * 300_000
+
+    @app.resource("note://logo", mime_type="image/png")
+    def logo() -> bytes:
+        return b"\x89PNG\r\n"
+
+    return app
+
+
+def silent() -> None:
+    for _ in sys.stdin:
+        pass
+
+
+def liar() -> None:
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if "id" in msg:
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": {"bogus": [1, 2]}}) + "\n")
+            sys.stdout.flush()
+
+
+def http_server(port: int, token: str = "") -> tuple[threading.Thread, object]:
+    """The good server on 127.0.0.1:``port``/mcp in a daemon thread; requests without
+    ``Authorization: Bearer token`` (when given) get 401. Returns (thread, uvicorn server)."""
+    import uvicorn  # why: only the HTTP tests need it
+
+    app = build().streamable_http_app()
+    if token:
+        inner = app
+
+        async def app(scope, receive, send):  # noqa: F811 - the checked app wraps the server's
+            headers = dict(scope.get("headers") or [])
+            if scope["type"] == "http" and headers.get(b"authorization") != f"Bearer {token}".encode():
+                await send({"type": "http.response.start", "status": 401, "headers": []})
+                await send({"type": "http.response.body", "body": b"unauthorized"})
+                return
+            await inner(scope, receive, send)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    return thread, server
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
+    if mode == "noisy":
+        os.write(1, b"Starting server v1.0...\n{not json either\n")
+    {"stdio": lambda: build().run(), "noisy": lambda: build().run(), "silent": silent, "liar": liar}[mode]()
