@@ -195,7 +195,7 @@ class BuiltinTools:
     (None: ask the machine); ``allow_private``: let fetch_url reach this machine and private
     networks (tests, a local docs server)."""
 
-    name = "builtin"
+    name = source = "builtin"
 
     def __init__(self, enabled: Iterable[str] = (), *, folders: Iterable[str | Path] = (),
                  timezone: str | None = None, network: bool | None = None, allow_private: bool = False,

@@ -178,6 +178,7 @@ class McpServer:
         self._stop: asyncio.Event | None = None
         self._starting: asyncio.Future | None = None
         self._names: dict[str, str] = {}  # our tool name -> the server's
+        self._listed: list[Tool] = []
         self.stats = StdioStats()
         self.http_status = 0  # the last HTTP error status the server answered (the SDK hides it)
         self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") \
@@ -199,8 +200,13 @@ class McpServer:
         """The server's tools with their schemas, under names OpenAI accepts."""
         return self._run(self._list_tools, self._budget(timeout), cancel, "listing tools")
 
+    def cached_tools(self) -> list[Tool]:
+        """The tools of the last listing, without any I/O (safe on the UI thread)."""
+        return list(self._listed)
+
     def tools(self) -> list[Tool]:
-        """:meth:`list_tools`, or none when the server cannot be reached (``error`` says why)."""
+        """:meth:`list_tools`, or none when the server cannot be reached (``error`` says why).
+        It may start the server: not on the UI thread (see :meth:`cached_tools`)."""
         try:
             return self.list_tools()
         except McpError:
@@ -446,7 +452,7 @@ class McpServer:
         if self.stats.garbage_lines:
             notes.append(f"MCP server '{self.name}' wrote {self.stats.garbage_lines} lines on stdout that are not "
                          f"MCP messages (the last: {self.stats.last_garbage[:80]!r}); they were skipped")
-        self._names, self.notes = names, notes
+        self._names, self.notes, self._listed = names, notes, tools
         return tools
 
     async def _call(self, remote: str, arguments: dict) -> tuple[str, bool]:

@@ -48,6 +48,7 @@ def call(provider, tool, timeout=10.0, cancel=None, **args):
 
 def test_tools_are_listed_with_their_schemas_under_valid_names(server):
     tools = {t.name: t for t in server.list_tools()}
+    assert [t.name for t in server.cached_tools()] == list(tools)
     assert {"add", "text_echo", "env", "hang", "die", "big"} <= set(tools)  # 'text.echo' made valid
     assert tools["add"].parameters["required"] == ["a", "b"] and tools["add"].source == "mcp:local"
     assert tools["add"].description == "Add two whole numbers."
