@@ -11,6 +11,9 @@ A fresh chat (not stored yet) keeps its choice here until its first message stor
 """
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
+
 from PySide6.QtCore import QObject, Signal
 
 from core.history.records import HistoryError
@@ -19,6 +22,13 @@ from core.tools.spec import Tool, ToolProvider
 from gui.chat.conversation import ConversationModel
 
 BUILTIN = "builtin"
+
+
+def _listed(provider: ToolProvider) -> list[Tool]:
+    try:
+        return list(provider.tools())
+    except Exception:  # noqa: BLE001 — a provider that cannot list offers nothing (its status says why)
+        return []
 
 
 def switch_key(tool: Tool) -> str:
@@ -39,28 +49,35 @@ class ChatTools(QObject):
         super().__init__(parent)
         self.conversation = conversation
         self.providers: dict[str, ToolProvider] = {}
+        self._listed: dict[str, list[Tool]] = {}  # by source, as last listed
         self._fresh: dict = {"enabled": [], "always": []}  # a chat not stored yet
         self._conv = conversation.conv_id
         conversation.currentChanged.connect(self._on_current)
 
-    def set_providers(self, providers: dict[str, ToolProvider]) -> None:
-        """Replace the providers by source (MCP servers were added, removed, reconnected)."""
+    def set_providers(self, providers: dict[str, ToolProvider], listed: dict[str, list[Tool]] | None = None) -> None:
+        """Replace the providers by source, with the tools each listed (listing an MCP server
+        is I/O: the caller lists them off the UI thread, see :meth:`refresh`; without
+        ``listed`` each provider is asked here, for providers that answer at once)."""
         self.providers = dict(providers)
+        if listed is None:
+            listed = {source: _listed(p) for source, p in self.providers.items()}
+        self._listed = {source: [t if t.source == source else replace(t, source=source) for t in tools]
+                        for source, tools in listed.items() if source in self.providers}
         self.changed.emit()
+
+    async def refresh(self) -> None:
+        """List every provider's tools again, off the UI thread."""
+        providers = dict(self.providers)
+        listed = {source: await asyncio.to_thread(_listed, p) for source, p in providers.items()}
+        if providers == self.providers:  # not replaced meanwhile
+            self.set_providers(providers, listed)
 
     def provider(self, source: str) -> ToolProvider | None:
         return self.providers.get(source)
 
     def available(self) -> list[Tool]:
-        """Every tool of every provider (a provider that cannot list its tools has none)."""
-        out: list[Tool] = []
-        for source, p in self.providers.items():
-            try:
-                out += [t if t.source == source else Tool(t.name, t.description, t.parameters, source)
-                        for t in p.tools()]
-            except Exception:  # noqa: BLE001 — a failed server's tools are just not offered
-                continue
-        return out
+        """Every tool the providers listed (a provider that could not list has none)."""
+        return [t for tools in self._listed.values() for t in tools]
 
     # ------------------------------------------------------------------ a chat's choice
 
@@ -109,9 +126,14 @@ class ChatTools(QObject):
         self.changed.emit()
 
     def tools(self) -> list[Tool]:
-        """The tools the open chat offers the model now."""
+        """The tools the open chat offers the model now (a name two providers share: the
+        first one's, so the model never sees two tools of one name)."""
         on = self.enabled()
-        return [t for t in self.available() if switch_key(t) in on] if on else []
+        out: dict[str, Tool] = {}
+        for t in self.available() if on else []:
+            if switch_key(t) in on:
+                out.setdefault(t.name, t)
+        return list(out.values())
 
     def always(self, conv_id: int | None) -> set[str]:
         return {str(n) for n in self._prefs(conv_id).get("always") or []}

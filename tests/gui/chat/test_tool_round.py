@@ -240,3 +240,21 @@ def test_the_loop_guard_stops_after_max_rounds_and_says_so(loop, setup):
         parent = conv.leaf_id()
     assert len(seen["continueWith"]) == 2 and len(weather.calls) == 2
     assert "2 rounds" in seen["notice"][-1] and conv.path()[-1].text.startswith("Not run")
+
+
+def test_refresh_lists_the_providers_off_the_ui_thread(loop, setup):
+    conv, tools, rnd, weather, seen = setup
+    where = []
+
+    class Listing(Provider):
+        def tools(self):
+            where.append(threading.current_thread().name)
+            return [WEATHER]
+
+    slow = Listing("weather", [], weather_answer)
+    tools.set_providers({"mcp:weather": slow}, listed={"mcp:weather": []})
+    tools.set_enabled("mcp:weather", True)
+    assert tools.tools() == [] and where == []  # nothing listed on the UI thread
+    run(loop, tools.refresh())
+    assert [t.name for t in tools.tools()] == ["get_weather"]
+    assert where and where[0] != threading.main_thread().name
