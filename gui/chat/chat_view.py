@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWi
 
 from gui.chat.message import MessageWidget
 from gui.chat.tool_views import ToolCard, message_widget
+from gui.widgets.tool_odds import tool_note
 
 class ChatView(QScrollArea):
     """The transcript (objectName ``transcript``).
@@ -234,6 +235,7 @@ class ChatView(QScrollArea):
             n = len(w.token_run.tokens)
             self.inspector.show_token(msg_id, index, rec, w.token_settings_label(),
                                       title=f"Reply · token {index + 1} of {n}")
+            self.inspector.set_tool_odds(tool_note(w.message, index, rec.top))
         if pin:
             if self.pinned is not None and self.pinned[0] != msg_id:
                 old = self.widget_for(self.pinned[0])

@@ -108,7 +108,8 @@ class ConversationModel(QObject):
                 "stop_reason": m.stop_reason, "seed": m.seed, "version": version,
                 "settings": m.settings or {}, "error": (m.meta or {}).get("error"),
                 "incomplete": (m.meta or {}).get("incomplete"), "tool_calls": m.tool_calls or [],
-                "tool_result": m.tool_result, **self._documents_view(m)}
+                "tool_result": m.tool_result, "tools_offered": (m.meta or {}).get("tools") or [],
+                **self._documents_view(m)}
 
     def _documents_view(self, m: Message) -> dict:
         """A grounded question's chips; the source numbers its reply can link ([n])."""

@@ -116,6 +116,13 @@ class TokenInspector(QFrame):
         self.summary.setWordWrap(True)
         self.summary.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.table = self._table()
+        # A reply offered tools: at its first token, calling vs. answering; at a tool's name,
+        # which tools the alternatives begin (gui.widgets.tool_odds).
+        self.tool_odds = QLabel()
+        self.tool_odds.setObjectName("inspectorToolOdds")
+        self.tool_odds.setWordWrap(True)
+        self.tool_odds.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.tool_odds.hide()
         self.note = QLabel()
         self.note.setObjectName("inspectorNote")
         self.note.setWordWrap(True)
@@ -129,6 +136,7 @@ class TokenInspector(QFrame):
         self.table.cellDoubleClicked.connect(lambda r, c: self._act(self.branchRequested))
         lay.addWidget(self.title)
         lay.addWidget(self.summary)
+        lay.addWidget(self.tool_odds)
         lay.addWidget(self.table, 1)
         lay.addWidget(self.actions)
         lay.addWidget(self.note)
@@ -236,6 +244,7 @@ class TokenInspector(QFrame):
         self.summary.setText("Hover or click a generated token to see how likely it was "
                              "and what else the model considered.")
         self.note.setText("")
+        self.set_tool_odds("")
 
     def show_token(self, lane: int, index: int, rec, lane_label: str = "", *, title: str | None = None) -> None:
         """Show token ``index`` of ``lane``; ``rec`` has token_id, piece, logprob, top.
@@ -244,6 +253,7 @@ class TokenInspector(QFrame):
         the message id as ``lane``).
         """
         self.current = (lane, index)
+        self.set_tool_odds("")
         p = math.exp(rec.logprob)
         self.title.setText(title or f"Lane {lane + 1} · token {index + 1}")
         self.summary.setText(
@@ -294,6 +304,11 @@ class TokenInspector(QFrame):
                               + (" Pick a row to branch the reply there." if self.can_branch else "")
                               + (" constraint (struck out): removed by the output format's JSON schema, "
                                  "regex or grammar." if any(r["constrained"] for r in self.rows) else ""))
+
+    def set_tool_odds(self, text: str) -> None:
+        """What the shown token says about tool calls (HTML; "" hides the line)."""
+        self.tool_odds.setText(text)
+        self.tool_odds.setVisible(bool(text))
 
     def shown_values(self) -> list[tuple[str, str, str]]:
         """The table's text, row by row (what a user reads)."""
