@@ -6,6 +6,7 @@ import sys
 from dataclasses import replace
 
 from core.cli.backends import check_remote_opts, connect, engine_for, load_model, prompt_ids, remote_stream
+from core.cli.documents import grounded_prompt, say_grounding
 from core.cli.common import beams_json, check_bias, constraint_from_args, ended_in_error, logit_bias_ids
 from core.engine.events import Done, Token
 from core.engine.settings import SamplingParams
@@ -34,12 +35,14 @@ def cmd_generate(args) -> int:
         if params.num_beams > 1:
             raise SettingsError("--num-beams needs a local model: OpenAI-compatible servers do not run beam search")
         remote, load_s = connect(args.server, args, args.remote_model)
+        _ground(args, extra)
         events = remote_stream(remote, args, params, meta=meta)
         extra = {"model": remote.model, "server": remote.shown}
     else:
         if args.model is None:
             raise SettingsError("give a MODEL (a folder or .gguf file) or --server URL")
         loaded, load_s = load_model(args)
+        _ground(args, extra, loaded.tokenizer, loaded.args.max_seq_len)
         ids, strip = prompt_ids(loaded, args)
         if args.logit_bias:
             params = replace(params, logit_bias=logit_bias_ids(args, loaded.tokenizer)).validate()
@@ -57,6 +60,19 @@ def cmd_generate(args) -> int:
     else:
         sys.stdout.write("\n")
     return ended_in_error([done])
+
+
+def _ground(args, extra: dict, tokenizer=None, context: int | None = None) -> None:
+    """--attach/--collection: the prompt becomes the grounded one (its sources on stderr,
+    or in the JSON object's "documents")."""
+    g = grounded_prompt(args, tokenizer, context)
+    if g is None:
+        return
+    args.prompt = g.prompt
+    if args.json:
+        extra["documents"] = g.to_meta()
+    else:
+        say_grounding(g)
 
 
 def _print_json(done: Done, params: SamplingParams, meta: dict, load_s: float, extra: dict) -> None:

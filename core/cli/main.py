@@ -1,4 +1,4 @@
-"""Command line: ``python -m core generate|compare|serve|tokenize|info|convert|pull|models|cache``.
+"""Command line: ``python -m core generate|compare|serve|tokenize|info|convert|pull|models|cache|documents``.
 
 This module builds the parser and dispatches; each command family lives in its own module
 (generate, compare, serve, info, convert, library), the options several share in
@@ -18,6 +18,7 @@ import torch
 from core.checkpoints.gguf_write import GGUF_TYPES
 from core.cli.common import (BACKEND_KEYS, CHAT_FORMATS, add_bias_opts, add_constraint_opts,
                              add_model_opts, add_prompt_opts, add_sampling_opts, add_server_opts, add_spec_opts)
+from core.cli.documents import add_document_opts, documents_parser
 from core.engine.lanes import LANE_SPEC_KEYS
 from core.errors import LlamaDeskError, SettingsError
 from core.tokenizer.base import valid_text
@@ -27,7 +28,7 @@ COMMANDS = {"generate": ("core.cli.generate", "cmd_generate"), "compare": ("core
             "serve": ("core.cli.serve", "cmd_serve"), "tokenize": ("core.cli.info", "cmd_tokenize"),
             "info": ("core.cli.info", "cmd_info"), "pull": ("core.cli.library", "cmd_pull"),
             "models": ("core.cli.library", "cmd_models"), "convert": ("core.cli.convert", "cmd_convert"),
-            "cache": ("core.cli.cache", "cmd_cache")}
+            "cache": ("core.cli.cache", "cmd_cache"), "documents": ("core.cli.documents", "cmd_documents")}
 
 
 class UsageError(LlamaDeskError):
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     _inspect_parsers(sub)
     _convert_parser(sub)
     _library_parsers(sub)
+    documents_parser(sub)
     return ap
 
 
@@ -61,6 +63,7 @@ def _generate_parser(sub) -> None:
     add_spec_opts(g)
     add_constraint_opts(g)
     add_model_opts(g)
+    add_document_opts(g)
 
 
 def _compare_parser(sub) -> None:
