@@ -1,4 +1,4 @@
-"""Command line: ``python -m core generate|compare|serve|tokenize|info|convert|pull|models|cache|documents``.
+"""Command line: ``python -m core generate|compare|serve|tokenize|info|convert|pull|models|cache|documents|tools``.
 
 This module builds the parser and dispatches; each command family lives in its own module
 (generate, compare, serve, info, convert, library), the options several share in
@@ -19,6 +19,7 @@ from core.checkpoints.gguf_write import GGUF_TYPES
 from core.cli.common import (BACKEND_KEYS, CHAT_FORMATS, add_bias_opts, add_constraint_opts,
                              add_model_opts, add_prompt_opts, add_sampling_opts, add_server_opts, add_spec_opts)
 from core.cli.documents import add_document_opts, documents_parser
+from core.cli.tool_opts import add_tools_parser
 from core.engine.lanes import LANE_SPEC_KEYS
 from core.errors import LlamaDeskError, SettingsError
 from core.tokenizer.base import valid_text
@@ -28,7 +29,8 @@ COMMANDS = {"generate": ("core.cli.generate", "cmd_generate"), "compare": ("core
             "serve": ("core.cli.serve", "cmd_serve"), "tokenize": ("core.cli.info", "cmd_tokenize"),
             "info": ("core.cli.info", "cmd_info"), "pull": ("core.cli.library", "cmd_pull"),
             "models": ("core.cli.library", "cmd_models"), "convert": ("core.cli.convert", "cmd_convert"),
-            "cache": ("core.cli.cache", "cmd_cache"), "documents": ("core.cli.documents", "cmd_documents")}
+            "cache": ("core.cli.cache", "cmd_cache"), "documents": ("core.cli.documents", "cmd_documents"),
+            "tools": ("core.cli.tools", "cmd_tools")}
 
 
 class UsageError(LlamaDeskError):
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     _convert_parser(sub)
     _library_parsers(sub)
     documents_parser(sub)
+    add_tools_parser(sub)
     return ap
 
 

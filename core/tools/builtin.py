@@ -96,6 +96,8 @@ def calculate(expression: str) -> int | float:
         raise CalcError("the expression is too long")
     try:
         value = _eval(tree.body)
+    except CalcError:
+        raise
     except ZeroDivisionError:
         raise CalcError("division by zero") from None
     except OverflowError:
@@ -123,6 +125,8 @@ def _eval(node: ast.AST):
             and not node.keywords and len(node.args) <= 8:
         return _FUNCTIONS[node.func.id](*(_eval(a) for a in node.args))
     what = node.id if isinstance(node, ast.Name) else type(node).__name__
+    if isinstance(node, ast.Call):
+        what = node.func.id if isinstance(node.func, ast.Name) else "calls of that kind"
     raise CalcError(f"the calculator does not know {what!r}; it takes numbers, + - * / // % ^, "
                     f"parentheses, pi, e and {', '.join(sorted(_FUNCTIONS))}")
 

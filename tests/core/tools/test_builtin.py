@@ -27,7 +27,7 @@ def test_the_calculator_computes(expr, value):
 
 
 @pytest.mark.parametrize("expr, words", [
-    ("__import__('os').system('echo hi')", "does not know"), ("open('/etc/passwd')", "does not know"),
+    ("__import__('os').system('echo hi')", "does not know"), ("open('/etc/passwd')", "does not know 'open'"),
     ("(1).__class__", "does not know"), ("'a' * 3", "does not know"), ("[1, 2]", "does not know"),
     ("x + 1", "does not know 'x'"), ("lambda: 1", "does not know"), ("9**9**9", "too large"),
     ("2^100000", "too large"), ("factorial(100000)", "factorial takes"), ("1/0", "division by zero"),

@@ -1,0 +1,68 @@
+"""``python -m core tools list|call``: a user checks an MCP configuration from the terminal."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.core.cli.helpers import run_cli
+
+SCRIPT = str(Path(__file__).parents[1] / "tools" / "mcp_servers.py")
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {
+        "local": {"command": sys.executable, "args": [SCRIPT]},
+        "ghost": {"command": "no-such-mcp-server-xyz"},
+        "off": {"command": "whatever", "disabled": True}}}))
+    return path
+
+
+def test_list_starts_each_enabled_server_and_says_which_failed(capsys, config):
+    rc, out, err = run_cli(capsys, "tools", "list", "--mcp", config, "--builtin", "calculator", "--prompts", "--json")
+    got = json.loads(out)
+    by_source = {p["source"]: p for p in got["providers"]}
+    assert set(by_source) == {"mcp:local", "mcp:ghost", "builtin"}  # the disabled server is not started
+    assert by_source["mcp:local"]["status"] == "ready" and "add" in by_source["mcp:local"]["tools"]
+    assert by_source["mcp:local"]["prompts"][0]["name"] == "review"
+    assert by_source["mcp:ghost"]["error"].startswith("MCP server 'ghost' did not start: no program")
+    add = next(t for t in got["tools"] if t["function"]["name"] == "add")
+    assert add["source"] == "mcp:local" and add["function"]["parameters"]["required"] == ["a", "b"]
+    assert rc == 1 and err.strip().splitlines() == [f"error: {by_source['mcp:ghost']['error']}"]
+
+
+def test_call_runs_one_tool_of_one_server(capsys, config):
+    rc, out, err = run_cli(capsys, "tools", "call", "add", '{"a": 2, "b": 40}', "--mcp", config, "--server", "local",
+                           "--json")
+    assert rc == 0 and json.loads(out)["content"] == "42" and json.loads(out)["provider"] == "mcp:local"
+
+
+def test_builtin_tools_without_a_config(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMADESK_CONFIG_DIR", str(tmp_path))
+    assert run_cli(capsys, "tools", "call", "calculator", '{"expression": "2^64"}', "--builtin", "calculator") == (
+        0, "18446744073709551616\n", "")
+    rc, out, err = run_cli(capsys, "tools", "call", "calculator", '{"expression": "open(1)"}', "--builtin", "calculator")
+    assert rc == 1 and err.startswith("error: the calculator does not know 'open'")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["call", "calculator", "{bad", "--builtin", "calculator"], "ARGS_JSON is not valid JSON"),
+    (["call", "calculator", "[1]", "--builtin", "calculator"], "ARGS_JSON must be a JSON object"),
+    (["call", "invented", "--builtin", "calculator"], "no tool named 'invented' (the tools: calculator)"),
+    (["list", "--builtin", "shell"], "invalid choice: 'shell'"),
+    (["list", "--mcp", "{missing}"], "--mcp: no file"),
+    (["list", "--mcp", "{config}", "--server", "nope"], "--server nope: {config} has no such server"),
+    (["list", "--mcp", "{broken}"], "not valid JSON"),
+    (["list", "--mcp", "{badfield}"], "server 's': 'args' must be a list"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, config, tmp_path, argv, words):
+    (tmp_path / "broken.json").write_text("{")
+    (tmp_path / "badfield.json").write_text('{"mcpServers": {"s": {"command": "x", "args": "y"}}}')
+    names = {"config": config, "missing": tmp_path / "missing.json", "broken": tmp_path / "broken.json",
+             "badfield": tmp_path / "badfield.json"}
+    rc, out, err = run_cli(capsys, "tools", *[str(names[a[1:-1]]) if a[1:-1] in names else a for a in argv])
+    assert (rc, out) == (2, "") and len(err.splitlines()) == 1 and words.replace("{config}", str(config)) in err
