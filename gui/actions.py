@@ -55,8 +55,8 @@ class Separator:
     menu: str
 
 
-MENUS = ("&File", "&Edit", "&Chat", "&Model", "&View")
-FILE, EDIT, CHAT, MODEL, VIEW = MENUS
+MENUS = ("&File", "&Edit", "&Chat", "&Documents", "&Model", "&View")
+FILE, EDIT, CHAT, DOCS, MODEL, VIEW = MENUS
 
 RECORD_PROBS_TIP = "Keep each token's probability and alternatives with new replies, for the token inspector"
 
@@ -82,6 +82,11 @@ ACTIONS: tuple[Action | Submenu | Separator, ...] = (
     Separator(CHAT),
     Action("rename", "Re&name Chat", "sidebar.rename_current", CHAT, ("F2",)),
     Action("delete_chat", "&Delete Chat", "delete_current", CHAT, icon="delete"),
+
+    Action("attach", "&Attach Files…", "column.attach_bar.choose", DOCS, icon="attach", object_name="attachAction",
+           tip="Attach files to the next message (or drop them on the chat, or paste them)"),
+    Action("collections", "&Collections…", "column.attach_bar.manage", DOCS, object_name="collectionsAction",
+           tip="Folders indexed once and kept current, to search from a message"),
 
     Action("library", "&Library…", "open_library", MODEL, object_name="libraryAction",
            tip="Models on this machine, the Hugging Face Hub, downloads"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
 
+from gui.chat.attach_bar import AttachBar, FileDrops
 from gui.chat.chat_view import ChatView
 from gui.chat.prompt_editor import PromptEditor
 from gui.chat.sources_panel import SourcesPanel
@@ -64,8 +65,16 @@ class ChatColumn(QWidget):
                                       action_tip="Ask the server for this reply again "
                                                  "(the partial reply stays as a version)")
         lay.addWidget(self.reply_notice)
+        # Files for the next message: Attach, chips, and files dropped anywhere on the chat.
+        self.attach_bar = AttachBar()
+        lay.addWidget(self.attach_bar)
         self.prompt = PromptEditor()
         lay.addWidget(self.prompt)
+        self.drops = FileDrops(self)
+        self.setAcceptDrops(True)
+        self.installEventFilter(self.drops)
+        self.drops.dropped.connect(self.attach_bar.add)
+        self.prompt.filesGiven.connect(self.attach_bar.add)
 
     def resizeEvent(self, event) -> None:  # noqa: N802 (Qt API)
         super().resizeEvent(event)
@@ -88,6 +97,7 @@ class ChatColumn(QWidget):
         self.prompt.editor.textChanged.connect(lambda: chats.draft_changed(self.prompt.text()))
         self.chat.actionRequested.connect(chats.message_action)
         self.chat.branchRequested.connect(chats.branch)
+        self.attach_bar.attach(chats.attachments, chats.collections)
         src = chats.sources
         self.chat.sourcesRequested.connect(
             lambda kind, mid, arg: src.open_citation(mid, int(arg)) if kind == "cite" else src.where_from(mid, arg))

@@ -13,6 +13,7 @@ import asyncio
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from core.documents import DocumentError
 from core.engine.constraint import syntax_error
 from core.history.records import HistoryError, Message
 from core.history.store import History
@@ -21,12 +22,14 @@ from core.worker.protocol import GenerateRequest
 
 from gui.bridge import BridgeError
 
+from gui.chat.attachments import Attachments
 from gui.chat.chat_tools import ChatTools
 from gui.chat.checks import draft_problem
 from gui.chat.conversation import ConversationModel
 from gui.chat.reply import ReplyController
 from gui.chat.sources import SourcesController
 from gui.chat.tool_round import ToolRound
+from gui.dialogs.collections import CollectionsController
 
 INSPECT_TOP = 5  # alternatives recorded per token of a chat reply (the worker's ``inspect``)
 COUNT_DELAY_MS = 400  # a long message is counted once typing pauses
@@ -89,6 +92,9 @@ class ConversationController(QObject):
         self.models = models
         self.conversation = ConversationModel(history=history, parent=self)
         self.reply = ReplyController(bridge=bridge, conversation=self.conversation, settings=settings, parent=self)
+        self.attachments = Attachments(index_path=history.path, parent=self)
+        self._grounding: asyncio.Task | None = None
+        self.collections = CollectionsController(lambda: self.attachments.index, parent=self)
         self.sources = SourcesController(bridge=bridge, conversation=self.conversation, settings=settings,
                                          models=models, parent=self)
         # Tools (issue 25): what the open chat offers each reply, and the calls a reply makes.
@@ -246,7 +252,32 @@ class ConversationController(QObject):
         if reason:
             self.problemChanged.emit(reason)
             return False
+        if self.attachments.pending and text.strip():
+            return self._send_grounded(text, editing)
         return self._prepare() and self.reply.send(text, editing=editing)
+
+    def _send_grounded(self, text: str, editing: int | None) -> bool:
+        """Send ``text`` grounded in what is attached, once it is read (on a thread; the
+        editor is free meanwhile). A failure hands the text back and says why."""
+        if (self._grounding is not None and not self._grounding.done()) or self.busy or not self._prepare():
+            return False
+
+        async def run() -> None:
+            self.status.emit("Reading the attached documents…", 0)
+            try:
+                meta = await self.attachments.ground(text, self.reply.context_length)
+            except DocumentError as e:
+                self.status.emit("", 1)
+                self.attachments.notice.emit(str(e))
+                self.handBack.emit(text, editing)
+                return
+            self.status.emit("", 1)
+            if self.reply.send(text, editing=editing, meta=meta):
+                self.attachments.clear()
+            else:
+                self.handBack.emit(text, editing)
+        self._grounding = asyncio.ensure_future(run())
+        return True
 
     def regenerate(self, msg_id: int | None = None) -> bool:
         """A new version of a reply (default: the last one); the old versions stay."""
@@ -295,9 +326,10 @@ class ConversationController(QObject):
             self.reply.stop()
 
     def close(self) -> None:
-        """The window is closing: save what streamed and stop."""
+        """The window is closing: save what streamed and stop (indexing too)."""
         self.tool_round.stop()
         self.reply.abandon()
+        self.collections.close()
 
     # ---- messages
     def message_action(self, name: str, msg_id: int) -> None:

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
                                QWidget)
 
 from gui import theme
+from gui.chat.attach_bar import local_files
 
 HINT = "Ctrl+Enter to send · Enter for a new line · Esc to stop"
 
@@ -21,6 +22,17 @@ class _Editor(QPlainTextEdit):
 
     submit = Signal()
     escape = Signal()
+    filesGiven = Signal(list)  # local files pasted or dropped: attached, not typed as text
+
+    def canInsertFromMimeData(self, source) -> bool:  # noqa: N802 (Qt API)
+        return bool(local_files(source)) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source) -> None:  # noqa: N802 (Qt API)
+        files = local_files(source)
+        if files:
+            self.filesGiven.emit(files)
+        else:
+            super().insertFromMimeData(source)
 
     def keyPressEvent(self, e):
         if e.key() in (Qt.Key_Return, Qt.Key_Enter) and e.modifiers() & (Qt.ControlModifier | Qt.MetaModifier):
@@ -38,6 +50,7 @@ class PromptEditor(QWidget):
     Signals:
         sendRequested(str): the user asked to send this text (only when sending is allowed).
         stopRequested(): the user asked to stop the running reply (Esc or Stop).
+        filesGiven(list): local files pasted or dropped into the box (to attach).
     """
 
     sendRequested = Signal(str)
@@ -70,6 +83,7 @@ class PromptEditor(QWidget):
         self.editor.setFixedHeight(int(lines * 4 + 16))  # four lines; it scrolls beyond that
         self.editor.submit.connect(self.submit)
         self.editor.escape.connect(self._escape)
+        self.filesGiven = self.editor.filesGiven
         self.editor.textChanged.connect(self._refresh)
         row.addWidget(self.editor, 1)
 

@@ -137,9 +137,9 @@ class ReplyController(QObject):
 
     # ------------------------------------------------------------------ starting
 
-    def send(self, text: str, *, editing: int | None = None) -> bool:
+    def send(self, text: str, *, editing: int | None = None, meta: dict | None = None) -> bool:
         """A new user turn (or the resend of edited message ``editing``, beside the old
-        one) and its reply. False when nothing was started (nothing is stored then)."""
+        one; ``meta``: its documents) and its reply. False when nothing was started."""
         if self.busy or not text.strip():
             return False
         params = self._params()
@@ -148,9 +148,10 @@ class ReplyController(QObject):
         before = self.conversation.leaf_id()
         try:
             if editing is not None:
-                user = self.conversation.add_user(text, parent_id=self.conversation.message(editing).parent_id)
+                user = self.conversation.add_user(text, parent_id=self.conversation.message(editing).parent_id,
+                                                  meta=meta)
             else:
-                user = self.conversation.add_user(text)
+                user = self.conversation.add_user(text, meta=meta)
         except HistoryError as e:
             self.saveFailed.emit(f"Could not save the message, so it was not sent: {e}")
             return False

@@ -1,0 +1,149 @@
+"""What the next message is grounded in: attached files and chosen collections (no widgets).
+
+Files are read and indexed in the background as soon as they are attached (a thread per
+file; the documents index is shared and locks itself), so a file that cannot be read
+(encrypted, binary, too big, a PDF bomb) says why on its chip at once, and sending only
+retrieves. Sending grounds the question in a background thread too
+(:func:`core.documents.ground`): the UI never waits on a document.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, Signal
+
+from core.documents import DocumentError, DocumentIndex, default_budget, ground, kind_of
+
+from gui.chat import grounded
+
+
+@dataclass
+class Attached:
+    """One attached file: ``state`` reading | ready | failed, with what to say on its chip."""
+    path: str
+    state: str = "reading"
+    detail: str = ""
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path.rstrip("/\\")) or self.path
+
+
+class Attachments(QObject):
+    """The files and collections the next message is sent with.
+
+    Args:
+        index_path: the history store the documents index lives in (":memory:" in tests).
+
+    Attributes:
+        files: the attached files, in the order attached.
+        collections: roots of the collections to search.
+        mode: retrieval mode (bm25 | dense | hybrid) and ``k``: most passages (None: as many
+            as fit); ``budget``: documents budget in tokens (None: half the context).
+
+    Signals:
+        changed(): files or collections changed (a chip's state too).
+        notice(str): a path that cannot be attached, and why.
+    """
+
+    changed = Signal()
+    notice = Signal(str)
+
+    def __init__(self, *, index_path=None, parent=None):
+        super().__init__(parent)
+        self.index_path = index_path
+        self._index: DocumentIndex | None = None
+        self.files: list[Attached] = []
+        self.collections: list[str] = []
+        self.mode, self.k, self.budget = "bm25", None, None
+        self._reads: set[asyncio.Future] = set()
+
+    @property
+    def index(self) -> DocumentIndex:
+        if self._index is None:
+            self._index = DocumentIndex(self.index_path)
+        return self._index
+
+    @property
+    def pending(self) -> bool:
+        """Whether the next message is grounded (something attached or chosen)."""
+        return bool(self.files or self.collections)
+
+    def add_paths(self, paths) -> int:
+        """Attach files (a quick look only: reading happens in the background); returns how
+        many were added. A folder, a missing path or a kind this app does not read is
+        refused with a notice."""
+        added, refused = 0, []
+        for p in paths:
+            p = os.fspath(p)
+            name = os.path.basename(p.rstrip("/\\")) or p
+            if os.path.isdir(p):
+                refused.append(f"{name} is a folder: add it as a collection (Documents → Collections…)")
+            elif not os.path.isfile(p):
+                refused.append(f"{name} is not there (moved, or on a drive that is not connected)")
+            elif kind_of(p) is None:
+                refused.append(f"{name} is not a document this app reads (text, Markdown, source code, "
+                               "PDF, .docx, HTML)")
+            elif any(a.path == p for a in self.files):
+                continue
+            else:
+                self.files.append(Attached(p))
+                self._read(self.files[-1])
+                added += 1
+        if refused:
+            self.notice.emit("; ".join(refused))
+        if added:
+            self.changed.emit()
+        return added
+
+    def _read(self, item: Attached) -> None:
+        """Index ``item`` on a thread; its chip then says how many passages or why not."""
+        async def read() -> None:
+            try:
+                blob, _doc = await asyncio.to_thread(self.index.attach, item.path)
+                item.state, item.detail = "ready", f"{blob.chunks} passage{'s' if blob.chunks != 1 else ''}"
+            except DocumentError as e:
+                item.state, item.detail = "failed", e.reason if hasattr(e, "reason") else str(e)
+            except (OSError, MemoryError) as e:
+                item.state, item.detail = "failed", f"could not be read ({type(e).__name__})"
+            self.changed.emit()
+        fut = asyncio.ensure_future(read())
+        self._reads.add(fut)
+        fut.add_done_callback(self._reads.discard)
+
+    def remove(self, path: str) -> None:
+        n = len(self.files) + len(self.collections)
+        self.files = [a for a in self.files if a.path != path]
+        self.collections = [c for c in self.collections if c != path]
+        if len(self.files) + len(self.collections) != n:
+            self.changed.emit()
+
+    def set_collections(self, roots) -> None:
+        self.collections = list(dict.fromkeys(os.fspath(r) for r in roots))
+        self.changed.emit()
+
+    def clear(self) -> None:
+        """After a send: the next message starts with nothing attached."""
+        if self.pending:
+            self.files, self.collections = [], []
+            self.changed.emit()
+
+    async def ground(self, question: str, context_length: int) -> dict:
+        """The documents record to store with ``question`` (:mod:`gui.chat.grounded`), the
+        grounding made on a thread. Raises DocumentError when nothing can be read."""
+        usable = [a.path for a in self.files if a.state != "failed"]
+        if not usable and not self.collections:
+            raise DocumentError("none of the attached files can be read: " +
+                                "; ".join(f"{a.name}: {a.detail}" for a in self.files))
+        budget = self.budget or default_budget(context_length or 4096)
+        g = await asyncio.to_thread(ground, question, self.index, attachments=usable,
+                                    collections=list(self.collections), budget_tokens=budget, k=self.k, mode=self.mode)
+        return {grounded.META_KEY: {"attachments": usable, "collections": list(self.collections),
+                                    "grounding": g.to_meta()}}
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
+            self._index = None

@@ -1,0 +1,118 @@
+"""Attaching files to a message: chips that say how each file was read (or why it cannot
+be), the question sent grounded in them, bad files refused inline; real files written here."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from PySide6.QtCore import QMimeData, QUrl
+
+from core.history.store import History
+from gui.chat import grounded
+from gui.chat.attachments import Attachments
+from gui.chat.column import ChatColumn
+from gui.chat.controller import ConversationController
+from tests.core.documents.conftest import write_pdf
+from tests.gui.chat.test_controller import Models, AnyBackendBridge
+from tests.gui.chat.test_reply import Settings, hello
+from tests.gui.ui_helpers import loop, run, until  # noqa: F401 (fixtures)
+
+NOTES = "# Garden\n\nThe blue watering can stands behind the shed.\n\nTomatoes need sun every day.\n"
+
+
+@pytest.fixture
+def files(tmp_path):
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "notes.md").write_text(NOTES)
+    (d / "binary.txt").write_bytes(bytes(range(256)) * 64)
+    with open(d / "huge.txt", "wb") as f:  # 2 GB, sparse: refused by its size, never read
+        f.truncate(2 << 30)
+    write_pdf(d / "locked.pdf", ["secret plans"], user_password="pw")
+    write_pdf(d / "paper.pdf", ["Photosynthesis turns light into sugar.", "Roots take up water."])
+    (d / "tool.exe").write_bytes(b"MZ")
+    return d
+
+
+@pytest.fixture
+def chats(tmp_path):
+    history = History(tmp_path / "h.sqlite3")
+    models = Models()
+    c = ConversationController(bridge=AnyBackendBridge(hello), history=history, models=models, settings=Settings())
+    models.set_model({"name": "tiny", "context_length": 2048})
+    yield c
+    c.attachments.close()
+    history.close()
+
+
+def settle(loop, a: Attachments):
+    run(loop, until(lambda: all(f.state != "reading" for f in a.files), 30, "the files to be read"))
+
+
+def test_bad_files_are_refused_or_marked_with_a_reason(loop, files, tmp_path):
+    a = Attachments(index_path=tmp_path / "h.sqlite3")
+    notices = []
+    a.notice.connect(notices.append)
+    assert a.add_paths([files / "notes.md", files / "paper.pdf", files / "binary.txt", files / "huge.txt",
+                        files / "locked.pdf"]) == 5
+    assert a.add_paths([files, files / "gone.txt", files / "tool.exe", files / "notes.md"]) == 0
+    assert "folder" in notices[-1] and "not there" in notices[-1] and "tool.exe" in notices[-1]
+    settle(loop, a)
+    state = {f.name: (f.state, f.detail) for f in a.files}
+    assert state["notes.md"][0] == "ready" and "passage" in state["notes.md"][1]
+    assert state["paper.pdf"][0] == "ready"
+    for bad, why in (("binary.txt", "binary"), ("huge.txt", "more than"), ("locked.pdf", "encrypted")):
+        assert state[bad][0] == "failed" and why in state[bad][1].lower(), state[bad]
+    a.close()
+
+
+def test_a_question_is_sent_grounded_and_shows_how_it_was_read(loop, chats, files):
+    c = chats
+    c.attachments.add_paths([files / "notes.md", files / "binary.txt"])
+    settle(loop, c.attachments)
+    assert c.send("Where is the watering can?")
+    run(loop, until(lambda: not c.busy and c.conversation.path() and len(c.conversation.path()) == 2, 20, "reply"))
+    sent = c.reply.bridge.requests[-1].messages[-1]["content"]
+    assert "behind the shed" in sent and "Question: Where is the watering can?" in sent
+    user = c.conversation.path()[0]
+    assert user.text == "Where is the watering can?"
+    rec = grounded.documents_of(user.meta)
+    assert rec["attachments"] == [str(files / "notes.md")]  # the unreadable file is left out
+    views = c.conversation.view_messages()
+    assert views[0]["documents"] == ["notes.md", "read in full"]
+    assert not c.attachments.pending  # the next message starts with nothing attached
+
+
+def test_nothing_readable_hands_the_text_back_with_the_reason(loop, chats, files):
+    c = chats
+    back, notices = [], []
+    c.handBack.connect(lambda text, editing: back.append(text))
+    c.attachments.notice.connect(notices.append)
+    c.attachments.add_paths([files / "locked.pdf"])
+    settle(loop, c.attachments)
+    assert c.send("What are the plans?")
+    run(loop, until(lambda: back, 10, "the text handed back"))
+    assert back == ["What are the plans?"] and "encrypted" in notices[-1]
+    assert c.conversation.path() == [] and c.attachments.pending  # nothing stored; still attached
+
+
+def test_column_attaches_pasted_files_and_shows_chips(loop, chats, files, qtbot):
+    col = ChatColumn()
+    qtbot.addWidget(col)
+    col.attach(chats)
+    col.resize(760, 520)
+    col.show()
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(files / "paper.pdf")), QUrl.fromLocalFile(str(files / "locked.pdf"))])
+    col.prompt.editor.insertFromMimeData(mime)  # what Ctrl+V of copied files does
+    assert col.prompt.text() == "" and len(chats.attachments.files) == 2
+    settle(loop, chats.attachments)
+    text = col.attach_bar.chips.text()
+    assert "paper.pdf" in text and "passage" in text and "encrypted" in text.lower()
+    col.attach_bar.chips.linkActivated.emit("rm:1")  # the locked file's ✕
+    assert [f.name for f in chats.attachments.files] == ["paper.pdf"]
+    plain = QMimeData()
+    plain.setText("just text")
+    col.prompt.editor.insertFromMimeData(plain)
+    assert col.prompt.text() == "just text"
+    col.grab().save("/tmp/docsgui-attach.png")
