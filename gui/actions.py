@@ -83,9 +83,9 @@ ACTIONS: tuple[Action | Submenu | Separator, ...] = (
     Action("rename", "Re&name Chat", "sidebar.rename_current", CHAT, ("F2",)),
     Action("delete_chat", "&Delete Chat", "delete_current", CHAT, icon="delete"),
 
-    Action("attach", "&Attach Files…", "column.attach_bar.choose", DOCS, icon="attach", object_name="attachAction",
+    Action("attach", "&Attach Files…", "attach_bar.choose", DOCS, icon="attach", object_name="attachAction",
            tip="Attach files to the next message (or drop them on the chat, or paste them)"),
-    Action("collections", "&Collections…", "column.attach_bar.manage", DOCS, object_name="collectionsAction",
+    Action("collections", "&Collections…", "attach_bar.manage", DOCS, object_name="collectionsAction",
            tip="Folders indexed once and kept current, to search from a message"),
 
     Action("library", "&Library…", "open_library", MODEL, object_name="libraryAction",

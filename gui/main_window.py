@@ -148,6 +148,7 @@ class MainWindow(QMainWindow):
         self.column = column = ChatColumn()
         column.attach(self.chats)  # the transcript and prompt show what the controller says
         self.chat, self.inspector, self.prompt = column.chat, column.inspector, column.prompt
+        self.attach_bar = column.attach_bar
         self.send_notice, self.reply_notice = column.send_notice, column.reply_notice
         if self._history_notice:
             self.chat.set_notice(self._history_notice)

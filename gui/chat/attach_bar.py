@@ -3,9 +3,12 @@ it was read, or why it cannot be), and an inline notice; plus file drops onto th
 from __future__ import annotations
 
 import html
+import os
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QMenu, QToolButton, QVBoxLayout, QWidget
+
+from core.documents import kind_of
 
 from gui import theme
 from gui.chat.attachments import Attachments
@@ -22,20 +25,29 @@ def local_files(mime) -> list[str]:
     return [u.toLocalFile() for u in mime.urls() if u.isLocalFile() and u.toLocalFile()]
 
 
+def documents_in(mime) -> list[str]:
+    """The files of a drag that are documents; a model file or folder is left to the window
+    (dropping a model opens it, gui/model_drop.py)."""
+    return [p for p in local_files(mime) if os.path.isfile(p) and kind_of(p) is not None]
+
+
 class FileDrops(QObject):
-    """Files dropped onto a widget (the transcript, the whole chat column) are attached."""
+    """Documents dropped onto a widget (the chat column) are attached; other drags go on
+    to the widget's parents (a model dropped anywhere on the window opens it)."""
 
     dropped = Signal(list)
 
     def eventFilter(self, obj, e) -> bool:  # noqa: N802 (Qt API)
-        if e.type() in (QEvent.DragEnter, QEvent.DragMove) and local_files(e.mimeData()):
-            e.acceptProposedAction()
-            return True
-        if e.type() == QEvent.Drop and local_files(e.mimeData()):
-            e.acceptProposedAction()
+        if e.type() not in (QEvent.DragEnter, QEvent.DragMove, QEvent.Drop):
+            return False
+        docs = documents_in(e.mimeData())
+        if not docs:
+            e.ignore()
+            return False
+        e.acceptProposedAction()
+        if e.type() == QEvent.Drop:
             self.dropped.emit(local_files(e.mimeData()))
-            return True
-        return False
+        return True
 
 
 class AttachBar(QWidget):
@@ -145,7 +157,7 @@ class AttachBar(QWidget):
                     f'<a href="{html.escape(key)}" style="text-decoration:none">✕</a>&nbsp;</span>')
         parts = [chip(f.name, {"reading": "reading…"}.get(f.state, f.detail), f"rm:{i}", f.state == "failed")
                  for i, f in enumerate(a.files)]
-        parts += [chip(f"🗀 {r.rstrip('/').rsplit('/', 1)[-1]}", "collection", f"rm:{len(a.files) + i}")
+        parts += [chip(r.rstrip("/").rsplit("/", 1)[-1], "collection", f"rm:{len(a.files) + i}")
                   for i, r in enumerate(a.collections)]
         self.chips.setText(" ".join(parts))
         self.chips.setToolTip("\n".join([f.path for f in a.files] + a.collections))

@@ -10,6 +10,9 @@ reads the same passages the first one did, and export/import carry it with the m
 from __future__ import annotations
 
 import re
+from dataclasses import fields
+
+from core.documents import Grounding, Source
 
 META_KEY = "documents"
 _CITE = re.compile(r"\[(\d{1,3})\]")
@@ -40,12 +43,10 @@ def summary(meta: dict | None) -> str:
     g = grounding_of(meta)
     if not g:
         return ""
-    if g.get("mode") == "full":
-        return "read in full"
-    if g.get("mode") == "none" or not g.get("used"):
-        return "no passage matched"
-    total = int(g.get("total") or 0)
-    return f"{int(g.get('used') or 0)} of {total} passage{'s' if total != 1 else ''} used"
+    try:
+        return g.get("summary") or Grounding.from_meta(g).summary
+    except (TypeError, KeyError, ValueError):  # a record from another version: say nothing wrong
+        return ""
 
 
 def chips(meta: dict | None) -> list[str]:
@@ -53,7 +54,8 @@ def chips(meta: dict | None) -> list[str]:
     rec = documents_of(meta)
     if not rec:
         return []
-    names = [_name(p) for p in rec.get("attachments") or []] + [f"🗀 {_name(p)}" for p in rec.get("collections") or []]
+    names = [_name(p) for p in rec.get("attachments") or []]
+    names += [f"{_name(p)} (collection)" for p in rec.get("collections") or []]
     s = summary(meta)
     return names + ([s] if s else [])
 
@@ -72,13 +74,12 @@ def source(grounding: dict, number: int) -> dict | None:
 
 
 def where(src: dict) -> str:
-    """'notes.md, lines 3-20' / 'paper.pdf, p. 4, lines 1-9' / 'notes.md (whole)'."""
-    name = _name(src.get("source", ""))
-    if src.get("whole"):
-        return f"{name} (whole)"
-    a, b = int(src.get("line_start") or 0), int(src.get("line_end") or 0)
-    lines = f"line {a}" if a == b else f"lines {a}-{b}"
-    return f"{name}, p. {src['page']}, {lines}" if src.get("page") is not None else f"{name}, {lines}"
+    """'notes.md, lines 3-20' / 'paper.pdf, p. 4, lines 1-9' (the source's own wording)."""
+    names = {f.name for f in fields(Source)}
+    try:
+        return Source(**{k: v for k, v in src.items() if k in names}).where()
+    except (TypeError, KeyError, ValueError):
+        return _name(src.get("source", ""))
 
 
 def cited_numbers(text: str, known: set[int]) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QMainWindow, QMenu
 
 from gui import actions
+from gui.chat.attach_bar import AttachBar
 from gui.chat.controller import ConversationController
 from gui.chat.prompt_editor import PromptEditor
 from gui.chat.sidebar import ConversationSidebar
@@ -13,7 +14,7 @@ from gui.widgets.notice_bar import NoticeBar
 
 # The window's children a dotted slot reaches, by attribute name.
 CHILDREN = {"prompt": PromptEditor, "models": ModelController, "chats": ConversationController,
-            "sidebar": ConversationSidebar}
+            "sidebar": ConversationSidebar, "attach_bar": AttachBar}
 
 
 def rows(kind):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from PySide6.QtCore import QMimeData, QUrl
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDropEvent
 
 from core.history.store import History
 from gui.chat import grounded
@@ -115,4 +116,13 @@ def test_column_attaches_pasted_files_and_shows_chips(loop, chats, files, qtbot)
     plain.setText("just text")
     col.prompt.editor.insertFromMimeData(plain)
     assert col.prompt.text() == "just text"
+    # a document dropped on the chat is attached; a model file is left to the window (it opens it)
+    (files / "model.gguf").write_bytes(b"GGUF")
+    for path, taken in ((files / "notes.md", True), (files / "model.gguf", False)):
+        drop = QMimeData()
+        drop.setUrls([QUrl.fromLocalFile(str(path))])
+        ev = QDropEvent(QPointF(10, 10), Qt.CopyAction, drop, Qt.LeftButton, Qt.NoModifier)
+        assert col.drops.eventFilter(col, ev) is taken
+    assert [f.name for f in chats.attachments.files] == ["paper.pdf", "notes.md"]
+    settle(loop, chats.attachments)
     col.grab().save("/tmp/docsgui-attach.png")

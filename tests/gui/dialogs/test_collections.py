@@ -8,7 +8,7 @@ import pytest
 
 from core.documents import DocumentIndex
 from gui.dialogs.collections import CollectionsController, CollectionsDialog
-from tests.gui.ui_helpers import loop  # noqa: F401 (fixtures)
+from tests.gui.ui_helpers import bridge, data_dir, loop, settings, window  # noqa: F401 (fixtures)
 
 
 @pytest.fixture
@@ -94,3 +94,22 @@ def test_dialog_shows_progress_and_state(qtbot, ctl, tmp_path):
     assert "data.txt" in dlg.detail.text()
     assert not dlg.buttons["pause"].isEnabled() and dlg.buttons["reindex"].isEnabled()
     dlg.grab().save("/tmp/docsgui-collections.png")
+
+
+def test_documents_menu_opens_collections_beside_the_window(qtbot, window, tmp_path):
+    from PySide6.QtGui import QAction
+    act = window.findChild(QAction, "collectionsAction")
+    assert act is not None and window.findChild(QAction, "attachAction") is not None
+    act.trigger()
+    dlg = window.attach_bar.dialog
+    assert dlg is not None and dlg.isVisible() and not dlg.isModal()
+    window.chats.collections.add(str(folder(tmp_path / "notes")))
+    qtbot.waitUntil(lambda: dlg.tree.topLevelItemCount() == 1 and dlg.tree.topLevelItem(0).text(1) == "up to date",
+                    timeout=20000)
+    menu = window.attach_bar.collections_menu
+    menu.aboutToShow.emit()
+    entry = next(a for a in menu.actions() if a.text().startswith("notes"))
+    entry.setChecked(True)  # the next message searches this collection
+    assert window.chats.attachments.collections == [str(tmp_path / "notes")]
+    assert "notes" in window.attach_bar.chips.text()
+    window.grab().save("/tmp/docsgui-window.png")
