@@ -18,6 +18,7 @@ import base64
 import concurrent.futures
 import json
 import logging
+import os
 import re
 import sys
 import tempfile
@@ -45,6 +46,7 @@ __all__ = ["McpError", "McpHub", "McpServer", "McpPrompt", "PromptArgument", "Mc
 MAX_RESOURCE_CHARS = 200_000  # a resource attached to a message
 MAX_LISTED = 1024  # tools, prompts or resources one server may list
 MAX_PAGES = 50
+MAX_STDERR_BYTES = 4 << 20  # a server's log kept for error messages
 _CLOSE_TIMEOUT = 8.0  # the SDK's own stdio shutdown is bounded at about 6 s
 _POLL = 0.05  # how often a waiting caller looks at its cancel event
 _BAD_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -234,6 +236,7 @@ class McpServer:
         else:
             if is_error:
                 text = self._gone_or(call.name, text, cancel)
+        self._bound_stderr()
         return ToolResult.bounded(call, text, is_error=is_error, limit=self.max_result_chars)
 
     def prompts(self, *, cancel: threading.Event | None = None, timeout: float | None = None) -> list[McpPrompt]:
@@ -266,6 +269,16 @@ class McpServer:
             return self._stderr.read()
         except (OSError, ValueError):
             return ""
+
+    def _bound_stderr(self) -> None:
+        """A chatty server's log must not fill the disk: past the bound it starts over (the
+        child shares the file offset, so it writes from the start again)."""
+        try:
+            if self._stderr is not None and os.fstat(self._stderr.fileno()).st_size > MAX_STDERR_BYTES:
+                self._stderr.truncate(0)
+                self._stderr.seek(0)
+        except (OSError, ValueError):
+            pass
 
     def close(self) -> None:
         """Stop the server (its process, or its HTTP session); it starts again on next use."""
@@ -323,7 +336,9 @@ class McpServer:
             text = f"{head}: {what} failed: {one_line(exc, 200)}"
         else:
             text = f"{head}: {what} failed: {type(exc).__name__}: {one_line(exc, 200)}"
-        last = self._last_stderr_line()
+        # the server's last words explain a death or a failed start, not a failed request
+        closed = isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED
+        last = self._last_stderr_line() if closed or what == "starting" else ""
         return f"{text}; it said: {last}" if last else text
 
     async def _saw_response(self, response) -> None:

@@ -32,10 +32,11 @@ _ID = re.compile(rb'"id"\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,200}")')
 
 
 class StdioStats:
-    """What the reader saw that the session does not report: lines that were not JSON-RPC
-    and messages over the size bound (their last one-line description)."""
+    """What the reader saw that the session does not report (lines that were not JSON-RPC,
+    messages over the size bound), and that bound (``max_message`` bytes)."""
 
-    def __init__(self):
+    def __init__(self, max_message: int = MAX_MESSAGE_BYTES):
+        self.max_message = max_message
         self.garbage_lines = 0
         self.oversized = 0
         self.last_garbage = ""
@@ -43,7 +44,7 @@ class StdioStats:
 
 @asynccontextmanager
 async def bounded_stdio(command: str, args: list[str], env: dict[str, str] | None, cwd: str | None,
-                        errlog: TextIO, stats: StdioStats, max_message: int = MAX_MESSAGE_BYTES):
+                        errlog: TextIO, stats: StdioStats):
     """Start ``command`` and yield the (read, write) streams the SDK's ``Client`` takes."""
     process = await anyio.open_process([command, *args], env={**get_default_environment(), **(env or {})},
                                        stderr=errlog, cwd=cwd, start_new_session=True)
@@ -53,7 +54,7 @@ async def bounded_stdio(command: str, args: list[str], env: dict[str, str] | Non
     async def reader() -> None:
         try:
             async with read_send:
-                await _read_lines(process, read_send, stats, max_message)
+                await _read_lines(process, read_send, stats)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError):
             pass  # the session is gone or the server closed its stdout: the session sees the end
 
@@ -77,7 +78,7 @@ async def bounded_stdio(command: str, args: list[str], env: dict[str, str] | Non
             tg.cancel_scope.cancel()
 
 
-async def _read_lines(process: Process, out, stats: StdioStats, max_message: int) -> None:
+async def _read_lines(process: Process, out, stats: StdioStats) -> None:
     buf = bytearray()
     skipping = False  # inside a message over the bound: drop until its newline
     async for chunk in process.stdout:
@@ -87,8 +88,8 @@ async def _read_lines(process: Process, out, stats: StdioStats, max_message: int
             piece = chunk[start:] if nl < 0 else chunk[start:nl]
             if not skipping:
                 buf += piece
-                if len(buf) > max_message:
-                    await _refuse(bytes(buf[:400]), out, stats, max_message)
+                if len(buf) > stats.max_message:
+                    await _refuse(bytes(buf[:400]), out, stats)
                     buf.clear()
                     skipping = True
             if nl < 0:
@@ -112,7 +113,7 @@ def _parse(line: bytes, stats: StdioStats) -> SessionMessage | None:
         return None
 
 
-async def _refuse(head: bytes, out, stats: StdioStats, max_message: int) -> None:
+async def _refuse(head: bytes, out, stats: StdioStats) -> None:
     """Answer the request an oversized message belonged to with an error (when its id is
     near the start, as every SDK writes it), so the caller is not left waiting."""
     stats.oversized += 1
@@ -121,7 +122,7 @@ async def _refuse(head: bytes, out, stats: StdioStats, max_message: int) -> None
         return
     raw = found.group(1)
     request_id = raw[1:-1].decode("utf-8", "replace") if raw.startswith(b'"') else int(raw)
-    error = ErrorData(code=INTERNAL_ERROR, message=f"the server's answer is over {max_message >> 20} MB "
+    error = ErrorData(code=INTERNAL_ERROR, message=f"the server's answer is over {stats.max_message / (1 << 20):g} MB "
                                                    "and was not read")
     await out.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id, error=error)))
 

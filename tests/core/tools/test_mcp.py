@@ -16,6 +16,7 @@ from core.tools.box import ToolBox
 from core.tools.builtin import BuiltinTools
 from core.tools.config import ServerConfig
 from core.tools.mcp_client import McpError, McpHub, McpServer
+from core.tools.mcp_stdio import MAX_MESSAGE_BYTES
 from core.tools.spec import ToolCall
 from tests.core.tools.mcp_servers import BIG, http_server
 from tests.helpers import free_port
@@ -96,6 +97,19 @@ def test_a_10_mb_result_is_cut_and_says_so(server):
     assert result.content.startswith("x" * 1000) and f"cut: the result was {BIG:,} characters" in result.content
 
 
+def test_an_answer_over_the_message_bound_is_refused_at_once_and_the_server_stays(server):
+    server.stats.max_message = 1 << 20
+    try:
+        start = time.monotonic()
+        result = call(server, "big", timeout=20)
+        assert result.is_error and result.content == (
+            "MCP server 'local': tool 'big' failed: the server's answer is over 1 MB and was not read")
+        assert time.monotonic() - start < 10 and server.stats.oversized == 1
+        assert call(server, "add", a=1, b=2).content == "3"
+    finally:
+        server.stats.max_message = MAX_MESSAGE_BYTES
+
+
 def test_concurrent_calls_from_threads_each_get_their_answer(server):
     results = {}
 
@@ -160,6 +174,8 @@ def test_a_streamable_http_server_with_headers(hub, http_url):
         assert s.get_prompt("review", {"code": "y"})[0]["content"].endswith("y")
         assert call(s, "hang", timeout=0.5).content == "MCP server 'remote': tool 'hang' did not answer within 0.5 s"
         assert call(s, "add", a=1, b=1).content == "2"
+        big = call(s, "big", timeout=30)
+        assert big.truncated and f"cut: the result was {BIG:,} characters" in big.content
     finally:
         s.close()
     wrong = McpServer(ServerConfig("locked", url=http_url, headers={"Authorization": "Bearer nope"}), hub=hub)
