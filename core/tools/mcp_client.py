@@ -41,7 +41,7 @@ from core.tools.mcp_stdio import MAX_MESSAGE_BYTES, StdioStats, bounded_stdio
 from core.tools.spec import MAX_RESULT_CHARS, MAX_TOOLS, Tool, ToolCall, ToolError, ToolResult
 
 __all__ = ["McpError", "McpHub", "McpServer", "McpPrompt", "PromptArgument", "McpResource", "ResourceText",
-           "MAX_RESOURCE_CHARS"]
+           "MAX_RESOURCE_CHARS", "prompt_text"]
 
 MAX_RESOURCE_CHARS = 200_000  # a resource attached to a message
 MAX_LISTED = 1024  # tools, prompts or resources one server may list
@@ -92,6 +92,14 @@ class ResourceText:
     text: str
     mime_type: str = ""
     truncated: bool = False
+
+
+def prompt_text(messages: list[dict[str, str]]) -> str:
+    """A filled-in prompt as one text to put in the prompt editor: a lone user message as it
+    is, several messages each under its role."""
+    if len(messages) == 1 and messages[0]["role"] == "user":
+        return messages[0]["content"]
+    return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
 # ----------------------------------------------------------------------------- the loop

@@ -15,7 +15,7 @@ import pytest
 from core.tools.box import ToolBox
 from core.tools.builtin import BuiltinTools
 from core.tools.config import ServerConfig
-from core.tools.mcp_client import McpError, McpHub, McpServer
+from core.tools.mcp_client import McpError, McpHub, McpServer, prompt_text
 from core.tools.mcp_stdio import MAX_MESSAGE_BYTES
 from core.tools.spec import ToolCall
 from tests.core.tools.mcp_servers import BIG, http_server
@@ -61,8 +61,10 @@ def test_tools_are_listed_with_their_schemas_under_valid_names(server):
 def test_prompts_and_resources(server):
     (prompt,) = server.prompts()
     assert (prompt.name, [(a.name, a.required) for a in prompt.arguments]) == ("review", [("code", True), ("language", False)])
-    assert server.get_prompt("review", {"code": "x = 1"}) == [
-        {"role": "user", "content": "Review this python code:\nx = 1"}]
+    messages = server.get_prompt("review", {"code": "x = 1"})
+    assert messages == [{"role": "user", "content": "Review this python code:\nx = 1"}]
+    assert prompt_text(messages) == "Review this python code:\nx = 1"
+    assert prompt_text([*messages, {"role": "assistant", "content": "ok"}]).endswith("\n\nassistant: ok")
     assert {r.uri for r in server.resources()} == {"note://readme", "note://long", "note://logo"}
     readme = server.read_resource("note://readme")
     assert (readme.text, readme.mime_type, readme.truncated) == ("# Read me\nhello from the server", "text/markdown", False)
