@@ -2,21 +2,27 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.core.cli.helpers import run_cli
+from tests.core.tools.mcp_servers import running_http_server
+from tests.helpers import free_port
 
-SCRIPT = str(Path(__file__).parents[1] / "tools" / "mcp_servers.py")
+
+@pytest.fixture(scope="module")
+def http_url():
+    # over HTTP in this process: no server process to start per command (stdio is tested in tests/core/tools)
+    url, stop = running_http_server(free_port(), token="t0ken")
+    yield url
+    stop()
 
 
 @pytest.fixture
-def config(tmp_path):
+def config(tmp_path, http_url):
     path = tmp_path / "mcp.json"
     path.write_text(json.dumps({"mcpServers": {
-        "local": {"command": sys.executable, "args": [SCRIPT]},
+        "local": {"url": http_url, "headers": {"Authorization": "Bearer t0ken"}},
         "ghost": {"command": "no-such-mcp-server-xyz"},
         "off": {"command": "whatever", "disabled": True}}}))
     return path

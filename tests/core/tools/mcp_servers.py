@@ -4,7 +4,8 @@
 tools ``hang``, ``die``, ``big``, ``drop``). ``python mcp_servers.py noisy``: the same after
 printing lines that are not JSON-RPC on stdout (as servers that log to stdout do). ``python mcp_servers.py silent``: a
 process that reads stdin and never answers. ``python mcp_servers.py liar``: answers every
-request with JSON-RPC that is not a valid MCP result. :func:`http_server` runs the good
+request with JSON-RPC that is not a valid MCP result; ``rogue`` does so only for a tool call
+(after a valid handshake). :func:`http_server` runs the good
 server over streamable HTTP in a thread of the test process.
 """
 from __future__ import annotations
@@ -99,6 +100,33 @@ def liar() -> None:
             sys.stdout.flush()
 
 
+def rogue() -> None:
+    """A hand-written server: a valid handshake and listing, then a tool whose answer is not
+    a valid MCP result (``invalid``) and one that writes garbage on stdout before answering
+    (``garble``)."""
+    def send(mid, **body):
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": mid, **body}) + "\n")
+        sys.stdout.flush()
+    tools = [{"name": n, "inputSchema": {"type": "object"}} for n in ("invalid", "garble")]
+    for line in sys.stdin:
+        msg = json.loads(line)
+        method, mid = msg.get("method"), msg.get("id")
+        if mid is None:
+            continue
+        if method == "initialize":
+            send(mid, result={"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                              "serverInfo": {"name": "rogue", "version": "1"}})
+        elif method == "tools/list":
+            send(mid, result={"tools": tools})
+        elif method == "tools/call" and msg["params"]["name"] == "garble":
+            sys.stdout.write("<<garbage mid-session>>\n")
+            send(mid, result={"content": [{"type": "text", "text": "fine"}]})
+        elif method == "tools/call":
+            send(mid, result={"content": "not a list", "isError": "maybe"})
+        else:
+            send(mid, error={"code": -32601, "message": "Method not found"})
+
+
 def http_server(port: int, token: str = "") -> tuple[threading.Thread, object]:
     """The good server on 127.0.0.1:``port``/mcp in a daemon thread; requests without
     ``Authorization: Bearer token`` (when given) get 401. Returns (thread, uvicorn server)."""
@@ -121,8 +149,23 @@ def http_server(port: int, token: str = "") -> tuple[threading.Thread, object]:
     return thread, server
 
 
+def running_http_server(port: int, token: str = ""):
+    """:func:`http_server` once it accepts connections: (url, stop)."""
+    import time
+    thread, server = http_server(port, token)
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.01)  # uvicorn in a thread has no ready event to wait on
+
+    def stop():
+        server.should_exit = True
+        thread.join(5)
+    return f"http://127.0.0.1:{port}/mcp", stop
+
+
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
     if mode == "noisy":
         os.write(1, b"Starting server v1.0...\n{not json either\n")
-    {"stdio": lambda: build().run(), "noisy": lambda: build().run(), "silent": silent, "liar": liar}[mode]()
+    {"stdio": lambda: build().run(), "noisy": lambda: build().run(), "silent": silent, "liar": liar,
+     "rogue": rogue}[mode]()

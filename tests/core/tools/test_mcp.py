@@ -18,7 +18,7 @@ from core.tools.config import ServerConfig
 from core.tools.mcp_client import McpError, McpHub, McpServer, prompt_text
 from core.tools.mcp_stdio import MAX_MESSAGE_BYTES
 from core.tools.spec import ToolCall
-from tests.core.tools.mcp_servers import BIG, http_server
+from tests.core.tools.mcp_servers import BIG, running_http_server
 from tests.helpers import free_port
 
 SCRIPT = str(Path(__file__).with_name("mcp_servers.py"))
@@ -72,8 +72,6 @@ def test_prompts_and_resources(server):
     assert long.truncated and long.text.startswith("y" * 1000) and "cut: the resource is 300,000" in long.text
     with pytest.raises(McpError, match="MCP server 'local': note://logo is binary"):
         server.read_resource("note://logo")
-    with pytest.raises(McpError, match="MCP server 'local'"):
-        server.get_prompt("nope")
 
 
 def test_a_call_that_never_answers_times_out_and_the_server_stays_usable(server):
@@ -139,6 +137,22 @@ def test_a_server_that_exits_mid_call_is_said_and_restarts_on_next_use(server):
     assert server.status == "ready"
 
 
+def test_invalid_json_rpc_and_garbage_mid_session_are_said_and_the_session_goes_on(hub):
+    s = McpServer(stdio("rogue", "rogue"), hub=hub)
+    try:
+        assert [t.name for t in s.list_tools()] == ["invalid", "garble"]
+        bad = call(s, "invalid")
+        assert bad.is_error and bad.content.startswith("MCP server 'rogue' sent an answer that is not valid MCP "
+                                                       "(tool 'invalid')")
+        assert call(s, "garble").content == "fine"
+        assert s.stats.garbage_lines == 1 and s.stats.last_garbage == "<<garbage mid-session>>"
+        assert call(s, "garble").content == "fine" and s.status == "ready"
+        with pytest.raises(McpError, match="^MCP server 'rogue': prompt 'x' failed: Method not found$"):
+            s.get_prompt("x")
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("config, words", [
     (stdio("mute", "silent", start_timeout=0.5), "MCP server 'mute' did not start within 0.5 s"),
     (stdio("liar", "liar"), "MCP server 'liar' sent an answer that is not valid MCP"),
@@ -158,14 +172,9 @@ def test_a_server_that_cannot_start_is_one_line_and_never_hangs(hub, config, wor
 
 @pytest.fixture(scope="module")
 def http_url():
-    port = free_port()
-    thread, uv = http_server(port, token="s3cret")
-    deadline = time.monotonic() + 10
-    while not uv.started and time.monotonic() < deadline:
-        time.sleep(0.01)  # a thread's server has no ready event to wait on
-    yield f"http://127.0.0.1:{port}/mcp"
-    uv.should_exit = True
-    thread.join(5)
+    url, stop = running_http_server(free_port(), token="s3cret")
+    yield url
+    stop()
 
 
 def test_a_streamable_http_server_with_headers(hub, http_url):
