@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Iterable
 
@@ -81,12 +82,12 @@ class ToolBox:
     def _list(self) -> None:
         notes: list[str] = []
         offered: list[tuple[ToolProvider, Tool]] = []
-        for p in self.providers:
-            label = _label(p)
-            try:
-                listed = list(p.tools())
-            except Exception as e:  # a provider that fails to list is said, not fatal
-                notes.append(f"{label}: cannot list its tools: {one_line(e)}")
+        # servers start on first listing (seconds each): list them all at once
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(self.providers))), thread_name_prefix="toolbox") as pool:
+            listings = list(pool.map(_listing, self.providers))
+        for p, listed in zip(self.providers, listings):
+            if isinstance(listed, Exception):  # a provider that fails to list is said, not fatal
+                notes.append(f"{_label(p)}: cannot list its tools: {one_line(listed)}")
                 continue
             if getattr(p, "error", "") and not listed:
                 notes.append(p.error)
@@ -162,6 +163,13 @@ class ToolBox:
                     close()
                 except Exception:  # noqa: BLE001 - closing is best effort
                     pass
+
+
+def _listing(provider: ToolProvider) -> list[Tool] | Exception:
+    try:
+        return list(provider.tools())
+    except Exception as e:  # noqa: BLE001 - reported by the caller
+        return e
 
 
 def _label(provider: ToolProvider) -> str:

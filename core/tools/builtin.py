@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from core.errors import one_line
+from core.limits import opened_regular
 from core.tools.spec import MAX_RESULT_CHARS, Tool, ToolCall, ToolError, ToolResult
 
 __all__ = ["BuiltinTools", "BUILTIN_TOOLS", "calculate", "has_network", "CalcError"]
@@ -268,12 +269,12 @@ class BuiltinTools:
         if not any(real == f or f in real.parents for f in self.folders):
             raise ToolError(f"read_file: {raw[:120]} is outside the allowed folders "
                             f"({', '.join(str(f) for f in self.folders)})")
-        if not real.is_file():
-            raise ToolError(f"read_file: {raw[:120]} is not a file" if real.exists()
-                            else f"read_file: no file {raw[:120]}")
-        size = real.stat().st_size
-        with open(real, "rb") as f:
-            data = f.read(min(size, self.max_file_bytes) + 1)
+        if not real.exists():
+            raise ToolError(f"read_file: no file {raw[:120]}")
+        # opened_regular refuses folders, FIFOs and devices without blocking on them
+        with opened_regular(real, error=ToolError) as fd:
+            size = os.fstat(fd).st_size
+            data = os.read(fd, min(size, self.max_file_bytes) + 1)
         if b"\x00" in data[:8192]:
             raise ToolError(f"read_file: {raw[:120]} is not a text file")
         text = data[:self.max_file_bytes].decode("utf-8", "replace")

@@ -77,3 +77,14 @@ def test_refresh_lists_again():
     p._tools.append(Tool("two", source=p.source))
     assert [t.name for t in box.tools()] == ["one"]
     assert [t.name for t in box.refresh()] == ["one", "two"]
+
+
+def test_providers_are_listed_at_once_not_one_after_another():
+    meet = threading.Barrier(3, timeout=10)  # each listing waits for the other two: only concurrent ones pass
+
+    class Slow(Fake):
+        def tools(self):
+            meet.wait()
+            return super().tools()
+    box = ToolBox([Slow("a", ["x"]), Slow("b", ["y"]), Slow("c", ["z"])])
+    assert [t.name for t in box.tools()] == ["x", "y", "z"]

@@ -80,6 +80,7 @@ def folders(tmp_path):
     (allowed / "link.txt").symlink_to(secret / "key.txt")
     (allowed / "blob.bin").write_bytes(b"\x00\x01binary")
     (allowed / "large.txt").write_text("z" * 5000)
+    os.mkfifo(allowed / "pipe")  # reading it would block forever
     return allowed, secret
 
 
@@ -92,7 +93,7 @@ def test_read_file_reads_inside_the_allowed_folders_only(folders):
                         (allowed / "link.txt", "outside the allowed folders"),  # the symlink is resolved
                         (allowed / ".." / "secret" / "key.txt", "outside the allowed folders"),
                         (allowed / "blob.bin", "not a text file"), (allowed / "missing.txt", "no file"),
-                        (allowed, "not a file")]:
+                        (allowed, "refused to read a folder"), (allowed / "pipe", "refused to read a pipe")]:
         result = run(tools, "read_file", path=str(path))
         assert result.is_error and words in result.content, (path, result.content)
         assert "the secret" not in result.content
