@@ -55,8 +55,8 @@ class Separator:
     menu: str
 
 
-MENUS = ("&File", "&Edit", "&Chat", "&Documents", "&Model", "&View")
-FILE, EDIT, CHAT, DOCS, MODEL, VIEW = MENUS
+MENUS = ("&File", "&Edit", "&Chat", "&Documents", "&Model", "&Tools", "&View")
+FILE, EDIT, CHAT, DOCS, MODEL, TOOLS, VIEW = MENUS
 
 RECORD_PROBS_TIP = "Keep each token's probability and alternatives with new replies, for the token inspector"
 
@@ -103,6 +103,16 @@ ACTIONS: tuple[Action | Submenu | Separator, ...] = (
     Action("reload", "&Reload Model", "models.reload", MODEL),
     Action("unload", "&Unload Model", "unload_model", MODEL),
     Action("info", "Model &Info…", "show_model_info", MODEL, ("Ctrl+I",)),
+
+    # Tools the model may call (issue 25): gui/chat/tools_menu.py fills these.
+    Submenu("chat_tools", "&Enable in This Chat", TOOLS, "tools_menu.fill_chat", "chatToolsMenu", refill=True),
+    Submenu("mcp_prompts", "Insert MCP &Prompt", TOOLS, "tools_menu.fill_prompts", "mcpPromptsMenu", refill=True),
+    Submenu("mcp_resources", "Attach MCP &Resource", TOOLS, "tools_menu.fill_resources", "mcpResourcesMenu",
+            refill=True),
+    Separator(TOOLS),
+    Submenu("tool_options", "&Options", TOOLS, "tools_menu.fill_options", "toolOptionsMenu", refill=True),
+    Action("mcp_servers", "&MCP Servers…", "tools_menu.open_servers", TOOLS, object_name="mcpServersAction",
+           tip="Add, edit and check the MCP servers that give the model tools"),
 
     Action("toggle_list", "&Conversations", "show_conversations", VIEW, ("Ctrl+Shift+L",),
            checkable=True, checked=True),
@@ -181,7 +191,7 @@ def _submenu(window: QMainWindow, parent: QMenu, row: Submenu) -> QMenu:
     menu = parent.addMenu(row.text)
     if row.object_name:
         menu.setObjectName(row.object_name)
-    fill = getattr(window, row.fill)
+    fill = attrgetter(row.fill)(window)
     if row.refill:
         menu.aboutToShow.connect(lambda: fill(menu))
     fill(menu)

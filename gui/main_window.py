@@ -30,6 +30,7 @@ from gui.chat.markdown import render_markdown
 from gui.widgets.side_splitter import SideSplitter
 from gui.widgets.stats import format_stats
 from gui.chat.sidebar import ConversationSidebar
+from gui.chat.tools_menu import ToolsMenu
 from gui.compare.launch import compare_window_for
 from gui.dialogs import model_dialog
 from gui.dialogs.model_dialog import ModelInfoDialog
@@ -91,6 +92,7 @@ class MainWindow(QMainWindow):
         self.conversation = self.chats.conversation
         self.reply = self.chats.reply
         self._build()
+        self.tools_menu = ToolsMenu(self)  # Tools: the chat's tools, MCP servers, prompts, options
         self._build_actions()
         self._sync_record_probs()
         self._wire_reply()
@@ -585,6 +587,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event):
         """Quitting mid-reply: stop it, save what streamed, then close."""
         self.chats.close()
+        self.tools_menu.close()
         self.models.close()
         for d in list(self._dialogs):
             d.close()

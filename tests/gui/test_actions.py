@@ -8,13 +8,14 @@ from gui.chat.attach_bar import AttachBar
 from gui.chat.controller import ConversationController
 from gui.chat.prompt_editor import PromptEditor
 from gui.chat.sidebar import ConversationSidebar
+from gui.chat.tools_menu import ToolsMenu
 from gui.main_window import MainWindow
 from gui.model_controller import ModelController
 from gui.widgets.notice_bar import NoticeBar
 
 # The window's children a dotted slot reaches, by attribute name.
 CHILDREN = {"prompt": PromptEditor, "models": ModelController, "chats": ConversationController,
-            "sidebar": ConversationSidebar, "attach_bar": AttachBar}
+            "sidebar": ConversationSidebar, "attach_bar": AttachBar, "tools_menu": ToolsMenu}
 
 
 def rows(kind):
@@ -29,7 +30,8 @@ def test_every_row_names_a_slot_the_window_has_and_a_menu_there_is():
         assert callable(getattr(CHILDREN[owner] if owner else MainWindow, slot)), row
         assert row.menu in actions.MENUS or (row.menu == "" and row.name in actions.TOOLBAR), row
     for row in rows(actions.Submenu):
-        assert callable(getattr(MainWindow, row.fill)) and row.menu in actions.MENUS
+        owner, _, fill = row.fill.rpartition(".")
+        assert callable(getattr(CHILDREN[owner] if owner else MainWindow, fill)) and row.menu in actions.MENUS
     assert {r.menu for r in rows(actions.Separator)} <= set(actions.MENUS)
     on_bar = [n for n in actions.TOOLBAR if n not in ("-", actions.STRETCH)]
     assert set(on_bar) <= {r.name for r in rows(actions.Action)} and set(actions.NAMED_BUTTONS) <= set(on_bar)
