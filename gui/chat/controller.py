@@ -237,6 +237,9 @@ class ConversationController(QObject):
         reason is said under the prompt); sets how many alternatives it records."""
         if not self.can_generate:
             return False
+        if self.tool_round.busy:  # a call waits for its card or runs: its round ends first
+            self.status.emit("A tool call is waiting: run or deny it, or Stop", 5000)
+            return False
         reason = self.settings_problem()
         if reason:
             self.problemChanged.emit(self.problem())

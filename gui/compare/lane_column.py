@@ -18,7 +18,7 @@ from core.engine.settings import SCHEMA
 
 from gui import theme
 from gui.widgets.stats import format_stats
-from gui.compare.lanes import divergence_label, lane_diff
+from gui.compare.lanes import calls_label, divergence_label, lane_diff
 from gui.compare.models import LaneModel
 from gui.settings.output_format import CONSTRAINT_HINTS, CONSTRAINT_KINDS
 from gui.settings.speculative import SpeculativeControls
@@ -504,6 +504,8 @@ class LaneColumn(QFrame):
         elif base is not None and not (run.error and not run.tokens):  # one that never started: nothing to compare
             diff = lane_diff(base, run, match)
             label = divergence_label(run, base, diff, match, colors)
+            calls = calls_label(run, base, colors)
+            label += f"<br>{calls}" if calls else ""
         if self.branch:
             label += (("<br>" if label else "") + f"<span style='color: {colors['accent']}; font-weight: 600;'>"
                       f"Branch</span> at token {self.branch['at'] + 1}: the tokens before it are "

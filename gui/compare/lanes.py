@@ -1,7 +1,11 @@
 """How a comparison lane compares with the baseline lane: the diff (by token ids under one
-tokenizer, else by text), the line over the lane that says where it parts, and the text
-that bans one of its tokens. Token runs themselves live in :mod:`gui.widgets.token_run`."""
+tokenizer, else by text), the line over the lane that says where it parts (and where its
+tool calls differ), and the text that bans one of its tokens. Token runs themselves live in
+:mod:`gui.widgets.token_run`."""
 from __future__ import annotations
+
+import html
+import json
 
 from core.engine.lanes import TokenDiff, text_diff, token_diff
 
@@ -50,3 +54,40 @@ def ban_text(rec: TokenRec | None, token_id: int, names: dict[int, str], dummy_p
     if dummy_prefix and piece and piece.startswith(" ") and piece.strip():
         piece = piece[1:]  # SentencePiece adds the word-start space itself
     return piece if piece and piece.strip() else ""
+
+
+def _call(c: dict) -> tuple[str, object]:
+    """(name, arguments) of an OpenAI-shaped call, its arguments parsed when they are JSON."""
+    fn = c.get("function") or {}
+    args = fn.get("arguments", "")
+    try:
+        args = json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        pass
+    return str(fn.get("name", "?")), args
+
+
+def _show(calls: list[tuple[str, object]]) -> str:
+    return ", ".join(html.escape(n) for n, _ in calls)
+
+
+def calls_label(run: LaneRun, base: LaneRun, colors: dict) -> str:
+    """Where the lane's tool calls differ from the baseline's ("" when neither called):
+    one answered and the other called, other tools, or the same tools with other arguments
+    (which ones)."""
+    mine, theirs = [_call(c) for c in run.tool_calls], [_call(c) for c in base.tool_calls]
+    if not (mine or theirs) or not (run.finished and base.finished):
+        return ""
+    if mine == theirs:
+        return f"Same tool calls as the baseline: {_show(mine)}"
+    mark = f"color: {colors['mark']}; font-weight: 600;"
+    if not theirs:
+        return f"<span style='{mark}'>Calls {_show(mine)}</span> where the baseline answers"
+    if not mine:
+        return f"<span style='{mark}'>Answers</span> where the baseline calls {_show(theirs)}"
+    if [n for n, _ in mine] != [n for n, _ in theirs]:
+        return f"<span style='{mark}'>Calls {_show(mine)}</span> · the baseline calls {_show(theirs)}"
+    keys = sorted({k for (_, a), (_, b) in zip(mine, theirs) if isinstance(a, dict) and isinstance(b, dict)
+                   for k in set(a) | set(b) if a.get(k) != b.get(k)})
+    what = f"other arguments: {html.escape(', '.join(keys))}" if keys else "other arguments"
+    return f"<span style='{mark}'>Calls {_show(mine)} with {what}</span> than the baseline"

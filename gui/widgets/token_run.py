@@ -49,6 +49,8 @@ class LaneRun:
     # reopened server lane is run again before it branches)
     prompt_ids: list[int] = field(default_factory=list)
     stop_token: int | None = None
+    # The calls the reply made (OpenAI-shaped dicts), when it ended with stop reason "tool_calls".
+    tool_calls: list[dict] = field(default_factory=list)
     diff_cache: tuple | None = field(default=None, repr=False, compare=False)  # the view's last diff of it
 
     @property
@@ -83,6 +85,7 @@ class LaneRun:
             self.engine_stats["beam"] = {"rank": 1, "of": len(done.beams), "score": done.beams[0].score}
         self.prompt_ids = list(getattr(done, "prompt_ids", None) or [])
         self.stop_token = getattr(done, "stop_token", None)
+        self.tool_calls = [c.to_openai() for c in getattr(done, "tool_calls", None) or []]
 
     def fail(self, message: str) -> None:
         """The lane's request failed: keep what streamed, stop with reason "error"."""
@@ -114,6 +117,7 @@ class LaneRun:
             "token_texts": [t.text for t in self.tokens], "pieces": [t.piece for t in self.tokens],
             "top": [t.top for t in self.tokens], "stop_reason": self.stop_reason,
             **({"error": self.error} if self.error else {}),
+            **({"tool_calls": self.tool_calls} if self.tool_calls else {}),
             "stats": {**self.engine_stats, **self.stats()},
         }
 
@@ -164,6 +168,7 @@ class LaneRun:
         run.text = str(d.get("text", ""))
         run.stop_reason = d.get("stop_reason") or "length"
         run.error = d.get("error") or None
+        run.tool_calls = [c for c in d.get("tool_calls") or [] if isinstance(c, dict)]
         run.params = dict(d.get("settings") or {}) or None
         stats = dict(d.get("stats") or {})
         run.engine_stats = {k: stats[k] for k in ("decode_tok_s", "prompt_tokens", "generated_tokens",

@@ -96,6 +96,7 @@ def test_the_column_shows_the_card_runs_the_call_and_the_reply_goes_on(qtbot, lo
     assert c.busy and list(col.chat.cards) == ["call_1"]
     col.show_transcript()  # the branch shown anew keeps the waiting card
     assert list(col.chat.cards) == ["call_1"]
+    assert not c.regenerate(m.id) and len(bridge.requests) == 1  # nothing else starts while a card waits
     col.chat.cards["call_1"].grab().save("/tmp/toolgui-card.png")
     qtbot.mouseClick(col.chat.cards["call_1"].run_button, Qt.LeftButton)
     run(loop, until(lambda: len(bridge.requests) == 2 and not c.busy, 5, "the reply after the result"))
