@@ -19,7 +19,7 @@ from PySide6.QtCore import QObject, Signal
 from core.errors import one_line
 from core.tools import config as mcp_config
 from core.tools.builtin import BUILTIN_TOOLS, BuiltinTools
-from core.tools.mcp_client import McpPrompt, McpResource, McpServer
+from core.tools.mcp_client import McpPrompt, McpResource, McpServer, prompt_text
 
 from gui.chat.chat_tools import BUILTIN, ChatTools
 
@@ -140,8 +140,7 @@ class ToolSources(QObject):
         server = self.servers.get(prompt.server)
         if server is None:
             raise LookupError(f"MCP server '{prompt.server}' is no longer connected")
-        messages = await asyncio.to_thread(server.get_prompt, prompt.name, arguments)
-        return "\n\n".join(m["content"] for m in messages if m.get("content"))
+        return prompt_text(await asyncio.to_thread(server.get_prompt, prompt.name, arguments))
 
     async def resource_text(self, resource: McpResource) -> str:
         """The resource as a block to attach to a message (its name, address and text,
