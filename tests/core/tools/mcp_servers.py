@@ -40,9 +40,15 @@ def build():
         return os.environ.get(name, "<unset>")
 
     @app.tool()
-    async def hang() -> str:
-        """Never answers."""
-        await anyio.sleep_forever()
+    async def hang(marker: str = "") -> str:
+        """Never answers; writes ``marker`` (a file) when the client cancels the call."""
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            if marker:
+                with open(marker, "w") as f:
+                    f.write("cancelled")
+            raise
         return ""
 
     @app.tool()

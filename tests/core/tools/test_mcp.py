@@ -82,12 +82,16 @@ def test_a_call_that_never_answers_times_out_and_the_server_stays_usable(server)
     assert call(server, "add", a=1, b=1).content == "2"
 
 
-def test_cancel_stops_a_running_call(server):
-    cancel = threading.Event()
+def test_cancel_stops_a_running_call_here_and_on_the_server(server, tmp_path):
+    cancel, marker = threading.Event(), tmp_path / "cancelled"
     threading.Timer(0.2, cancel.set).start()
     start = time.monotonic()
-    result = call(server, "hang", timeout=30, cancel=cancel)
+    result = call(server, "hang", timeout=30, cancel=cancel, marker=str(marker))
     assert result.is_error and "cancelled" in result.content and time.monotonic() - start < 5
+    deadline = time.monotonic() + 10
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the server process says so in a file; nothing to wait on but the file
+    assert marker.read_text() == "cancelled"  # the SDK told the server, which stopped the tool
     assert call(server, "add", a=1, b=2).content == "3"
 
 
