@@ -214,6 +214,7 @@ class CallsReplyWidget(MessageWidget):
             lines.append(f"→ <b>{html.escape(str(fn.get('name', '?')))}</b> "
                          f"<code>{html.escape(args)}</code> · {html.escape(source_label(str(c.get('source') or '')))}")
         self.calls_label.setText("<br>".join(lines))
+        self.body.setVisible(streaming or self.token_mode or bool(message.get("text", "").strip()))
 
 
 def message_widget(message: dict, **kw) -> MessageWidget:

@@ -107,3 +107,4 @@ def test_the_column_shows_the_card_runs_the_call_and_the_reply_goes_on(qtbot, lo
     assert sent[-2]["tool_calls"][0]["function"]["name"] == "get_weather"
     roles = [type(w).__name__ for w in col.chat.widgets]
     assert roles[-2:] == ["ToolResultWidget", "MessageWidget"]
+    col.grab().save("/tmp/toolgui-column.png")
