@@ -75,7 +75,7 @@ def load(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | No
     release_freed_heap()
     if not isinstance(dtype, torch.dtype) and str(dtype or "auto") in ("auto", *QUANT_DTYPES):
         # info and the status bar's tooltip say what 'auto' chose and why.
-        loaded.info["dtype_reason"] = auto_dtype(resolve_device(device), loaded.args)[1]
+        loaded.info.setdefault("dtype_reason", auto_dtype(resolve_device(device), loaded.args)[1])
     return loaded
 
 

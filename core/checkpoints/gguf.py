@@ -31,6 +31,7 @@ from core.checkpoints.pack_cache import PackCache, for_load as pack_cache_for_lo
 from core.checkpoints.gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
 from core.errors import CheckpointError, TokenizerError, one_line
 from core.model import quant
+from core.model.f16 import Float16Embedding, Float16Linear
 from core.model.memory import release_mapped_pages
 from core.model.transformer import rope_frequencies
 from core.model.args import ModelArgs
@@ -209,6 +210,33 @@ def embedding_loader(t, device: torch.device, dtype: torch.dtype) -> Callable[[]
     return load
 
 
+#: outputs per row the F16 output layer recomputes in float32 (see core.model.f16)
+REFINE_LOGITS = 64
+
+
+def float16_loader(t, dtype: torch.dtype, embedding: bool = False,
+                   refine: int = 0) -> Callable[[], torch.nn.Module]:
+    """A loader that keeps an F16 matrix as the file's bytes (a view of the memory map: no
+    copy, no conversion) in a :class:`Float16Linear`, or a :class:`Float16Embedding` whose
+    lookups come out in ``dtype``. Its pages are read once now (NaN/inf check, and so the
+    first reply does not wait on the disk)."""
+    n, k = (int(d) for d in reversed(t.shape.tolist()))
+
+    def load() -> torch.nn.Module:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable arrays
+            half = torch.from_numpy(np.asarray(t.data).reshape(-1).view(np.float16))
+        if half.numel() != n * k:
+            raise CheckpointError(f"holds {half.numel()} values, its header says {(n, k)}")
+        half = half.view(n, k)
+        lo, hi = torch.aminmax(half)  # NaN propagates; 8 GB/s and no copy (a float64 sum copies)
+        if not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
+            raise CheckpointError("holds NaN or infinite values: corrupt weights")
+        return Float16Embedding(half, dtype) if embedding else Float16Linear(half, refine=refine)
+
+    return load
+
+
 def tokenizer_from_gguf(md: Metadata, source: str):
     """The tokenizer embedded in a GGUF file, with its chat template (or None)."""
     model = md.get("tokenizer.ggml.model")
@@ -265,7 +293,8 @@ def tokenizer_from_gguf(md: Metadata, source: str):
 
 
 def holding(meta: str, kind: str, shape: tuple[int, ...], file_bytes: int, device: torch.device,
-            dtype: torch.dtype, *, keep_packed: bool = True, tied: bool = False) -> tuple[str, int]:
+            dtype: torch.dtype, *, keep_packed: bool = True, tied: bool = False,
+            keep_f16: bool | None = None) -> tuple[str, int]:
     """How :func:`load_gguf` holds one tensor, and the bytes it then takes in memory.
 
     The path is 'embedding-blocks' (a quantized, untied token embedding stays as the file's
@@ -274,6 +303,9 @@ def holding(meta: str, kind: str, shape: tuple[int, ...], file_bytes: int, devic
     uses the same rule, so what it promises is what a load takes.
     """
     why = quant.packable(kind, shape, device) if len(shape) == 2 else "not a matrix"
+    if (keep_packed if keep_f16 is None else keep_f16) and kind == "F16" and len(shape) == 2 \
+            and device.type == "cpu":
+        return "float16-kept", file_bytes  # tied: the output layer multiplies the same bytes
     if keep_packed and meta == "tok_embeddings.weight" and kind in quant.PACKED_TYPES and not tied:
         return "embedding-blocks", file_bytes  # only looked-up rows are ever read
     if keep_packed and meta == "tok_embeddings.weight" and tied and why is None:
@@ -303,7 +335,11 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     md = Metadata(reader, path)
     by_name = {t.name: t for t in reader.tensors}
     args = args_from_gguf(md, by_name, max_seq_len)
-    dt = resolve_dtype(dtype, dev, args)
+    # F16 matrices stay float16 on the CPU (core.model.f16) and the model around them runs
+    # in float32: bfloat16 activations would undo what keeping the file's weights is for.
+    keep_f16 = dtype in (None, "auto") and dev.type == "cpu"
+    f16 = keep_f16 and any(t.tensor_type == Q.F16 and len(t.shape) == 2 for t in reader.tensors)
+    dt = torch.float32 if f16 else resolve_dtype(dtype, dev, args)
     tok, template = tokenizer_from_gguf(md, source)
     if tok.vocab_size > args.vocab_size:
         raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the embedding only "
@@ -316,7 +352,7 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     # An explicit float dtype asks for float weights: dequantize as before.
     keep_packed = dtype in (None, "auto") or quant_kind(dtype) is not None
     cache = pack_cache_for_load(path, dev, keep_packed)
-    items, paths, held = _tensor_plan(by_name, args, dev, dt, keep_packed, source, cache)
+    items, paths, held = _tensor_plan(by_name, args, dev, dt, (keep_packed, keep_f16), source, cache)
     unsupported = _unsupported_types(reader)
     if unsupported:
         raise CheckpointError(f"tensor type {unsupported[1]} cannot be dequantized", file=source,
@@ -333,14 +369,19 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
                       tensor_paths={k: sorted(v) for k, v in sorted(paths.items())},
                       chat_template_source="gguf" if template else None,
                       general_name=md.get("general.name"))
+    if f16:
+        info["dtype_reason"] = ("float32: F16 weights stay float16 (float32 sums), the rest runs in float32 "
+                                "to stay as close to the file as its own weights allow")
     return LoadedModel(model, tok, fmt, args, stop, info, chat_template=template)
 
 
-def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt: torch.dtype, keep_packed: bool,
-                 source: str, cache: PackCache | None = None) -> tuple[list, dict[str, set[str]], int]:
+def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt: torch.dtype,
+                 keep: tuple[bool, bool], source: str,
+                 cache: PackCache | None = None) -> tuple[list, dict[str, set[str]], int]:
     """(Meta name -> loader pairs for build_model, how each tensor type is held, the bytes
-    they will take) by :func:`holding`'s rule."""
+    they will take) by :func:`holding`'s rule; ``keep``: (keep_packed, keep_f16)."""
     items, paths, held = [], {}, 0
+    tied = args.tie_word_embeddings
     for name, t in by_name.items():
         if name == ROPE_FREQS:
             continue
@@ -349,11 +390,19 @@ def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt
             raise CheckpointError("unexpected tensor (not part of a llama model)", file=source, tensor=name)
         kind = t.tensor_type.name
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        how, nbytes = holding(meta, kind, shape, int(t.n_bytes), dev, dt, keep_packed=keep_packed,
-                              tied=args.tie_word_embeddings)
-        if how == "embedding-blocks":
+        how, nbytes = holding(meta, kind, shape, int(t.n_bytes), dev, dt, keep_packed=keep[0], tied=tied,
+                              keep_f16=keep[1])
+        if how == "float16-kept":
+            embedding = meta == "tok_embeddings.weight"
+            load = float16_loader(t, dt, embedding, REFINE_LOGITS if meta == "output.weight" else 0)
+            held += nbytes
+            if embedding and tied:  # the output layer multiplies the same mapped bytes
+                output = _named_errors(float16_loader(t, dt, refine=REFINE_LOGITS), name, source)
+                output.packs_tied_output = True
+                items.append(("output.weight", output))
+        elif how == "embedding-blocks":
             load = embedding_loader(t, dev, dt)
-            if args.tie_word_embeddings:  # the output layer: the same blocks, packed
+            if tied:  # the output layer: the same blocks, packed
                 held += nbytes - int(t.n_bytes)
                 output = _named_errors(packed_loader(t, dev, "output.weight", cache), name, source)
                 output.packs_tied_output = True  # build_model takes it instead of tying

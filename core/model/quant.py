@@ -43,6 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.model.f16 import Float16Embedding, Float16Linear
+
 GROUP = 32
 #: Rows from which a matmul dequantizes to bfloat16 and runs dense (CPU), and from which
 #: the Engine prefills layer by layer: the int4 kernel costs ~0.4 ms per row of a 5632x2048
@@ -200,8 +202,8 @@ class GGUFEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, source={self.kind}"
 
 
-QuantLinear = (Int4Linear, Int8Linear)
-Packed = (Int4Linear, Int8Linear, GGUFEmbedding)
+QuantLinear = (Int4Linear, Int8Linear, Float16Linear)
+Packed = (Int4Linear, Int8Linear, GGUFEmbedding, Float16Linear, Float16Embedding)
 
 
 def packed_on_cpu(module: nn.Module) -> list[nn.Module]:
@@ -213,14 +215,14 @@ def packed_on_cpu(module: nn.Module) -> list[nn.Module]:
 @contextmanager
 def dense_weights(module: nn.Module):
     """Within the block, the CPU-packed linears of ``module`` multiply a bfloat16 copy of
-    their weight, dequantized on entry and freed on exit. A prefill that runs a long prompt
+    their weight (float32 for float16 weights: exact), dequantized on entry and freed on exit. A prefill that runs a long prompt
     through one layer in several chunks (``Engine``) so pays the dequantize once per layer,
     where each chunk alone would be too short to repay it; memory grows by one layer's
     weights in bfloat16 meanwhile."""
     layers = packed_on_cpu(module)
     try:
         for m in layers:
-            m.dense = m.dequantize(torch.bfloat16)
+            m.dense = m.dequantize(getattr(m, "dense_dtype", torch.bfloat16))
         yield
     finally:
         for m in layers:
@@ -229,7 +231,7 @@ def dense_weights(module: nn.Module):
 
 def packed_shape(m: nn.Module) -> tuple[int, int]:
     """The [rows, cols] of the weight a packed module stands for."""
-    if isinstance(m, GGUFEmbedding):
+    if isinstance(m, (GGUFEmbedding, Float16Embedding)):
         return m.num_embeddings, m.embedding_dim
     return m.out_features, m.in_features
 
@@ -514,6 +516,8 @@ def describe(model: nn.Module) -> dict[str, int]:
     for m in model.modules():
         if isinstance(m, GGUFEmbedding):
             key = f"{m.kind} embedding-blocks"
+        elif isinstance(m, Float16Linear):
+            key = f"{m.source} float16-kept"
         elif isinstance(m, QuantLinear):
             key = f"{m.source} {'int8-packed' if isinstance(m, Int8Linear) else path_of(m.source) if m.source in PACKED_TYPES else 'int4-packed'}"
         elif type(m).__name__ == "Linear":

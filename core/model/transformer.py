@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.model.args import ModelArgs
+from core.model.f16 import Float16Linear
 from core.model.kv_cache import KVCache
 
 SMALL_BATCH = 16  # rows up to which Linear multiplies weight-first (see Linear.forward)
@@ -235,7 +236,7 @@ class Transformer(nn.Module):
         (CUDA graphs) attends over the whole capacity with a mask and is not invariant."""
         self.invariant = bool(on)
         for m in self.modules():
-            if isinstance(m, Linear):
+            if isinstance(m, (Linear, Float16Linear)):
                 m.invariant = self.invariant
 
     def _per_row(self, cache) -> bool:

@@ -1,0 +1,116 @@
+"""Float16 weights kept as the file stores them, with float32 activations around them.
+
+A GGUF F16 file computed in bfloat16 drops 3 mantissa bits of every weight and of every
+activation: teacher-forced on a peaked model it stood 16x further from the exact
+(float64) result than llama.cpp, which keeps F16 weights and accumulates in float32. In
+float32 throughout it is exact but holds and reads 4 bytes a weight, and decode reads
+every weight once a token. So the linear layers keep the file's 2-byte weights (a view
+of the memory-mapped file: nothing is converted at load) and the model around them runs
+in float32:
+
+- decode (a few rows): PyTorch's float16 matrix-vector kernel, which accumulates in
+  float32; only the activation (rounded to float16, as llama.cpp does) and the output
+  (rounded once) lose bits. ``W @ x.T`` takes that kernel; ``F.linear`` on one row ran
+  2.5x slower on the AMD EPYC measured (2.3 vs 6.0 ms for 8192x2048), and fp32 ran 5.8.
+- prefill (many rows): PyTorch's float16 GEMM has no fast CPU kernel (128 rows: 255 ms
+  against 100 ms in float32 plus 53 ms to widen the weight), so from DENSE_ROWS rows the
+  weight is widened to float32 (exactly) and multiplied densely; a long prompt widens
+  each layer once per prompt (:func:`core.model.quant.dense_weights`).
+
+The output layer is the exception: its float16 results are the logits, whose rounding
+(2**-11 of a logit of 20 is 0.01) stood for most of the distance from exact (a 4-layer
+peaked model: 2.6e-4 mean |Δ log-prob|, 8.1e-5 with float32 logits, 7.9e-5 with float32
+outputs everywhere). So a layer made with ``refine=R`` recomputes its R largest outputs per
+row in float32 (a gather of R weight rows: ~1 MB at R=64 against a 128k-row vocabulary):
+the tokens that carry the probability get float32 logits, the tail keeps float16 ones.
+
+A float16 activation overflows past 65504; a row whose float16 result is not finite is
+computed again in float32, so a large activation costs time, never a wrong token.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: Rows from which a multiply widens the weight to float32 instead of running the float16
+#: GEMM (see the module docstring; bench/bench_fidelity.py measures the crossover).
+DENSE_ROWS = 16
+
+
+class Float16Linear(nn.Module):
+    """y = x @ W.T with W held in float16 and x, y in the model's (float32) dtype.
+
+    ``invariant`` (set by :meth:`Transformer.batch_invariant`): a decode step runs each
+    row through the one-row kernel, so a row's numbers do not depend on its neighbours.
+    """
+
+    def __init__(self, weight: torch.Tensor, source: str = "F16", refine: int = 0):
+        super().__init__()
+        if weight.dtype != torch.float16 or weight.dim() != 2:
+            raise ValueError(f"Float16Linear takes a 2-D float16 weight, not {weight.dtype} {tuple(weight.shape)}")
+        self.register_buffer("weight16", weight)
+        self.out_features, self.in_features = weight.shape
+        self.source = source
+        self.refine = min(refine, self.out_features)  # top outputs per row recomputed in float32
+        self.invariant = False
+        self.dense: torch.Tensor | None = None  # set within quant.dense_weights()
+        self.dense_dtype = torch.float32  # what dense_weights() widens to: exact
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        x2 = x.reshape(rows, self.in_features)
+        if self.dense is not None:
+            y = F.linear(x2.to(self.dense.dtype), self.dense)
+        elif rows >= DENSE_ROWS:
+            y = F.linear(x2.float(), self.weight16.float())
+        elif self.invariant or rows == 1:
+            y = torch.cat([self._gemv(r) for r in x2.split(1)]) if rows > 1 else self._gemv(x2)
+        else:
+            y = self._checked((self.weight16 @ x2.half().t()).t(), x2)
+        if self.refine and self.dense is None and rows < DENSE_ROWS:
+            y = self._refined(y, x2)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _gemv(self, row: torch.Tensor) -> torch.Tensor:
+        return self._checked((self.weight16 @ row.half().t()).t(), row)
+
+    def _checked(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """float32 y, recomputed in float32 when float16 overflowed (or x held inf/NaN)."""
+        y = y.float()
+        if not bool(torch.isfinite(y).all()):
+            y = F.linear(x.float(), self.weight16.float())
+        return y
+
+    def _refined(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """y with each row's ``refine`` largest entries recomputed from float32 x in float32."""
+        idx = y.topk(self.refine, dim=-1).indices  # [rows, R]
+        w = self.weight16[idx].float()  # [rows, R, K]
+        exact = torch.bmm(w, x.float().unsqueeze(-1)).squeeze(-1)
+        return y.scatter_(1, idx, exact)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.weight16.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, source={self.source}"
+
+
+class Float16Embedding(nn.Module):
+    """A token embedding held in float16 (the file's rows), looked up into the model's dtype.
+
+    ``weight`` is a zero-size stand-in carrying the device and compute dtype (what the
+    engine and KV cache ask of an embedding), as for :class:`core.model.quant.GGUFEmbedding`.
+    """
+
+    def __init__(self, half: torch.Tensor, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("weight16", half, persistent=False)
+        self.register_buffer("weight", torch.empty(0, dtype=dtype, device=half.device), persistent=False)
+        self.num_embeddings, self.embedding_dim = half.shape
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, self.weight16).to(self.weight.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, source=F16"
