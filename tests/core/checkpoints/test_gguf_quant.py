@@ -1,8 +1,6 @@
 """Quantized GGUF tensors stay packed: forward against the dequantized-float path."""
 import struct
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +12,8 @@ from gguf.quants import dequantize
 from core.checkpoints import load
 from core.errors import CheckpointError
 from tests.core.checkpoints.util import random_model, write_gguf
-from tests.helpers import greedy
+from tests import forked
+from tests.helpers import ROOT, greedy
 from core.checkpoints.gguf_write import gguf_tensor_bytes
 from tests.core.checkpoints.util import q6_k_blocks
 
@@ -188,8 +187,12 @@ def test_resident_memory_after_load_stays_near_the_packed_bytes(tmp_path):
             "def rss():\n    return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS:')).split()[1])\n"
             "load(sys.argv[2], device='cpu')\nbefore = rss()\nlm = load(sys.argv[1], device='cpu')\n"
             "print((rss() - before) * 1024, lm.info['memory_bytes'])")
-    out = subprocess.run([sys.executable, "-c", code, str(f), str(tiny)], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[3], check=True)
+    # a process of its own, forked from tests/forked.py's server rather than started (its
+    # Python and torch start-up, ~2.5 s of CPU, happened once there)
+    script = tmp_path / "rss.py"
+    script.write_text(code)
+    out = forked.run(forked.script, str(script), [str(f), str(tiny)], cwd=ROOT)
+    assert out.returncode == 0, out.stderr
     grown, packed = map(int, out.stdout.split())
     tensor = gguf_tensor_bytes(f)
     assert packed <= 1.2 * tensor
