@@ -9,7 +9,7 @@ def add_tool_opts(p, *, call_timeout: bool = True) -> None:
     p.add_argument("--mcp", default=None, metavar="CONFIG",
                    help="an mcp.json in Claude Desktop's / LM Studio's shape (default: mcp.json in the "
                         "config folder, when there is one)")
-    p.add_argument("--server", action="append", default=[], metavar="NAME",
+    p.add_argument("--mcp-server", action="append", default=[], metavar="NAME",
                    help="use only this MCP server of the configuration, even a disabled one (repeatable)")
     p.add_argument("--builtin", action="append", default=[], metavar="NAME", choices=list(BUILTIN_TOOLS),
                    help="enable a built-in tool: " + ", ".join(BUILTIN_TOOLS) + " (repeatable)")

@@ -25,20 +25,20 @@ from core.tools.spec import ToolCall
 
 
 def servers_from_args(args, hub: McpHub | None = None) -> list[McpServer]:
-    """The MCP servers ``--mcp``/``--server`` name (none when there is no configuration)."""
+    """The MCP servers ``--mcp``/``--mcp-server`` name (none when there is no configuration)."""
     path = Path(args.mcp) if args.mcp else mcp_config.default_path()
     if not args.mcp and not path.exists():
-        if args.server:
-            raise SettingsError(f"--server {args.server[0]}: there is no MCP configuration ({path}); give --mcp")
+        if args.mcp_server:
+            raise SettingsError(f"--mcp-server {args.mcp_server[0]}: there is no MCP configuration ({path}); give --mcp")
         return []
     if args.mcp and not path.exists():
         raise SettingsError(f"--mcp: no file {path}")
     conf = mcp_config.load(path)
-    missing = [n for n in args.server if n not in conf.servers]
+    missing = [n for n in args.mcp_server if n not in conf.servers]
     if missing:
-        raise SettingsError(f"--server {missing[0]}: {path} has no such server "
+        raise SettingsError(f"--mcp-server {missing[0]}: {path} has no such server "
                             f"(it has: {', '.join(conf.servers) or 'none'})")
-    chosen = [conf.servers[n] for n in args.server] if args.server else conf.enabled()
+    chosen = [conf.servers[n] for n in args.mcp_server] if args.mcp_server else conf.enabled()
     return [McpServer(s, hub=hub) for s in chosen]
 
 

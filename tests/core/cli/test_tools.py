@@ -42,7 +42,7 @@ def test_list_starts_each_enabled_server_and_says_which_failed(capsys, config):
 
 
 def test_call_runs_one_tool_of_one_server(capsys, config):
-    rc, out, err = run_cli(capsys, "tools", "call", "add", '{"a": 2, "b": 40}', "--mcp", config, "--server", "local",
+    rc, out, err = run_cli(capsys, "tools", "call", "add", '{"a": 2, "b": 40}', "--mcp", config, "--mcp-server", "local",
                            "--json")
     assert rc == 0 and json.loads(out)["content"] == "42" and json.loads(out)["provider"] == "mcp:local"
 
@@ -61,7 +61,7 @@ def test_builtin_tools_without_a_config(capsys, tmp_path, monkeypatch):
     (["call", "invented", "--builtin", "calculator"], "no tool named 'invented' (the tools: calculator)"),
     (["list", "--builtin", "shell"], "invalid choice: 'shell'"),
     (["list", "--mcp", "{missing}"], "--mcp: no file"),
-    (["list", "--mcp", "{config}", "--server", "nope"], "--server nope: {config} has no such server"),
+    (["list", "--mcp", "{config}", "--mcp-server", "nope"], "--mcp-server nope: {config} has no such server"),
     (["list", "--mcp", "{broken}"], "not valid JSON"),
     (["list", "--mcp", "{badfield}"], "server 's': 'args' must be a list"),
 ])
@@ -72,3 +72,18 @@ def test_bad_input_exits_2_with_one_line(capsys, config, tmp_path, argv, words):
              "badfield": tmp_path / "badfield.json"}
     rc, out, err = run_cli(capsys, "tools", *[str(names[a[1:-1]]) if a[1:-1] in names else a for a in argv])
     assert (rc, out) == (2, "") and len(err.splitlines()) == 1 and words.replace("{config}", str(config)) in err
+
+
+def test_the_tool_options_fit_beside_generate_compare_and_serve():
+    """generate --mcp takes the same options (toolbox_from_args): none may clash with theirs
+    (--server is the remote backend's URL there, hence --mcp-server)."""
+    import argparse
+
+    from core.cli.main import build_parser
+    from core.cli.tool_opts import add_tool_opts
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name in ("generate", "compare", "serve"):
+        add_tool_opts(sub.choices[name])
+    args = sub.choices["generate"].parse_args(["m", "--prompt", "hi", "--server", "http://h", "--mcp-server", "files", "--builtin",
+                                               "calculator"])
+    assert (args.server, args.mcp_server, args.builtin) == ("http://h", ["files"], ["calculator"])
