@@ -381,6 +381,7 @@ def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt
     """(Meta name -> loader pairs for build_model, how each tensor type is held, the bytes
     they will take) by :func:`holding`'s rule; ``keep``: (keep_packed, keep_f16)."""
     items, paths, held = [], {}, 0
+    layer_f16: dict[str, int] = {}  # block index -> bytes of its float16-kept matrices
     tied = args.tie_word_embeddings
     for name, t in by_name.items():
         if name == ROPE_FREQS:
@@ -415,7 +416,10 @@ def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt
             load = tensor_loader(t, dt)
         paths.setdefault(kind, set()).add(how)
         items.append((meta, _named_errors(load, name, source)))
-    return items, paths, held
+        if how == "float16-kept" and (m := _BLK.fullmatch(name)):
+            layer_f16[m.group(1)] = layer_f16.get(m.group(1), 0) + nbytes
+    # a prefill widens one layer's float16 matrices to float32 at a time (core.model.f16)
+    return items, paths, held + 2 * max(layer_f16.values(), default=0)
 
 
 def _named_errors(load: Callable[[], torch.Tensor], gguf_tensor: str, source: str):

@@ -152,3 +152,16 @@ def test_nan_in_an_f16_matrix_is_refused_naming_the_tensor(tmp_path):
     from core.errors import CheckpointError
     with pytest.raises(CheckpointError, match="blk.1.ffn_down.weight.*|NaN"):
         load(f, device="cpu", dtype="auto")
+
+
+def test_the_memory_check_counts_the_file_bytes_and_one_widened_layer(peaked_f16, monkeypatch):
+    from core.checkpoints import gguf as gguf_loader
+    from core.checkpoints.gguf_write import gguf_tensor_bytes
+    f, exact, _ = peaked_f16
+    seen = {}
+    real = gguf_loader.limits.check_model
+    monkeypatch.setattr(gguf_loader.limits, "check_model",
+                        lambda *a, held=None, **kw: seen.setdefault("held", held) and real(*a, held=held, **kw))
+    load(f, device="cpu", dtype="auto")
+    layer = sum(p.numel() for n, p in exact.layers[0].named_parameters() if n.endswith("weight") and p.dim() == 2)
+    assert seen["held"] == gguf_tensor_bytes(f) + 4 * layer  # float16 copies in float32: 2 more bytes each
