@@ -173,5 +173,8 @@ if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
     if mode == "noisy":
         os.write(1, b"Starting server v1.0...\n{not json either\n")
+    if mode == "http":  # a child on a port, for a server that dies mid-call
+        build().run("streamable-http", port=int(sys.argv[2]))
+        sys.exit(0)
     {"stdio": lambda: build().run(), "noisy": lambda: build().run(), "silent": silent, "liar": liar,
      "rogue": rogue}[mode]()

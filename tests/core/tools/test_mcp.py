@@ -203,3 +203,29 @@ def test_a_toolbox_routes_to_mcp_and_builtin_tools(server):
     assert "add" in names and "calculator" in names
     assert box.call(ToolCall("add", {"a": 3, "b": 4})).content == "7"
     assert box.runs[-1].provider == "mcp:local"
+
+
+def test_an_http_server_that_exits_mid_call_is_said_then_unreachable(hub):
+    import socket
+    import subprocess
+    port = free_port()
+    child = subprocess.Popen([sys.executable, SCRIPT, "http", str(port)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and child.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.02)  # the child's port opens when it is ready; nothing else to wait on
+        s = McpServer(ServerConfig("web", url=f"http://127.0.0.1:{port}/mcp"), hub=hub)
+        assert call(s, "add", a=1, b=2).content == "3"
+        died = call(s, "die")
+        assert died.is_error and died.content == "MCP server 'web' closed the connection (tool 'die')"
+        child.wait(10)
+        gone = call(s, "add", a=1, b=2, timeout=5)
+        assert gone.is_error and gone.content.startswith(f"MCP server 'web' cannot be reached at http://127.0.0.1:{port}")
+        s.close()
+    finally:
+        child.kill()
+        child.wait(10)
