@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import base64
 import concurrent.futures
 import json
 import logging
 import os
-import re
 import sys
 import tempfile
 import threading
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import httpx2
@@ -38,68 +35,23 @@ from pydantic import ValidationError
 from core.errors import one_line
 from core.tools.config import ServerConfig
 from core.tools.mcp_stdio import MAX_MESSAGE_BYTES, StdioStats, bounded_stdio
+from core.tools.mcp_shapes import (MAX_RESOURCE_CHARS, McpError, McpPrompt, McpResource, PromptArgument,
+                                   ResourceText, blob_text, blocks_text, prompt_text, tool_name)
 from core.tools.spec import MAX_RESULT_CHARS, MAX_TOOLS, Tool, ToolCall, ToolError, ToolResult
 
 __all__ = ["McpError", "McpHub", "McpServer", "McpPrompt", "PromptArgument", "McpResource", "ResourceText",
            "MAX_RESOURCE_CHARS", "prompt_text"]
 
-MAX_RESOURCE_CHARS = 200_000  # a resource attached to a message
 MAX_LISTED = 1024  # tools, prompts or resources one server may list
 MAX_PAGES = 50
 MAX_STDERR_BYTES = 4 << 20  # a server's log kept for error messages
 _CLOSE_TIMEOUT = 8.0  # the SDK's own stdio shutdown is bounded at about 6 s
 _POLL = 0.05  # how often a waiting caller looks at its cancel event
-_BAD_NAME = re.compile(r"[^A-Za-z0-9_-]")
 # The SDK logs a traceback for each line a server writes that is not JSON-RPC; a server that
 # logs to stdout would fill the terminal. What matters is said per server instead (notes).
 logging.getLogger("mcp").addHandler(logging.NullHandler())
 
 
-class McpError(ToolError):
-    """An MCP server that could not do what was asked; one line naming the server."""
-
-
-@dataclass(frozen=True)
-class PromptArgument:
-    name: str
-    description: str = ""
-    required: bool = False
-
-
-@dataclass(frozen=True)
-class McpPrompt:
-    """A prompt template a server offers; ``get_prompt`` fills it in."""
-    server: str
-    name: str
-    description: str = ""
-    arguments: tuple[PromptArgument, ...] = ()
-
-
-@dataclass(frozen=True)
-class McpResource:
-    """Something a server can be asked to read (a file, a record) and attach to a message."""
-    server: str
-    uri: str
-    name: str
-    description: str = ""
-    mime_type: str = ""
-    size: int | None = None
-
-
-@dataclass(frozen=True)
-class ResourceText:
-    uri: str
-    text: str
-    mime_type: str = ""
-    truncated: bool = False
-
-
-def prompt_text(messages: list[dict[str, str]]) -> str:
-    """A filled-in prompt as one text to put in the prompt editor: a lone user message as it
-    is, several messages each under its role."""
-    if len(messages) == 1 and messages[0]["role"] == "user":
-        return messages[0]["content"]
-    return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -461,7 +413,7 @@ class McpServer:
         listed = await self._pages(lambda c, cur: c.list_tools(cursor=cur), lambda p: p.tools)
         tools, names, notes = [], {}, []
         for t in listed:
-            name = _tool_name(t.name, names)
+            name = tool_name(t.name, names)
             try:
                 tools.append(Tool(name, (t.description or "")[:4000], dict(t.input_schema or {}), self.source))
             except ToolError as e:
@@ -480,7 +432,7 @@ class McpServer:
 
     async def _call(self, remote: str, arguments: dict) -> tuple[str, bool]:
         result = await self._session_call(lambda c: c.call_tool(remote, arguments))
-        text = _blocks_text(result.content)
+        text = blocks_text(result.content)
         if not text and result.structured_content is not None:
             text = json.dumps(result.structured_content, ensure_ascii=False)
         return text, bool(result.is_error)
@@ -495,7 +447,7 @@ class McpServer:
         result = await self._session_call(lambda c: c.get_prompt(name, args))
         out, total = [], 0
         for m in result.messages:
-            text = _blocks_text([m.content])
+            text = blocks_text([m.content])
             total += len(text)
             if total > MAX_RESOURCE_CHARS:
                 raise McpError(f"MCP server '{self.name}': prompt '{name}' is over {MAX_RESOURCE_CHARS:,} characters")
@@ -514,7 +466,7 @@ class McpServer:
             mime = mime or (item.mime_type or "")
             text = getattr(item, "text", None)
             if text is None:
-                text = _blob_text(item, self.name)
+                text = blob_text(item, self.name)
             parts.append(text)
         text = "\n".join(parts)
         cut = len(text) > limit
@@ -547,40 +499,3 @@ def _root(exc: BaseException) -> BaseException:
         inner = [e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)]
         exc = (inner or list(exc.exceptions))[0]
     return exc
-
-
-def _tool_name(name: str, taken: dict) -> str:
-    """An OpenAI-valid name for an MCP tool (MCP allows dots and longer names)."""
-    base = _BAD_NAME.sub("_", name)[:64] or "tool"
-    out, n = base, 2
-    while out in taken:
-        out = f"{base[:60]}_{n}"
-        n += 1
-    return out
-
-
-def _blocks_text(blocks) -> str:
-    parts = []
-    for b in blocks or ():
-        kind = getattr(b, "type", "")
-        if kind == "text":
-            parts.append(b.text)
-        elif kind in ("image", "audio"):
-            parts.append(f"[{kind}: {b.mime_type}, {len(b.data) * 3 // 4:,} bytes, not shown to the model]")
-        elif kind == "resource":
-            res = b.resource
-            parts.append(res.text if hasattr(res, "text") else f"[binary resource {res.uri}]")
-        elif kind == "resource_link":
-            parts.append(f"[resource {b.uri}: {b.name}]")
-    return "\n".join(parts)
-
-
-def _blob_text(item, server: str) -> str:
-    mime = (item.mime_type or "").lower()
-    if not (mime.startswith("text/") or mime in ("application/json", "application/xml")):
-        raise McpError(f"MCP server '{server}': {item.uri} is binary ({mime or 'unknown type'}), "
-                       "not text that can be attached")
-    try:
-        return base64.b64decode(item.blob).decode("utf-8", "replace")
-    except ValueError:
-        raise McpError(f"MCP server '{server}': {item.uri} is not valid base64") from None
