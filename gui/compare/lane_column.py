@@ -6,6 +6,7 @@ The column holds a lane's editable state and shows what it is told; the view
 """
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from PySide6.QtCore import QSize, Qt, QUrl, Signal
@@ -18,6 +19,7 @@ from core.engine.settings import SCHEMA
 
 from gui import theme
 from gui.widgets.stats import format_stats
+from gui.compare.grounding import LaneDocuments
 from gui.compare.lanes import calls_label, divergence_label, lane_diff
 from gui.compare.models import LaneModel
 from gui.settings.output_format import CONSTRAINT_HINTS, CONSTRAINT_KINDS
@@ -121,6 +123,8 @@ class LaneColumn(QFrame):
         self._speculative_row(lay)
         self._constraint_row(lay)
         self._bias_row(lay)
+        self.documents = LaneDocuments(self)  # what the lane's question is grounded in
+        lay.addWidget(self.documents)
         self._editable = (True, False)  # set_editable's: editable, seed locked
         self.set_settings(settings)
         for w in self.fields.values():
@@ -510,6 +514,9 @@ class LaneColumn(QFrame):
             label += (("<br>" if label else "") + f"<span style='color: {colors['accent']}; font-weight: 600;'>"
                       f"Branch</span> at token {self.branch['at'] + 1}: the tokens before it are "
                       f"lane {self.branch_source(columns)}'s, this token was forced")
+        if run.grounding or self.documents.spec() is not None:
+            label += ("<br>" if label else "") + f"<span style='color: {colors['muted']};'>Grounding: " \
+                f"{html.escape(run.grounding or 'not grounded (documents chosen after this run)')}</span>"
         self.divergence.setText(label)
         self.set_html(render_lane_html(self.lane, run, diff=diff, heatmap=heatmap, selected=selected, colors=colors,
                                        branch_at=self.branch["at"] if self.branch else None), follow=following)

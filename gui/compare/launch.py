@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 
+from gui.compare import grounding
 from gui.compare.view import CompareView
 from gui.dialogs.server_dialog import ServerDialog
 
@@ -25,6 +26,7 @@ def compare_window_for(window) -> CompareView:
     format; "Adopt" writes through the window's conversation model, and clears the
     prompt editor when the adopted prompt came from it.
     """
+    grounding.SOURCE = window.chats.attachments  # lanes can be grounded in the chat's files and collections
     panel = window.panel
     text = window.prompt.text()
     system = panel.system_prompt()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
+from core.documents import DocumentError
 from core.engine.events import Done, Prefilled
 from core.engine.lanes import MAX_LANES
 from core.engine.settings import SamplingParams
@@ -25,6 +26,7 @@ from core.worker.protocol import CompareRequest, Error, Prompted
 
 from gui.bridge import BridgeError, Chunk
 from gui.widgets.token_run import LaneRun
+from gui.compare.grounding import describe, grounded_messages, spec_key
 from gui.compare.models import LaneModel, ModelShelf
 
 RETRY_HINT = " — press Run to try again."
@@ -47,6 +49,7 @@ class LaneJob:
     params: SamplingParams
     branch: dict | None = None  # the lane's branch (see gui.compare.lane_column.LaneColumn.branch)
     run: LaneRun = field(default_factory=LaneRun)
+    documents: dict | None = None  # what the lane's question is grounded in (gui.compare.grounding)
 
     def __post_init__(self) -> None:
         if self.branch:
@@ -134,10 +137,11 @@ def running_line(jobs: list[LaneJob]) -> str:
 
 
 def plan(jobs: list[LaneJob]) -> list[Group]:
-    """The requests of a run: one per model, and one per branched lane."""
+    """The requests of a run: one per model and grounding, and one per branched lane."""
     groups: dict[tuple, list[int]] = {}
     for k, job in enumerate(jobs):
-        groups.setdefault(("branch", id(job)) if job.branch else job.model.group, []).append(k)
+        key = ("branch", id(job)) if job.branch else (job.model.group, spec_key(job.documents))
+        groups.setdefault(key, []).append(k)
     out = []
     for lanes in groups.values():
         b = jobs[lanes[0]].branch
@@ -198,10 +202,30 @@ class ComparisonRunner(QObject):
             await asyncio.gather(*(
                 self._run_group(g.model, [jobs[k] for k in g.lanes],
                                 replace(base, lanes=[jobs[k].params for k in g.lanes], model="", **g.extra), failed)
-                for g in plan(jobs)))
+                for g in await self._grounded(base, jobs, plan(jobs), failed)))
         finally:
             self.streams = []
         return failed
+
+    async def _grounded(self, base: CompareRequest, jobs: list[LaneJob], groups: list[Group],
+                        failed: list[str]) -> list[Group]:
+        """The groups with their question grounded as their lanes ask (on a thread); a group
+        whose documents cannot be read fails its lanes with the reason and is left out."""
+        out = []
+        context = int((getattr(self.bridge, "model_info", None) or {}).get("context_length") or 4096)
+        for g in groups:
+            spec = jobs[g.lanes[0]].documents
+            if spec_key(spec):
+                try:
+                    messages, summary = await grounded_messages(base.messages, spec, context)
+                except DocumentError as e:
+                    self._fail(g.model, [jobs[k] for k in g.lanes], f"documents: {e}", RETRY_HINT, failed)
+                    continue
+                g = replace(g, extra={**g.extra, "messages": messages})
+                for k in g.lanes:
+                    jobs[k].run.grounding = describe(spec, summary)
+            out.append(g)
+        return out
 
     def stop(self) -> None:
         """Cancel every request of the run (a checkpoint still opening never starts)."""

@@ -360,7 +360,8 @@ class CompareView(QWidget):
             self.status.setText(f"Settings: {e}")
             return None
         targets = [i for i, c in enumerate(self.columns) if only is None or c in only]
-        jobs = [LaneJob(i + 1, self.model_of(i), params[i], self.columns[i].branch) for i in targets]
+        jobs = [LaneJob(i + 1, self.model_of(i), params[i], self.columns[i].branch,
+                        documents=self.columns[i].documents.spec()) for i in targets]
         notices, refused = refusals(jobs)
         if refused:
             for k, notice in notices.items():

@@ -52,6 +52,7 @@ class LaneRun:
     # The calls the reply made (OpenAI-shaped dicts), when it ended with stop reason "tool_calls".
     tool_calls: list[dict] = field(default_factory=list)
     diff_cache: tuple | None = field(default=None, repr=False, compare=False)  # the view's last diff of it
+    grounding: str = ""  # a comparison lane grounded in documents: how (gui/compare/grounding.py)
 
     @property
     def finished(self) -> bool:
