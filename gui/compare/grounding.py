@@ -57,10 +57,15 @@ class LaneDocuments(QWidget):
         self.setObjectName("laneDocuments")
         row = QHBoxLayout(self)
         row.setContentsMargins(0, 0, 0, 0)
-        row.addWidget(QLabel("Documents"))
+        label = QLabel("Documents")
+        label.setMinimumWidth(label.sizeHint().width())  # the combos give way, never the word
+        row.addWidget(label)
         self.source = QComboBox(self)
         self.source.setObjectName("laneDocumentsSource")
         self.source.setToolTip("What this lane's question is grounded in")
+        # a long collection name must not widen the lane (it would clip a narrow window)
+        self.source.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.source.setMinimumContentsLength(4)
         self.source.addItem("None", NONE)
         self.source.currentIndexChanged.connect(self._sync)
         row.addWidget(self.source, 1)
@@ -75,6 +80,8 @@ class LaneDocuments(QWidget):
         self.mode.setObjectName("laneDocumentsMode")
         for m in MODES:
             self.mode.addItem(MODE_NAMES.get(m, m), m)
+        self.mode.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.mode.setMinimumContentsLength(4)
         self.mode.setToolTip("Retrieval: BM25 (words), dense (an embedding model), or both fused")
         row.addWidget(self.mode)
         for w in (self.k, self.mode):
