@@ -19,7 +19,8 @@ from PySide6.QtCore import QObject, Signal
 from core.errors import one_line
 from core.tools import config as mcp_config
 from core.tools.builtin import BUILTIN_TOOLS, BuiltinTools
-from core.tools.mcp_client import McpPrompt, McpResource, McpServer, prompt_text
+from core.tools.mcp_client import McpServer
+from core.tools.mcp_shapes import McpPrompt, McpResource, prompt_text
 
 from gui.chat.chat_tools import BUILTIN, ChatTools
 

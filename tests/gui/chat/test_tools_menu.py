@@ -2,7 +2,7 @@
 the options kept in the settings, an MCP prompt filled into the editor (issue 25)."""
 from __future__ import annotations
 
-from core.tools.mcp_client import McpPrompt
+from core.tools.mcp_shapes import McpPrompt
 from gui.chat.tools_menu import ASK_KEY, ROUNDS_KEY
 from tests.gui.ui_helpers import bridge, data_dir, loop, run, settings, window  # noqa: F401 (fixtures)
 
