@@ -16,7 +16,8 @@ from gui.chat.controller import ConversationController
 from tests.core.documents.conftest import write_pdf
 from tests.gui.chat.test_controller import Models, AnyBackendBridge
 from tests.gui.chat.test_reply import Settings, hello
-from tests.gui.ui_helpers import loop, run, until  # noqa: F401 (fixtures)
+from core.history.export import export_json, import_json
+from tests.gui.ui_helpers import bridge, data_dir, load, loop, run, send, settings, until, window  # noqa: F401
 
 NOTES = "# Garden\n\nThe blue watering can stands behind the shed.\n\nTomatoes need sun every day.\n"
 
@@ -126,3 +127,29 @@ def test_column_attaches_pasted_files_and_shows_chips(loop, chats, files, qtbot)
     assert [f.name for f in chats.attachments.files] == ["paper.pdf", "notes.md"]
     settle(loop, chats.attachments)
     col.grab().save("/tmp/docsgui-attach.png")
+
+
+def test_in_the_window_a_grounded_reply_says_where_it_came_from(qtbot, loop, window, fixtures, tmp_path):
+    """As a user: load the model, attach a file, ask, then ask where the reply came from."""
+    run(loop, load(window, fixtures / "stories260K.gguf"))
+    story = tmp_path / "story.md"
+    story.write_text("# Lily\n\nLily had a big red ball. She played with it in the park every day.\n")
+    window.attach_bar.add([str(story)])
+    settle(loop, window.chats.attachments)
+    reply = run(loop, send(qtbot, window, "What did Lily have?", max_tokens=12))
+    user = window.chats.conversation.path()[0]
+    assert grounded.summary(user.meta) == "read in full" and not window.chats.attachments.pending
+    w = window.chat.widget_for(reply["id"])
+    assert w.body.cite == {1} and w.where_button.isVisible()
+    assert "read in full" in window.chat.widget_for(user.id).chips.text()
+    w.where_button.click()
+    panel = window.column.sources
+    run(loop, until(lambda: "Where did this" in panel.title.text(), 20, "the ranking"))
+    assert "[1] story.md" in panel.body.toPlainText() and "no passage" in panel.body.toPlainText()
+    window.grab().save("/tmp/docsgui-window-grounded.png")
+    # exported and imported, the question keeps its documents and the reply its sources
+    data = export_json(window.history, window.chats.conversation.conv_id)
+    conv = import_json(window.history, data)
+    window.chats.open(conv.id)
+    views = window.chats.conversation.view_messages()
+    assert views[0]["documents"] == ["story.md", "read in full"] and views[1]["sources"] == [1]
