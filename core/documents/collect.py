@@ -185,6 +185,8 @@ class _Run:
         return self.finish("done", "")
 
     def finish(self, state: str, message: str) -> Progress:
+        with self.ix.tx() as c:  # the passages of files that changed or went: once, at the end
+            self.ix.drop_orphans(c)
         self.ix.set_state(self.coll.id, state, message)
         self.emit(True, state=state, message=message, current="")
         return self.p
@@ -194,50 +196,54 @@ class _Run:
         if row is not None and row["size"] == size and row["mtime_ns"] == mtime:
             self.emit(files_done=self.p.files_done + 1)
             return
+        new = None
         try:
-            blob_id, status, reason = self.read(path, size, mtime, row)
+            blob_id, new, reason = self.read(path, size, mtime)
         except FileNotFoundError:
-            blob_id, status, reason = None, "gone", "deleted while indexing"
+            blob_id, reason = None, "deleted while indexing"
         except (DocumentError, OSError) as e:
-            blob_id, status, reason = None, "skipped", getattr(e, "reason", None) or str(e)
-        if status == "gone":
+            blob_id, reason = None, getattr(e, "reason", None) or str(e)
+        if reason == "deleted while indexing":
             with self.ix.tx() as c:
                 c.execute("DELETE FROM doc_files WHERE collection_id = ? AND path = ?", (self.coll.id, path))
-        elif status != "ok" or blob_id is not None:
-            self.store(path, size, mtime if status != "changed" else -1, blob_id,
-                       "ok" if status == "ok" else "skipped", reason)
-        if status != "ok":
+        elif reason.startswith("changed while"):  # read again next time; its old passages stay meanwhile
+            old = row["blob_id"] if row is not None else None
+            self.store(path, size, -1, old, None, "ok" if old else "skipped", reason)
+        else:
+            self.store(path, size, mtime, blob_id, new, "skipped" if reason else "ok", reason)
+        if reason:
             self.emit(skipped=self.p.skipped + ((path, reason),))
         self.emit(files_done=self.p.files_done + 1)
 
-    def read(self, path: str, size: int, mtime: int, row) -> tuple[int | None, str, str]:
+    def read(self, path: str, size: int, mtime: int) -> tuple[int | None, tuple | None, str]:
+        """(blob id of the same content indexed before, or None and (document, chunks) read
+        now; why it is skipped or "")."""
         if not os.path.exists(path):
             raise FileNotFoundError(path)
         digest, n = _sha256(path)
         blob = self.ix.blob_by_sha(digest)
+        new = None
         if blob is None:
             doc = extract(path)
             if doc.sha256 != digest:
-                return None, "changed", "changed while being read: read again next time"
-            chunks = chunk_document(doc, self.count, max_tokens=self.max_tokens)
-            with self.ix.tx() as c:
-                blob_id = self.ix.insert_blob(c, doc, chunks, self.max_tokens, False)
+                return None, None, "changed while being read: read again next time"
+            new = (doc, chunk_document(doc, self.count, max_tokens=self.max_tokens))
             self.emit(files_read=self.p.files_read + 1, bytes_read=self.p.bytes_read + n)
-        else:
-            blob_id = blob.id
         st = os.stat(path)
         if (st.st_size, st.st_mtime_ns) != (size, mtime):
-            return blob_id, "changed", "changed while being read: read again next time"
-        return blob_id, "ok", ""
+            return None, None, "changed while being read: read again next time"
+        return (blob.id if blob else None), new, ""
 
-    def store(self, path, size, mtime, blob_id, status, reason) -> None:
+    def store(self, path, size, mtime, blob_id, new, status, reason) -> None:
+        """The file's row (and its new passages) in one transaction."""
         with self.ix.tx() as c:
+            if new is not None:
+                blob_id = self.ix.insert_blob(c, new[0], new[1], self.max_tokens, False)
             c.execute("INSERT INTO doc_files (collection_id, path, size, mtime_ns, blob_id, status, reason, indexed_at)"
                       " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (collection_id, path) DO UPDATE SET"
                       " size = excluded.size, mtime_ns = excluded.mtime_ns, blob_id = excluded.blob_id,"
                       " status = excluded.status, reason = excluded.reason, indexed_at = excluded.indexed_at",
                       (self.coll.id, path, size, mtime, blob_id, status, reason, time.time()))
-            self.ix.drop_orphans(c)
 
     def drop_removed(self, known: dict, present: set[str]) -> None:
         gone = [p for p in known if p not in present]
@@ -246,7 +252,6 @@ class _Run:
             with self.ix.tx() as c:
                 c.execute(f"DELETE FROM doc_files WHERE collection_id = ? AND path IN ({','.join('?' * len(part))})",
                           (self.coll.id, *part))
-                self.ix.drop_orphans(c)
         if gone:
             self.emit(True, removed=len(gone))
 

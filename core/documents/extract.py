@@ -39,6 +39,7 @@ _READ_BLOCK = 1 << 20
 _SNIFF = 8192
 _HTML_BLOCKS = ["p", "div", "section", "article", "li", "tr", "table", "ul", "ol", "pre", "blockquote", "dt", "dd"]
 _BINARY_CONTROL_RATIO = 0.10
+_CONTROL_BYTES = bytes(c for c in range(32) if c not in (9, 10, 12, 13)) + b"\x7f"
 
 
 class DocumentError(LlamaDeskError):
@@ -144,7 +145,7 @@ def _looks_binary(head: bytes) -> str | None:
         return None
     if b"\x00" in head:
         return "it holds NUL bytes: a binary file, not text"
-    controls = sum(1 for c in head if c < 32 and c not in (9, 10, 12, 13) or c == 127)
+    controls = len(head) - len(head.translate(None, _CONTROL_BYTES))
     if controls / len(head) > _BINARY_CONTROL_RATIO:
         return f"{controls * 100 // len(head)}% of its first bytes are control codes: a binary file, not text"
     return None

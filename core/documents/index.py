@@ -94,6 +94,9 @@ class DocumentIndex:
         self._conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=30.0)
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA foreign_keys = ON")
+        # WAL + NORMAL: a commit survives the process dying (only a power cut can undo the last
+        # few), and indexing a folder is not an fsync per file; the history's own writes stay FULL.
+        self._conn.execute("PRAGMA synchronous = NORMAL")
         if self.path == ":memory:":
             self._create_in_memory()
 

@@ -157,3 +157,21 @@ def test_unreadable_subfolder_is_said(ix, tmp_path):
         assert "cannot list the folder" in dict(p.skipped)[str(locked)]
     finally:
         locked.chmod(0o755)
+
+
+def test_a_file_changed_mid_read_keeps_its_old_passages_until_next_time(ix, tmp_path):
+    root = _folder(tmp_path)
+    index_collection(ix, root)
+    a = root / "a.md"
+    a.write_text("# A\n\nAvocados are green.")
+
+    def progress(p):
+        if p.current == str(a) and "Avocados" in a.read_text():
+            a.write_text("# A\n\nAcai berries are purple, mostly.")  # while the job is on it
+    p = index_collection(ix, root, progress=progress, every=0)
+    assert dict(p.skipped)[str(a)] == "changed while being read: read again next time"
+    texts = {r[0] for r in ix.q("SELECT text FROM doc_chunks")}
+    assert "# A\n\nApples are red." in texts  # the last good read stays searchable
+    index_collection(ix, root)
+    texts = {r[0] for r in ix.q("SELECT text FROM doc_chunks")}
+    assert "# A\n\nAcai berries are purple, mostly." in texts and "# A\n\nApples are red." not in texts
