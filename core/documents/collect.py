@@ -9,7 +9,6 @@ one transaction, so a cancel or a crash loses nothing already indexed.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
@@ -18,7 +17,7 @@ from typing import Callable, Iterator
 
 from core import limits
 from core.documents.chunk import DEFAULT_CHUNK_TOKENS, TokenCounter, approx_tokens, chunk_document
-from core.documents.extract import DocumentError, extract, kind_of
+from core.documents.extract import DocumentError, extract, file_sha256, kind_of
 from core.documents.index import DocumentIndex
 
 __all__ = ["IndexJob", "Progress", "index_collection", "walk"]
@@ -123,17 +122,6 @@ def _visit(entry: os.DirEntry, depth: int, seen: set, stack: list, found: _Found
         found.skipped.append((entry.path, f"cannot read it: {e.strerror or e}"))
 
 
-def _sha256(path: str) -> tuple[str, int]:
-    h, n = hashlib.sha256(), 0
-    with limits.opened_regular(path, error=DocumentError) as fd:
-        while True:
-            b = os.read(fd, 1 << 20)
-            if not b:
-                return h.hexdigest(), n
-            h.update(b)
-            n += len(b)
-
-
 class _Run:
     """One indexing pass over a collection (the body of :func:`index_collection`)."""
 
@@ -220,7 +208,7 @@ class _Run:
         now; why it is skipped or "")."""
         if not os.path.exists(path):
             raise FileNotFoundError(path)
-        digest, n = _sha256(path)
+        digest, n = file_sha256(path)
         blob = self.ix.blob_by_sha(digest)
         new = None
         if blob is None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from core import limits
 from core.errors import LlamaDeskError
 
-__all__ = ["Document", "DocumentError", "Section", "extract", "kind_of", "SUFFIX_KINDS"]
+__all__ = ["Document", "DocumentError", "Section", "extract", "file_sha256", "kind_of", "SUFFIX_KINDS"]
 
 _CODE = (".py", ".pyi", ".c", ".h", ".cc", ".cpp", ".hpp", ".cxx", ".rs", ".go", ".java", ".kt", ".js", ".jsx",
          ".ts", ".tsx", ".rb", ".php", ".cs", ".swift", ".m", ".scala", ".sh", ".bash", ".zsh", ".ps1", ".sql",
@@ -111,6 +111,25 @@ def extract(path: str | os.PathLike, *, kind: str | None = None) -> Document:
 
 
 # --------------------------------------------------------------------------- reading bytes
+
+def file_sha256(path: str | os.PathLike) -> tuple[str, int]:
+    """(SHA-256, size) of a file, read streamed, refused by size first as :func:`extract`
+    would: whether this content was indexed before is known without parsing it."""
+    path = os.fspath(path)
+    limit = _limit_for(kind_of(path) or "text")
+    h, n = hashlib.sha256(), 0
+    with limits.opened_regular(path, error=DocumentError) as fd:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise DocumentError(f"it is {limits.human(size)}, more than the {limits.human(limit)} "
+                                "a document of its kind may be", path=path)
+        while True:
+            b = os.read(fd, _READ_BLOCK)
+            if not b:
+                return h.hexdigest(), n
+            h.update(b)
+            n += len(b)
+
 
 def _limit_for(kind: str) -> int:
     return {"pdf": limits.MAX_PDF_BYTES, "docx": limits.MAX_OFFICE_BYTES,

@@ -97,9 +97,9 @@ def ground(question: str, index: DocumentIndex, *, attachments: Sequence[str | o
     ``budget_tokens``. ``k`` caps the passages retrieved (default: as many as fit)."""
     blob_ids, notes = [], []
     for path in attachments:
-        blob, doc = index.attach(path, count_tokens, max_tokens=max_chunk_tokens)
+        blob, _ = index.attach(path, count_tokens, max_tokens=max_chunk_tokens)
         blob_ids.append(blob.id)
-        notes += [f"{doc.name}: {n}" for n in doc.notes]
+        notes += [f"{os.path.basename(os.fspath(path))}: {n}" for n in blob.notes]
     coll_ids = []
     for root in collections:
         c = index.collection(root)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.documents.chunk import DEFAULT_CHUNK_TOKENS, Chunk, TokenCounter, approx_tokens, chunk_document
-from core.documents.extract import Document, DocumentError, extract
+from core.documents.extract import Document, DocumentError, extract, file_sha256
 from core.history.schema import MIGRATIONS, SCHEMA_V1, SCHEMA_VERSION
 from core.history.store import History
 
@@ -39,6 +39,7 @@ class Blob:
     chunks: int
     tokens: int  # the passages' tokens together (in the counter they were cut with)
     notes: tuple[str, ...] = ()
+    attached: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,9 +174,16 @@ class DocumentIndex:
         return blob_id
 
     def attach(self, path: str | os.PathLike, count_tokens: TokenCounter = approx_tokens, *,
-               max_tokens: int = DEFAULT_CHUNK_TOKENS) -> tuple[Blob, Document]:
-        """Read and index an attached file (kept when collections are removed): its blob
-        (reused when this content was indexed before) and the document read."""
+               max_tokens: int = DEFAULT_CHUNK_TOKENS) -> tuple[Blob, Document | None]:
+        """Index an attached file (kept when collections are removed): its blob, and the
+        document read, or None when this content was indexed before (found by its hash,
+        read streamed: a file attached again is not parsed again)."""
+        have = self.blob_by_sha(file_sha256(path)[0])
+        if have is not None:
+            if not have.attached:
+                with self.tx() as c:
+                    c.execute("UPDATE doc_blobs SET attached = 1 WHERE id = ?", (have.id,))
+            return have, None
         doc = extract(path)
         return self.add_document(doc, count_tokens, max_tokens=max_tokens, attached=True), doc
 
@@ -303,7 +311,7 @@ _COLL_SQL = ("SELECT c.*, count(f.id) AS n_files, sum(f.status != 'ok') AS n_ski
 
 def _blob(r) -> Blob:
     return Blob(r["id"], r["sha256"], r["kind"], r["name"], r["size"], r["pages"], r["chars"],
-                r["n_chunks"], r["n_tokens"], tuple(json.loads(r["notes"] or "[]")))
+                r["n_chunks"], r["n_tokens"], tuple(json.loads(r["notes"] or "[]")), bool(r["attached"]))
 
 
 def _hit(r, score: float) -> Hit:

@@ -58,3 +58,11 @@ def test_nothing_fits(ix, tmp_path):
     p.write_text("word " * 400)
     g = ground("word", ix, attachments=[p], budget_tokens=30)
     assert g.mode == "none" and g.used == 0 and "budget" in g.notes[-1]
+
+
+def test_a_caveat_is_said_again_when_the_file_comes_from_the_cache(ix, tmp_path):
+    p = tmp_path / "latin.txt"
+    p.write_bytes(b"caf\xe9 au lait")
+    for _ in range(2):
+        g = ground("coffee", ix, attachments=[p], budget_tokens=500)
+        assert g.mode == "full" and len(g.notes) == 1 and g.notes[0].startswith("latin.txt: not valid UTF-8")

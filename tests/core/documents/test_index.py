@@ -28,8 +28,9 @@ def test_attach_is_cached_by_content(ix, tmp_path):
     a.write_text("Llamas hum softly.\n\nAlpacas spit.")
     b.write_text(a.read_text())
     blob1, doc = ix.attach(a)
-    blob2, _ = ix.attach(b)
+    blob2, again = ix.attach(b)
     assert blob1.id == blob2.id and blob1.chunks == 1 and doc.sha256 == blob1.sha256
+    assert again is None and blob2.attached  # known by its hash: not parsed again
     assert ix.q("SELECT count(*) FROM doc_blobs")[0][0] == 1
 
 
