@@ -6,14 +6,16 @@ import html
 import os
 
 from PySide6.QtCore import QEvent, QObject, QSize, Qt, Signal
+from PySide6.QtGui import QActionGroup
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QMenu, QToolButton, QVBoxLayout, QWidget
 
-from core.documents import kind_of
+from core.documents import MODES, kind_of
 
 from gui import theme
-from gui.chat.attachments import Attachments
+from gui.chat.attachments import SHARES, TOP_K, Attachments
 from gui.dialogs.collections import CollectionsController, CollectionsDialog
 
+MODE_NAMES = {"bm25": "BM25 (words)", "dense": "Dense (embedding model)", "hybrid": "Hybrid (both, fused)"}
 FILTER = ("Documents (*.txt *.md *.markdown *.pdf *.docx *.html *.htm *.rst *.csv *.log *.py *.js *.ts *.c *.h "
           "*.cpp *.rs *.go *.java *.json *.yaml *.yml *.toml);;All files (*)")
 
@@ -134,7 +136,21 @@ class AttachBar(QWidget):
         if m.isEmpty():
             m.addAction("No collections yet").setEnabled(False)
         m.addSeparator()
+        self._choices(m.addMenu("Retrieval"), [(MODE_NAMES[x], x) for x in MODES], "mode")
+        self._choices(m.addMenu("Passages"), [(f"Top {k}" if k else "As many as fit", k) for k in TOP_K], "k")
+        self._choices(m.addMenu("Documents Budget"), list(SHARES), "share")
+        m.addSeparator()
         m.addAction("Manage Collections…", self.manage)
+
+    def _choices(self, menu: QMenu, choices: list[tuple[str, object]], attr: str) -> None:
+        """Checkable entries setting the attachments' ``attr`` (how the next message retrieves)."""
+        group = QActionGroup(menu)
+        for label, value in choices:
+            act = menu.addAction(label)
+            act.setCheckable(True)
+            act.setChecked(getattr(self.attachments, attr) == value)
+            act.setActionGroup(group)
+            act.triggered.connect(lambda _on=False, v=value: self.attachments.configure(**{attr: v}))
 
     def add(self, paths: list[str]) -> None:
         self.notice.hide()

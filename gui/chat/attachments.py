@@ -14,9 +14,16 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
 
-from core.documents import DocumentError, DocumentIndex, default_budget, ground, kind_of
+from core.documents import DocumentError, DocumentIndex, fastembed_embedder, ground, kind_of
 
 from gui.chat import grounded
+
+
+#: The documents budget's choices: a share of the model's context (the first is the default,
+#: core.documents.default_budget's half).
+SHARES = (("Half the context", 0.5), ("A quarter of the context", 0.25), ("Three quarters of the context", 0.75))
+#: Most passages retrieved for a message (None: as many as the budget holds).
+TOP_K = (None, 3, 5, 10, 20)
 
 
 @dataclass
@@ -41,7 +48,7 @@ class Attachments(QObject):
         files: the attached files, in the order attached.
         collections: roots of the collections to search.
         mode: retrieval mode (bm25 | dense | hybrid) and ``k``: most passages (None: as many
-            as fit); ``budget``: documents budget in tokens (None: half the context).
+            as fit); ``share``: the documents budget, a share of the context (half by default).
 
     Signals:
         changed(): files or collections changed (a chip's state too).
@@ -57,7 +64,7 @@ class Attachments(QObject):
         self._index: DocumentIndex | None = None
         self.files: list[Attached] = []
         self.collections: list[str] = []
-        self.mode, self.k, self.budget = "bm25", None, None
+        self.mode, self.k, self.share = "bm25", None, SHARES[0][1]
         self._reads: set[asyncio.Future] = set()
 
     @property
@@ -120,6 +127,16 @@ class Attachments(QObject):
         if len(self.files) + len(self.collections) != n:
             self.changed.emit()
 
+    def configure(self, *, mode: str | None = None, k=..., share: float | None = None) -> None:
+        """How the next message retrieves: ``mode`` (bm25 | dense | hybrid), ``k`` (most
+        passages; None: as many as fit), ``share`` (the documents budget, of the context)."""
+        if mode is not None:
+            self.mode = mode
+        if k is not ...:
+            self.k = k
+        if share is not None:
+            self.share = share
+
     def set_collections(self, roots) -> None:
         self.collections = list(dict.fromkeys(os.fspath(r) for r in roots))
         self.changed.emit()
@@ -137,9 +154,11 @@ class Attachments(QObject):
         if not usable and not self.collections:
             raise DocumentError("none of the attached files can be read: " +
                                 "; ".join(f"{a.name}: {a.detail}" for a in self.files))
-        budget = self.budget or default_budget(context_length or 4096)
-        g = await asyncio.to_thread(ground, question, self.index, attachments=usable,
-                                    collections=list(self.collections), budget_tokens=budget, k=self.k, mode=self.mode)
+        budget = max(1, int((context_length or 4096) * self.share))
+        # dense and hybrid need an embedding model already on disk (nothing is downloaded)
+        embedder = await asyncio.to_thread(fastembed_embedder) if self.mode != "bm25" else None
+        g = await asyncio.to_thread(ground, question, self.index, attachments=usable, collections=list(self.collections),
+                                    budget_tokens=budget, k=self.k, mode=self.mode, embedder=embedder)
         return {grounded.META_KEY: {"attachments": usable, "collections": list(self.collections),
                                     "grounding": g.to_meta()}}
 

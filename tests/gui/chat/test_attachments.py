@@ -8,6 +8,7 @@ import pytest
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDropEvent
 
+from core.documents import DocumentError
 from core.history.store import History
 from gui.chat import grounded
 from gui.chat.attachments import Attachments
@@ -153,3 +154,30 @@ def test_in_the_window_a_grounded_reply_says_where_it_came_from(qtbot, loop, win
     window.chats.open(conv.id)
     views = window.chats.conversation.view_messages()
     assert views[0]["documents"] == ["story.md", "read in full"] and views[1]["sources"] == [1]
+
+
+def test_retrieval_settings_decide_how_much_is_read(loop, qtbot, files, tmp_path):
+    a = Attachments(index_path=tmp_path / "h.sqlite3")
+    long = files / "long.md"
+    long.write_text("\n\n".join(f"## Part {i}\n\nParagraph {i} is about the harbour, boats and gulls number {i}. "
+                                + "Filler words about the sea. " * 20 for i in range(40))
+                    + "\n\n## Shed\n\nThe blue watering can stands behind the shed.\n")
+    a.add_paths([long])
+    settle(loop, a)
+    from gui.chat.attach_bar import AttachBar
+    bar = AttachBar()
+    qtbot.addWidget(bar)
+    bar.attach(a)
+    bar.collections_menu.aboutToShow.emit()
+    sub = {act.text(): act.menu() for act in bar.collections_menu.actions() if act.menu()}
+    assert set(sub) == {"Retrieval", "Passages", "Documents Budget"}
+    next(x for x in sub["Passages"].actions() if x.text() == "Top 3").trigger()
+    assert a.k == 3
+    rec = run(loop, a.ground("Where is the watering can?", 2048))
+    g = rec[grounded.META_KEY]["grounding"]
+    assert g["mode"] == "retrieved" and g["used"] == 3 and "behind the shed" in g["prompt"]
+    assert grounded.summary(rec) == f"3 of {g['total']} passages used"
+    next(x for x in sub["Retrieval"].actions() if x.text().startswith("Dense")).trigger()
+    with pytest.raises(DocumentError, match="embedding model"):
+        run(loop, a.ground("Where is the watering can?", 2048))
+    a.close()
