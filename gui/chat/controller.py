@@ -97,6 +97,7 @@ class ConversationController(QObject):
         self.collections = CollectionsController(lambda: self.attachments.index, parent=self)
         self.sources = SourcesController(bridge=bridge, conversation=self.conversation, settings=settings,
                                          models=models, parent=self)
+        self.reply.busyChanged.connect(lambda busy: busy and self.sources.cancel())  # a reply goes first
         # Tools (issue 25): what the open chat offers each reply, and the calls a reply makes.
         self.tools = ChatTools(conversation=self.conversation, parent=self)
         self.tool_round = ToolRound(conversation=self.conversation, tools=self.tools, prefs=self.tools, parent=self)

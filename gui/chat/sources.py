@@ -86,6 +86,9 @@ class SourcesController(QObject):
     async def _run(self, reply_id: int, request: AttributeRequest, sources: list[dict]) -> None:
         try:
             res = await self.bridge.attribute(request)
+        except asyncio.CancelledError:  # a new reply needs the worker: this can wait
+            self.working.emit("")
+            raise
         except BridgeError as e:
             self.working.emit("")
             if not e.cancelled:
@@ -98,5 +101,7 @@ class SourcesController(QObject):
         self.ranking.emit(reply_id, rows, float(res.none))
 
     def cancel(self) -> None:
+        """Stop measuring (a reply needs the worker): the worker drops the request too."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
+            self.working.emit("")

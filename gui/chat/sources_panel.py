@@ -53,22 +53,30 @@ class SourcesPanel(QFrame):
         self.reply_id = 0
         self.rows: list[dict] = []
         self.none = 0.0
+        self._busy = False  # the title says what is being measured
         self.hide()
 
     def show_busy(self, text: str) -> None:
+        """``text``: what is being measured; "" when it ended without an answer (cancelled)."""
         if not text:
+            if self._busy:
+                self.hide()
+            self._busy = False
             return
+        self._busy = True
         self.title.setText(text)
         self.body.setHtml("")
         self.show()
 
     def show_notice(self, text: str) -> None:
+        self._busy = False
         self.title.setText(f"⚠ {html.escape(text)}")
         self.body.hide()
         self.show()
 
     def show_passage(self, src: dict) -> None:
         """Source ``src`` (number, where, text, source, highlight): its text, the span marked."""
+        self._busy = False
         c = theme.colors()
         text = src.get("text", "")
         a, b = src.get("highlight") or (0, 0)
@@ -85,6 +93,7 @@ class SourcesPanel(QFrame):
 
     def show_ranking(self, reply_id: int, rows: list[dict], none: float) -> None:
         """The span's passages by attention share, then what went to no passage."""
+        self._busy = False
         self.reply_id, self.rows, self.none = reply_id, rows, none
         c = theme.colors()
         self.title.setText("<b>Where did this come from?</b> Attention the model paid to each source "

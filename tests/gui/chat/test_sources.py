@@ -125,3 +125,22 @@ def test_column_links_citations_and_shows_passage_and_ranking(loop, chats, bridg
     text = col.sources.body.toPlainText()
     assert "[1] story.txt" in text and "no passage" in text and "%" in text
     col.grab().save("/tmp/docsgui-ranking.png")
+
+
+def test_a_reply_starting_cancels_a_where_from_in_flight(loop, chats, bridge, fixtures, qtbot):
+    c, user, reply = chats
+    col = ChatColumn()
+    qtbot.addWidget(col)
+    col.attach(c)
+    col.show()
+    run(loop, bridge.load(fixtures / "stories260K.gguf"))
+    got = []
+    c.sources.ranking.connect(lambda *a: got.append(a))
+    assert c.sources.where_from(reply.id, "Lily had a red ball")
+    assert col.sources.isVisible() and "Measuring" in col.sources.title.text()
+    c.reply.busyChanged.emit(True)  # what a reply starting says
+    assert not col.sources.isVisible()
+    run(loop, until(lambda: not bridge.busy, 10, "the worker to drop it"))
+    assert got == []
+    assert c.sources.where_from(reply.id, "Lily had a red ball")  # asked again: answered
+    run(loop, until(lambda: got, 20, "the ranking"))
