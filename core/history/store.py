@@ -103,7 +103,7 @@ class History:
                 ok = self._conn.execute("PRAGMA quick_check(1)").fetchone()[0]
                 if ok != "ok":
                     raise HistoryDamagedError(f"history {self.path} failed its integrity check: {ok}")
-        except (sqlite3.Error, HistoryError, DataFolderError, OSError) as e:
+        except (sqlite3.Error, HistoryError, DataFolderError, OSError, UnicodeDecodeError) as e:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
@@ -528,6 +528,8 @@ _DAMAGE_WORDS = ("not a database", "malformed", "file is not", "disk image", "co
 def _is_damage(e: BaseException) -> bool:
     """Whether SQLite's own error says the file is damaged: its result code, else (Python
     before 3.11) its message; never the path, which the caller's message would add."""
+    if isinstance(e, UnicodeDecodeError):  # SQLite's message quoted damaged bytes, not text
+        return True
     code = getattr(e, "sqlite_errorcode", None)
     if code is not None:
         return code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
