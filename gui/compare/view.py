@@ -467,6 +467,7 @@ class CompareView(QWidget):
         settings = {k: v for k, v in (run.params or col.settings()).items() if k in LANE_KEYS}
         new = self.add_lane(settings, model=self.model_of(lane))
         new.branch = branch_spec(col, lane + 1, run, index, int(token_id), self.model_of(lane))
+        new.documents.set_spec(col.documents.spec())  # its kept tokens answered that grounding
         self._refresh()
         task = self.run(only=[new])
         name = self.inspector.text_of(int(token_id))

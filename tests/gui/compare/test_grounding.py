@@ -112,4 +112,9 @@ def test_view_labels_where_a_grounded_lane_parts_from_an_ungrounded_one(qtbot, l
     label = v.columns[1].divergence.text()
     assert "Diverges at token 2" in label and "Grounding: Attached files" in label and "read in full" in label
     v.grab().save("/tmp/docsgui-compare.png")
+    # a branch of the grounded lane is grounded alike: its kept tokens answered that prompt
+    task = v.branch_lane(1, 1, 77)
+    run(loop, until(lambda: task.done(), 20, "the branch"))
+    assert v.columns[2].documents.spec() == v.columns[1].documents.spec()
+    assert bridge.requests[-1].messages == bridge.requests[1].messages and bridge.requests[-1].forced == [77]
     history.close()
