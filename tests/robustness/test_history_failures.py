@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -196,12 +195,16 @@ def expected_reply(n_chars: int) -> str:
 
 
 def test_sigkill_loop_loses_no_completed_message_and_little_of_the_streaming_reply(tmp_path):
-    """35 SIGKILLs at random moments while a reply streams and while messages are written."""
+    """35 SIGKILLs while messages are written and a reply streams: each lands right after the
+    writer printed its k-th line, k stepping through a whole turn (the question committed,
+    streaming before and after each flush, the reply finishing) and into the next one.
+    Random sleeps (0-0.8 s) before each kill left which phases were hit to chance and
+    waited 14 s in all; a writer prints a line every ~2 ms, so these wait ~0.17 s a kill."""
     path = tmp_path / "history.sqlite3"
     History(path).close()
-    rng = random.Random(12)
     kills, lost_chars, partials = 0, [], 0
-    for run in range(35):
+    # One turn prints 152 lines: "C" (question), 150 "P" (streaming), "C" (reply finished).
+    for run, k in enumerate(round(1 + i * 156 / 34) for i in range(35)):
         # A writer process of its own, forked from one that imported the store already
         # (tests/forked.py): the kill is as real, the start-up costs milliseconds.
         reader, writer = forked.context().Pipe(duplex=False)
@@ -210,12 +213,13 @@ def test_sigkill_loop_loses_no_completed_message_and_little_of_the_streaming_rep
         writer.close()
         with os.fdopen(os.dup(reader.fileno()), encoding="utf-8", errors="replace") as lines:
             reader.close()
-            # Wait until it has started writing, then kill it at a random moment.
+            # Wait until it has printed its k-th line, then kill it: the writer goes on
+            # meanwhile, so the kill lands a little after that line, as a real one would.
             first = lines.readline()
             assert first.startswith("C"), first
-            time.sleep(rng.uniform(0.0, 0.8))
+            seen = [first] + [lines.readline() for _ in range(k - 1)]
             os.kill(proc.pid, signal.SIGKILL)
-            out = first + lines.read()
+            out = "".join(seen) + lines.read()
         proc.join()
         assert proc.exitcode == -signal.SIGKILL
         kills += 1
