@@ -127,6 +127,8 @@ def _collection_ids(ix: DocumentIndex, folders) -> list[int]:
 def _search(ix: DocumentIndex, args) -> int:
     if args.k < 1:
         raise SettingsError(f"-k must be at least 1, got {args.k}")
+    if not args.query.strip():
+        raise SettingsError("QUERY is empty: give the words to search for")
     ids = _collection_ids(ix, args.collection)
     hits = Retriever(ix, _embedder(args.mode)).search(args.query, collections=ids, k=args.k, mode=args.mode)
     if args.json:
@@ -135,6 +137,8 @@ def _search(ix: DocumentIndex, args) -> int:
              "line_start": h.line_start, "line_end": h.line_end, "heading": h.heading, "where": h.where(),
              "text": h.text} for h in hits]}, ensure_ascii=False))
     else:
+        if not hits:  # said, so an empty answer is not mistaken for a broken index
+            print(f"no passage matches {args.query!r}", file=sys.stderr)
         for n, h in enumerate(hits, 1):
             print(f"[{n}] {h.where()}  ({h.score:.3f})  {h.source}")
             print("    " + " ".join(h.text.split())[:300])

@@ -11,8 +11,11 @@ def add_tool_opts(p, *, call_timeout: bool = True) -> None:
                         "config folder, when there is one)")
     p.add_argument("--mcp-server", action="append", default=[], metavar="NAME",
                    help="use only this MCP server of the configuration, even a disabled one (repeatable)")
-    p.add_argument("--builtin", action="append", default=[], metavar="NAME", choices=list(BUILTIN_TOOLS),
-                   help="enable a built-in tool: " + ", ".join(BUILTIN_TOOLS) + " (repeatable)")
+    # a bare --builtin (or --builtin all) is every built-in tool: a user looking for them need not know the names
+    p.add_argument("--builtin", action="append", default=[], metavar="NAME", nargs="?", const="all",
+                   choices=[*BUILTIN_TOOLS, "all"],
+                   help="enable a built-in tool: " + ", ".join(BUILTIN_TOOLS) + " (repeatable); alone or 'all': "
+                        "every one")
     p.add_argument("--allow-folder", action="append", default=[], metavar="FOLDER",
                    help="a folder read_file may read (repeatable)")
     p.add_argument("--timezone", default=None, metavar="ZONE", help="current_time's zone (default: this machine's)")

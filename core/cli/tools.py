@@ -19,7 +19,7 @@ from core.cli.common import write_stdout
 from core.errors import SettingsError
 from core.tools import config as mcp_config
 from core.tools.box import ToolBox
-from core.tools.builtin import BuiltinTools
+from core.tools.builtin import BUILTIN_TOOLS, BuiltinTools
 from core.tools.mcp_client import McpError, McpHub, McpServer
 from core.tools.spec import ToolCall
 
@@ -42,10 +42,16 @@ def servers_from_args(args, hub: McpHub | None = None) -> list[McpServer]:
     return [McpServer(s, hub=hub) for s in chosen]
 
 
+def builtin_names(chosen: list[str]) -> list[str]:
+    """``--builtin`` values as tool names, "all" standing for every built-in tool."""
+    return list(BUILTIN_TOOLS) if "all" in chosen else list(dict.fromkeys(chosen))
+
+
 def toolbox_from_args(args, hub: McpHub | None = None) -> ToolBox:
     """A ToolBox of the built-in tools and MCP servers the options enable (servers start on
     first use; close the box when done)."""
-    builtin = BuiltinTools(args.builtin, folders=args.allow_folder, timezone=args.timezone) if args.builtin else None
+    names = builtin_names(args.builtin)
+    builtin = BuiltinTools(names, folders=args.allow_folder, timezone=args.timezone) if names else None
     providers = [*servers_from_args(args, hub), *([builtin] if builtin else [])]
     return ToolBox(providers, timeout=getattr(args, "tool_timeout", None))
 
@@ -111,8 +117,9 @@ def _table(providers: list[dict], tools, notes: list[str]) -> str:
             lines.append(f"  prompt {pr['name']}({', '.join(pr['arguments'])})")
         for r in p.get("resources", []):
             lines.append(f"  resource {r['uri']} ({r['name']})")
-    lines += [f"note: {n}" for n in notes]
-    return "\n".join(lines) + "\n" if lines else "no tools: give --mcp CONFIG or --builtin NAME\n"
+    said = {p.get("error") for p in providers}  # a server's failure is said once, under the server
+    lines += [f"note: {n}" for n in notes if n not in said]
+    return "\n".join(lines) + "\n" if lines else "no tools: give --mcp CONFIG, or --builtin for the built-in tools\n"
 
 
 def _call(box: ToolBox, args) -> int:
@@ -125,7 +132,7 @@ def _call(box: ToolBox, args) -> int:
     names = [t.name for t in box.tools()]
     if args.name not in names:
         raise SettingsError(f"no tool named '{args.name}' (the tools: {', '.join(names) or 'none'})"
-                            + "".join(f"; {n}" for n in box.notes))
+                            + _builtin_hint(args.name) + "".join(f"; {n}" for n in box.notes))
     result = box.call(ToolCall(args.name, arguments), cancel=threading.Event())
     run = box.runs[-1]
     if args.json:
@@ -139,3 +146,8 @@ def _call(box: ToolBox, args) -> int:
         print(f"error: {result.content.splitlines()[0] if result.content else 'the call failed'}", file=sys.stderr)
         return 1
     return 0
+
+
+def _builtin_hint(name: str) -> str:
+    # built-in tools are off unless named, which a first-time user cannot guess from "the tools: none"
+    return f"; '{name}' is a built-in tool: add --builtin {name}" if name in BUILTIN_TOOLS else ""
