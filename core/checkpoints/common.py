@@ -273,7 +273,9 @@ def model_info(fmt: str, path: Path, args: ModelArgs, model: Transformer, tokeni
                **extra: Any) -> dict[str, Any]:
     """The facts `info` and the GUI show about a loaded model."""
     w = model.tok_embeddings.weight
-    nbytes = sum(p.numel() * p.element_size() for p in [*model.parameters(), *model.buffers()])
+    # by address: a tied F16 output and embedding are two views of the same mapped bytes
+    spans = {(t.data_ptr(), t.numel() * t.element_size()) for t in [*model.parameters(), *model.buffers()]}
+    nbytes = sum(n for _, n in spans)
     packed = [m for m in model.modules() if isinstance(m, Packed)
               and not (args.tie_word_embeddings and m is model.output)]  # tied: one matrix, counted once
     info = {

@@ -93,6 +93,10 @@ def test_auto_keeps_f16_weights_and_matches_the_exact_forward_like_llama_cpp(pea
     assert isinstance(lm.model.tok_embeddings, Float16Embedding)
     assert lm.model.output.weight16.data_ptr() == lm.model.tok_embeddings.weight16.data_ptr()  # tied: one copy
     assert lm.info["tensor_paths"]["F16"] == ["float16-kept"]
+    # the tied matrix counted once: the F16 matrices' 2 bytes and the norms' 4
+    f16 = sum(m.weight16.numel() for m in kept if m is not lm.model.output) + lm.model.output.weight16.numel()
+    norms = sum(p.numel() for p in lm.model.parameters())
+    assert lm.info["memory_bytes"] == 2 * f16 + 4 * norms
     with torch.no_grad():
         ref = exact(torch.tensor([seq[:-1]]))[0]
         got = _decode_logits(lm.model, seq)
