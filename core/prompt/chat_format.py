@@ -11,7 +11,10 @@ Chat templates from GGUF / HF files are recognised by their markers, never evalu
 from __future__ import annotations
 
 from core.errors import SettingsError
+from core.prompt.tool_format import (PYTHON_TAG, SYSTEM_TOOLS_INTRO, USER_TOOLS_INTRO, ToolCalling, call_text,
+                                     preamble, result_text, today, tools_text)
 from core.tokenizer import Tokenizer
+from core.tools.spec import Tool
 
 __all__ = [
     "Message",
@@ -24,7 +27,10 @@ __all__ = [
     "FORMAT_NAMES",
 ]
 
-Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
+# {"role": "system" | "user" | "assistant", "content": str}; in OpenAI's shape with tools:
+# {"role": "assistant", "content": str | None, "tool_calls": [...]} and
+# {"role": "tool", "tool_call_id": ..., "name": ..., "content": str}.
+Message = dict
 
 #: Values accepted by ``chat_format_for(override=...)``.
 FORMAT_NAMES = ("auto", "llama3", "llama2", "raw")
@@ -40,10 +46,17 @@ class ChatFormat:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
 
-    def encode_dialog(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+    def encode_dialog(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                      tools: tuple[Tool, ...] = ()) -> list[int]:
         """Prompt ids for ``messages`` (BOS first); with ``add_generation_prompt`` the model
-        is left ready to write the assistant's reply."""
+        is left ready to write the assistant's reply. ``tools``: the functions it may call
+        (formats that have no tool calling refuse them)."""
         raise NotImplementedError
+
+    def tool_calling(self, tools: tuple[Tool, ...], parallel: bool = True) -> ToolCalling:
+        """How a reply in this format calls ``tools`` (SettingsError where it cannot)."""
+        raise SettingsError(f"the {describe(self)} chat format has no tool calling: "
+                            "use a Llama 3.1 or later model, or turn the tools off")
 
     def stop_ids(self) -> set[int]:
         """Ids that end the assistant's reply."""
@@ -94,6 +107,7 @@ class Llama3ChatFormat(ChatFormat):
         self.eot_id = ids["<|eot_id|>"]
         begin = tokenizer.special_id("<|begin_of_text|>")
         self.bos_id = begin if begin is not None else tokenizer.bos_id
+        self.date_string = today()  # the template's "Today Date" where tools are declared
 
     def encode_header(self, role: str) -> list[int]:
         """``<|start_header_id|> role <|end_header_id|> "\\n\\n"``."""
@@ -101,20 +115,44 @@ class Llama3ChatFormat(ChatFormat):
         return [self.start_header_id, *enc(role), self.end_header_id, *enc("\n\n")]
 
     def encode_message(self, message: dict) -> list[int]:
-        """One message: its header, its stripped content, then ``<|eot_id|>``."""
-        return [
-            *self.encode_header(_role(message)),
-            *self.tokenizer.encode(_content(message).strip()),
-            self.eot_id,
-        ]
+        """One message: its header, its stripped content, then ``<|eot_id|>``. An
+        assistant's calls are its JSON calls; a tool's result is the ``ipython`` role with
+        its text as it is (tool_format's module doc says why)."""
+        role, enc = _role(message), self.tokenizer.encode
+        if role in ("tool", "ipython"):
+            return [*self.encode_header("ipython"), *enc(result_text(message)), self.eot_id]
+        if role == "assistant" and message.get("tool_calls"):
+            return [*self.encode_header("assistant"), *enc(call_text(message["tool_calls"])), self.eot_id]
+        return [*self.encode_header(role), *enc(_content(message).strip()), self.eot_id]
 
-    def encode_dialog(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+    def encode_dialog(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                      tools: tuple[Tool, ...] = ()) -> list[int]:
         ids = [] if self.bos_id is None else [self.bos_id]
+        messages = list(messages)
+        if tools:
+            ids.extend(self._encode_tools(messages, tools))
         for message in messages:
             ids.extend(self.encode_message(message))
         if add_generation_prompt:
             ids.extend(self.encode_header("assistant"))
         return ids
+
+    def _encode_tools(self, messages: list[dict], tools: tuple[Tool, ...]) -> list[int]:
+        """The system turn and, when the conversation opens with one, the first user turn
+        as the Llama 3.1 template writes them with tools (taken off the front of ``messages``)."""
+        system = _content(messages.pop(0)).strip() if messages and _role(messages[0]) == "system" else ""
+        in_user = bool(messages) and _role(messages[0]) == "user"
+        text = preamble(self.date_string) + ("" if in_user else SYSTEM_TOOLS_INTRO + tools_text(tools)) + system
+        ids = [*self.encode_header("system"), *self.tokenizer.encode(text), self.eot_id]
+        if in_user:
+            first = _content(messages.pop(0)).strip()
+            ids += [*self.encode_header("user"), *self.tokenizer.encode(USER_TOOLS_INTRO + tools_text(tools) + first),
+                    self.eot_id]
+        return ids
+
+    def tool_calling(self, tools: tuple[Tool, ...], parallel: bool = True) -> ToolCalling:
+        tag = PYTHON_TAG if self.tokenizer.special_id(PYTHON_TAG) is not None else ""
+        return ToolCalling(tuple(tools), bool(parallel), tag)
 
     def stop_ids(self) -> set[int]:
         return set(self.tokenizer.stop_ids) | {self.eot_id}
@@ -139,7 +177,10 @@ class Llama2ChatFormat(ChatFormat):
 
     name = "llama2"
 
-    def encode_dialog(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+    def encode_dialog(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                      tools: tuple[Tool, ...] = ()) -> list[int]:
+        if tools:
+            self.tool_calling(tools)  # refuses: Llama 2 has no tool calling
         turns = self._turns(messages)
         enc = self.tokenizer.encode
         ids: list[int] = []
@@ -208,7 +249,10 @@ class RawFormat(ChatFormat):
 
     name = "raw"
 
-    def encode_dialog(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+    def encode_dialog(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                      tools: tuple[Tool, ...] = ()) -> list[int]:
+        if tools:
+            self.tool_calling(tools)  # refuses: raw completion has no tool calling
         text = "".join(_content(m) for m in messages)
         return self.tokenizer.encode(text, bos=True)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.errors import SettingsError
+from core.prompt.tool_format import ToolCalling
 
 
 def reply_reserve(context: int, max_new_tokens: int) -> int:
@@ -21,28 +22,29 @@ def reply_reserve(context: int, max_new_tokens: int) -> int:
     return max(1, min(int(max_new_tokens), context // 2))
 
 
-def render_chat(chat_format, messages: list[dict], continue_reply: str = "") -> list[int]:
+def render_chat(chat_format, messages: list[dict], continue_reply: str = "", tools: tuple = ()) -> list[int]:
     """Prompt ids for a dialog, ready for the assistant's reply.
 
     ``continue_reply`` is a partial assistant reply to carry on from: its text follows the
     assistant header with no end-of-turn, so the model writes the rest of the same reply.
+    ``tools``: the functions (:class:`core.tools.spec.Tool`) the reply may call.
     """
     if not continue_reply:
-        return chat_format.encode_dialog(messages, add_generation_prompt=True)
+        return chat_format.encode_dialog(messages, add_generation_prompt=True, tools=tools)
     if chat_format.name == "raw":
         # Raw completion joins texts as they are: the reply simply extends the text.
-        return chat_format.encode_dialog(messages + [{"role": "assistant", "content": continue_reply}])
-    ids = chat_format.encode_dialog(messages, add_generation_prompt=True)
+        return chat_format.encode_dialog(messages + [{"role": "assistant", "content": continue_reply}], tools=tools)
+    ids = chat_format.encode_dialog(messages, add_generation_prompt=True, tools=tools)
     return ids + chat_format.tokenizer.encode(continue_reply)
 
 
 def fit_dialog(chat_format, messages: list[dict], max_prompt_tokens: int, *,
-               continue_reply: str = "") -> tuple[list[int], int]:
+               continue_reply: str = "", tools: tuple = ()) -> tuple[list[int], int]:
     """Render ``messages``, dropping the oldest turns until at most ``max_prompt_tokens``.
 
     System messages are always kept. Other messages are dropped oldest first and a
-    user message is dropped together with the assistant reply that answered it, so the
-    model never sees an answer without its question. The last message is never dropped.
+    user message is dropped together with the assistant reply that answered it (and the
+    tool results that reply asked for), so the model never sees an answer without its question. The last message is never dropped.
 
     Returns:
         (prompt ids, number of messages dropped).
@@ -57,7 +59,7 @@ def fit_dialog(chat_format, messages: list[dict], max_prompt_tokens: int, *,
 
     def render(drop: int) -> list[int]:
         keep = set(system) | set(rest[drop:])
-        return render_chat(chat_format, [m for i, m in enumerate(messages) if i in keep], continue_reply)
+        return render_chat(chat_format, [m for i, m in enumerate(messages) if i in keep], continue_reply, tools)
 
     ids = render(0)
     if len(ids) <= max_prompt_tokens or not rest:
@@ -66,7 +68,7 @@ def fit_dialog(chat_format, messages: list[dict], max_prompt_tokens: int, *,
                                 "fit in the prompt: shorten it or lower max tokens")
         return ids, 0
     # Cut points: drop rest[:k]; never start on an assistant reply (it would lose its question).
-    cuts = [k for k in range(1, len(rest)) if messages[rest[k]].get("role") != "assistant"]
+    cuts = [k for k in range(1, len(rest)) if messages[rest[k]].get("role") not in ("assistant", "tool", "ipython")]
     if not cuts or cuts[-1] != len(rest) - 1:
         cuts.append(len(rest) - 1)
     last = render(cuts[-1])
@@ -96,6 +98,7 @@ class Prompt:
     dropped_messages: int
     strip_leading_space: bool
     stop_ids: frozenset[int]
+    tools: ToolCalling | None = None  # the functions a chat reply may call, and how
 
 
 
@@ -109,8 +112,9 @@ def build_prompt(request, chat_format, stop_ids, context: int, max_new_tokens: i
     """The prompt of a chat or completion request (``core.worker.protocol.GenerateRequest`` fields:
     mode, messages, prompt, continue_reply) for a ``context``-token model.
 
-    Completion mode is BOS + the text; chat mode renders with ``chat_format``, dropping the
-    oldest turns to leave :func:`reply_reserve` positions for the reply. ``stop_ids`` are the
+    Completion mode is BOS + the text; chat mode renders with ``chat_format`` (and the
+    request's ``tools``), dropping the oldest turns to leave :func:`reply_reserve` positions
+    for the reply. ``stop_ids`` are the
     model's; the chat format adds its end-of-turn tokens.
     """
     tok = chat_format.tokenizer
@@ -118,13 +122,18 @@ def build_prompt(request, chat_format, stop_ids, context: int, max_new_tokens: i
     # re-tokenized from text, so the KV cache holding them matches).
     prefix = [int(t) for t in getattr(request, "reply_prefix", ())]
     if request.mode == "completion":
+        if getattr(request, "tools", None):
+            raise SettingsError("tools need a chat request: completion continues text and makes no calls")
         ids = tok.encode(request.prompt, bos=True) + prefix
         if len(ids) >= context:
             raise SettingsError(f"the prompt is {len(ids)} tokens, but the context holds {context}: shorten it")
         return Prompt(ids, 0, False, frozenset(stop_ids))
     budget = context - reply_reserve(context, max_new_tokens) - len(prefix)
-    ids, dropped = fit_dialog(chat_format, list(request.messages), budget, continue_reply=request.continue_reply)
+    tools = tuple(getattr(request, "tools", ()) or ())
+    calling = chat_format.tool_calling(tools, getattr(request, "parallel_tool_calls", True)) if tools else None
+    ids, dropped = fit_dialog(chat_format, list(request.messages), budget, continue_reply=request.continue_reply,
+                              tools=tools)
     # SentencePiece replies start with the dummy-prefix space: drop it at a reply's
     # start, but not when continuing one (that space separates words).
     strip = strips_reply_space(tok, chat_format) and not request.continue_reply and not prefix
-    return Prompt(ids + prefix, dropped, strip, frozenset(stop_ids) | chat_format.stop_ids())
+    return Prompt(ids + prefix, dropped, strip, frozenset(stop_ids) | chat_format.stop_ids(), calling)
