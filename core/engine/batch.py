@@ -47,6 +47,7 @@ class Lane:
     forced: tuple[int, ...] = ()
     min_tokens: int = 0  # vLLM's min_tokens: no stop token is drawn, no stop string ends it, before this
     stop_from: int = 0  # where in text a stop string may begin (past the min_tokens' text)
+    tools: object = None  # core.prompt.tool_format.ToolCalling: the calls its text may make
 
     @property
     def cancelled(self) -> bool:
@@ -87,8 +88,11 @@ def finish(lane: Lane, reason: str, stats: Stats | None = None, stop_token: int 
     if reason == "error" and not error:
         error = OVERFLOW + (f", or the {lane.constraint.describe()} left no token to choose"
                             if lane.constraint is not None else "")
-    return Done(lane.index, reason, list(lane.tokens), lane.text, list(lane.logprobs),
-                lane.params, stats, stop_token, error)
+    # A reply that ended on its stop token after writing calls called tools; one cut short
+    # (length, a stop string, cancel) made no call, whatever its text began.
+    calls = lane.tools.parse(lane.text) if reason == "eos" and lane.tools is not None else []
+    return Done(lane.index, "tool_calls" if calls else reason, list(lane.tokens), lane.text, list(lane.logprobs),
+                lane.params, stats, stop_token, error, tool_calls=calls)
 
 
 def choice_masks(lanes: list[Lane], vocab: int) -> tuple[torch.Tensor | None, dict[int, str]]:

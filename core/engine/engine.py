@@ -15,6 +15,7 @@ Speculative decoding and beam search use the engine's public services: ``decode`
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -26,16 +27,19 @@ from core import limits
 from core.engine.batch import Batch, Lane, finish
 from core.engine.beam import beam_generate
 from core.engine.constrain import Vocabulary
+from core.engine.constraint import Constraint
 from core.engine.drafters import DraftModel
 from core.engine.events import Event, Prefilled
 from core.engine.prefill import Prefill
 from core.engine.sampling import seeded_generator
 from core.engine.settings import SamplingParams
 from core.engine.speculative import Drafting
-from core.errors import SettingsError
+from core.errors import ConstraintError, SettingsError
 from core.model.decode_step import DecodeStep
 from core.model.kv_cache import KVCache, static_capacity
+from core.prompt.tool_format import ToolCalling
 from core.tokenizer import StreamDecoder, Tokenizer
+from core.tools.spec import ToolError
 
 MAX_LANES = 8  # lanes of one comparison
 
@@ -55,6 +59,7 @@ class Joining:
     forced: tuple[int, ...] = ()  # the reply's first tokens, taken instead of sampled (a branch)
     continued: str = ""  # a continued reply's text so far: its output format starts past it
     min_tokens: int = 0  # stop tokens and stop strings end no lane before it has this many tokens
+    tools: ToolCalling | None = None  # the functions its replies may call (each lane's tool_choice says how)
 
 
 class Engine:
@@ -201,7 +206,7 @@ class Engine:
     def generate(self, prompt: list[int], params: SamplingParams, *, cancel: threading.Event | None = None,
                  strip_leading_space: bool = False, inspect: int = 0,
                  stop_ids: Iterable[int] | None = None, forced: Sequence[int] = (),
-                 continued: str = "") -> Iterator[Event]:
+                 continued: str = "", tools: ToolCalling | None = None) -> Iterator[Event]:
         """Stream one reply to ``prompt`` (token ids, BOS included).
 
         Yields Prefilled, then Token events, then one Done. Beam search (num_beams > 1)
@@ -211,20 +216,24 @@ class Engine:
         branching a reply at a token is its prefix as the end of ``prompt`` (reused from
         the KV cache) and the chosen alternative forced. ``continued``: the text of the
         reply this one carries on (the end of ``prompt``), which an output format has matched.
+        ``tools``: the functions the reply may call (:func:`lane_constraint` says how a
+        call is held; a reply that calls ends with stop reason "tool_calls").
         """
         if params.num_beams > 1:
+            _no_tools_with_beams(params, tools)
             if forced:
                 raise SettingsError("a forced token (a branch) does not combine with beam search")
             self.check_memory(len(prompt), [params])
             return beam_generate(self, prompt, params.validate(), cancel, strip_leading_space, self._stops(stop_ids))
         return self.generate_lanes(prompt, [params], cancel=cancel, strip_leading_space=strip_leading_space,
                                    inspect=inspect, stop_ids=stop_ids, forced=forced, continued=continued,
-                                   shared=False)
+                                   shared=False, tools=tools)
 
     def generate_lanes(self, prompt: list[int], lanes: Sequence[SamplingParams], *,
                        cancel: threading.Event | None = None, strip_leading_space: bool = False,
                        inspect: int = 0, stop_ids: Iterable[int] | None = None,
-                       forced: Sequence[int] = (), continued: str = "", shared: bool = True) -> Iterator[Event]:
+                       forced: Sequence[int] = (), continued: str = "", shared: bool = True,
+                       tools: ToolCalling | None = None) -> Iterator[Event]:
         """Decode one prompt under several sampler settings together (a comparison).
 
         The prompt is prefilled once, copied into one cache row per lane, and every step
@@ -237,6 +246,8 @@ class Engine:
         if not 1 <= len(lanes) <= MAX_LANES:
             raise SettingsError(f"a comparison has 1 to {MAX_LANES} lanes, got {len(lanes)}")
         beams = [k for k, q in enumerate(lanes) if q.num_beams > 1]
+        for k in beams:
+            _no_tools_with_beams(lanes[k], tools)
         if beams and forced:
             raise SettingsError("a forced token (a branch) does not combine with beam search")
         sampled = [k for k in range(len(lanes)) if k not in beams]
@@ -247,7 +258,7 @@ class Engine:
         if not sampled:
             return _chained([], parts)
         run = self._run([Joining(prompt, [lanes[k] for k in sampled], cancel, strip_leading_space, inspect,
-                                 self._stops(stop_ids), tuple(int(t) for t in forced), continued)],
+                                 self._stops(stop_ids), tuple(int(t) for t in forced), continued, tools=tools)],
                         shared=shared)
         return run if not beams else _chained([(sampled, run)], parts)
 
@@ -275,9 +286,12 @@ class Engine:
         """
         return self._loop([], admit, max_rows)
 
-    def check_request(self, prompt: list[int], lanes: Sequence[SamplingParams]) -> list[SamplingParams]:
+    def check_request(self, prompt: list[int], lanes: Sequence[SamplingParams],
+                      tools: ToolCalling | None = None) -> list[SamplingParams]:
         """Raise SettingsError for a prompt or setting the engine cannot run; returns the
-        lanes' settings validated, each with a concrete seed."""
+        lanes' settings validated, each with a concrete seed. ``tools``: what the lanes
+        may call (a tool_choice naming no declared tool, or a tool schema that cannot
+        compile, is refused here)."""
         self.check_prompt(prompt)
         lanes = [q.validate().resolved().with_text_bias(self.tokenizer.encode).validate() for q in lanes]
         self.check_memory(len(prompt), lanes)  # before a draft model is loaded for it
@@ -288,9 +302,25 @@ class Engine:
                 raise SettingsError(f"logit_bias: token id {bad[0]} is outside the vocabulary (size {vocab})")
             if q.draft:
                 self.draft_model(q.draft)  # load and check it now: a bad one fails the request
-            if q.constraint is not None:
-                self.vocabulary.check(q.constraint)  # ConstraintError before anything streams
+            constraint = lane_constraint(q, tools)
+            if constraint is not None and constraint is not q.constraint:
+                self._check_tools(constraint, tools)
+            elif constraint is not None:
+                self.vocabulary.check(constraint)  # ConstraintError before anything streams
         return lanes
+
+    def _check_tools(self, constraint: Constraint, tools: ToolCalling) -> None:
+        """Compile a lane's call grammar; where it fails, name the tool whose schema does."""
+        try:
+            self.vocabulary.check(constraint)
+        except ConstraintError as e:
+            for t in tools.tools:
+                try:
+                    self.vocabulary.check(Constraint("json_schema", json.dumps(t.parameters)))
+                except ConstraintError as bad:
+                    raise ToolError(f"tool {t.name}: its parameter schema cannot hold a call: "
+                                    f"{str(bad).removeprefix('the JSON schema ')}") from None
+            raise ToolError(f"the tools cannot hold a call: {e}") from None
 
     def check_memory(self, prompt_tokens: int, lanes: Sequence[SamplingParams]) -> None:
         """Raise ResourceError, saying how much it needs, for a request whose KV cache
@@ -308,7 +338,7 @@ class Engine:
 
     def _run(self, joining: list[Joining], shared: bool = True) -> Iterator[Event]:
         for j in joining:
-            j.lanes = self.check_request(j.prompt, j.lanes)
+            j.lanes = self.check_request(j.prompt, j.lanes, j.tools)
             if j.forced:
                 self.check_prompt(list(j.prompt) + list(j.forced))
         return self._loop(joining, None, 0, shared)
@@ -354,12 +384,14 @@ class Engine:
             need = len(j.prompt) + 1
         self.cache.ensure(r0 + n, self.capacity(need))
         for q in j.lanes:
+            constraint = lane_constraint(q, j.tools)
             batch.add(Lane(len(batch.lanes), q, seeded_generator(q, self.device),
                            StreamDecoder(self.tokenizer, strip_leading_space=j.strip_leading_space),
                            j.prompt, cancel=j.cancel, inspect=j.inspect, stop_ids=stops,
-                           constraint=None if q.constraint is None
-                           else self.vocabulary.start(q.constraint, stops, j.continued),
-                           forced=j.forced, min_tokens=j.min_tokens), len(j.prompt))
+                           constraint=None if constraint is None
+                           else self.vocabulary.start(constraint, stops, j.continued),
+                           forced=j.forced, min_tokens=j.min_tokens,
+                           tools=j.tools if q.tool_choice != "none" else None), len(j.prompt))
         self._prefill.take_best_row(r0, j.prompt)
         logits, reuse = self._prefill.row(r0, j.prompt, j.cancel)
         seconds = time.perf_counter() - t0
@@ -417,6 +449,27 @@ class Engine:
             done = batch.settle(li)
             if done is not None:
                 yield done
+
+
+def lane_constraint(q: SamplingParams, tools: ToolCalling | None) -> Constraint | None:
+    """What a lane's output is held to: its own output format, or where the request
+    declares tools, the grammar of its tool_choice (:meth:`ToolCalling.grammar`: calls
+    held to their schemas unless tool_constraint is off; none masks the call-start token).
+    An output format and possible calls do not combine: SettingsError."""
+    if tools is None or not tools.tools:
+        return q.constraint
+    if q.constraint is not None:
+        if q.tool_choice == "none":
+            return q.constraint  # a format names no special token, so no call can start
+        raise SettingsError(f"an output format ({q.constraint.describe()}) does not combine with tool calls: "
+                            "set tool_choice to none or remove the format")
+    grammar = tools.grammar(q.tool_choice, q.tool_constraint)
+    return None if grammar is None else Constraint("grammar", grammar)
+
+
+def _no_tools_with_beams(q: SamplingParams, tools: ToolCalling | None) -> None:
+    if tools is not None and tools.tools and q.tool_choice != "none":
+        raise SettingsError("beam search does not combine with tool calls: set tool_choice to none or use one beam")
 
 
 def _chained(batched: list[tuple[list[int], Iterator[Event]]], beams: list[tuple[int, Iterator[Event]]]) -> Iterator[Event]:

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.engine.settings import SamplingParams
+from core.tools.spec import ToolCall
 
-STOP_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")
+# "tool_calls": the reply ended (on a stop token) after calling tools: Done.tool_calls.
+STOP_REASONS = ("eos", "stop", "length", "context", "cancelled", "error", "tool_calls")
 
 
 @dataclass
@@ -96,7 +98,9 @@ class Beam:
 class Done:
     """A lane finished; ``stop_reason`` is one of STOP_REASONS; for "error", ``error``
     says why in one line. A beam search's Done is its best hypothesis, and ``beams`` holds
-    every hypothesis it returned (up to num_beams), best first: the first is this one."""
+    every hypothesis it returned (up to num_beams), best first: the first is this one.
+    "tool_calls": ``tool_calls`` are the calls the reply made (``text`` is what the model
+    wrote for them); a call the model got wrong (constraint off) has its ``error`` set."""
     lane: int
     stop_reason: str
     tokens: list[int]
@@ -108,6 +112,7 @@ class Done:
     error: str = ""
     prompt_ids: list[int] | None = None  # a server's reply: its prompt as the server tokenized it
     beams: list[Beam] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 Event = Prefilled | Token | Done

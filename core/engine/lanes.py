@@ -33,7 +33,7 @@ LANE_KEYS = tuple(s.name for s in SCHEMA.values() if s.lane)
 # A lane spec's keys (``compare --lane KEY=VALUE,...``): the lane's numbers and draft model
 # by the schema, a logit bias by text (logit_bias=TEXT=BIAS) or by token id
 # (logit_bias_id=ID=BIAS), each repeatable, and the output format.
-SPEC_SETTINGS = {s.name: s for s in SCHEMA.values() if s.lane and (s.numeric or s.kind is str)}
+SPEC_SETTINGS = {s.name: s for s in SCHEMA.values() if s.lane and (s.numeric or s.kind in (str, bool))}
 SPEC_BIAS_KEYS = ("logit_bias", "logit_bias_id")
 CONSTRAINT_KEYS = ("json_schema", "json_object", "regex", "grammar", "constraint")
 LANE_SPEC_KEYS = (*SPEC_SETTINGS, *SPEC_BIAS_KEYS)
@@ -371,6 +371,8 @@ def settings_label(settings: dict, differs_from: dict | None = None) -> str:
             v = draft_name(v)
         elif k == "lookup" and not v:
             v = "off"
+        elif isinstance(v, bool):
+            v = "on" if v else "off"
         name = SCHEMA[k].short or k
         out.append(f"{name} {v:g}" if isinstance(v, float) else f"{name} {v}")
     return " · ".join(out)

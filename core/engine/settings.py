@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import asdict, dataclass, field, replace
 
 from core.engine.constraint import Constraint
 from core.errors import SettingsError
 
 
+_TOOL_CHOICE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a word or a tool's name (OpenAI's names)
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this behave as 0 (greedy)
 # Outside these a penalty overflows float32 logits (1e-45 makes every seen token +inf).
 MIN_PENALTY, MAX_PENALTY = 0.01, 1e6
@@ -33,6 +35,10 @@ BACKENDS = (LOCAL, LLAMADESK, OPENAI, LLAMA_CPP)
 _EVERYWHERE = frozenset(BACKENDS)
 _LOCAL_ONLY = frozenset({LOCAL})
 _APP = frozenset({LOCAL, LLAMADESK})  # this app's engine, here or behind serve
+
+
+_BOOL_WORDS = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False,
+               "yes": True, "no": False}
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,11 @@ class Setting:
     def from_text(self, text: str):
         """A value typed as text (a CLI flag, a lane spec): ValueError when it is not a
         number of this kind (an int takes no fraction), SettingsError when out of range."""
+        if self.kind is bool:
+            word = text.strip().lower()
+            if word not in _BOOL_WORDS:
+                raise ValueError(f"{self.name} is on or off, got {text.strip()!r}")
+            return _BOOL_WORDS[word]
         return self.check(self.kind(text.strip()) if self.numeric else text.strip())
 
     def widget_range(self) -> tuple[float, float]:
@@ -191,6 +202,14 @@ SETTINGS: tuple[Setting, ...] = (
             flag=True, panel=True, sweep=True, lane=True, short="format"),
     Setting("logit_bias", dict, {}, "Logit bias by id",
             "Added to token ids' logits before the filters: -100 to 100, or -inf for never."),
+    # Tool calling (issue 25): per lane, so a comparison can put constrained calls beside free
+    # ones, or tool_choice auto beside required, on one prompt. Servers take tool_choice only.
+    Setting("tool_choice", str, "auto", "Tool choice",
+            "Whether the reply may call the declared tools: auto (the model decides), none, required, "
+            "or a tool's name (that one).", flag=True, lane=True, short="tools"),
+    Setting("tool_constraint", bool, True, "Constrained calls",
+            "Hold a tool call to its tool's schema while the model writes it (off: see what it writes unaided).",
+            backends=_APP, flag=True, lane=True, short="calls held"),
     Setting("logit_bias_text", tuple, (), "Logit bias",
             "Favour or ban words: TEXT=BIAS, BIAS (-100 to 100, or -inf: never) added to the logits of TEXT's "
             "tokens before the filters.", backends=_APP, flag=True, panel=True, sweep=True, lane=True, short="bias"),
@@ -229,6 +248,10 @@ class SamplingParams:
     # The same by text, "TEXT=BIAS" each: the engine splits TEXT with its model's tokenizer
     # (:meth:`with_text_bias`), so a lane on another checkpoint gets that vocabulary's ids.
     logit_bias_text: tuple[str, ...] = ()
+    # Where the request declares tools: auto / none / required / a tool's name, and whether
+    # a call is held to its schema as it is written (the engine's call constraint).
+    tool_choice: str = "auto"
+    tool_constraint: bool = True
 
     def __post_init__(self) -> None:
         self.stop = tuple(self.stop)
@@ -264,6 +287,10 @@ class SamplingParams:
                 bad(f"logit_bias: token id {tok} is negative")
             if not (b == -math.inf or (math.isfinite(b) and -MAX_BIAS <= b <= MAX_BIAS)):
                 bad(f"logit_bias for token {tok} must be between -{MAX_BIAS:g} and {MAX_BIAS:g} (or -inf), got {b}")
+        if not isinstance(self.tool_choice, str) or not _TOOL_CHOICE.match(self.tool_choice):
+            bad(f"tool_choice must be auto, none, required or a tool's name, got {self.tool_choice!r:.80}")
+        if not isinstance(self.tool_constraint, bool):
+            bad(f"tool_constraint must be true or false, got {self.tool_constraint!r:.40}")
         if self.constraint is not None:
             Constraint.from_value(self.constraint).validate()
             if self.num_beams > 1:

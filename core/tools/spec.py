@@ -102,7 +102,7 @@ class ToolCall:
 
     def to_openai(self) -> dict:
         return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.raw or json.dumps(self.arguments)}}
+                "function": {"name": self.name, "arguments": self.raw or json.dumps(self.arguments, ensure_ascii=False)}}
 
 
 @dataclass(frozen=True)

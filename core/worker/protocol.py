@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from core.engine.events import Reply
 from core.engine.settings import SamplingParams
+from core.tools.spec import Tool
 
 MODES = ("chat", "completion")
 MAX_INSPECT = 20
@@ -33,6 +34,10 @@ class PromptRequest:
     a reply that ran on a server also gives ``prompt_ids``, the prompt as that server
     tokenized it, and ``stop_ids`` (a chat reply's end of turn): the server is sent token
     ids, not messages (the local worker renders its own prompt and ignores both).
+
+    ``tools`` are the functions a chat reply may call (each lane's ``tool_choice`` and
+    ``tool_constraint`` say how); ``parallel_tool_calls`` lets one reply make several calls.
+    Messages are in OpenAI's shape: an assistant's ``tool_calls``, ``tool`` results.
     """
     messages: list[dict] = field(default_factory=list)
     mode: str = "chat"
@@ -44,6 +49,8 @@ class PromptRequest:
     forced: list[int] = field(default_factory=list)
     prompt_ids: list[int] = field(default_factory=list)
     stop_ids: list[int] = field(default_factory=list)
+    tools: list[Tool] = field(default_factory=list)
+    parallel_tool_calls: bool = True
 
     @property
     def is_branch(self) -> bool:

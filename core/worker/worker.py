@@ -515,7 +515,7 @@ class Worker:
                               eng.max_context, max(p.max_new_tokens for p in lanes))
         eng.check_memory(len(prompt.ids), lanes)  # before the draft loader or anything else runs
         how = dict(cancel=cmd.cancel, strip_leading_space=prompt.strip_leading_space, inspect=int(req.inspect),
-                   stop_ids=prompt.stop_ids, continued=req.continue_reply)
+                   stop_ids=prompt.stop_ids, continued=req.continue_reply, tools=prompt.tools)
         if eng.draft_loader is None:
             eng.draft_loader = draft_loader(eng)
         if cmd.kind == "compare":

@@ -57,7 +57,8 @@ def test_the_schema_declares_every_sampling_field_once_with_its_default():
 
 def test_lane_and_sweep_keys_come_from_the_schema():
     assert LANE_KEYS == ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "max_new_tokens",
-                         "num_beams", "length_penalty", "lookup", "draft", "constraint", "logit_bias_text")
+                         "num_beams", "length_penalty", "lookup", "draft", "constraint", "tool_choice",
+                         "tool_constraint", "logit_bias_text")
     assert set(SWEEP_KEYS) == {s.name for s in SETTINGS if s.sweep}
     assert set(SWEEP_OTHER) == {s.name for s in SETTINGS if s.sweep and not s.numeric}
 
@@ -135,7 +136,7 @@ def test_the_client_sends_each_setting_where_the_schema_says_it_runs():
             assert s.request_field not in sent and s.request_field in sent_all, s.name
         elif OPENAI in s.backends:
             assert s.request_field in sent, s.name
-    extensions = {"lookup": 2, "draft": "/m/small.gguf", "logit_bias_text": ("girl=-5",)}
+    extensions = {"lookup": 2, "draft": "/m/small.gguf", "logit_bias_text": ("girl=-5",), "tool_constraint": False}
     assert set(extensions) == {s.name for s in SETTINGS if s.backends == {LOCAL, LLAMADESK} and not s.probed}
     for name, value in extensions.items():
         with pytest.raises(RemoteError) as e:
