@@ -12,6 +12,7 @@ import hmac
 import json
 import math
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Callable
 
 from sse_starlette.sse import EventSourceResponse
@@ -36,6 +37,8 @@ from core.serving.guard import Guard, HTTPOptions, answered_hosts
 from core.serving.metrics import CONTENT_TYPE
 from core.serving.responses import Reply
 from core.serving.scheduler import Job
+from core.serving.tools_api import message_chars, tool_message, tools_from_request
+from core.tools.spec import ToolError
 from core.serving.state import ServerState
 
 
@@ -191,10 +194,15 @@ def completion_job(state: ServerState, body: dict, ex: Extras = Extras()) -> tup
 
 def chat_job(state: ServerState, body: dict, ex: Extras = Extras()) -> tuple[Job, int | None]:
     """(the job a /v1/chat/completions body asks for, how many logprob alternatives to report)."""
-    msgs = messages_from_request(body)
-    check_bytes(state, sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in msgs), "the messages")
+    msgs = messages_from_request(body, tool_message)
+    check_bytes(state, sum(message_chars(m) for m in msgs), "the messages")
+    asked = tools_from_request(body)
     try:
-        ids = render_messages(state.loaded.chat_format, msgs, ex)
+        calling = state.loaded.chat_format.tool_calling(asked.tools, asked.parallel) if asked.tools else None
+    except SettingsError as e:  # this model's chat format has no tool calling
+        raise APIError(400, f"tools: {e}", param="tools") from None
+    try:
+        ids = render_messages(state.loaded.chat_format, msgs, ex, asked.tools)
     except SettingsError as e:
         raise APIError(400, str(e), param="messages") from None
     vocab, context = state.engine.model.args.vocab_size, state.engine.max_context
@@ -207,6 +215,7 @@ def chat_job(state: ServerState, body: dict, ex: Extras = Extras()) -> tuple[Job
     check_context(len(ids) + len(forced), requested_max_tokens(body), context, what="the messages")
     lanes = sampling_from_request(body, default_max_tokens=context - len(ids), vocab=vocab,
                                   lookup=state.lookup, draft=state.draft, max_n=state.scheduler.max_batch)
+    lanes = [replace(q, tool_choice=asked.choice, tool_constraint=asked.constrained) for q in lanes]
     check_some_token_left(state, lanes)
     # the reply's leading space is dropped at its start only, not after a kept prefix
     strip = (strips_reply_space(state.tokenizer, state.loaded.chat_format) and not prefix
@@ -216,7 +225,8 @@ def chat_job(state: ServerState, body: dict, ex: Extras = Extras()) -> tuple[Job
     own = frozenset() if ex.ignore_eos else (frozenset(state.loaded.stop_ids)
                                              | frozenset(state.loaded.chat_format.stop_ids()))
     stops = own | frozenset(token_ids(body, "stop_token_ids", vocab, most=MAX_STOP_IDS))
-    return Job(ids, with_min_tokens(ex, body, lanes), strip, top or 0, stops, tuple(forced), ex.min_tokens), top
+    return Job(ids, with_min_tokens(ex, body, lanes), strip, top or 0, stops, tuple(forced), ex.min_tokens,
+               tools=calling), top
 
 
 def check_some_token_left(state: ServerState, lanes) -> None:
@@ -261,11 +271,15 @@ def check_job(state: ServerState, job: Job, body: dict, chat: bool) -> None:
     try:
         for part in parts_of(job):
             state.scheduler.check(part)
+    except ToolError as e:  # a tool's schema cannot hold a call
+        raise APIError(400, f"tools: {e}", param="tools") from None
     except ConstraintError as e:  # the schema/regex/grammar does not compile
         field = constraint_from_request(body)[1]
         raise APIError(400, f"{field}: {e}", param=field) from None
     except SettingsError as e:  # the prompt, or a logit_bias_text TEXT the tokenizer makes nothing of
         param = "logit_bias_text" if str(e).startswith("bad logit bias") else ("messages" if chat else "prompt")
+        if "combine with tool calls" in str(e):
+            param = "tool_choice"
         raise APIError(400, str(e), param=param) from None
     except ResourceError as e:  # its KV cache cannot fit: fewer new tokens (or a shorter prompt) might
         raise APIError(400, str(e), param="max_tokens") from None
@@ -378,15 +392,16 @@ async def stream_reply(reply: Reply, include_usage: bool):
             first, started[choice] = not started[choice], True  # completions: no role chunk came first
             if isinstance(ev, Token):
                 clock.token(choice)
-                if ev.text or reply.top is not None or reply.token_ids:
-                    yield {"data": json.dumps(reply.chunk(choice, text=ev.text, tok=ev, first=first))}
+                for chunk in reply.token_chunks(choice, ev, first):
+                    yield {"data": json.dumps(chunk)}
             elif isinstance(ev, Done):
                 if (failed := reply.failure(ev)) is not None:  # what streamed stays; the error ends it
                     yield {"data": json.dumps(failed.body())}
                     return
                 if reply.cut_by_shutdown(ev):  # what streamed stays; the client is told why it ends here
                     break
-                yield {"data": json.dumps(reply.chunk(choice, done=ev, first=first))}
+                for chunk in reply.done_chunks(choice, ev, first):
+                    yield {"data": json.dumps(chunk)}
         if reply.cut_by_shutdown() or not all(d is not None for d in job.done):
             yield {"data": json.dumps(APIError(503, "the server stopped before the reply was done",
                                                code="shutting_down", type="server_error").body())}

@@ -108,17 +108,17 @@ def with_min_tokens(ex: Extras, body: dict, lanes: list[SamplingParams]) -> list
     return [replace(q, lookup=0, draft="") for q in lanes]
 
 
-def render_messages(chat_format, msgs: list[dict], ex: Extras) -> list[int]:
-    """The prompt for ``msgs``: ready for the assistant's reply (OpenAI), the last message
-    carried on (vLLM's continue_final_message), or the messages alone
-    (add_generation_prompt false)."""
+def render_messages(chat_format, msgs: list[dict], ex: Extras, tools: tuple = ()) -> list[int]:
+    """The prompt for ``msgs`` (and the ``tools`` it declares): ready for the assistant's
+    reply (OpenAI), the last message carried on (vLLM's continue_final_message), or the
+    messages alone (add_generation_prompt false)."""
     if ex.continue_final:
-        if msgs[-1]["role"] != "assistant":
-            raise APIError(400, "continue_final_message continues the last message: it must be the assistant's",
-                           param="messages")
+        if msgs[-1]["role"] != "assistant" or msgs[-1].get("tool_calls"):
+            raise APIError(400, "continue_final_message continues the last message: it must be the assistant's "
+                           "text", param="messages")
         if not msgs[-1]["content"]:
-            return render_chat(chat_format, msgs[:-1])
-        return render_chat(chat_format, msgs[:-1], continue_reply=msgs[-1]["content"])
+            return render_chat(chat_format, msgs[:-1], tools=tools)
+        return render_chat(chat_format, msgs[:-1], continue_reply=msgs[-1]["content"], tools=tools)
     if not ex.generation_prompt:
-        return chat_format.encode_dialog(msgs, add_generation_prompt=False)
-    return render_chat(chat_format, msgs)
+        return chat_format.encode_dialog(msgs, add_generation_prompt=False, tools=tools)
+    return render_chat(chat_format, msgs, tools=tools)

@@ -27,15 +27,12 @@ MAX_BIAS_TEXT_CHARS = 1024
 MAX_CHOICES = 256  # guided_choice strings
 REGEX_META = set("\\.+*?()|[]{}^$#&-~")  # escaped in a guided_choice string: it is a literal
 # Request fields that change what OpenAI would return; refused unless left at their no-op value.
+# (tools, tool_choice and parallel_tool_calls are the chat path's: core.serving.tools_api)
 UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
-               "echo": (False,), "suffix": ("",), "best_of": (1,), "tools": ([],), "tool_choice": ("none",),
-               "parallel_tool_calls": (False, True), "functions": ([],), "function_call": ("none",)}
-# Said instead of "not supported" for the fields a later change will serve.
-NOT_YET = {"tools": "tool calling is not served yet: send the request without tools",
-           "tool_choice": "tool calling is not served yet: send the request without tool_choice",
-           "parallel_tool_calls": "tool calling is not served yet: send the request without parallel_tool_calls",
-           "functions": "function calling is not served yet: send the request without functions",
-           "function_call": "function calling is not served yet: send the request without function_call"}
+               "echo": (False,), "suffix": ("",), "best_of": (1,), "functions": ([],), "function_call": ("none",)}
+# Said instead of "not supported" where another field does the same.
+NOT_YET = {"functions": "functions is OpenAI's old form of tools: send tools instead",
+           "function_call": "function_call is OpenAI's old form of tool_choice: send tool_choice instead"}
 
 
 class APIError(LlamaDeskError):
@@ -411,18 +408,25 @@ def requested_max_tokens(body: dict) -> int | None:
     return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None
 
 
-def messages_from_request(body: dict) -> list[dict]:
+def messages_from_request(body: dict, tool_message=None) -> list[dict]:
+    """The conversation; ``tool_message(m, i)`` checks a ``tool`` message or an assistant's
+    ``tool_calls`` (the chat path's :func:`core.serving.tools_api.tool_message`; without
+    it they are refused)."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise APIError(400, "messages must be a non-empty list", param="messages")
     out = []
     for i, m in enumerate(msgs):
-        if isinstance(m, dict) and (m.get("role") in ("tool", "function") or m.get("tool_calls")):
-            what = f"messages[{i}].role '{m['role']}'" if m.get("role") in ("tool", "function") else f"messages[{i}].tool_calls"
-            raise APIError(400, f"{what}: tool calling is not served yet: send the conversation without tool turns",
+        if isinstance(m, dict) and (m.get("role") == "tool" or (m.get("role") == "assistant" and m.get("tool_calls"))):
+            if tool_message is None:
+                raise APIError(400, f"messages[{i}]: tool turns belong to a chat request", param="messages")
+            out.append(tool_message(m, i))
+            continue
+        if isinstance(m, dict) and m.get("role") == "function":
+            raise APIError(400, f"messages[{i}].role 'function' is OpenAI's old form: send a 'tool' message",
                            param="messages")
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
-            raise APIError(400, f"messages[{i}] needs a role of system, user or assistant", param="messages")
+            raise APIError(400, f"messages[{i}] needs a role of system, user, assistant or tool", param="messages")
         content = m.get("content")
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)

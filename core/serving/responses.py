@@ -11,9 +11,11 @@ from typing import Any
 from core.engine.events import Done, Token
 from core.serving.protocol import APIError, constraint_from_request
 from core.serving.scheduler import Job
+from core.serving.tools_api import CallStream
 from core.serving.state import ServerState
 
-FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort"}
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort",
+          "tool_calls": "tool_calls"}
 
 
 class Reply:
@@ -34,6 +36,9 @@ class Reply:
         asked = body.get("stop_token_ids")
         self.asked_stops = frozenset(asked) if isinstance(asked, list) else frozenset()
         self.own_stops = frozenset(server.loaded.stop_ids) | frozenset(server.loaded.chat_format.stop_ids())
+        # Each choice's stream of calls (a chat whose lanes may call tools), else None.
+        self.calls = ([CallStream(job.tools is not None and q.tool_choice != "none") for q in job.lanes]
+                      if chat and job.tools is not None else None)
 
     def cut_by_shutdown(self, done: Done | None = None) -> bool:
         """Whether the server's shutdown ended this choice (``done``) or any choice early."""
@@ -135,7 +140,10 @@ class Reply:
         choices = []
         for i, d in enumerate(self.job.done):
             c: dict[str, Any] = {"index": i}
-            if self.chat:
+            if self.chat and d.tool_calls:  # OpenAI: no content beside the calls
+                c["message"] = {"role": "assistant", "content": None,
+                                "tool_calls": [tc.to_openai() for tc in d.tool_calls]}
+            elif self.chat:
                 c["message"] = {"role": "assistant", "content": d.text + self.stop_text(d)}
             else:
                 c["text"] = d.text + self.stop_text(d)
@@ -152,16 +160,38 @@ class Reply:
             choices.append(c)
         return {**self.head(), "choices": choices, "usage": self.usage()}
 
+    def token_chunks(self, choice: int, tok: Token, first: bool) -> list[dict]:
+        """The chunks one streamed token makes: its text as content, or where the choice
+        may call tools, content or tool_calls deltas (:class:`CallStream`); none for a
+        token that adds nothing the client asked for."""
+        if self.calls is None:
+            if tok.text or self.top is not None or self.token_ids:
+                return [self.chunk(choice, text=tok.text, tok=tok, first=first)]
+            return []
+        deltas = self.calls[choice].push(tok.text)
+        if not deltas:
+            return [self.chunk(choice, tok=tok, first=first, delta={})] if self.top is not None or self.token_ids else []
+        return [self.chunk(choice, tok=tok if k == 0 else None, first=first and k == 0, delta=d)
+                for k, d in enumerate(deltas)]
+
+    def done_chunks(self, choice: int, done: Done, first: bool) -> list[dict]:
+        """A finished choice's last chunks: what its call stream held back, then the end."""
+        held = self.calls[choice].finish(done.tool_calls) if self.calls is not None else []
+        return [*(self.chunk(choice, first=first and k == 0, delta=d) for k, d in enumerate(held)),
+                self.chunk(choice, done=done, first=first and not held)]
+
     def chunk(self, choice: int, *, text: str = "", tok: Token | None = None, done: Done | None = None,
-              first: bool = False) -> dict:
+              first: bool = False, delta: dict | None = None) -> dict:
         c: dict[str, Any] = {"index": choice}
         if done is not None:
             text = self.stop_text(done)
         if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-            if tok is not None or text:
-                delta["content"] = text
-            c["delta"] = delta
+            d: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if delta is not None:
+                d = {**({"role": "assistant"} if first else {}), **delta}
+            elif tok is not None or text:
+                d["content"] = text
+            c["delta"] = d
         else:
             c["text"] = text
         c["logprobs"] = self.logprobs([tok], choice) if tok is not None else None

@@ -17,6 +17,7 @@ from typing import Callable
 from core.engine.engine import Engine, Joining
 from core.engine.events import Done, Prefilled
 from core.engine.settings import SamplingParams
+from core.prompt.tool_format import ToolCalling
 from core.serving.protocol import APIError, QueueFull
 
 
@@ -30,6 +31,7 @@ class Job:
     stop_ids: frozenset[int] = frozenset()  # this request's: a chat adds its format's end of turn
     forced: tuple[int, ...] = ()  # the reply's first tokens, given (a branch: forced_tokens)
     min_tokens: int = 0  # vLLM's min_tokens: no stop before this many tokens
+    tools: ToolCalling | None = None  # the functions its replies may call (tools, tool_choice)
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -114,7 +116,7 @@ class Scheduler:
         validated with concrete seeds. Any thread: the request threads run it."""
         if len(job.lanes) > self.max_batch:
             raise APIError(400, f"n must be at most {self.max_batch} (the server's --max-batch)", param="n")
-        job.lanes = self.engine.check_request(job.prompt, job.lanes)
+        job.lanes = self.engine.check_request(job.prompt, job.lanes, job.tools)
         job.done = [None] * len(job.lanes)
 
     def enqueue(self, job: Job) -> None:
@@ -164,7 +166,7 @@ class Scheduler:
                 next_lane += len(job.lanes)
                 free -= len(job.lanes)
                 out.append(Joining(job.prompt, job.lanes, job.cancel, job.strip_leading_space, job.inspect,
-                                   job.stop_ids, job.forced, min_tokens=job.min_tokens))
+                                   job.stop_ids, job.forced, min_tokens=job.min_tokens, tools=job.tools))
         return out
 
     def _dispatch(self, ev) -> None:
