@@ -19,12 +19,15 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from core.engine.constraint import request_fields
+from core.remote.tool_calls import CallDeltas, tool_fields
+from core.tools.spec import Tool
 from core.engine.events import Done, Stats, Token
 from core.errors import LlamaDeskError
 from core.engine.settings import SamplingParams
 
 # finish_reason -> the engine's stop reasons; "stop" is split into eos and stop strings below.
-_FINISH = {"length": "length", "abort": "cancelled", "cancelled": "cancelled"}
+_FINISH = {"length": "length", "abort": "cancelled", "cancelled": "cancelled", "tool_calls": "tool_calls",
+           "function_call": "tool_calls"}
 
 
 class RemoteError(LlamaDeskError):
@@ -211,9 +214,11 @@ class RemoteModel:
     # -- generation ----------------------------------------------------------------------------
 
     def body(self, params: SamplingParams, *, prompt: str | list[int] | None = None, messages: list[dict] | None = None,
-             logprobs: bool = True, top_logprobs: int = 0, stream: bool = True) -> dict:
+             logprobs: bool = True, top_logprobs: int = 0, stream: bool = True, tools: list[Tool] | None = None,
+             parallel_tool_calls: bool = True) -> dict:
         """The request body for one reply under ``params`` (fields left at their off value
-        are not sent, so servers that lack them still answer)."""
+        are not sent, so servers that lack them still answer). ``tools``: the functions a
+        chat reply may call, sent as OpenAI's ``tools`` with the lane's tool_choice."""
         p = params.resolved()
         has = (lambda f: True) if self.caps is None else (lambda f: getattr(self.caps, f))
         b: dict = {"model": self.model, "max_tokens": p.max_new_tokens, "temperature": p.temperature,
@@ -242,10 +247,14 @@ class RemoteModel:
         if self.dialect in ("llamadesk", "vllm"):
             b["return_token_ids"] = True
         b.update(request_fields(p.constraint))
+        if tools and messages is not None:
+            b.update(tool_fields(tools, p.tool_choice, parallel_tool_calls))
         if p.logit_bias:  # token ids: the server's own (e.g. a ban picked from its replies' tokens)
             b["logit_bias"] = {str(t): (v if math.isfinite(v) else "-inf") for t, v in p.logit_bias.items()}
         extensions = {"logit_bias_text": list(p.logit_bias_text), "lookup": p.lookup, "draft": p.draft}
         asked = {k: v for k, v in extensions.items() if v}
+        if not p.tool_constraint:  # calls written unheld: LlamaDesk's extension (others always hold or never)
+            asked["tool_constraint"] = False
         if asked and not self.is_llamadesk:
             raise RemoteError(f"{self.shown} is not a LlamaDesk server: {', '.join(asked)} need LlamaDesk's serve "
                               "(or a local model)", kind="unsupported")
@@ -255,7 +264,8 @@ class RemoteModel:
     def stream(self, params: SamplingParams, *, prompt: str | list[int] | None = None,
                messages: list[dict] | None = None, lane: int = 0, logprobs: bool = True, top_logprobs: int = 0,
                cancel: threading.Event | None = None, meta: dict | None = None,
-               extra: dict | None = None) -> Iterator[Token | Done]:
+               extra: dict | None = None, tools: list[Tool] | None = None,
+               parallel_tool_calls: bool = True) -> Iterator[Token | Done]:
         """Stream one reply (a completion of ``prompt``, text or token ids, or a chat reply to
         ``messages``) as the engine's Token events and one Done; closing the generator or
         setting ``cancel`` closes the connection, which cancels the reply on the server.
@@ -268,10 +278,11 @@ class RemoteModel:
             self.connect()
         params = params.resolved()
         chat = messages is not None
-        body = self.body(params, prompt=prompt, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs)
+        body = self.body(params, prompt=prompt, messages=messages, logprobs=logprobs, top_logprobs=top_logprobs,
+                         tools=tools, parallel_tool_calls=parallel_tool_calls)
         body.update(extra or {})
         path = "/chat/completions" if chat else "/completions"
-        got = _Collected(self.shown, lane, chat, meta)
+        got = _Collected(self.shown, lane, chat, meta, tools or [])
         try:
             with httpx.stream("POST", self.url + path, json=body, headers=self._headers(),
                               timeout=self.timeout) as r:
@@ -437,8 +448,9 @@ class _Probe:
 class _Collected:
     """What one streamed reply has brought so far: its tokens, how it finished, the usage."""
 
-    def __init__(self, url: str, lane: int, chat: bool, meta: dict | None):
+    def __init__(self, url: str, lane: int, chat: bool, meta: dict | None, tools: list[Tool] = ()):
         self.url, self.lane, self.chat, self.meta = url, lane, chat, meta
+        self.calls = CallDeltas(list(tools))  # the reply's tool calls, as their deltas come
         self.t0 = time.perf_counter()
         self.first: float | None = None  # when the first token came
         self.text: list[str] = []
@@ -462,6 +474,7 @@ class _Collected:
         for c in chunk.get("choices") or []:
             if self.meta is not None and "prompt_token_ids" in c:
                 self.meta["prompt_token_ids"] = c["prompt_token_ids"]
+            self.calls.take((c.get("delta") or {}).get("tool_calls") if self.chat else None)
             for ev in _chunk_tokens(c, self.chat, self.lane, len(self.tokens)):
                 if self.first is None:
                     self.first = time.perf_counter()
@@ -494,8 +507,11 @@ class _Collected:
         # stop_token_id, else a vLLM-style stop_reason that names one
         given = self.stop_token_id if isinstance(self.stop_token_id, int) else self.stop_reason
         stop_token = given if reason == "eos" and isinstance(given, int) and not isinstance(given, bool) else None
+        calls = self.calls.done()
+        if calls and reason in ("eos", "tool_calls"):
+            reason = "tool_calls"
         return Done(self.lane, reason, ids, "".join(self.text), self.lps if all(lp is not None for lp in self.lps) else [],
-                    params, stats, stop_token)
+                    params, stats, stop_token, tool_calls=calls if reason == "tool_calls" else [])
 
 
 def _speculative(sp) -> dict | None:

@@ -256,7 +256,8 @@ class RemoteRunner:
         lane = job.lanes[i]
         caps = model.caps
         top = int(request.inspect) if caps is None or caps.top_logprobs else 0
-        kw = dict(messages=request.messages) if request.mode == "chat" else dict(prompt=request.prompt)
+        kw = (dict(messages=request.messages, tools=list(request.tools), parallel_tool_calls=request.parallel_tool_calls)
+              if request.mode == "chat" else dict(prompt=request.prompt))
         meta: dict = {}
         try:
             if request.is_branch:
