@@ -49,15 +49,17 @@ def messages(args) -> list[dict]:
     return msgs
 
 
-def prompt_ids(loaded, args) -> tuple[list[int], bool]:
-    """(ids, strip_leading_space) for the prompt as the user asked for it."""
+def prompt_ids(loaded, args, tools: list | None = None) -> tuple[list[int], bool, object]:
+    """(ids, strip_leading_space, the chat format) for the prompt as the user asked for it
+    (``tools``: the functions a chat reply may call, declared in the prompt)."""
     tok = loaded.tokenizer
     if args.chat:
         fmt = loaded.chat_format if args.chat_format == "auto" else chat_format_for(tok, override=args.chat_format)
-        return fmt.encode_dialog(messages(args)), bool(getattr(tok, "add_dummy_prefix", False))
+        return (fmt.encode_dialog(messages(args), tools=tuple(tools or ())),
+                bool(getattr(tok, "add_dummy_prefix", False)), fmt)
     if args.system:
         raise SettingsError("--system needs --chat")
-    return tok.encode(args.prompt, bos=True), False
+    return tok.encode(args.prompt, bos=True), False, loaded.chat_format
 
 
 def connect(url: str, args, model: str | None = None) -> tuple[RemoteModel, float]:
@@ -80,8 +82,10 @@ def check_remote_opts(args) -> None:
         raise SettingsError("--system needs --chat")
 
 
-def remote_stream(remote: RemoteModel, args, params, lane: int = 0, meta: dict | None = None):
-    """One reply from a server: a chat reply with --chat, else a completion."""
+def remote_stream(remote: RemoteModel, args, params, lane: int = 0, meta: dict | None = None,
+                  tools: list | None = None, parallel: bool = True):
+    """One reply from a server: a chat reply with --chat (that may call ``tools``), else a completion."""
     if args.chat:
-        return remote.stream(params, messages=messages(args), lane=lane, meta=meta)
+        return remote.stream(params, messages=messages(args), lane=lane, meta=meta, tools=tools or None,
+                             parallel_tool_calls=parallel)
     return remote.stream(params, prompt=args.prompt, lane=lane, meta=meta)

@@ -7,6 +7,7 @@ lane's keys are the schema's too (:func:`core.engine.lanes.parse_lane_spec`).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -15,7 +16,10 @@ from core.checkpoints.common import DTYPE_CHOICES
 from core.engine.constraint import Constraint, from_argument
 from core.engine.settings import SCHEMA, parse_logit_bias
 from core.errors import SettingsError
+from core.limits import read_limited
+from core.tools.spec import Tool, ToolError, tools_from_openai
 
+MAX_TOOLS_FILE = 8 << 20  # a tools file: 128 tools of up to 64,000 characters of schema each, with room
 SPEC_KEYS = ("lookup", "draft")  # speculative decoding: a lane that sets one ignores --lookup/--draft
 BACKEND_KEYS = ("model", "server")  # a lane's own model: a local path, or a model on a server
 CHAT_FORMATS = ["auto", "llama3", "llama2", "raw"]
@@ -91,6 +95,37 @@ def add_prompt_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-format", default="auto", choices=CHAT_FORMATS)
     setting_flag(p, "max_new_tokens", default=None)  # none: the lanes' own, else 256
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+
+def add_tool_opts(p: argparse.ArgumentParser) -> None:
+    t = p.add_argument_group("tool calling (with --chat)")
+    t.add_argument("--tools", metavar="FILE.json",
+                   help='the functions the reply may call: a JSON list of OpenAI tool definitions, or {"tools": [...]}')
+    t.add_argument("--tool-choice", default="auto", metavar="CHOICE", help=SCHEMA["tool_choice"].help + " (default auto)")
+    t.add_argument("--tool-constraint", default="on", choices=["on", "off"], help=SCHEMA["tool_constraint"].help)
+    t.add_argument("--no-parallel-tool-calls", action="store_true", help="at most one call per reply")
+
+
+def tools_from_args(args) -> list[Tool]:
+    """The tools --tools declares (SettingsError, exit 2, for a file that is not a tools list)."""
+    path = getattr(args, "tools", None)
+    if not path:
+        if getattr(args, "tool_choice", "auto") not in ("auto", "none"):
+            raise SettingsError(f"--tool-choice {args.tool_choice} needs --tools FILE.json")
+        return []
+    if not args.chat:
+        raise SettingsError("--tools needs --chat: a completion makes no calls")
+    data = read_limited(path, MAX_TOOLS_FILE, error=SettingsError)
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise SettingsError(f"--tools {path}: not JSON ({str(e)[:120]})") from None
+    if isinstance(value, dict) and "tools" in value:
+        value = value["tools"]
+    try:
+        return tools_from_openai(value)
+    except ToolError as e:
+        raise SettingsError(f"--tools {path}: {e}") from None
 
 
 def add_constraint_opts(p: argparse.ArgumentParser, lanes: bool = False) -> None:

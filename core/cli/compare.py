@@ -178,7 +178,7 @@ def _run_local(args, path: str, idx: list[int], lanes: list[SamplingParams], out
     args.model = path
     loaded, took = load_model(args)
     out.load_s += took
-    ids, strip = prompt_ids(loaded, args)
+    ids, strip, _ = prompt_ids(loaded, args)
     engine = engine_for(loaded, args, drafts=True)
     fp = tokenizer_fingerprint(loaded.tokenizer, loaded.model.args.vocab_size)
     for ev in engine.generate_lanes(ids, [lanes[i] for i in idx], strip_leading_space=strip):

@@ -7,9 +7,11 @@ from dataclasses import replace
 
 from core.cli.backends import check_remote_opts, connect, engine_for, load_model, prompt_ids, remote_stream
 from core.cli.documents import grounded_prompt, say_grounding
-from core.cli.common import beams_json, check_bias, constraint_from_args, ended_in_error, logit_bias_ids
+from core.cli.common import (beams_json, check_bias, constraint_from_args, ended_in_error, logit_bias_ids,
+                             tools_from_args)
 from core.engine.events import Done, Token
 from core.engine.settings import SamplingParams
+from core.prompt.tool_format import check_choice
 from core.errors import SettingsError
 
 
@@ -20,12 +22,18 @@ def params_from_args(args) -> SamplingParams:
         repetition_penalty=args.repetition_penalty, seed=args.seed,
         max_new_tokens=args.max_new_tokens or 256, stop=tuple(args.stop),
         num_beams=args.num_beams, length_penalty=args.length_penalty,
-        lookup=args.lookup, draft=args.draft or "", constraint=constraint_from_args(args)).validate().resolved()
+        lookup=args.lookup, draft=args.draft or "", constraint=constraint_from_args(args),
+        tool_choice=getattr(args, "tool_choice", "auto"),
+        tool_constraint=getattr(args, "tool_constraint", "on") == "on").validate().resolved()
 
 
 def cmd_generate(args) -> int:
     params = params_from_args(args)
     check_bias(args)
+    tools = tools_from_args(args)
+    if tools:
+        check_choice(params.tool_choice, tools)  # a name no tool has: said before any model loads
+    parallel = not getattr(args, "no_parallel_tool_calls", False)
     meta: dict = {}
     extra: dict = {}
     if args.server:
@@ -36,17 +44,18 @@ def cmd_generate(args) -> int:
             raise SettingsError("--num-beams needs a local model: OpenAI-compatible servers do not run beam search")
         remote, load_s = connect(args.server, args, args.remote_model)
         _ground(args, extra)
-        events = remote_stream(remote, args, params, meta=meta)
+        events = remote_stream(remote, args, params, meta=meta, tools=tools, parallel=parallel)
         extra = {"model": remote.model, "server": remote.shown}
     else:
         if args.model is None:
             raise SettingsError("give a MODEL (a folder or .gguf file) or --server URL")
         loaded, load_s = load_model(args)
         _ground(args, extra, loaded.tokenizer, loaded.args.max_seq_len)
-        ids, strip = prompt_ids(loaded, args)
+        ids, strip, fmt = prompt_ids(loaded, args, tools)
         if args.logit_bias:
             params = replace(params, logit_bias=logit_bias_ids(args, loaded.tokenizer)).validate()
-        events = engine_for(loaded, args, drafts=True).generate(ids, params, strip_leading_space=strip)
+        calling = fmt.tool_calling(tuple(tools), parallel) if tools else None
+        events = engine_for(loaded, args, drafts=True).generate(ids, params, strip_leading_space=strip, tools=calling)
         meta["prompt_token_ids"] = ids
     done = None
     for ev in events:
@@ -86,6 +95,8 @@ def _print_json(done: Done, params: SamplingParams, meta: dict, load_s: float, e
         **({"decode": st.decode} if st.decode else {}),
         **({"speculative": st.speculative} if st.speculative else {}),
         **({"error": done.error} if done.error else {}),
+        **({"tool_calls": [{**c.to_openai(), **({"error": c.error} if c.error else {})} for c in done.tool_calls]}
+           if done.tool_calls else {}),
         **beams_json(done),
         **extra,
     }, ensure_ascii=False))

@@ -16,7 +16,7 @@ import sys
 import torch
 
 from core.checkpoints.gguf_write import GGUF_TYPES
-from core.cli.common import (BACKEND_KEYS, CHAT_FORMATS, add_bias_opts, add_constraint_opts,
+from core.cli.common import (BACKEND_KEYS, CHAT_FORMATS, add_bias_opts, add_constraint_opts, add_tool_opts,
                              add_model_opts, add_prompt_opts, add_sampling_opts, add_server_opts, add_spec_opts)
 from core.cli.documents import add_document_opts, documents_parser
 from core.cli.tool_opts import add_tools_parser
@@ -65,6 +65,7 @@ def _generate_parser(sub) -> None:
     add_bias_opts(g)
     add_spec_opts(g)
     add_constraint_opts(g)
+    add_tool_opts(g)
     add_model_opts(g)
     add_document_opts(g)
 
