@@ -174,3 +174,15 @@ def test_streamed_call_deltas_join_and_are_checked():
     assert (first.id, first.name, first.arguments) == ("call_a", "get_weather", {"city": "Rome"})
     assert "'days' is a required property" in first.error
     assert second.raw == "{bad" and "not valid JSON" in second.error
+
+
+def test_langchain_bind_tools(served):
+    """LangChain's tool binding against serve (optional: langchain-openai is not a dependency)."""
+    lc = pytest.importorskip("langchain_openai", reason="langchain-openai is not installed (optional)")
+    state, client = served
+    llm = lc.ChatOpenAI(base_url=str(client.base_url), api_key="k", model=state.model_id, max_tokens=80,
+                        temperature=1.0, seed=4, max_retries=0)
+    msg = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke("Weather in Paris?")
+    [call] = msg.tool_calls
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    jsonschema.validate(call["args"], WEATHER["function"]["parameters"])
