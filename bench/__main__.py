@@ -45,7 +45,7 @@ def gpu_section(quick: bool, threads: int) -> dict:
 
 
 EXTRA = ("bench.bench_fidelity", "bench.bench_q6k", "bench.bench_serve", "bench.bench_speculative", "bench.bench_constrain",
-         "bench.bench_tools")
+         "bench.bench_tools", "bench.tool_validity")
 
 
 def extra_sections(quick: bool, skip: list[str]) -> list[dict]:

@@ -7,6 +7,7 @@ streamable HTTP (a server on loopback), per call p50/p99; beside it the same cal
 the SDK directly from asyncio (no thread hop), so the hub's own share shows, and a built-in
 tool (the calculator, in process). Also: starting a stdio server (spawn + handshake), and one
 10 MB answer through our stdio transport against the SDK's (whose reader is quadratic).
+Then the share of valid calls with the call constraint on and off (bench/tool_validity.py).
 
     python bench/bench_tools.py [--quick]
 """
@@ -28,6 +29,7 @@ from core.tools.builtin import BuiltinTools  # noqa: E402
 from core.tools.config import ServerConfig  # noqa: E402
 from core.tools.mcp_client import McpHub, McpServer  # noqa: E402
 from core.tools.spec import ToolCall  # noqa: E402
+from bench.tool_validity import validity_section  # noqa: E402
 
 BIG = 10 * 1024 * 1024
 
@@ -203,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.serve:
         serve(a.serve, a.port)
         return 0
-    section = run(a.quick)
-    print(f"### {section['title']}\n\n{section['markdown']}")
+    for section in (run(a.quick), validity_section(a.quick)):  # validity: bench/tool_validity.py
+        print(f"### {section['title']}\n\n{section['markdown']}\n")
     return 0
 
 
