@@ -169,3 +169,26 @@ def test_the_memory_check_counts_the_file_bytes_and_one_widened_layer(peaked_f16
     load(f, device="cpu", dtype="auto")
     layer = sum(p.numel() for n, p in exact.layers[0].named_parameters() if n.endswith("weight") and p.dim() == 2)
     assert seen["held"] == gguf_tensor_bytes(f) + 4 * layer  # float16 copies in float32: 2 more bytes each
+
+
+def test_a_long_prompt_prefills_layer_by_layer_in_float32(peaked_f16):
+    from core.engine.engine import Engine
+    from core.model import quant
+    f, exact, _ = peaked_f16
+    lm = load(f, device="cpu", dtype="auto")
+    prompt = [1] + torch.randint(3, 512, (quant.DENSE_ROWS + 20,), generator=torch.Generator().manual_seed(4)).tolist()
+    eng = Engine(lm.model, lm.tokenizer, stop_ids=(), prefill_chunk=32)
+    widened = []
+    layer0 = lm.model.layers[0].feed_forward.w1
+    orig = layer0.dequantize
+    layer0.dequantize = lambda dtype: widened.append(dtype) or orig(dtype)
+    eng.cache.ensure(1, len(prompt) + 1)
+    with torch.inference_mode():
+        logits, _ = eng.prefill_row(0, prompt, None)
+        ref = exact(torch.tensor([prompt]))[0, -1]
+    assert widened == [torch.float32]  # once per prompt, exactly
+    assert all(m.dense is None for m in lm.model.modules() if isinstance(m, Float16Linear))
+    # float32 throughout but the last row's logits: its 64 largest exact, the tail float16-rounded
+    top = ref.topk(64).indices
+    assert torch.allclose(logits[top], ref[top], rtol=0, atol=1e-4)
+    assert (logits - ref).abs().max() <= 2 ** -10 * ref.abs().max()
