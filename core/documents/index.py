@@ -216,11 +216,16 @@ class DocumentIndex:
         match = fts_query(query)
         if not match or not blob_ids:
             return []
-        scope = ",".join(str(int(b)) for b in blob_ids)
-        rows = self.q("SELECT f.rowid, bm25(doc_chunks_fts, 1.0, 0.5) AS s FROM doc_chunks_fts f"
-                      " JOIN doc_chunks k ON k.id = f.rowid"
-                      f" WHERE doc_chunks_fts MATCH ? AND k.blob_id IN ({scope}) ORDER BY s LIMIT ?",
-                      (match, int(limit)))
+        if len(set(blob_ids)) >= self.q("SELECT count(*) FROM doc_blobs")[0][0]:
+            # Everything indexed is in scope: no join to the passages (half the time at 100k).
+            rows = self.q("SELECT rowid, bm25(doc_chunks_fts, 1.0, 0.5) AS s FROM doc_chunks_fts"
+                          " WHERE doc_chunks_fts MATCH ? ORDER BY s LIMIT ?", (match, int(limit)))
+        else:
+            scope = ",".join(str(int(b)) for b in blob_ids)
+            rows = self.q("SELECT f.rowid, bm25(doc_chunks_fts, 1.0, 0.5) AS s FROM doc_chunks_fts f"
+                          " JOIN doc_chunks k ON k.id = f.rowid"
+                          f" WHERE doc_chunks_fts MATCH ? AND k.blob_id IN ({scope}) ORDER BY s LIMIT ?",
+                          (match, int(limit)))
         return [(r[0], -float(r[1])) for r in rows]
 
     # ------------------------------------------------------------------ collections

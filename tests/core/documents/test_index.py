@@ -74,3 +74,15 @@ def test_a_version_2_history_with_tool_messages_gains_documents(tmp_path):
     with DocumentIndex(path) as ix:
         assert ix.q("PRAGMA user_version")[0][0] == SCHEMA_VERSION == 3
         assert {r[1] for r in ix.q("PRAGMA table_info(messages)")} >= {"tool_calls", "tool_result"}
+
+
+def test_bm25_over_everything_equals_bm25_over_the_same_scope_by_join(ix, tmp_path):
+    blobs = []
+    for i, text in enumerate(["llamas hum and llamas spit", "otters hold hands", "llamas are camelids"]):
+        (tmp_path / f"{i}.txt").write_text(text)
+        blobs.append(ix.attach(tmp_path / f"{i}.txt")[0].id)
+    everything = ix.bm25("llamas otters", blobs, 10)  # the join-free path
+    subset = ix.bm25("llamas otters", blobs[:2], 10)  # the joined path
+    third = ix.chunks(blobs[2])[0].chunk_id
+    assert len(everything) == 3 and [c for c, _ in subset] == [c for c, _ in everything if c != third]
+    assert dict(subset) == pytest.approx({c: s for c, s in everything if c in dict(subset)})
