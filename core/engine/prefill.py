@@ -101,7 +101,7 @@ class Prefill:
         for layer in m.layers:
             if cancelled(cancel):
                 return None
-            with quant.dense_weights(layer):
+            with quant.dense_weights(layer, cancel):
                 a = 0
                 while a < len(tokens):
                     if cancelled(cancel):

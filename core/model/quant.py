@@ -213,15 +213,19 @@ def packed_on_cpu(module: nn.Module) -> list[nn.Module]:
 
 
 @contextmanager
-def dense_weights(module: nn.Module):
+def dense_weights(module: nn.Module, cancel=None):
     """Within the block, the CPU-packed linears of ``module`` multiply a bfloat16 copy of
-    their weight (float32 for float16 weights: exact), dequantized on entry and freed on exit. A prefill that runs a long prompt
-    through one layer in several chunks (``Engine``) so pays the dequantize once per layer,
+    their weight (float32 for float16 weights: exact), dequantized on entry and freed on
+    exit. A prefill that runs a long prompt through one layer in several chunks
+    (``Engine``) so pays the dequantize once per layer,
     where each chunk alone would be too short to repay it; memory grows by one layer's
-    weights in bfloat16 meanwhile."""
+    weights in bfloat16 meanwhile. A set ``cancel`` (threading.Event) stops the unpacking
+    between weights (a 1B layer's seven take ~0.1-0.4 s): the caller checks it next."""
     layers = packed_on_cpu(module)
     try:
         for m in layers:
+            if cancel is not None and cancel.is_set():
+                break
             m.dense = m.dequantize(getattr(m, "dense_dtype", torch.bfloat16))
         yield
     finally:

@@ -192,3 +192,23 @@ def test_a_long_prompt_prefills_layer_by_layer_in_float32(peaked_f16):
     top = ref.topk(64).indices
     assert torch.allclose(logits[top], ref[top], rtol=0, atol=1e-4)
     assert (logits - ref).abs().max() <= 2 ** -10 * ref.abs().max()
+
+
+def test_cancel_stops_widening_a_layer_between_its_weights(peaked_f16):
+    import threading
+
+    from core.engine.engine import Engine
+    from core.model import quant
+    f, _, _ = peaked_f16
+    lm = load(f, device="cpu", dtype="auto")
+    prompt = [1] + torch.randint(3, 512, (quant.DENSE_ROWS + 20,), generator=torch.Generator().manual_seed(5)).tolist()
+    eng = Engine(lm.model, lm.tokenizer, stop_ids=(), prefill_chunk=32)
+    cancel, widened = threading.Event(), []
+    for m in lm.model.layers[0].modules():
+        if isinstance(m, Float16Linear):
+            m.dequantize = lambda dtype, _o=m.dequantize: widened.append(1) or cancel.set() or _o(dtype)
+    eng.cache.ensure(1, len(prompt) + 1)
+    with torch.inference_mode():
+        logits, _ = eng.prefill_row(0, prompt, cancel)
+    assert logits is None and widened == [1]  # cancelled after the first weight, not the layer's seven
+    assert all(m.dense is None for m in lm.model.modules() if isinstance(m, Float16Linear))
