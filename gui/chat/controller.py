@@ -18,6 +18,7 @@ from core.engine.constraint import syntax_error
 from core.history.records import HistoryError, Message
 from core.history.store import History
 from core.prompt.prompting import reply_reserve
+from core.tools.parse import check_arguments
 from core.worker.protocol import GenerateRequest
 
 from gui.bridge import BridgeError
@@ -100,7 +101,8 @@ class ConversationController(QObject):
         self.reply.busyChanged.connect(lambda busy: busy and self.sources.cancel())  # a reply goes first
         # Tools (issue 25): what the open chat offers each reply, and the calls a reply makes.
         self.tools = ChatTools(conversation=self.conversation, parent=self)
-        self.tool_round = ToolRound(conversation=self.conversation, tools=self.tools, prefs=self.tools, parent=self)
+        self.tool_round = ToolRound(conversation=self.conversation, tools=self.tools, prefs=self.tools,
+                                    check=check_arguments, parent=self)
         self.reply.tools = self.tools.tools
         self.reply.finished.connect(self.tool_round.on_reply)
         self.tool_round.continueWith.connect(self._after_tools)

@@ -16,6 +16,7 @@ from core.engine.events import Done, Prefilled
 from core.remote.runner import describe_error, public_url
 from core.history.partial import PartialReply
 from core.history.records import HistoryError, Message
+from core.history.tool_messages import stored_calls
 from core.worker.protocol import Error, GenerateRequest, Prompted
 
 from gui.bridge import Chunk
@@ -64,6 +65,7 @@ class ReplyState:
     # refused before any text goes back to the editor and is not kept (issue 22).
     user: Message | None = field(default=None, repr=False)
     editing: int | None = None
+    tools: list = field(default_factory=list, repr=False)  # offered to the model: Done's calls' sources
 
 
 class ReplyController(QObject):
@@ -127,6 +129,7 @@ class ReplyController(QObject):
         self.backend = None
         self.model_id: str | None = None
         self.context_length = 0
+        self.tools = None  # () -> the tools the open chat offers (gui.chat.chat_tools.ChatTools.tools)
         self.state: ReplyState | None = None
         self._stream = None
         self._task: asyncio.Task | None = None
@@ -270,7 +273,8 @@ class ReplyController(QObject):
                 self.conversation.restore_leaf(self.conversation.conv_id, restore_leaf, parent_id)
             return False
         lead, reply_prefix, prefix_text, prefix_record = branch or ("", [], "", None)
-        request = GenerateRequest(
+        tools = list(self.tools()) if self.tools is not None else []
+        request = GenerateRequest(tools=tools,
             messages=self.conversation.request_messages(self.settings.system_prompt(), upto=parent_id),
             params=params, chat_format=self.settings.chat_format(),
             continue_reply=continue_of.text if continue_of is not None else lead, inspect=inspect,
@@ -288,7 +292,8 @@ class ReplyController(QObject):
             partial.append(prefix_text)
         self.state = ReplyState(parent_id, params.to_dict(), inspect, continue_of, view["text"],
                                 run=LaneRun() if inspect else None, partial=partial, prefix_record=prefix_record,
-                                extends=extends, conv_id=self.conversation.conv_id, restore_leaf=restore_leaf)
+                                extends=extends, conv_id=self.conversation.conv_id, restore_leaf=restore_leaf,
+                                tools=tools)
         if self.backend is not None:
             self.state.server = public_url(self.backend.url)
         self._stream = (self.bridge.generate(request) if self.backend is None
@@ -452,6 +457,8 @@ class ReplyController(QObject):
             meta["dropped_messages"] = st.prompted.dropped_messages
         if st.server:
             meta["server"] = st.server
+        if st.tools:  # what the model could call (the inspector's tool odds, an export's reader)
+            meta["tools"] = [t.name for t in st.tools]
         if st.error_kind and st.error:
             st.error = describe_error(st.error_kind, st.error)
             if st.error_kind == "cut":
@@ -483,6 +490,8 @@ class ReplyController(QObject):
         """Write the reply: onto the reply it continues, as the growing partial reply's end,
         or as a new message."""
         seed = params.get("seed")
+        done_calls = st.done.tool_calls if st.done is not None else []
+        calls = stored_calls(done_calls, {t.name: t.source for t in st.tools}) if done_calls else None
         carried = st.continue_of or st.extends
         if carried is not None:  # one reply in two runs: its counts add up
             merged = dict(carried.stats or {})
@@ -496,14 +505,14 @@ class ReplyController(QObject):
             # What the earlier run's end said (cut, failed, incomplete) no longer holds.
             kept = {k: v for k, v in (old.meta or {}).items() if k not in RUN_END_META}
             return self.conversation.update_reply(old.id, text=st.prefix + text, stats=stats, stop_reason=stop_reason,
-                                                  settings=params, seed=seed, meta={**kept, **meta})
+                                                  settings=params, seed=seed, meta={**kept, **meta}, tool_calls=calls)
         if st.partial is not None:  # a new reply (a branch's starts with its prefix)
             m = st.partial.finish(st.prefix + text, settings=params, seed=seed, stats=stats,
-                                  stop_reason=stop_reason, meta=meta)
+                                  stop_reason=stop_reason, meta=meta, tool_calls=calls)
             self.conversation.listChanged.emit()
             return m
         return self.conversation.add_reply(st.parent_id, text, settings=params, seed=seed, model_id=self.model_id,
-                                           stats=stats, stop_reason=stop_reason, meta=meta)
+                                           stats=stats, stop_reason=stop_reason, meta=meta, tool_calls=calls)
 
     def _report(self, st: ReplyState) -> None:
         # A local failure after some text is said on the reply itself (its footer), once.

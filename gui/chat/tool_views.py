@@ -17,6 +17,7 @@ from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (QCheckBox, QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QToolButton,
                                QVBoxLayout)
 
+from core.tools.parse import looks_like_call
 from core.tools.spec import MAX_RESULT_CHARS
 
 from gui import theme
@@ -214,7 +215,8 @@ class CallsReplyWidget(MessageWidget):
             lines.append(f"→ <b>{html.escape(str(fn.get('name', '?')))}</b> "
                          f"<code>{html.escape(args)}</code> · {html.escape(source_label(str(c.get('source') or '')))}")
         self.calls_label.setText("<br>".join(lines))
-        self.body.setVisible(streaming or self.token_mode or bool(message.get("text", "").strip()))
+        text = message.get("text", "")  # the call as the model wrote it is listed above: not twice
+        self.body.setVisible(streaming or self.token_mode or bool(text.strip()) and not looks_like_call(text))
 
 
 def message_widget(message: dict, **kw) -> MessageWidget:
