@@ -77,10 +77,12 @@ def lane_inspector(token_text) -> TokenInspector:
 
 class PromptRow(QWidget):
     """The prompt every lane answers (``prompt_edit``), its mode (``mode_combo``: chat or
-    completion) and ``context_check``: send ``context``, the open conversation, before it."""
+    completion) and ``context_check``: send ``context``, the open conversation, before it;
+    ``tools``: the functions a chat prompt offers (OpenAI-shaped; lanes' tool_choice says how)."""
 
-    def __init__(self, prompt: str, mode: str, context: list[dict], parent=None):
+    def __init__(self, prompt: str, mode: str, context: list[dict], parent=None, *, tools: list[dict] = ()):
         super().__init__(parent)
+        self.tools = list(tools)
         top = QHBoxLayout(self)
         top.setContentsMargins(0, 0, 0, 0)
         self.prompt_edit = QPlainTextEdit(prompt)
@@ -126,6 +128,8 @@ class PromptRow(QWidget):
             if d["text"].strip():
                 msgs.append({"role": "user", "content": d["text"]})
             d["messages"] = msgs
+            if self.tools:
+                d["tools"] = list(self.tools)
         return d
 
     def show_prompt(self, prompt: dict, context: list[dict]) -> None:

@@ -35,7 +35,8 @@ def compare_window_for(window) -> CompareView:
         [{"role": "system", "content": system}] if system.strip() else [])
     view = CompareView(bridge=window.bridge, history=window.history, prompt=text, messages=context,
                        lanes=[panel.params()], mode="chat", chat_format=panel.chat_format(),
-                       conversation=conv, server_dialog=_server_dialog_factory(window), parent=window)
+                       conversation=conv, server_dialog=_server_dialog_factory(window), parent=window,
+                       tools=[t.to_openai() for t in window.chats.tools.tools()])
     backend = getattr(window, "backend", None)
     if backend is not None:  # replies come from a server: so does the first lane
         view.set_lane_model(0, view.add_server(backend))

@@ -21,6 +21,7 @@ from core.documents import DocumentError
 from core.engine.events import Done, Prefilled
 from core.engine.lanes import MAX_LANES
 from core.engine.settings import SamplingParams
+from core.tools.spec import tools_from_openai
 from core.remote.runner import describe_error
 from core.worker.protocol import CompareRequest, Error, Prompted
 
@@ -127,7 +128,8 @@ def base_request(prompt: dict, inspect: int) -> CompareRequest:
     """What every request of a run shares: the prompt (text, mode, chat format, messages)
     and the alternatives recorded per token; lanes and model come per request."""
     return CompareRequest(messages=prompt.get("messages", []), mode=prompt["mode"], prompt=prompt["text"],
-                          chat_format=prompt["chat_format"], inspect=inspect)
+                          chat_format=prompt["chat_format"], inspect=inspect,
+                          tools=tools_from_openai(prompt.get("tools") or []))
 
 
 def running_line(jobs: list[LaneJob]) -> str:

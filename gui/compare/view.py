@@ -77,7 +77,7 @@ class CompareView(QWidget):
                  conversation=None, token_text: Callable[[int], str | None] | None = None,
                  inspect: int = DEFAULT_INSPECT, models: list[LaneModel] | None = None,
                  lane_models: list[LaneModel] | None = None, server_dialog: Callable[[], object] | None = None,
-                 parent=None):
+                 tools: list[dict] = (), parent=None):
         super().__init__(parent)
         self.setObjectName("compareView")
         self.setAccessibleName("Compare sampling settings")
@@ -105,6 +105,7 @@ class CompareView(QWidget):
         self.picker = LaneModelPicker(bridge, self.shelf, server_dialog, self, lambda: self.columns)
         self.picker.chosen.connect(self._picked)
         self.picker.status.connect(lambda text: self.status.setText(text))
+        self._tools = list(tools)  # the chat's tools (OpenAI-shaped): every chat-mode lane is offered them
         self._build(prompt, mode, list(messages or []), token_text)
         for i, s in enumerate(lanes):
             self.add_lane(s, model=lane_models[i] if lane_models and i < len(lane_models) else None)
@@ -116,7 +117,7 @@ class CompareView(QWidget):
         root = QVBoxLayout(self)
         root.setContentsMargins(8, 8, 8, 6)
         root.setSpacing(6)
-        self.prompt_row = PromptRow(prompt, mode, context)
+        self.prompt_row = PromptRow(prompt, mode, context, tools=self._tools)
         root.addWidget(self.prompt_row)
         self.bar = ActionBar({
             "run": self.run, "stop": self.stop, "rerun": lambda: self.run(again=True),

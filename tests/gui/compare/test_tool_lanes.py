@@ -36,3 +36,17 @@ def test_a_lanes_calls_survive_its_record():
     run = lane(ToolCall("get_weather", {"city": "Paris"}, id="call_1"))
     back = LaneRun.from_dict(run.to_dict({}))
     assert back.tool_calls == run.tool_calls and back.tool_calls[0]["function"]["name"] == "get_weather"
+
+
+def test_a_comparison_from_a_chat_offers_its_tools_to_every_lane(qtbot):
+    from gui.compare.controls import PromptRow
+    from gui.compare.runner import base_request
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    row = PromptRow("Weather?", "chat", [], tools=[tool])
+    qtbot.addWidget(row)
+    prompt = row.prompt("auto")
+    assert prompt["tools"] == [tool]
+    assert [t.name for t in base_request(prompt, 0).tools] == ["get_weather"]
+    row.mode_combo.setCurrentIndex(row.mode_combo.findData("completion"))
+    assert "tools" not in row.prompt("auto") and base_request(row.prompt("auto"), 0).tools == []
