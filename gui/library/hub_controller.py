@@ -138,14 +138,16 @@ class HubController(QObject):
         if self.busy:
             self.task.cancel()
         self.task = asyncio.ensure_future(self._guarded(job))
+        self.busyChanged.emit(True)  # now, not when the task first runs: a click shows at once
         return self.task
 
     async def _guarded(self, job) -> None:
-        self.busyChanged.emit(True)
         try:
             await job()
         finally:
-            if isValid(self):  # the window may be gone (closed, deleted) by now
+            # Only the request still current says the hub is idle: one replaced (cancelled)
+            # by a newer request ends after that one began, and must not re-enable Search.
+            if isValid(self) and self.task is asyncio.current_task():  # the window may be gone
                 self.busyChanged.emit(False)
 
     def close_down(self) -> None:
@@ -232,6 +234,9 @@ class HubController(QObject):
         except asyncio.CancelledError:
             raise
         except Exception as e:  # every hub failure is shown, never raised into Qt
+            # The rows shown answered another query (or the tab's first listing): kept under
+            # this failure's notice they would read as its results.
+            self.results.set_repos([])
             self.show_error(e, retry=lambda: self.search(query, formats, sort))
             return
         self.results.set_repos(repos)

@@ -97,8 +97,10 @@ def test_no_network_is_said_in_words(lw, hub_server, loop, monkeypatch):
     hub = lw.hub
 
     async def scenario():
-        hub_server.offline = True
         hub.query.setText("llamadesk")
+        await hub.search()  # rows from an earlier search: a failed one must not leave them shown
+        assert hub.results_model.rowCount() == 2
+        hub_server.offline = True
         task = hub.search()
         assert hub.search_button.text() == "Searching…" and not hub.search_button.isEnabled()
         await task
