@@ -110,13 +110,25 @@ class ToolSources(QObject):
         self.statusChanged.emit(name, dict(self.status[name]))
 
     async def _connect(self) -> None:
-        listed = await asyncio.gather(*(self._list(s) for s in self.servers.values()))
+        servers = list(self.servers.values())
         builtin = await asyncio.to_thread(self.builtin.tools)
-        providers = {BUILTIN: self.builtin, **{s.source: s for s in self.servers.values()}}
-        tools = {BUILTIN: builtin, **{s.source: t for s, (t, _, _) in zip(self.servers.values(), listed)}}
-        self.prompts = [p for _, prompts, _ in listed for p in prompts]
-        self.resources = [r for _, _, resources in listed for r in resources]
-        self.chat_tools.set_providers(providers, tools)
+        listed: dict[str, tuple[list, list, list]] = {}
+
+        async def one(server: McpServer) -> None:
+            listed[server.source] = await self._list(server)
+            self._hand_on(servers, builtin, listed)
+        # each server's tools go to the chats as soon as it has listed them: a server that
+        # never answers must not hold back the ones already said to be connected
+        self._hand_on(servers, builtin, listed)
+        await asyncio.gather(*(one(s) for s in servers))
+
+    def _hand_on(self, servers: list[McpServer], builtin: list, listed: dict) -> None:
+        """The built-in tools and the servers listed so far (in the configuration's order) to the chats."""
+        done = [s for s in servers if s.source in listed]
+        self.prompts = [p for s in done for p in listed[s.source][1]]
+        self.resources = [r for s in done for r in listed[s.source][2]]
+        self.chat_tools.set_providers({BUILTIN: self.builtin, **{s.source: s for s in done}},
+                                      {BUILTIN: builtin, **{s.source: listed[s.source][0] for s in done}})
 
     async def _list(self, server: McpServer) -> tuple[list, list, list]:
         """One server's tools, prompts and resources (what it cannot list: none), its status said."""
