@@ -9,6 +9,7 @@ from core.engine.engine import Engine
 from core.engine.events import Done, Prefilled, Token
 from core.errors import SettingsError
 from core.engine.settings import SamplingParams
+from core.model.kv_cache import rounded_capacity
 
 
 @pytest.fixture(scope="module")
@@ -432,11 +433,13 @@ def test_kv_cache_grows_with_the_reply_not_with_max_new_tokens(lm):
 
 def test_grown_cache_gives_the_same_tokens_as_a_preallocated_one(lm):
     prompt = lm.tokenizer.encode("Once upon a time", bos=True)
+    step = rounded_capacity(1)  # the cache grows in steps of this many positions
+    new = step + 24 - len(prompt)  # the reply outgrows the first step: one growth mid-reply
     grow = Engine(lm.model, lm.tokenizer, stop_ids=set(), max_context=700)
     static = Engine(lm.model, lm.tokenizer, stop_ids=set(), max_context=700, preallocate=True)
-    a = run(grow, prompt, temperature=0.9, top_p=0.9, seed=4, max_new_tokens=400)[1]
-    b = run(static, prompt, temperature=0.9, top_p=0.9, seed=4, max_new_tokens=400)[1]
-    assert static.cache.capacity >= 400 and len(a.tokens) > 300
+    a = run(grow, prompt, temperature=0.9, top_p=0.9, seed=4, max_new_tokens=new)[1]
+    b = run(static, prompt, temperature=0.9, top_p=0.9, seed=4, max_new_tokens=new)[1]
+    assert static.cache.capacity >= step + 24 and grow.cache.capacity > step and len(a.tokens) == new
     assert a.tokens == b.tokens and a.logprobs == b.logprobs
 
 

@@ -7,8 +7,6 @@ dropping ``top_k``, ``repetition_penalty`` and ``n``), which the probe must tell
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -18,7 +16,7 @@ from core.engine.events import Done, Token
 from core.engine.settings import SamplingParams
 from core.serving.run import RunningServer
 from core.serving.state import ServerState
-from tests.helpers import ROOT, lacking
+from tests.helpers import ServeProcess, lacking
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -71,23 +69,17 @@ def test_wrong_key_and_unreachable_server_are_typed_errors(lm):
 
 
 def test_a_server_killed_mid_stream_is_a_cut_with_the_partial_reply_kept(fixtures):
-    proc = subprocess.Popen([sys.executable, "-m", "core", "serve", str(fixtures / "stories260K.gguf"), "--port", "0"],
-                            cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    try:
-        line = proc.stderr.readline()
-        url = line.split(" at ")[1].split()[0]
+    # ServeProcess: a `serve` process of its own (forked, no second interpreter start-up)
+    with ServeProcess(fixtures / "stories260K.gguf") as s:
         got = []
         with pytest.raises(RemoteError) as e:
-            for ev in RemoteModel(url).stream(SamplingParams(temperature=1.0, seed=3, max_new_tokens=1500),
-                                              prompt="Once upon a time"):
+            for ev in RemoteModel(s.url).stream(SamplingParams(temperature=1.0, seed=3, max_new_tokens=1500),
+                                                prompt="Once upon a time"):
                 got.append(ev.text)
                 if len(got) == 3:
-                    os.kill(proc.pid, signal.SIGKILL)
+                    os.kill(s.proc.pid, signal.SIGKILL)
         assert e.value.kind == "cut" and "mid-reply" in str(e.value)
         assert len(got) >= 3 and "".join(got)  # what arrived before the cut is the consumer's to keep
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_credentials_in_a_server_url_are_never_printed(lm, capsys):
