@@ -219,6 +219,19 @@ class ReplyController(QObject):
             return None
         return params
 
+    def _after_results(self, params, parent_id: int, tools: list):
+        """A reply that goes on from tool results may answer: "required" or a named tool
+        forces the call the user's turn asks for, and held to it after the results the model
+        would call again each round until the loop guard (OpenAI's clients send "auto" on
+        the request after the results, for the same reason)."""
+        if not tools or params.tool_choice in ("auto", "none"):
+            return params
+        try:
+            after_tool = self.conversation.history.message(parent_id).role == "tool"
+        except HistoryError:
+            return params
+        return replace(params, tool_choice="auto") if after_tool else params
+
     def branch(self, msg_id: int, index: int, token_id: int, *, ban: bool = False) -> bool:
         """A new version of reply ``msg_id`` that keeps its first ``index`` tokens and then
         takes ``token_id`` (one of the alternatives the inspector showed) and carries on;
@@ -274,6 +287,7 @@ class ReplyController(QObject):
             return False
         lead, reply_prefix, prefix_text, prefix_record = branch or ("", [], "", None)
         tools = list(self.tools()) if self.tools is not None else []
+        params = self._after_results(params, parent_id, tools)
         request = GenerateRequest(tools=tools,
             messages=self.conversation.request_messages(self.settings.system_prompt(), upto=parent_id),
             params=params, chat_format=self.settings.chat_format(),

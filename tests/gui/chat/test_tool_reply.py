@@ -64,6 +64,27 @@ def test_a_reply_calls_the_user_runs_it_and_the_reply_goes_on(loop, history):
     assert not c.busy
 
 
+def test_a_reply_forced_to_call_answers_after_the_results(loop, history):
+    """tool_choice=required holds the user's turn to a call; the reply after the results
+    is offered "auto", or it would call again every round until the loop guard."""
+    models = Models()
+    b = ScriptedBridge(calls_then_answers)
+    c = ConversationController(bridge=b, history=history, models=models,
+                               settings=Settings(tool_choice="required"))
+    models.set_model({"name": "tiny", "context_length": 512})
+    c.tools.set_providers({"mcp:weather": Provider("weather", [WEATHER], weather_answer)})
+    c.tools.set_enabled("mcp:weather", True)
+    cards = []
+    c.tool_round.approvalNeeded.connect(cards.append)
+    assert c.send("Weather in Paris?")
+    run(loop, until(lambda: cards, 5, "the card"))
+    assert c.tool_round.decide(cards[0]["call_id"], "run")
+    run(loop, until(lambda: len(b.requests) == 2, 5, "the reply after the result"))
+    run(loop, finished(c))
+    assert [r.params.tool_choice for r in b.requests] == ["required", "auto"]
+    assert c.conversation.path()[-1].text == "It is sunny."
+
+
 def test_stop_while_a_card_waits_answers_the_call_and_keeps_the_chat_usable(loop, history):
     c, b = controller(history, calls_then_answers)
     c.tools.set_providers({"mcp:weather": Provider("weather", [WEATHER], weather_answer)})
