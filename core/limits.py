@@ -88,6 +88,11 @@ def _err(error, message: str, file: str | None):
     return error(message, file=file) if error is CheckpointError else error(f"{message} in {file}" if file else message)
 
 
+def _file_err(error, message: str, path: str):
+    # the file itself is the subject: "PATH: file not found", not "file not found in PATH"
+    return error(message, file=path) if error is CheckpointError else error(f"{path}: {message}")
+
+
 def check_token_id(value: Any, key: str, vocab: int, *, file: str) -> int:
     """A token id stated by a file, inside the vocabulary."""
     return check_int(value, key, 0, max(vocab - 1, 0), file=file)
@@ -227,15 +232,15 @@ def opened_regular(path: str | Path, *, error=CheckpointError) -> Iterator[int]:
             kind = ("a folder" if stat.S_ISDIR(mode) else "a pipe (FIFO)" if stat.S_ISFIFO(mode) else
                     "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
                     else "not a regular file")
-            raise _err(error, f"refused to read {kind}: only regular files are opened", str(path))
+            raise _file_err(error, f"refused to read {kind}: only regular files are opened", str(path))
 
     try:
         refuse_special(os.stat(path).st_mode)  # before open: opening a FIFO or socket has effects
         fd = os.open(path, flags)
     except FileNotFoundError:
-        raise _err(error, "file not found", str(path)) from None
+        raise _file_err(error, "file not found", str(path)) from None
     except OSError as e:
-        raise _err(error, f"cannot open: {e.strerror or e}", str(path)) from None
+        raise _file_err(error, f"cannot open: {e.strerror or e}", str(path)) from None
     try:
         refuse_special(os.fstat(fd).st_mode)  # what was opened, should it have been swapped since
         yield fd
@@ -254,7 +259,7 @@ def read_limited(path: str | Path, limit: int, *, error=CheckpointError) -> byte
     with opened_regular(path, error=error) as fd:
         size = os.fstat(fd).st_size
         if size > limit:
-            raise _err(error, f"file is {human(size)}, more than the {human(limit)} allowed for it", str(path))
+            raise _file_err(error, f"file is {human(size)}, more than the {human(limit)} allowed for it", str(path))
         chunks, got = [], 0
         while got <= limit:
             b = os.read(fd, min(limit + 1 - got, 1 << 24))
@@ -263,7 +268,7 @@ def read_limited(path: str | Path, limit: int, *, error=CheckpointError) -> byte
             chunks.append(b)
             got += len(b)
         if got > limit:  # grew while read
-            raise _err(error, f"file is more than the {human(limit)} allowed for it", str(path))
+            raise _file_err(error, f"file is more than the {human(limit)} allowed for it", str(path))
         return b"".join(chunks)
 
 

@@ -47,3 +47,10 @@ def test_search_without_a_match_says_so(capsys, tmp_path):
     rc, out, err = run_cli(capsys, "documents", "search", "zebra", *s)
     assert (rc, out, err) == (0, "", "no passage matches 'zebra'\n")
     assert run_cli(capsys, "documents", "search", "llamas", *s)[1].startswith("[1] a.md")
+
+
+def test_a_missing_file_is_named_first(capsys, tmp_path, fixtures):
+    missing = tmp_path / "notes.txt"
+    rc, out, err = run_cli(capsys, "generate", fixtures / "stories260K.gguf", "--prompt", "q", "--max-new-tokens", "2",
+                           "--store", tmp_path / "h.sqlite3", "--attach", missing)
+    assert (rc, out, err) == (2, "", f"error: {missing}: file not found\n")  # was "file not found in PATH"
