@@ -45,7 +45,7 @@ def cmd_generate(args) -> int:
         remote, load_s = connect(args.server, args, args.remote_model)
         _ground(args, extra)
         events = remote_stream(remote, args, params, meta=meta, tools=tools, parallel=parallel)
-        extra = {"model": remote.model, "server": remote.shown}
+        extra.update(model=remote.model, server=remote.shown)  # beside the grounding's "documents"
     else:
         if args.model is None:
             raise SettingsError("give a MODEL (a folder or .gguf file) or --server URL")

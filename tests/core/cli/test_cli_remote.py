@@ -102,3 +102,13 @@ def test_serve_refuses_another_address_without_a_key(capsys, monkeypatch, fixtur
     monkeypatch.delenv("LLAMADESK_API_KEY", raising=False)
     assert main(["serve", str(fixtures / "stories260K.gguf"), "--host", "0.0.0.0"]) == 2
     assert "needs --api-key" in capsys.readouterr().err
+
+
+def test_a_grounded_question_on_a_server_keeps_its_documents_in_json(capsys, server, tmp_path):
+    """--attach grounds the prompt before it goes to the server; --json says how, as locally."""
+    notes = tmp_path / "notes.md"
+    notes.write_text("# Lily\n\nLily had a red ball in the park.\n")
+    out = run_json(capsys, ["generate", "--server", server, "--api-key", KEY, "--model", "stories260K",
+                            "--prompt", "What did Lily have?", "--attach", str(notes), "--max-new-tokens", "4"])
+    assert out["server"] == server and out["model"] == "stories260K"
+    assert out["documents"]["sources"][0]["source"].endswith("notes.md"), out.get("documents")
