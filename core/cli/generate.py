@@ -64,11 +64,28 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
         elif isinstance(ev, Done):
             done = ev
+    note = cut_call_note(done, tools, params.tool_choice)
+    if note:
+        extra["note"] = note
+        print(f"note: {note}", file=sys.stderr)
     if args.json:
         _print_json(done, params, meta, load_s, extra)
     else:
         sys.stdout.write("\n")
     return ended_in_error([done])
+
+
+def cut_call_note(done: Done | None, tools, choice) -> str:
+    """What to say when the reply ran out of room in the middle of a tool call: the engine
+    makes no call of a cut one, and a half '{"name": "' with exit 0 said nothing of why."""
+    if not tools or done is None or done.stop_reason not in ("length", "context"):
+        return ""
+    if choice in ("auto", "none", None) and not done.text.lstrip().startswith(("{", "[", "<|python_tag|>")):
+        return ""
+    if done.stop_reason == "length":
+        return "the reply reached --max-new-tokens in the middle of a tool call, so no tool was called"
+    return ("the model's context filled up in the middle of a tool call, so no tool was called "
+            "(the tool definitions take part of it: fewer tools or a shorter prompt)")
 
 
 def _ground(args, extra: dict, tokenizer=None, context: int | None = None) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from core.tools.builtin import BUILTIN_TOOLS
 from tests.core.cli.helpers import run_cli
+from tests.helpers import ROOT
 
 
 @pytest.fixture
@@ -54,3 +55,15 @@ def test_a_missing_file_is_named_first(capsys, tmp_path, fixtures):
     rc, out, err = run_cli(capsys, "generate", fixtures / "stories260K.gguf", "--prompt", "q", "--max-new-tokens", "2",
                            "--store", tmp_path / "h.sqlite3", "--attach", missing)
     assert (rc, out, err) == (2, "", f"error: {missing}: file not found\n")  # was "file not found in PATH"
+
+
+def test_a_tool_call_cut_short_is_said(capsys, tmp_path):
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]))
+    rc, out, err = run_cli(capsys, "generate", ROOT / "assets" / "models" / "llamadesk-demo", "--chat", "--prompt",
+                           "Paris?", "--tools", tools, "--tool-choice", "required", "--max-new-tokens", "3", "--json")
+    got = json.loads(out)
+    assert rc == 0 and got["stop_reason"] == "length" and "tool_calls" not in got
+    assert got["note"] == "the reply reached --max-new-tokens in the middle of a tool call, so no tool was called"
+    assert err == f"note: {got['note']}\n"
