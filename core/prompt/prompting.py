@@ -57,15 +57,22 @@ def fit_dialog(chat_format, messages: list[dict], max_prompt_tokens: int, *,
     system = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "system"]
     rest = [i for i in range(len(messages)) if i not in set(system)]
 
-    def render(drop: int) -> list[int]:
+    def render(drop: int, with_tools: tuple = tools) -> list[int]:
         keep = set(system) | set(rest[drop:])
-        return render_chat(chat_format, [m for i, m in enumerate(messages) if i in keep], continue_reply, tools)
+        return render_chat(chat_format, [m for i, m in enumerate(messages) if i in keep], continue_reply, with_tools)
+
+    def too_long(what: str, ids: list[int], drop: int, fix: str) -> SettingsError:
+        # the tools' definitions can be most of the prompt: a user who wrote ten words must learn that
+        spent = len(ids) - len(render(drop, ())) if tools else 0
+        of_tools = f", {spent} of them the tools' definitions" if spent > 0 else ""
+        fix = "turn some tools off, " + fix if spent > 0 else fix
+        return SettingsError(f"{what} {len(ids)} tokens{of_tools}, but only {max_prompt_tokens} fit in the prompt: "
+                             + fix)
 
     ids = render(0)
     if len(ids) <= max_prompt_tokens or not rest:
         if len(ids) > max_prompt_tokens:
-            raise SettingsError(f"the system prompt alone is {len(ids)} tokens, but only {max_prompt_tokens} "
-                                "fit in the prompt: shorten it or lower max tokens")
+            raise too_long("the system prompt alone is", ids, 0, "shorten it or lower max tokens")
         return ids, 0
     # Cut points: drop rest[:k]; never start on an assistant reply (it would lose its question).
     cuts = [k for k in range(1, len(rest)) if messages[rest[k]].get("role") not in ("assistant", "tool", "ipython")]
@@ -74,8 +81,7 @@ def fit_dialog(chat_format, messages: list[dict], max_prompt_tokens: int, *,
     last = render(cuts[-1])
     if len(last) > max_prompt_tokens:
         what = "the system prompt and the last message are" if system else "the last message is"
-        raise SettingsError(f"{what} {len(last)} tokens, but only {max_prompt_tokens} fit in the prompt: "
-                            "shorten the message or lower max tokens")
+        raise too_long(what, last, cuts[-1], "shorten the message or lower max tokens")
     # Fewer messages never render longer, so binary-search the smallest cut that fits:
     # O(log n) renders instead of one per dropped turn (tokenizing is pure Python for some
     # tokenizers and holds the GIL).
