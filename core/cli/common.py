@@ -110,8 +110,9 @@ def tools_from_args(args) -> list[Tool]:
     """The tools --tools declares (SettingsError, exit 2, for a file that is not a tools list)."""
     path = getattr(args, "tools", None)
     if not path:
-        if getattr(args, "tool_choice", "auto") not in ("auto", "none"):
-            raise SettingsError(f"--tool-choice {args.tool_choice} needs --tools FILE.json")
+        toolbox = getattr(args, "builtin", None) or getattr(args, "mcp", None) or getattr(args, "mcp_server", None)
+        if getattr(args, "tool_choice", "auto") not in ("auto", "none") and not toolbox:
+            raise SettingsError(f"--tool-choice {args.tool_choice} needs --tools FILE.json (or --builtin/--mcp)")
         return []
     if not args.chat:
         raise SettingsError("--tools needs --chat: a completion makes no calls")

@@ -9,7 +9,8 @@ from core.cli.backends import check_remote_opts, connect, engine_for, load_model
 from core.cli.documents import grounded_prompt, say_grounding
 from core.cli.common import (beams_json, check_bias, constraint_from_args, ended_in_error, logit_bias_ids,
                              tools_from_args)
-from core.engine.events import Done, Token
+from core.cli.tool_rounds import offered, open_toolbox, run_rounds
+from core.engine.events import Done
 from core.engine.settings import SamplingParams
 from core.prompt.tool_format import check_choice
 from core.errors import SettingsError
@@ -30,7 +31,16 @@ def params_from_args(args) -> SamplingParams:
 def cmd_generate(args) -> int:
     params = params_from_args(args)
     check_bias(args)
-    tools = tools_from_args(args)
+    box = open_toolbox(args)
+    try:
+        return _generate(args, params, box)
+    finally:
+        if box is not None:
+            box.close()
+
+
+def _generate(args, params: SamplingParams, box) -> int:  # long: one reply, local or remote, and its tool rounds
+    tools = offered(tools_from_args(args), box)
     if tools:
         check_choice(params.tool_choice, tools)  # a name no tool has: said before any model loads
     parallel = not getattr(args, "no_parallel_tool_calls", False)
@@ -45,6 +55,9 @@ def cmd_generate(args) -> int:
         remote, load_s = connect(args.server, args, args.remote_model)
         _ground(args, extra)
         events = remote_stream(remote, args, params, meta=meta, tools=tools, parallel=parallel)
+
+        def again(msgs, p):
+            return remote.stream(p, messages=msgs, meta=meta, tools=tools, parallel_tool_calls=parallel)
         extra.update(model=remote.model, server=remote.shown)  # beside the grounding's "documents"
     else:
         if args.model is None:
@@ -55,15 +68,16 @@ def cmd_generate(args) -> int:
         if args.logit_bias:
             params = replace(params, logit_bias=logit_bias_ids(args, loaded.tokenizer)).validate()
         calling = fmt.tool_calling(tuple(tools), parallel) if tools else None
-        events = engine_for(loaded, args, drafts=True).generate(ids, params, strip_leading_space=strip, tools=calling)
+        engine = engine_for(loaded, args, drafts=True)
+        events = engine.generate(ids, params, strip_leading_space=strip, tools=calling)
         meta["prompt_token_ids"] = ids
-    done = None
-    for ev in events:
-        if isinstance(ev, Token) and not args.json and ev.text:
-            sys.stdout.write(ev.text)
-            sys.stdout.flush()
-        elif isinstance(ev, Done):
-            done = ev
+
+        def again(msgs, p):  # the next round: the same prompt and its turns since (the cache keeps the prefix)
+            meta["prompt_token_ids"] = fmt.encode_dialog(msgs, tools=tuple(tools))
+            return engine.generate(meta["prompt_token_ids"], p, strip_leading_space=strip, tools=calling)
+    done, ran = run_rounds(events, again, params, box, args)
+    if ran:
+        extra["tool_rounds"] = ran
     note = cut_call_note(done, tools, params.tool_choice)
     if note:
         extra["note"] = note

@@ -19,7 +19,7 @@ from core.checkpoints.gguf_write import GGUF_TYPES
 from core.cli.common import (BACKEND_KEYS, CHAT_FORMATS, add_bias_opts, add_constraint_opts, add_tool_opts,
                              add_model_opts, add_prompt_opts, add_sampling_opts, add_server_opts, add_spec_opts)
 from core.cli.documents import add_document_opts, documents_parser
-from core.cli.tool_opts import add_tools_parser
+from core.cli.tool_opts import add_tool_opts as add_toolbox_opts, add_tools_parser
 from core.engine.lanes import LANE_SPEC_KEYS
 from core.errors import LlamaDeskError, SettingsError
 from core.tokenizer.base import valid_text
@@ -66,6 +66,10 @@ def _generate_parser(sub) -> None:
     add_spec_opts(g)
     add_constraint_opts(g)
     add_tool_opts(g)
+    tb = g.add_argument_group("tools that run here (with --chat): the reply goes on with their results")
+    add_toolbox_opts(tb)
+    tb.add_argument("--max-tool-rounds", type=int, default=8, metavar="N",
+                    help="stop after N rounds of calls (default 8)")
     add_model_opts(g)
     add_document_opts(g)
 

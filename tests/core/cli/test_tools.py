@@ -82,7 +82,7 @@ def test_the_tool_options_fit_beside_generate_compare_and_serve():
     from core.cli.main import build_parser
     from core.cli.tool_opts import add_tool_opts
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    for name in ("generate", "compare", "serve"):
+    for name in ("compare", "serve"):  # generate has them (its tool rounds)
         add_tool_opts(sub.choices[name])
     args = sub.choices["generate"].parse_args(["m", "--prompt", "hi", "--server", "http://h", "--mcp-server", "files", "--builtin",
                                                "calculator"])
