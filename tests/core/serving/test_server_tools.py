@@ -177,8 +177,8 @@ def test_streamed_call_deltas_join_and_are_checked():
 
 
 def test_langchain_bind_tools(served):
-    """LangChain's tool binding against serve (optional: langchain-openai is not a dependency)."""
-    lc = pytest.importorskip("langchain_openai", reason="langchain-openai is not installed (optional)")
+    """LangChain's tool binding against serve (langchain-openai is a test dependency)."""
+    lc = pytest.importorskip("langchain_openai", reason="langchain-openai is not installed (pip install -e .[test])")
     state, client = served
     llm = lc.ChatOpenAI(base_url=str(client.base_url), api_key="k", model=state.model_id, max_tokens=80,
                         temperature=1.0, seed=4, max_retries=0)
