@@ -27,6 +27,17 @@ from gui.chat.conversation import ConversationModel
 
 # What a reply held to an output format says when it ended before the format was complete.
 UNFINISHED = {"length": "incomplete: stopped at the token limit", "cancelled": "incomplete: stopped"}
+CUT_CALL = "incomplete: the tool call was cut short, so no tool was called"
+
+
+def cut_call(done) -> bool:
+    """A reply that ran out of tokens or context after it began a call: the engine makes no
+    call of it, and its half '{"name": ...' alone would not say so."""
+    if done.stop_reason not in ("length", "context"):
+        return False
+    return done.params.tool_choice not in ("auto", "none") or done.text.lstrip().startswith(("{", "[", "<|python_tag|>"))
+
+
 # A reply's meta keys that describe how its last run ended (a continuation replaces them).
 RUN_END_META = ("error", "cut", "incomplete")
 
@@ -482,6 +493,8 @@ class ReplyController(QObject):
         if done is not None and done.params.constraint is not None and done.stop_reason in UNFINISHED:
             # The output format holds only for a whole reply: a cut one does not match it yet.
             meta["incomplete"] = UNFINISHED[done.stop_reason]
+        elif done is not None and st.tools and cut_call(done):
+            meta["incomplete"] = CUT_CALL
         record = token_record(st)
         if record is not None:
             if done is not None and getattr(done, "prompt_ids", None):
