@@ -81,11 +81,13 @@ def _generate(args, params: SamplingParams, box) -> int:  # long: one reply, loc
     note = cut_call_note(done, tools, params.tool_choice)
     if note:
         extra["note"] = note
-        print(f"note: {note}", file=sys.stderr)
     if args.json:
         _print_json(done, params, meta, load_s, extra)
     else:
         sys.stdout.write("\n")
+        sys.stdout.flush()  # the reply's line ends before the note, on a terminal showing both
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     return ended_in_error([done])
 
 

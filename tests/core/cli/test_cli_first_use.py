@@ -67,3 +67,18 @@ def test_a_tool_call_cut_short_is_said(capsys, tmp_path):
     assert rc == 0 and got["stop_reason"] == "length" and "tool_calls" not in got
     assert got["note"] == "the reply reached --max-new-tokens in the middle of a tool call, so no tool was called"
     assert err == f"note: {got['note']}\n"
+
+
+def test_the_cut_call_note_starts_its_own_line(monkeypatch, tmp_path):
+    import io
+    import sys
+
+    from core.cli.main import main
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]))
+    both = io.StringIO()  # stdout and stderr as a terminal interleaves them
+    monkeypatch.setattr(sys, "stdout", both)
+    monkeypatch.setattr(sys, "stderr", both)
+    rc = main(["generate", str(ROOT / "assets" / "models" / "llamadesk-demo"), "--chat", "--prompt", "x",
+               "--tools", str(tools), "--tool-choice", "required", "--max-new-tokens", "2"])
+    assert rc == 0 and "\nnote: the reply reached --max-new-tokens" in both.getvalue()
