@@ -36,7 +36,8 @@ class ToolSources(QObject):
         folders: the folders read_file may read (the user's choice).
 
     Signals:
-        statusChanged(str, dict): a server's status: {"state", "tools", "error", "target"}.
+        statusChanged(str, dict): a server's status: {"state", "tools", "error", "target", "listing"
+            (the tools as OpenAI functions: name, description, parameters)}.
         problem(str): the configuration cannot be read or saved (one line).
     """
 
@@ -104,9 +105,10 @@ class ToolSources(QObject):
         self._task = asyncio.ensure_future(self._connect())
         return self._task
 
-    def _say(self, name: str, state: str, *, tools: int = 0, error: str = "") -> None:
+    def _say(self, name: str, state: str, *, tools: int = 0, error: str = "", listing: list | None = None) -> None:
         cfg = self.config.servers.get(name)
-        self.status[name] = {"state": state, "tools": tools, "error": error, "target": cfg.target if cfg else ""}
+        self.status[name] = {"state": state, "tools": tools, "error": error, "target": cfg.target if cfg else "",
+                             "listing": listing or []}
         self.statusChanged.emit(name, dict(self.status[name]))
 
     async def _connect(self) -> None:
@@ -143,7 +145,7 @@ class ToolSources(QObject):
                 extras.append(await asyncio.to_thread(what, timeout=LIST_TIMEOUT))
             except Exception:  # noqa: BLE001 — a server without prompts or resources says so by failing
                 extras.append([])
-        self._say(server.name, "connected", tools=len(tools))
+        self._say(server.name, "connected", tools=len(tools), listing=[t.to_openai()["function"] for t in tools])
         return tools, extras[0], extras[1]
 
     # ------------------------------------------------------------------ prompts and resources

@@ -10,6 +10,8 @@ configuration back; :meth:`McpServersDialog.set_status` shows what connecting sa
 """
 from __future__ import annotations
 
+import html
+import json
 import shlex
 from dataclasses import replace
 
@@ -114,6 +116,8 @@ class McpServersDialog(QDialog):
         self.url = QLineEdit(objectName="mcpUrl", placeholderText="https://example.com/mcp")
         self.headers = QPlainTextEdit(objectName="mcpHeaders", placeholderText="Authorization: Bearer …, one a line")
         self.disabled = QCheckBox("Disabled (kept, not started)", objectName="mcpDisabled")
+        self.tools = QListWidget(objectName="mcpTools")  # what the server offers: a name, its schema on hover
+        self.tools.setFixedHeight(84)
         self.state = QLabel(objectName="mcpState", wordWrap=True)
         self.state.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.state.setAlignment(Qt.AlignLeft | Qt.AlignTop)  # beside its label, not centred below it
@@ -121,7 +125,7 @@ class McpServersDialog(QDialog):
             w.setFixedHeight(64)
         rows = (("Name", self.name), ("Kind", self.kind), ("Command", self.command), ("Arguments", self.args),
                 ("Environment", self.env), ("URL", self.url), ("Headers", self.headers), ("", self.disabled),
-                ("Status", self.state))
+                ("Status", self.state), ("Tools", self.tools))
         for label, w in rows:
             form.addRow(label, w)
         self._form = form
@@ -146,6 +150,7 @@ class McpServersDialog(QDialog):
         self.list.clear()
         for name in self.config.servers:
             item = QListWidgetItem(f"{name} — {status_line(self.status.get(name))}")
+            item.setToolTip(status_line(self.status.get(name)))
             item.setData(Qt.UserRole, name)
             self.list.addItem(item)
             if name == keep:
@@ -162,8 +167,18 @@ class McpServersDialog(QDialog):
             item = self.list.item(i)
             if item.data(Qt.UserRole) == name:
                 item.setText(f"{name} — {status_line(status)}")
+                item.setToolTip(status_line(status))  # a long failure reason, whole
         if name == self.editing:
             self.state.setText(status_line(status))
+            self._show_tools(status)
+
+    def _show_tools(self, status: dict | None) -> None:
+        """The server's tools: "name — description", the parameters' JSON schema on hover."""
+        self.tools.clear()
+        for fn in (status or {}).get("listing") or []:
+            item = QListWidgetItem(f"{fn['name']} — {fn.get('description') or 'no description'}")
+            item.setToolTip("<pre>" + html.escape(json.dumps(fn.get("parameters") or {}, indent=2)[:4000], quote=False) + "</pre>")
+            self.tools.addItem(item)
 
     def show_server(self, name: str | None) -> None:
         """Put server ``name`` in the form (None: an empty form for a new one)."""
@@ -179,6 +194,7 @@ class McpServersDialog(QDialog):
         self.headers.setPlainText("\n".join(f"{k}: {v}" for k, v in s.headers.items()))
         self.disabled.setChecked(s.disabled)
         self.state.setText(status_line(self.status.get(name)) if name else "new server")
+        self._show_tools(self.status.get(name) if name else None)
         self._show_kind()
 
     # ------------------------------------------------------------------ changing

@@ -112,6 +112,13 @@ def test_a_real_sdk_server_connects_off_the_ui_thread_and_a_broken_one_says_why(
     assert src.status["missing"]["state"] == "failed" and src.status["missing"]["error"]
     assert src.status["off"]["state"] == "disabled"
     assert d.list.item(0).text().startswith("local — connected") and "failed" in d.list.item(1).text()
+    d.list.setCurrentRow(0)  # the server's tools, each with its schema on hover (issue 25 item 3)
+    shown = {d.tools.item(i).text().split(" — ")[0]: d.tools.item(i) for i in range(d.tools.count())}
+    assert "add" in shown and len(shown) == src.status["local"]["tools"]
+    assert '"properties"' in shown["add"].toolTip() and '"a"' in shown["add"].toolTip()
+    d.list.setCurrentRow(1)
+    assert d.tools.count() == 0  # a server that failed offers nothing
+    assert d.list.item(1).toolTip() == status_line(src.status["missing"])  # its reason whole
     tools.set_enabled("mcp:local", True)
     assert "add" in {t.name for t in tools.tools()}
     assert all(t.source == "mcp:local" for t in tools.tools())
