@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 from core.documents.extract import Document
 
-__all__ = ["Chunk", "chunk_document", "approx_tokens", "TokenCounter", "DEFAULT_CHUNK_TOKENS"]
+__all__ = ["Chunk", "chunk_document", "place", "approx_tokens", "TokenCounter", "DEFAULT_CHUNK_TOKENS"]
 
 TokenCounter = Callable[[str], int]
 DEFAULT_CHUNK_TOKENS = 256
@@ -42,10 +42,17 @@ class Chunk:
 
     def where(self) -> str:
         """'notes.md, lines 3-20' / 'paper.pdf, p. 4, lines 1-9'."""
-        name = self.source.replace("\\", "/").rsplit("/", 1)[-1]
-        lines = (f"line {self.line_start}" if self.line_start == self.line_end
-                 else f"lines {self.line_start}-{self.line_end}")
-        return f"{name}, p. {self.page}, {lines}" if self.page is not None else f"{name}, {lines}"
+        return place(self.source, self.page, self.line_start, self.line_end)
+
+
+def place(source: str, page: int | None, line_start: int, line_end: int, whole: bool = False) -> str:
+    """Where a passage is, for people: 'notes.md, lines 3-20', 'paper.pdf, p. 4, line 1',
+    or the file's name alone for a ``whole`` document."""
+    name = source.replace("\\", "/").rsplit("/", 1)[-1]
+    if whole:
+        return name
+    lines = f"line {line_start}" if line_start == line_end else f"lines {line_start}-{line_end}"
+    return f"{name}, p. {page}, {lines}" if page is not None else f"{name}, {lines}"
 
 
 @dataclass

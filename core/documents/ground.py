@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from core.documents.chunk import DEFAULT_CHUNK_TOKENS, TokenCounter, approx_tokens
+from core.documents.chunk import DEFAULT_CHUNK_TOKENS, TokenCounter, approx_tokens, place
 from core.documents.extract import DocumentError
 from core.documents.index import DocumentIndex, Hit
 from core.documents.retrieve import Embedder, Retriever
@@ -43,12 +43,7 @@ class Source:
     whole: bool = False  # a whole document rather than one passage
 
     def where(self) -> str:
-        name = self.source.replace("\\", "/").rsplit("/", 1)[-1]
-        if self.whole:
-            return name
-        lines = (f"line {self.line_start}" if self.line_start == self.line_end
-                 else f"lines {self.line_start}-{self.line_end}")
-        return f"{name}, p. {self.page}, {lines}" if self.page is not None else f"{name}, {lines}"
+        return place(self.source, self.page, self.line_start, self.line_end, self.whole)
 
 
 @dataclass

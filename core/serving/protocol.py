@@ -408,6 +408,19 @@ def requested_max_tokens(body: dict) -> int | None:
     return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else None
 
 
+def text_content(content, where: str) -> str:
+    """A message's content as one text: a string, or a list of text parts (the only parts
+    served); APIError 400 naming ``where`` otherwise."""
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise APIError(400, f"{where}.content: only text parts are supported", param="messages")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise APIError(400, f"{where}.content must be a string", param="messages")
+    return content
+
+
 def messages_from_request(body: dict, tool_message=None) -> list[dict]:
     """The conversation; ``tool_message(m, i)`` checks a ``tool`` message or an assistant's
     ``tool_calls`` (the chat path's :func:`core.serving.tools_api.tool_message`; without
@@ -427,14 +440,7 @@ def messages_from_request(body: dict, tool_message=None) -> list[dict]:
                            param="messages")
         if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant"):
             raise APIError(400, f"messages[{i}] needs a role of system, user, assistant or tool", param="messages")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise APIError(400, f"messages[{i}].content: only text parts are supported", param="messages")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise APIError(400, f"messages[{i}].content must be a string", param="messages")
+        content = text_content(m.get("content"), f"messages[{i}]")
         role = "system" if m["role"] == "developer" else m["role"]
         out.append({"role": role, "content": content})
     return out

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from core.prompt.tool_format import CHOICES, check_choice
-from core.serving.protocol import APIError
+from core.serving.protocol import APIError, text_content
 from core.tools.spec import Tool, ToolCall, ToolError, new_call_id, tools_from_openai
 
 
@@ -71,14 +71,7 @@ def tool_message(m: dict, i: int) -> dict:
     OpenAI's shape (the chat format renders it); APIError 400 naming the message."""
     where = f"messages[{i}]"
     if m.get("role") == "tool":
-        content = m.get("content")
-        if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise APIError(400, f"{where}.content: only text parts are supported", param="messages")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise APIError(400, f"{where}.content must be a string", param="messages")
+        content = text_content(m.get("content"), where)
         call_id = m.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:
             raise APIError(400, f"{where}: a tool message needs the tool_call_id it answers", param="messages")
