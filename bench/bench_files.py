@@ -152,7 +152,7 @@ def run(quick: bool = False, work: Path | None = None, rounds: int | None = None
             "threads": threads, "rounds": rounds or (1 if quick else 2),
             "load_before": " ".join(f"{x:.1f}" for x in os.getloadavg())}
     ok, why = bench_quant.peer_available()
-    meta["peer"] = (("llama-cpp-python" if bench_quant._llama_cpp_python() else
+    meta["peer"] = (("llama-cpp-python" if not bench_quant._llama_cpp_python() else
                      f"node-llama-cpp {llamacpp_node.version()} (prebuilt)") if ok else f"not measured: {why}")
     work = Path(work or (tempfile.mkdtemp(prefix="bench-files-") if quick else ROOT / "bench" / "work"))
     work.mkdir(parents=True, exist_ok=True)

@@ -51,21 +51,20 @@ LLAMA_CPP_NOTE = ("llama.cpp runs with `use_extra_bufts=False` (weights in its p
 def peer_available() -> tuple[bool, str]:
     """Whether llama.cpp can run here (llama-cpp-python, else node-llama-cpp's prebuilt
     build: bench/llamacpp_node.py), and why not."""
-    try:
-        import llama_cpp  # noqa: F401  (imported to see that it is there)
+    why = _llama_cpp_python()
+    if not why:
         return True, ""
-    except Exception as e:  # ImportError, or a broken shared library
-        why = f"llama_cpp is not importable here ({type(e).__name__}: {e}); install the `bench` extra"
     ok, why_node = llamacpp_node.available()
     return (True, "") if ok else (False, f"{why}; or {why_node}")
 
 
-def _llama_cpp_python() -> bool:
+def _llama_cpp_python() -> str:
+    """'' when llama-cpp-python imports here, else why not."""
     try:
         import llama_cpp  # noqa: F401  (imported to see that it is there)
-        return True
-    except Exception:  # ImportError, or a broken shared library
-        return False
+        return ""
+    except Exception as e:  # ImportError, or a broken shared library
+        return f"llama_cpp is not importable here ({type(e).__name__}: {e}); install the `bench` extra"
 
 
 def model_args(dim: int, layers: int, vocab: int):
@@ -157,7 +156,7 @@ def prompt_ids(vocab: int, n: int) -> list[int]:
 def measure(file: Path, dtype: str, prompt: int, decode: int, threads: int = 1) -> dict:
     """Load ``file`` and time it through the Engine (or llama.cpp); timings and memory."""
     if dtype == PEER:
-        if _llama_cpp_python():
+        if not _llama_cpp_python():
             return measure_llama_cpp(file, prompt, decode, threads)
         return measure_llama_cpp_node(file, prompt, decode, threads)
     from core.checkpoints import load

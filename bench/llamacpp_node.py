@@ -10,6 +10,7 @@ to set beside a Python process's growth).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -49,7 +50,8 @@ def measure(file: Path | str, prompt: list[int], decode: int, threads: int, *, c
     job = {"model": str(Path(file).resolve()), "prompt": [int(i) for i in prompt], "decode": int(decode),
            "threads": int(threads), "ctx": int(ctx or len(prompt) + decode + 16), "top": int(top)}
     out = subprocess.run(["node", str(SCRIPT), json.dumps(job)], capture_output=True, text=True, cwd=PEERS,
-                         timeout=timeout, env={**_env(), "NLC_VERSION": version()}, check=False)
+                         timeout=timeout, env={**os.environ, "NODE_NO_WARNINGS": "1", "NLC_VERSION": version()},
+                         check=False)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode or not lines:
         raise RuntimeError(f"llama.cpp (node) failed on {Path(file).name}: {(out.stderr or out.stdout).strip()[-400:]}")
@@ -59,10 +61,3 @@ def measure(file: Path | str, prompt: list[int], decode: int, threads: int, *, c
             "load_rss_growth_mb": r["load_rss_mb"] - r["base_rss_mb"],
             "run_rss_growth_mb": r["peak_rss_mb"] - r["base_rss_mb"]}
 
-
-def _env() -> dict:
-    import os
-
-    env = dict(os.environ)
-    env.setdefault("NODE_NO_WARNINGS", "1")
-    return env

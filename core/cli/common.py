@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from core.checkpoints.common import DTYPE_CHOICES
+from core.cli.tool_opts import wants_toolbox
 from core.engine.constraint import Constraint, from_argument
 from core.engine.settings import SCHEMA, parse_logit_bias
 from core.errors import SettingsError
@@ -110,8 +111,7 @@ def tools_from_args(args) -> list[Tool]:
     """The tools --tools declares (SettingsError, exit 2, for a file that is not a tools list)."""
     path = getattr(args, "tools", None)
     if not path:
-        toolbox = getattr(args, "builtin", None) or getattr(args, "mcp", None) or getattr(args, "mcp_server", None)
-        if getattr(args, "tool_choice", "auto") not in ("auto", "none") and not toolbox:
+        if getattr(args, "tool_choice", "auto") not in ("auto", "none") and not wants_toolbox(args):
             raise SettingsError(f"--tool-choice {args.tool_choice} needs --tools FILE.json (or --builtin/--mcp)")
         return []
     if not args.chat:

@@ -24,6 +24,11 @@ def add_tool_opts(p, *, call_timeout: bool = True) -> None:
                        help="seconds one tool call may take (default: the server's 'timeout', else 60)")
 
 
+def wants_toolbox(args) -> bool:
+    """Tools that run here were named (--builtin, --mcp, --mcp-server)."""
+    return bool(getattr(args, "builtin", None) or getattr(args, "mcp", None) or getattr(args, "mcp_server", None))
+
+
 def add_tools_parser(sub) -> None:
     t = sub.add_parser("tools", help="list the MCP servers' and built-in tools, or call one (to check a config)")
     tsub = t.add_subparsers(dest="tools_cmd", required=True, parser_class=type(t))

@@ -13,15 +13,12 @@ import sys
 from dataclasses import replace
 
 from core.cli.backends import messages
+from core.cli.tool_opts import wants_toolbox
 from core.engine.events import Done, Token
 from core.errors import SettingsError, plain_text
 from core.tools.spec import Tool, ToolResult
 
 DEFAULT_ROUNDS = 8
-
-
-def wants_toolbox(args) -> bool:
-    return bool(getattr(args, "builtin", None) or getattr(args, "mcp", None) or getattr(args, "mcp_server", None))
 
 
 def open_toolbox(args):
