@@ -133,6 +133,9 @@ async def connect_with_dialog(w, url, key):
     dlg.key.setText(key)
     dlg.list_button.click()
     await until(lambda: dlg.models.count() > 0 or dlg.status.property("error"), 60, "the model list")
+    # The error is said inside the request; its buttons come back when it has ended, and a
+    # click before then is a click on a disabled button.
+    await until(lambda: not dlg.busy, 10, "the request to end")
     return dlg
 
 
