@@ -72,7 +72,7 @@ def q4_k_blocks(x: np.ndarray) -> np.ndarray:
     mn = np.clip(np.round(-lo / dmf), 0, 63).astype(np.uint8)
     step = np.where(sc == 0, 1, sc).astype(np.float32) * df  # [blocks, 8]
     q = np.clip(np.round((b + (mn * dmf)[..., None]) / step[..., None]), 0, 15).astype(np.uint8)
-    s = np.empty((b.shape[0], 12), np.uint8)  # the 12 scale bytes (inverse of quant._k_scales)
+    s = np.empty((b.shape[0], 12), np.uint8)  # the 12 scale bytes (inverse of gguf_blocks._k_scales)
     s[:, 0:4] = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
     s[:, 4:8] = mn[:, :4] | ((mn[:, 4:] >> 4) << 6)
     s[:, 8:12] = (sc[:, 4:] & 15) | ((mn[:, 4:] & 15) << 4)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import median_of  # noqa: E402
-from core.model import quant  # noqa: E402
+from core.model import pack  # noqa: E402
 
 N, K = 5632, 2048
 CHUNK = 512  # rows of the weight decoded at a time by the per-matmul path
@@ -36,7 +36,7 @@ def per_matmul_dequantize(raw: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     xb = x.to(torch.bfloat16)
     out = []
     for i in range(0, n, CHUNK):
-        g = quant.decode_blocks(raw[i:i + CHUNK], "Q6_K", min(CHUNK, n - i), k)
+        g = pack.decode_blocks(raw[i:i + CHUNK], "Q6_K", min(CHUNK, n - i), k)
         w = (g.q.view(-1, k // 16, 16).to(torch.bfloat16) * g.scale.to(torch.bfloat16).unsqueeze(-1)).view(-1, k)
         out.append(F.linear(xb, w))
     return torch.cat(out, -1).float()
@@ -50,8 +50,8 @@ def run(quick: bool = False, threads: int = 1) -> dict:
     w = torch.randn(n, k, generator=g) * 0.02
     blocks = q6_k_blocks(w.numpy())
     raw = torch.from_numpy(blocks.copy()).view(n, -1)
-    packed = quant.pack_gguf(raw.reshape(-1), "Q6_K", n, k, torch.device("cpu"))
-    exact = quant.decode_blocks(raw, "Q6_K", n, k)
+    packed = pack.pack_gguf(raw.reshape(-1), "Q6_K", n, k, torch.device("cpu"))
+    exact = pack.decode_blocks(raw, "Q6_K", n, k)
     w32 = (exact.q.view(n, -1, 16).float() * exact.scale.unsqueeze(-1)).view(n, k)
     w16 = w32.bfloat16()
     before = torch.get_num_threads()

@@ -369,15 +369,15 @@ def dense_crossover(n: int = 5632, k: int = 2048, rows: int = 64, repeats: int =
     ``rows`` rows) on an [n, k] weight; dense wins from dequantize / (kernel - dense) rows."""
     import torch
 
-    from core.model import quant
+    from core.model import pack, quant
     from core.model.tuning import median_seconds
-    from tests.core.test_quant import as_raw, gguf_blocks
+    from tests.core.model.test_quant import as_raw, gguf_blocks
 
     def best(fn):
         return median_seconds(fn, repeats)
     out = []
     for kind in ("Q4_0", "Q8_0", "Q4_K"):
-        layer = quant.pack_gguf(as_raw(gguf_blocks(kind, n=n, k=k)), kind, n, k, torch.device("cpu"))
+        layer = pack.pack_gguf(as_raw(gguf_blocks(kind, n=n, k=k)), kind, n, k, torch.device("cpu"))
         x = torch.randn(rows, k).bfloat16()
         xx = x.repeat(1, layer.planes)
         kernel = best(lambda: quant._int4_mm(xx, layer.packed, layer.scale_zeros)) / rows

@@ -133,7 +133,8 @@ def build(dev) -> Transformer:
 
 
 def quantized(model: Transformer, kind: str, dev) -> Transformer:
-    from core.model.quant import packable, quantizer, swap_linear
+    from core.model.pack import packable, quantizer
+    from core.model.quant import swap_linear
     q = copy.deepcopy(model)
     for name, p in list(q.named_parameters()):
         if p.dim() == 2 and name != "tok_embeddings.weight" and packable(kind, tuple(p.shape), dev) is None:

@@ -14,7 +14,8 @@ from core.model.transformer import Transformer
 from core.model.args import ModelArgs
 from core.model.memory import release_mapped_pages
 from core.model.tuning import cpu_choice
-from core.model.quant import QUANT_DTYPES, Packed, describe, packable, packed_shape, quantizer, swap_linear
+from core.model.pack import packable, quantizer
+from core.model.quant import QUANT_DTYPES, Packed, describe, packed_shape, swap_linear
 
 ProgressFn = Callable[[float, str], None]
 

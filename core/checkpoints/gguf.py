@@ -30,7 +30,7 @@ from core.checkpoints.gguf_reader import DAMAGED, Metadata, open_reader
 from core.checkpoints.pack_cache import PackCache, for_load as pack_cache_for_load
 from core.checkpoints.gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
 from core.errors import CheckpointError, TokenizerError, one_line
-from core.model import quant
+from core.model import pack, quant
 from core.model.f16 import Float16Embedding, Float16Linear
 from core.model.memory import release_mapped_pages
 from core.model.transformer import rope_frequencies
@@ -182,7 +182,7 @@ def packed_loader(t, device: torch.device, name: str = "",
             warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable arrays
             raw = torch.from_numpy(arr.reshape(-1).view(np.uint8))
         try:
-            layer = quant.pack_gguf(raw, t.tensor_type.name, n, k, device)
+            layer = pack.pack_gguf(raw, t.tensor_type.name, n, k, device)
         except ValueError as e:
             raise CheckpointError(f"{t.tensor_type.name} tensor cannot be read: {e}") from None
         release_mapped_pages(arr.ctypes.data, arr.nbytes)
@@ -202,7 +202,7 @@ def embedding_loader(t, device: torch.device, dtype: torch.dtype) -> Callable[[]
             warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable arrays
             raw = torch.from_numpy(np.asarray(t.data).reshape(n, -1).view(np.uint8))
         try:
-            quant.decode_blocks(raw[:1], t.tensor_type.name, 1, k)  # sizes checked now, not at the first token
+            pack.decode_blocks(raw[:1], t.tensor_type.name, 1, k)  # sizes checked now, not at the first token
         except ValueError as e:
             raise CheckpointError(f"{t.tensor_type.name} tensor cannot be read: {e}") from None
         return quant.GGUFEmbedding(raw.to(device), t.tensor_type.name, k, dtype)
@@ -302,7 +302,7 @@ def holding(meta: str, kind: str, shape: tuple[int, ...], file_bytes: int, devic
     'dequantized' (with the reason it could not stay packed). The hub's memory estimate
     uses the same rule, so what it promises is what a load takes.
     """
-    why = quant.packable(kind, shape, device) if len(shape) == 2 else "not a matrix"
+    why = pack.packable(kind, shape, device) if len(shape) == 2 else "not a matrix"
     if (keep_packed if keep_f16 is None else keep_f16) and kind == "F16" and len(shape) == 2 \
             and device.type == "cpu":
         return "float16-kept", file_bytes  # tied: the output layer multiplies the same bytes

@@ -8,7 +8,7 @@ import torch
 
 from core.checkpoints import load, pack_cache
 from core.cli.main import main
-from core.model import quant
+from core.model import pack
 from tests.core.checkpoints.util import random_model, write_gguf
 
 IDS = torch.randint(3, 280, (1, 24), generator=torch.Generator().manual_seed(7))
@@ -42,7 +42,7 @@ def logits(lm):
 
 
 def no_packing(monkeypatch):
-    monkeypatch.setattr(quant, "pack_gguf", lambda *a, **k: pytest.fail("packed although a cache was there"))
+    monkeypatch.setattr(pack, "pack_gguf", lambda *a, **k: pytest.fail("packed although a cache was there"))
 
 
 def test_second_open_maps_the_cache_and_gives_the_same_logits(q4k, monkeypatch):
@@ -72,8 +72,8 @@ def test_a_half_written_or_damaged_cache_is_never_used(q4k, monkeypatch):
     tmp.write_bytes(b"partial")
     path.unlink()
     calls = []
-    real = quant.pack_gguf
-    monkeypatch.setattr(quant, "pack_gguf", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = pack.pack_gguf
+    monkeypatch.setattr(pack, "pack_gguf", lambda *a, **k: calls.append(1) or real(*a, **k))
     torch.testing.assert_close(logits(opened(q4k, device="cpu")), first, atol=0, rtol=0)
     assert calls and not tmp.exists()  # packed from the file; the dead writer's temporary swept
 

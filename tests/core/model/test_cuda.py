@@ -14,7 +14,7 @@ from core.engine.sampling import choose_tokens, sample, seeded_generator
 from core.engine.settings import SamplingParams
 from tests.helpers import greedy, hf_greedy, meta_from_hf, tiny_hf
 from core.checkpoints import load
-from core.model import quant
+from core.model import pack
 from tests.core.model.test_decode_step import assert_matches_hf, lanes_of, two_turns
 from tests.helpers import TINY_META
 
@@ -93,11 +93,11 @@ def test_engine_lanes_on_gpu_equal_single_runs(fixtures):
 @pytest.mark.parametrize("kind", ["int8", "int4"])
 def test_quantized_layers_on_gpu_match_their_dequantized_weights(kind):
     w = torch.randn(256, 512, generator=torch.Generator().manual_seed(6)) * 0.05
-    layer = quant.quantizer(kind)(w, CUDA)
+    layer = pack.quantizer(kind)(w, CUDA)
     x = torch.randn(3, 512, device=CUDA)
     ref = x.bfloat16().float() @ layer.dequantize(torch.float32).t()
     torch.testing.assert_close(layer(x).float(), ref, atol=0.02, rtol=0.02)
-    cpu = quant.quantizer(kind)(w, torch.device("cpu"))
+    cpu = pack.quantizer(kind)(w, torch.device("cpu"))
     torch.testing.assert_close(layer.dequantize().cpu(), cpu.dequantize(), atol=1e-6, rtol=0)
 
 

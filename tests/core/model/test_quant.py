@@ -6,7 +6,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
-from core.model import quant
+from core.model import pack, quant
 
 CPU = torch.device("cpu")
 N, K = 160, 512  # 160 rows: not a multiple of the CPU kernel's 64-row block (padding is exercised)
@@ -36,7 +36,7 @@ def as_raw(data: np.ndarray) -> torch.Tensor:
 def test_block_decoding_is_bit_exact_against_gguf(kind):
     data = gguf_blocks(kind)
     ref = torch.from_numpy(dequantize(data, Q[kind]).astype(np.float32)).reshape(N, K)
-    g = quant.decode_blocks(as_raw(data), kind, N, K)
+    g = pack.decode_blocks(as_raw(data), kind, N, K)
     assert g.size == (16 if kind == "Q6_K" else 32)
     mine = (g.q.view(N, K // g.size, g.size).float() * g.scale.unsqueeze(-1) + g.zero.unsqueeze(-1)).view(N, K)
     assert torch.equal(mine, ref)
@@ -46,8 +46,8 @@ def test_block_decoding_is_bit_exact_against_gguf(kind):
 def test_q4_0_q5_0_and_q8_0_repack_exactly_up_to_the_bfloat16_scale(kind):
     """The packed layer holds q * bf16(d) bit for bit; bf16(d) is the only rounding (<= 2**-8)."""
     data = gguf_blocks(kind)
-    g = quant.decode_blocks(as_raw(data), kind, N, K)
-    layer = quant.pack_gguf(as_raw(data), kind, N, K, CPU)
+    g = pack.decode_blocks(as_raw(data), kind, N, K)
+    layer = pack.pack_gguf(as_raw(data), kind, N, K, CPU)
     assert layer.planes == (1 if kind == "Q4_0" else 2)
     d = g.scale.bfloat16().float().unsqueeze(-1)
     q = g.q.view(N, K // 32, 32).float() - (8 if kind == "Q4_0" else 0)
@@ -63,9 +63,9 @@ def test_affine_repacks_within_the_stated_rounding(kind):
     """Q4_1/Q4_K/Q5_1/Q5_K: scale and zero (m + 8d, 8*d*sc - dmin*m) each round to bf16
     (<= 2**-8 relative); the 5-bit types' high plane carries 16x the scale."""
     data = gguf_blocks(kind)
-    g = quant.decode_blocks(as_raw(data), kind, N, K)
+    g = pack.decode_blocks(as_raw(data), kind, N, K)
     ref = torch.from_numpy(dequantize(data, Q[kind]).astype(np.float32)).reshape(N, K)
-    layer = quant.pack_gguf(as_raw(data), kind, N, K, CPU)
+    layer = pack.pack_gguf(as_raw(data), kind, N, K, CPU)
     zero8 = (g.zero + 8 * g.scale).abs()
     top = 8 if kind.startswith("Q4") else 128 + 16 * 8  # the largest |q - 8| (|u - 128| twice for 5 bits)
     bound = (2 ** -8 * (top * g.scale.abs() + zero8) * 1.001).repeat_interleave(32, 1)
@@ -78,9 +78,9 @@ def test_q6_k_requantizes_within_the_stated_rounding():
     """Q6_K's 16-weight scales become one per 32: the sub-block with the larger |sc| keeps
     its values exactly (up to the bf16 scale), the other rounds by at most d*|sc|/8."""
     data = gguf_blocks("Q6_K")
-    g = quant.decode_blocks(as_raw(data), "Q6_K", N, K)
+    g = pack.decode_blocks(as_raw(data), "Q6_K", N, K)
     ref = torch.from_numpy(dequantize(data, Q.Q6_K).astype(np.float32)).reshape(N, K)
-    layer = quant.pack_gguf(as_raw(data), "Q6_K", N, K, CPU)
+    layer = pack.pack_gguf(as_raw(data), "Q6_K", N, K, CPU)
     assert layer.planes == 2 and quant.path_of("Q6_K") == "int4x2-requantized"
     s = g.scale.view(N, -1, 2)
     first = s[..., 0].abs() >= s[..., 1].abs()
@@ -108,7 +108,7 @@ def test_packed_matmul_matches_dense_math(kind, rows):
     """Kernel (few rows) and dequantize-then-bf16 (many rows) both equal x @ W.T computed in
     float64 from the bf16-rounded input, within bfloat16 output rounding."""
     data = gguf_blocks(kind)
-    layer = quant.pack_gguf(as_raw(data), kind, N, K, CPU)
+    layer = pack.pack_gguf(as_raw(data), kind, N, K, CPU)
     x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows))
     y = layer(x)
     assert y.dtype == torch.float32 and y.shape == (rows, N)
@@ -120,7 +120,7 @@ def test_packed_matmul_matches_dense_math(kind, rows):
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_quantize_float_weights_on_load(kind):
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(1))
-    layer = quant.quantizer(kind)(w, CPU)
+    layer = pack.quantizer(kind)(w, CPU)
     err = (layer.dequantize() - w).abs()
     if kind == "int4":  # half a step of each 32-weight group, plus bf16 rounding of scale/min
         g = w.view(N, K // 32, 32)
@@ -137,18 +137,18 @@ def test_quantize_float_weights_on_load(kind):
 def test_bad_blocks_raise_value_errors_that_say_why():
     data = gguf_blocks("Q8_0")
     with pytest.raises(ValueError, match="bytes"):
-        quant.decode_blocks(as_raw(data)[:-5], "Q8_0", N, K)
+        pack.decode_blocks(as_raw(data)[:-5], "Q8_0", N, K)
     with pytest.raises(ValueError, match="multiple of Q4_0's block size 32"):
-        quant.decode_blocks(as_raw(gguf_blocks("Q4_0")), "Q4_0", N, 48)
-    assert quant.packable("Q3_K", (64, 256), CPU) == "Q3_K has no packed kernel"
-    assert "group size" in quant.packable("int4", (64, 48), CPU)
+        pack.decode_blocks(as_raw(gguf_blocks("Q4_0")), "Q4_0", N, 48)
+    assert pack.packable("Q3_K", (64, 256), CPU) == "Q3_K has no packed kernel"
+    assert "group size" in pack.packable("int4", (64, 48), CPU)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 def test_cuda_int4_matches_cpu():  # pragma: no cover - runs only with a GPU
     data = gguf_blocks("Q4_0", 256, 512)
-    cpu = quant.pack_gguf(as_raw(data), "Q4_0", 256, 512, CPU)
-    gpu = quant.pack_gguf(as_raw(data), "Q4_0", 256, 512, torch.device("cuda"))
+    cpu = pack.pack_gguf(as_raw(data), "Q4_0", 256, 512, CPU)
+    gpu = pack.pack_gguf(as_raw(data), "Q4_0", 256, 512, torch.device("cuda"))
     torch.testing.assert_close(gpu.dequantize().cpu(), cpu.dequantize())
     x = torch.randn(2, 512)
     torch.testing.assert_close(gpu(x.cuda()).cpu(), cpu(x), atol=0.05, rtol=0.02)
@@ -157,9 +157,9 @@ def test_cuda_int4_matches_cpu():  # pragma: no cover - runs only with a GPU
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_K"])
 def test_packing_in_row_chunks_equals_packing_at_once(kind, monkeypatch):
     data = gguf_blocks(kind, n=200)
-    whole = quant.pack_gguf(as_raw(data), kind, 200, K, CPU)
-    monkeypatch.setattr(quant, "CHUNK_ROWS", 64)  # 200 rows: three whole chunks and a padded one
-    chunked = quant.pack_gguf(as_raw(data), kind, 200, K, CPU)
+    whole = pack.pack_gguf(as_raw(data), kind, 200, K, CPU)
+    monkeypatch.setattr(pack, "CHUNK_ROWS", 64)  # 200 rows: three whole chunks and a padded one
+    chunked = pack.pack_gguf(as_raw(data), kind, 200, K, CPU)
     assert torch.equal(chunked.dequantize(), whole.dequantize())
     x = torch.randn(2, K)
     assert torch.equal(chunked(x), whole(x))
@@ -171,7 +171,7 @@ def test_dequantize_in_row_blocks_equals_unpacking_the_whole_weight(kind, monkey
     kernel layout at once and applying (q - 8) * scale + zero in float32 gives, in float32
     and (after one rounding) in bfloat16, the dense prefill weight."""
     data = gguf_blocks(kind, n=200)
-    layer = quant.pack_gguf(as_raw(data), kind, 200, K, CPU)
+    layer = pack.pack_gguf(as_raw(data), kind, 200, K, CPU)
     k = K * layer.planes
     q = quant._unpack_cpu(layer.packed, layer.scale_zeros.shape[1], k)[:200].view(200, k // 32, 32).float()
     sz = layer.scale_zeros[:, :200].float()
@@ -185,8 +185,8 @@ def test_dequantize_in_row_blocks_equals_unpacking_the_whole_weight(kind, monkey
 
 def test_dense_weights_are_set_inside_the_block_only():
     data = gguf_blocks("Q4_0")
-    seq = torch.nn.Sequential(quant.pack_gguf(as_raw(data), "Q4_0", N, K, CPU),
-                              quant.quantize_int8(torch.randn(K, N), CPU))
+    seq = torch.nn.Sequential(pack.pack_gguf(as_raw(data), "Q4_0", N, K, CPU),
+                              pack.quantize_int8(torch.randn(K, N), CPU))
     x = torch.randn(5, K)
     few_rows = seq(x)  # the packed kernels
     with quant.dense_weights(seq):
