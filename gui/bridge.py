@@ -177,6 +177,8 @@ class Bridge(QObject):
         self._open: set[int] = set()  # requests not finished yet (for busy)
         self._unloads: set[int] = set()
         self._info: dict | None = None
+        #: counts text in the loaded model's tokens, from any thread (None: no model loaded)
+        self.token_counter: Callable[[str], int] | None = None
         self._closed = False
         me = weakref.ref(self)
 
@@ -395,7 +397,7 @@ class Bridge(QObject):
             self.loadProgress.emit(ev.fraction, ev.stage)
             return
         if isinstance(ev, Unloaded):
-            self._info = None
+            self._info, self.token_counter = None, None
             self.modelUnloaded.emit()
             if rid in self._unloads:
                 self._resolve(rid, None)
@@ -407,7 +409,7 @@ class Bridge(QObject):
             self._resolve(rid, ev.tokens if isinstance(ev, Counted) else ev)
             return
         if isinstance(ev, Loaded):
-            self._info = dict(ev.info)
+            self._info, self.token_counter = dict(ev.info), ev.counter
             self.modelLoaded.emit(dict(ev.info))
             self._resolve(rid, dict(ev.info))
             return

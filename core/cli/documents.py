@@ -167,9 +167,10 @@ def _remove(ix: DocumentIndex, args) -> int:
     return 0
 
 
-def grounded_prompt(args, tokenizer=None, context: int | None = None) -> Grounding | None:
+def grounded_prompt(args, counter=None, context: int | None = None) -> Grounding | None:
     """The grounded prompt for generate's --attach/--collection (None without them);
-    passages are counted in ``tokenizer``'s tokens when there is one (a local model)."""
+    passages are counted by ``counter`` when there is one (a local model's
+    :func:`~core.documents.chunk.model_counter`, as the app counts them), else estimated."""
     if not args.attach and not args.collection:
         for flag, v in (("--doc-budget", args.doc_budget), ("--passages", args.passages)):
             if v is not None:
@@ -179,7 +180,7 @@ def grounded_prompt(args, tokenizer=None, context: int | None = None) -> Groundi
         raise SettingsError(f"--doc-budget must be at least 16 tokens, got {args.doc_budget}")
     if args.passages is not None and args.passages < 1:
         raise SettingsError(f"--passages must be at least 1, got {args.passages}")
-    count = (lambda s: len(tokenizer.encode(s))) if tokenizer is not None else approx_tokens
+    count = counter or approx_tokens
     budget = args.doc_budget or default_budget(context or REMOTE_CONTEXT)
     with _open(args) as ix:
         return ground(args.prompt, ix, attachments=args.attach, collections=args.collection, budget_tokens=budget,

@@ -10,6 +10,7 @@ from core.cli.documents import grounded_prompt, say_grounding
 from core.cli.common import (beams_json, check_bias, constraint_from_args, ended_in_error, logit_bias_ids,
                              tools_from_args)
 from core.cli.tool_rounds import offered, open_toolbox, run_rounds
+from core.documents.chunk import model_counter
 from core.engine.events import Done
 from core.engine.settings import SamplingParams
 from core.prompt.tool_format import check_choice
@@ -63,7 +64,7 @@ def _generate(args, params: SamplingParams, box) -> int:  # long: one reply, loc
         if args.model is None:
             raise SettingsError("give a MODEL (a folder or .gguf file) or --server URL")
         loaded, load_s = load_model(args)
-        _ground(args, extra, loaded.tokenizer, loaded.args.max_seq_len)
+        _ground(args, extra, model_counter(loaded), loaded.args.max_seq_len)
         ids, strip, fmt = prompt_ids(loaded, args, tools)
         if args.logit_bias:
             params = replace(params, logit_bias=logit_bias_ids(args, loaded.tokenizer)).validate()
@@ -104,10 +105,10 @@ def cut_call_note(done: Done | None, tools, choice) -> str:
             "(the tool definitions take part of it: fewer tools or a shorter prompt)")
 
 
-def _ground(args, extra: dict, tokenizer=None, context: int | None = None) -> None:
+def _ground(args, extra: dict, counter=None, context: int | None = None) -> None:
     """--attach/--collection: the prompt becomes the grounded one (its sources on stderr,
     or in the JSON object's "documents")."""
-    g = grounded_prompt(args, tokenizer, context)
+    g = grounded_prompt(args, counter, context)
     if g is None:
         return
     args.prompt = g.prompt

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from core.documents.extract import Document
+from core.tokenizer.fingerprint import tokenizer_fingerprint
 
-__all__ = ["Chunk", "chunk_document", "place", "approx_tokens", "TokenCounter", "DEFAULT_CHUNK_TOKENS"]
+__all__ = ["Chunk", "chunk_document", "place", "approx_tokens", "TokenCounter", "TokenizerCounter", "counter_key",
+           "model_counter",
+           "DEFAULT_CHUNK_TOKENS"]
 
 TokenCounter = Callable[[str], int]
 DEFAULT_CHUNK_TOKENS = 256
@@ -26,6 +29,32 @@ def approx_tokens(text: str) -> int:
     """A tokenizer-free estimate (words and punctuation marks), for when no model is loaded;
     close to what BPE tokenizers count for English prose."""
     return len(_WORD.findall(text))
+
+
+class TokenizerCounter:
+    """Counts text in a model's own tokens: what passages and the documents budget are sized
+    in once a model is loaded. ``key`` names the tokenizer (its fingerprint), so passages cut
+    with one tokenizer are not reused for another. Callable from any thread: encoding only
+    reads the tokenizer (SentencePiece, tiktoken and HF tokenizers are native and re-entrant)."""
+
+    def __init__(self, tokenizer, key: str):
+        self.tokenizer, self.key = tokenizer, key
+
+    def __call__(self, text: str) -> int:
+        return len(self.tokenizer.encode(text))
+
+    def __repr__(self) -> str:
+        return f"TokenizerCounter({self.key})"
+
+
+def model_counter(loaded) -> TokenizerCounter:
+    """A loaded model's counter, keyed by its tokenizer's fingerprint (the one the worker reports)."""
+    return TokenizerCounter(loaded.tokenizer, tokenizer_fingerprint(loaded.tokenizer, loaded.args.vocab_size))
+
+
+def counter_key(count: TokenCounter) -> str:
+    """What distinguishes ``count``'s passages in the cache: its ``key``, "" for the estimate."""
+    return str(getattr(count, "key", "") or "")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 from core import limits
 from core.documents.chunk import DEFAULT_CHUNK_TOKENS, TokenCounter, approx_tokens, chunk_document
 from core.documents.extract import DocumentError, extract, file_sha256, kind_of
-from core.documents.index import DocumentIndex
+from core.documents.index import DocumentIndex, blob_key
 
 __all__ = ["IndexJob", "Progress", "index_collection", "walk"]
 
@@ -209,7 +209,7 @@ class _Run:
         if not os.path.exists(path):
             raise FileNotFoundError(path)
         digest, n = file_sha256(path)
-        blob = self.ix.blob_by_sha(digest)
+        blob = self.ix.blob_by_sha(blob_key(digest, self.count, self.max_tokens))
         new = None
         if blob is None:
             doc = extract(path)
@@ -226,7 +226,8 @@ class _Run:
         """The file's row (and its new passages) in one transaction."""
         with self.ix.tx() as c:
             if new is not None:
-                blob_id = self.ix.insert_blob(c, new[0], new[1], self.max_tokens, False)
+                key = blob_key(new[0].sha256, self.count, self.max_tokens)
+                blob_id = self.ix.insert_blob(c, new[0], new[1], self.max_tokens, False, key)
             c.execute("INSERT INTO doc_files (collection_id, path, size, mtime_ns, blob_id, status, reason, indexed_at)"
                       " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (collection_id, path) DO UPDATE SET"
                       " size = excluded.size, mtime_ns = excluded.mtime_ns, blob_id = excluded.blob_id,"

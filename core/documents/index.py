@@ -18,19 +18,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.documents.chunk import DEFAULT_CHUNK_TOKENS, Chunk, TokenCounter, approx_tokens, chunk_document
+from core.documents.chunk import DEFAULT_CHUNK_TOKENS, Chunk, TokenCounter, approx_tokens, chunk_document, counter_key
 from core.documents.extract import Document, DocumentError, extract, file_sha256
 from core.history.schema import MIGRATIONS, SCHEMA_V1, SCHEMA_VERSION
 from core.history.store import History
 
-__all__ = ["DocumentIndex", "Blob", "Collection", "Hit", "fts_query"]
+__all__ = ["DocumentIndex", "Blob", "Collection", "Hit", "blob_key", "fts_query"]
 
 
 @dataclass(frozen=True)
 class Blob:
-    """One file's content as indexed."""
+    """One file's content as indexed (cut by one token counter at one passage size)."""
     id: int
-    sha256: str
+    sha256: str  # the cache key: :func:`blob_key`
     kind: str
     name: str
     size: int
@@ -72,6 +72,15 @@ class Hit:
 
     def where(self) -> str:
         return Chunk(self.text, self.source, self.ordinal, self.page, self.line_start, self.line_end).where()
+
+
+def blob_key(sha256: str, count_tokens: TokenCounter = approx_tokens, max_tokens: int = DEFAULT_CHUNK_TOKENS) -> str:
+    """The key a file's passages are cached under: its content's hash, plus the tokenizer
+    and the passage size they were cut with when those are not the defaults (the word
+    estimate, 256), so a model with another tokenizer gets passages sized in its tokens."""
+    key = counter_key(count_tokens)
+    size = [str(max_tokens)] if max_tokens != DEFAULT_CHUNK_TOKENS else []
+    return "|".join([sha256] + ([key] if key else []) + size)
 
 
 _TERM = re.compile(r"\w+", re.UNICODE)
@@ -146,8 +155,9 @@ class DocumentIndex:
     def add_document(self, doc: Document, count_tokens: TokenCounter = approx_tokens, *,
                      max_tokens: int = DEFAULT_CHUNK_TOKENS, attached: bool = False) -> Blob:
         """Index ``doc`` (its passages and their FTS entries), or return the blob already
-        indexed with the same content."""
-        have = self.blob_by_sha(doc.sha256)
+        indexed with the same content and counter."""
+        key = blob_key(doc.sha256, count_tokens, max_tokens)
+        have = self.blob_by_sha(key)
         if have is not None:
             if attached:
                 with self.tx() as c:
@@ -155,16 +165,19 @@ class DocumentIndex:
             return have
         chunks = chunk_document(doc, count_tokens, max_tokens=max_tokens)
         with self.tx() as c:
-            blob_id = self.insert_blob(c, doc, chunks, max_tokens, attached)
+            blob_id = self.insert_blob(c, doc, chunks, max_tokens, attached, key)
         return self.blob(blob_id)
 
-    def insert_blob(self, c, doc: Document, chunks: list[Chunk], max_tokens: int, attached: bool) -> int:
-        row = c.execute("SELECT id FROM doc_blobs WHERE sha256 = ?", (doc.sha256,)).fetchone()
+    def insert_blob(self, c, doc: Document, chunks: list[Chunk], max_tokens: int, attached: bool,
+                    key: str | None = None) -> int:
+        """``doc``'s blob and passages under ``key`` (:func:`blob_key`; default its hash)."""
+        key = key or doc.sha256
+        row = c.execute("SELECT id FROM doc_blobs WHERE sha256 = ?", (key,)).fetchone()
         if row is not None:  # indexed by another thread meanwhile
             return row[0]
         cur = c.execute("INSERT INTO doc_blobs (sha256, kind, name, size, pages, chars, chunk_tokens, notes,"
                         " attached, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (doc.sha256, doc.kind, doc.name, doc.size, doc.pages, sum(len(s.text) for s in doc.sections),
+                        (key, doc.kind, doc.name, doc.size, doc.pages, sum(len(s.text) for s in doc.sections),
                          max_tokens, json.dumps(doc.notes), int(attached), time.time()))
         blob_id = cur.lastrowid
         c.executemany("INSERT INTO doc_chunks (blob_id, ordinal, page, line_start, line_end, heading, text, tokens)"
@@ -177,8 +190,9 @@ class DocumentIndex:
                max_tokens: int = DEFAULT_CHUNK_TOKENS) -> tuple[Blob, Document | None]:
         """Index an attached file (kept when collections are removed): its blob, and the
         document read, or None when this content was indexed before (found by its hash,
-        read streamed: a file attached again is not parsed again)."""
-        have = self.blob_by_sha(file_sha256(path)[0])
+        read streamed: a file attached again is not parsed again, unless the passages are to
+        be counted by another tokenizer)."""
+        have = self.blob_by_sha(blob_key(file_sha256(path)[0], count_tokens, max_tokens))
         if have is not None:
             if not have.attached:
                 with self.tx() as c:

@@ -8,6 +8,7 @@ events (Prefilled, Token, Done, Stats) and their request-tagged wrapper ``Reply`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from core.engine.events import Reply
 from core.engine.settings import SamplingParams
@@ -105,9 +106,12 @@ class LoadProgress:
 
 @dataclass
 class Loaded:
-    """A model is ready; ``info`` is the checkpoint's facts incl. "name" and "context_length"."""
+    """A model is ready; ``info`` is the checkpoint's facts incl. "name" and "context_length".
+    ``counter`` counts text in the model's tokens from any thread (a
+    :class:`core.documents.chunk.TokenizerCounter`: documents are sized with it)."""
     request_id: int
     info: dict
+    counter: Callable[[str], int] | None = None
 
 
 @dataclass

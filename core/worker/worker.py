@@ -26,6 +26,7 @@ import torch
 
 from core import checkpoints, limits
 from core.engine import engine as _engine
+from core.documents.chunk import model_counter
 from core.engine.events import Done, Reply, Stats
 from core.errors import LlamaDeskError, SettingsError, one_line
 from core.model.tuning import plan_for
@@ -367,7 +368,7 @@ class Worker:
         info["decode"] = self._engine.compile_status
         with self._lock:
             self._info = info
-        self._emit(Loaded(rid, dict(info)))
+        self._emit(Loaded(rid, dict(info), model_counter(loaded)))
 
     def _do_load(self, cmd: _Command) -> None:
         rid, a = cmd.request_id, cmd.args

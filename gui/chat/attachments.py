@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
 
-from core.documents import DocumentError, DocumentIndex, fastembed_embedder, ground, kind_of
+from core.documents import DocumentError, DocumentIndex, approx_tokens, fastembed_embedder, ground, kind_of
 
 from gui.chat import grounded
 
@@ -43,6 +43,8 @@ class Attachments(QObject):
 
     Args:
         index_path: the history store the documents index lives in (":memory:" in tests).
+        counter: () -> the model's token counter now, or None (no local model): passages and
+            the budget are counted with it, as the CLI counts them; the word estimate without.
 
     Attributes:
         files: the attached files, in the order attached.
@@ -58,9 +60,10 @@ class Attachments(QObject):
     changed = Signal()
     notice = Signal(str)
 
-    def __init__(self, *, index_path=None, parent=None):
+    def __init__(self, *, index_path=None, counter=None, parent=None):
         super().__init__(parent)
         self.index_path = index_path
+        self.counter = counter or (lambda: None)
         self._index: DocumentIndex | None = None
         self.files: list[Attached] = []
         self.collections: list[str] = []
@@ -72,6 +75,10 @@ class Attachments(QObject):
         if self._index is None:
             self._index = DocumentIndex(self.index_path)
         return self._index
+
+    def count_tokens(self):
+        """The token counter documents are sized with now (the loaded model's, else the estimate)."""
+        return self.counter() or approx_tokens
 
     @property
     def pending(self) -> bool:
@@ -109,7 +116,7 @@ class Attachments(QObject):
         """Index ``item`` on a thread; its chip then says how many passages or why not."""
         async def read() -> None:
             try:
-                blob, _doc = await asyncio.to_thread(self.index.attach, item.path)
+                blob, _doc = await asyncio.to_thread(self.index.attach, item.path, self.count_tokens())
                 item.state, item.detail = "ready", f"{blob.chunks} passage{'s' if blob.chunks != 1 else ''}"
             except DocumentError as e:
                 item.state, item.detail = "failed", e.reason if hasattr(e, "reason") else str(e)
@@ -158,7 +165,8 @@ class Attachments(QObject):
         # dense and hybrid need an embedding model already on disk (nothing is downloaded)
         embedder = await asyncio.to_thread(fastembed_embedder) if self.mode != "bm25" else None
         g = await asyncio.to_thread(ground, question, self.index, attachments=usable, collections=list(self.collections),
-                                    budget_tokens=budget, k=self.k, mode=self.mode, embedder=embedder)
+                                    budget_tokens=budget, count_tokens=self.count_tokens(), k=self.k, mode=self.mode,
+                                    embedder=embedder)
         return {grounded.META_KEY: {"attachments": usable, "collections": list(self.collections),
                                     "grounding": g.to_meta()}}
 

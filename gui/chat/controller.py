@@ -93,7 +93,9 @@ class ConversationController(QObject):
         self.models = models
         self.conversation = ConversationModel(history=history, parent=self)
         self.reply = ReplyController(bridge=bridge, conversation=self.conversation, settings=settings, parent=self)
-        self.attachments = Attachments(index_path=history.path, parent=self)
+        # documents are counted in the local model's tokens (a server's model: the word estimate)
+        self.attachments = Attachments(index_path=history.path, parent=self, counter=lambda: None if getattr(
+            models, "backend", None) is not None else getattr(bridge, "token_counter", None))
         self._grounding: asyncio.Task | None = None
         self.collections = CollectionsController(lambda: self.attachments.index, parent=self)
         self.sources = SourcesController(bridge=bridge, conversation=self.conversation, settings=settings,

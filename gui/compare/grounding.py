@@ -156,7 +156,7 @@ async def grounded_messages(messages: list[dict], spec: dict, context: int, sour
     embedder = await asyncio.to_thread(fastembed_embedder) if mode != "bm25" else None
     g = await asyncio.to_thread(ground, question, source.index, attachments=files, collections=colls,
                                 budget_tokens=default_budget(context or 4096), k=int(spec.get("k") or 0) or None,
-                                mode=mode, embedder=embedder)
+                                count_tokens=source.count_tokens(), mode=mode, embedder=embedder)
     out = [dict(m) for m in messages]
     out[last]["content"] = g.prompt
     return out, g.summary

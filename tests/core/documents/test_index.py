@@ -86,3 +86,23 @@ def test_bm25_over_everything_equals_bm25_over_the_same_scope_by_join(ix, tmp_pa
     third = ix.chunks(blobs[2])[0].chunk_id
     assert len(everything) == 3 and [c for c, _ in subset] == [c for c, _ in everything if c != third]
     assert dict(subset) == pytest.approx({c: s for c, s in everything if c in dict(subset)})
+
+
+class _Chars:
+    """A stand-in tokenizer counter: one token per 4 characters, keyed like a model's."""
+    key = "chars4"
+
+    def __call__(self, text: str) -> int:
+        return -(-len(text) // 4)
+
+
+def test_attach_is_cached_by_content_and_by_the_counter(ix, tmp_path):
+    f = tmp_path / "long.md"
+    f.write_text("\n\n".join(f"Paragraph {i} about harbours, boats, gulls and the tide." for i in range(60)))
+    words, _ = ix.attach(f)
+    chars, doc = ix.attach(f, _Chars(), max_tokens=64)
+    assert doc is not None and chars.id != words.id  # cut again, in the other counter's tokens
+    rows = ix.q("SELECT text, tokens FROM doc_chunks WHERE blob_id = ?", (chars.id,))
+    assert chars.sha256 == f"{words.sha256}|chars4|64" and len(rows) == chars.chunks > words.chunks
+    assert all(_Chars()(text) == n <= 64 for text, n in rows)
+    assert ix.attach(f, _Chars(), max_tokens=64) == (chars, None) and ix.attach(f) == (words, None)

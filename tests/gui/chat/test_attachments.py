@@ -2,6 +2,7 @@
 be), the question sent grounded in them, bad files refused inline; real files written here."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -14,6 +15,7 @@ from gui.chat import grounded
 from gui.chat.attachments import Attachments
 from gui.chat.column import ChatColumn
 from gui.chat.controller import ConversationController
+from tests.core.cli.helpers import run_cli
 from tests.core.documents.conftest import write_pdf
 from tests.gui.chat.test_controller import Models, AnyBackendBridge
 from tests.gui.chat.test_reply import Settings, hello
@@ -133,6 +135,7 @@ def test_column_attaches_pasted_files_and_shows_chips(loop, chats, files, qtbot)
 def test_in_the_window_a_grounded_reply_says_where_it_came_from(qtbot, loop, window, fixtures, tmp_path):
     """As a user: load the model, attach a file, ask, then ask where the reply came from."""
     run(loop, load(window, fixtures / "stories260K.gguf"))
+    assert window.chats.attachments.count_tokens().key == window.info["tokenizer"]  # the model's tokens
     story = tmp_path / "story.md"
     story.write_text("# Lily\n\nLily had a big red ball. She played with it in the park every day.\n")
     window.attach_bar.add([str(story)])
@@ -180,4 +183,27 @@ def test_retrieval_settings_decide_how_much_is_read(loop, qtbot, files, tmp_path
     next(x for x in sub["Retrieval"].actions() if x.text().startswith("Dense")).trigger()
     with pytest.raises(DocumentError, match="embedding model"):
         run(loop, a.ground("Where is the watering can?", 2048))
+    a.close()
+
+
+def test_the_app_grounds_a_message_as_the_cli_does(loop, bridge, fixtures, tmp_path, capsys):
+    """Same file, same model: the app's grounding (counted by the worker's tokenizer, handed
+    over with Loaded) is the CLI's `generate --attach`, passage for passage and token for token."""
+    model = fixtures / "stories260K.gguf"
+    info = run(loop, bridge.load(model, device="cpu"))
+    story = tmp_path / "story.md"
+    story.write_text("\n\n".join(f"## Day {i}\n\nLily took her red ball to the park on day {i}. " + "The sun was warm "
+                                 "and the birds sang in the tall green trees. " * 6 for i in range(30))
+                     + "\n\n## Day 31\n\nLily took her yellow kite to the park and flew it high.\n")
+    a = Attachments(index_path=tmp_path / "app.sqlite3", counter=lambda: bridge.token_counter)
+    a.add_paths([story])
+    settle(loop, a)
+    app = run(loop, a.ground("Which kite did Lily fly in the park?", info["context_length"]))[grounded.META_KEY]
+    rc, out, err = run_cli(capsys, "generate", model, "--prompt", "Which kite did Lily fly in the park?", "--attach", story,
+                           "--max-new-tokens", "1", "--json", "--store", tmp_path / "cli.sqlite3")
+    cli = json.loads(out)["documents"]
+    assert rc == 0 and json.loads(json.dumps(app["grounding"])) == cli and cli["mode"] == "retrieved"
+    assert "kite" in cli["prompt"][slice(*cli["sources"][0]["span"])]
+    tok = bridge.token_counter.tokenizer  # the passages are sized in the model's tokens, not words
+    assert cli["tokens"] == len(tok.encode(cli["prompt"])) <= info["context_length"] // 2
     a.close()

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from core.documents import DocumentIndex
+from core.documents import DocumentIndex, approx_tokens
 from core.engine.settings import SamplingParams
 from core.worker.protocol import CompareRequest
 from gui.compare import grounding
@@ -28,7 +28,8 @@ NOTES = "# Garden\n\nThe blue watering can stands behind the shed.\n\nTomatoes n
 def source(tmp_path):
     (tmp_path / "notes.md").write_text(NOTES)
     ix = DocumentIndex(tmp_path / "h.sqlite3")
-    src = SimpleNamespace(files=[SimpleNamespace(path=str(tmp_path / "notes.md"), state="ready")], index=ix)
+    src = SimpleNamespace(files=[SimpleNamespace(path=str(tmp_path / "notes.md"), state="ready")], index=ix,
+                          count_tokens=lambda: approx_tokens)
     yield src
     ix.close()
 
