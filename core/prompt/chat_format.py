@@ -6,11 +6,14 @@ So a user who types ``<|eot_id|>`` or ``[INST]`` cannot forge a turn boundary (f
 the markers *are* plain text, so there typed ``[INST]`` reads like the real one — that is
 the format's own limitation).
 
-Chat templates from GGUF / HF files are recognised by their markers, never evaluated.
+Chat templates from GGUF / HF files are recognised by their markers; only a template that
+declares tools in another shape than Llama 3.1's is rendered, sandboxed
+(:mod:`core.prompt.template_format`), and it keeps the same promise.
 """
 from __future__ import annotations
 
 from core.errors import SettingsError
+from core.prompt.template_format import TemplateChatFormat, declares_tools
 from core.prompt.tool_format import (PYTHON_TAG, SYSTEM_TOOLS_INTRO, USER_TOOLS_INTRO, ToolCalling, call_text,
                                      preamble, result_text, today, tools_text)
 from core.tokenizer import Tokenizer
@@ -258,20 +261,21 @@ class RawFormat(ChatFormat):
 
 
 _BY_NAME = {"llama3": Llama3ChatFormat, "llama2": Llama2ChatFormat, "raw": RawFormat}
-_DESCRIPTIONS = {"llama3": "Llama 3", "llama2": "Llama 2", "raw": "Raw completion"}
+_DESCRIPTIONS = {"llama3": "Llama 3", "llama2": "Llama 2", "raw": "Raw completion", "template": "the model's template"}
 
 
 def _has_llama3_markers(tokenizer: Tokenizer) -> bool:
     return all(tokenizer.special_id(t) is not None for t in _LLAMA3_MARKERS)
 
 
-def chat_format_for(tokenizer: Tokenizer, *, template: str | None = None, override: str | None = None) -> ChatFormat:
+def chat_format_for(tokenizer: Tokenizer, *, template: str | None = None,
+                    override: str | None = None) -> ChatFormat | TemplateChatFormat:
     """The chat format to use for a model.
 
     ``override`` ("llama3", "llama2", "raw") forces one; None or "auto" decides from
     evidence, in order: a chat template's markers (``<|start_header_id|>`` -> Llama 3,
-    ``[INST]`` with ``<<SYS>>`` -> Llama 2), then the tokenizer's own Llama 3 special
-    tokens. Without evidence the answer is raw completion: a base model has no chat
+    ``[INST]`` with ``<<SYS>>`` -> Llama 2, another template that declares tools -> that
+    template, rendered), then the tokenizer's own Llama 3 special tokens. Without evidence the answer is raw completion: a base model has no chat
     format, and a Llama 2 vocabulary alone cannot tell a chat model from a base one.
     """
     if override is not None and override not in FORMAT_NAMES:
@@ -283,6 +287,8 @@ def chat_format_for(tokenizer: Tokenizer, *, template: str | None = None, overri
             return Llama3ChatFormat(tokenizer)
         if "[INST]" in template and "<<SYS>>" in template:
             return Llama2ChatFormat(tokenizer)
+        if declares_tools(template):
+            return TemplateChatFormat(tokenizer, template)
     if _has_llama3_markers(tokenizer):
         return Llama3ChatFormat(tokenizer)
     return RawFormat(tokenizer)

@@ -147,22 +147,20 @@ class ToolCalling:
         leave the arguments to the model; auto is not held at all.
         """
         check_choice(choice, self.tools)
-        tag = f"{self.start_token}? " if self.start_token else ""
         if choice == "none":
             return "start: ANY?\nANY: /(?s:.+)/\n"
         tools = [t for t in self.tools if choice in CHOICES or t.name == choice]
         if not constrained:
             if choice == "auto":
                 return None
-            opening, middle = _lark('{"name": '), _lark(', "parameters": ')
+            opening, middle = _lark('{"name": '), _lark(f', "{self.args_key}": ')
             names = " | ".join(_lark(json.dumps(t.name)) for t in tools)
-            return f"start: {tag}{opening} NAME {middle} REST\nNAME: {names}\nREST: /(?s:.+)/\n"
-        rules = [f"t{i}: %json {json.dumps(_call_schema(t), ensure_ascii=False)}" for i, t in enumerate(tools)]
-        body = "obj" if not self.parallel else 'obj | "[" obj (", " obj)* "]"'
-        lines = [f"call: {tag}({body})", "obj: " + " | ".join(f"t{i}" for i in range(len(tools))), *rules]
+            return f"start: {self._opening()}{opening} NAME {middle} REST\nNAME: {names}\nREST: /(?s:.+)/\n"
+        rules = [f"t{i}: %json {json.dumps(_call_schema(t, self.args_key), ensure_ascii=False)}"
+                 for i, t in enumerate(tools)]
+        lines = [self._call_rule(), "obj: " + " | ".join(f"t{i}" for i in range(len(tools))), *rules]
         if choice == "auto":
-            first = "[^{\\[\\s]" if self.parallel else "[^{\\s]"
-            lines = ["start: (TEXT | call)?", f"TEXT: /{first}(?s:.*)/", *lines]
+            lines = ["start: (TEXT | call)?", f"TEXT: /{self._answer_start()}(?s:.*)/", *lines]
         else:
             lines = ["start: call", *lines]
         text = "\n".join(lines) + "\n"
@@ -174,6 +172,22 @@ class ToolCalling:
     def parse(self, text: str) -> list[ToolCall]:
         """The calls a finished reply made (empty: it answered)."""
         return parse_calls(text, self.tools)
+
+    # The shape of a call in the Llama 3.1 format; formats read from a model's own template
+    # (core.prompt.template_format) say theirs.
+    args_key = "parameters"
+
+    def _opening(self) -> str:
+        """What may come before an unconstrained call's JSON."""
+        return f"{self.start_token}? " if self.start_token else ""
+
+    def _call_rule(self) -> str:
+        body = "obj" if not self.parallel else 'obj | "[" obj (", " obj)* "]"'
+        return f"call: {self._opening()}({body})"
+
+    def _answer_start(self) -> str:
+        """The first character of an answer (what cannot open a call)."""
+        return "[^{\\[\\s]" if self.parallel else "[^{\\s]"
 
 
 def closed(schema: object) -> object:
@@ -197,7 +211,7 @@ def closed(schema: object) -> object:
     return out
 
 
-def _call_schema(tool: Tool) -> dict:
+def _call_schema(tool: Tool, args_key: str = "parameters") -> dict:
     """``{"name": tool's name, "parameters": its schema}`` as one JSON schema (closed:
     :func:`closed`); the tool's ``$defs``/``definitions`` move to the root so its
     ``#/$defs/...`` references resolve."""
@@ -206,6 +220,6 @@ def _call_schema(tool: Tool) -> dict:
     for key in ("$defs", "definitions"):
         if key in params:
             root[key] = params.pop(key)
-    return {"type": "object", "properties": {"name": {"const": tool.name}, "parameters": params},
-            "required": ["name", "parameters"], "additionalProperties": False, **root,
+    return {"type": "object", "properties": {"name": {"const": tool.name}, args_key: params},
+            "required": ["name", args_key], "additionalProperties": False, **root,
             "x-guidance": dict(JSON_STYLE)}

@@ -18,9 +18,11 @@ from referencing.exceptions import Unresolvable
 
 from core.tools.spec import Tool, ToolCall
 
-__all__ = ["parse_calls", "check_arguments", "looks_like_call"]
+__all__ = ["parse_calls", "parse_tagged_calls", "check_arguments", "looks_like_call"]
 
 PYTHON_TAG = "<|python_tag|>"
+# Hermes / Qwen templates wrap each call: <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>
+TAGGED = ("<tool_call>", "</tool_call>")
 
 
 def looks_like_call(text: str) -> bool:
@@ -28,7 +30,7 @@ def looks_like_call(text: str) -> bool:
     s = text.lstrip()
     if s.startswith(PYTHON_TAG):
         s = s[len(PYTHON_TAG):].lstrip()
-    return s[:1] in ("{", "[")
+    return s[:1] in ("{", "[") or s.startswith(TAGGED[0])
 
 
 def _values(text: str) -> list:
@@ -68,6 +70,30 @@ def parse_calls(text: str, tools: Sequence[Tool]) -> list[ToolCall]:
         return []
     by_name = {t.name: t for t in tools}
     return [_call(v, by_name) for v in items]
+
+
+def parse_tagged_calls(text: str, tools: Sequence[Tool]) -> list[ToolCall]:
+    """The calls in ``<tool_call>``...``</tool_call>`` blocks (the Hermes / Qwen templates'
+    shape) anywhere in ``text``: such a reply may say something before its calls. A block
+    the reply did not close (cut off) is no call; one that is not a call object is said."""
+    by_name, calls = {t.name: t for t in tools}, []
+    open_, close = TAGGED
+    at = text.find(open_)
+    while at >= 0:
+        end = text.find(close, at)
+        if end < 0:
+            break
+        body = text[at + len(open_):end].strip()
+        try:
+            value = json.loads(body)
+        except (ValueError, RecursionError) as e:
+            value, error = None, f"the call is not valid JSON: {e}"
+        else:
+            error = "" if isinstance(value, dict) and isinstance(value.get("name"), str) else \
+                'a call is an object with a "name" and "arguments"'
+        calls.append(_call(value, by_name) if not error else ToolCall(_guess_name(body), raw=body, error=error))
+        at = text.find(open_, end)
+    return calls
 
 
 def _call(obj: dict, tools: dict[str, Tool]) -> ToolCall:
