@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench import llamacpp_node  # noqa: E402
+from bench import llamacpp_node, llamacpp_server  # noqa: E402
 
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K")
 #: engine name -> the child's --dtype (``llama.cpp`` runs llama-cpp-python instead)
@@ -61,10 +61,12 @@ def peer_available() -> tuple[bool, str]:
 def _llama_cpp_python() -> str:
     """'' when llama-cpp-python imports here, else why not."""
     try:
-        import llama_cpp  # noqa: F401  (imported to see that it is there)
-        return ""
-    except Exception as e:  # ImportError, or a broken shared library
-        return f"llama_cpp is not importable here ({type(e).__name__}: {e}); install the `bench` extra"
+        llamacpp_server.import_llama_cpp()
+    except ImportError as e:
+        return str(e)
+    if os.environ.get("LLAMA_CPP_LIB_PATH") == str(llamacpp_server.lib_dir()):  # the prebuilt library
+        return llamacpp_server.cpu_gap()  # the quantized files here would stop it (SIGILL)
+    return ""
 
 
 def model_args(dim: int, layers: int, vocab: int):
@@ -191,6 +193,7 @@ def measure_llama_cpp(file: Path, prompt: int, decode: int, threads: int) -> dic
     """The same measurements through llama-cpp-python's low-level eval/sample loop (greedy),
     with llama.cpp's own defaults for everything else (mmap, batch 512) except
     ``use_extra_bufts``: see :data:`LLAMA_CPP_NOTE`."""
+    llamacpp_server.import_llama_cpp()  # binds the prebuilt library first
     import llama_cpp.llama as lc
     from llama_cpp import Llama
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from gguf import GGUFReader
 
+from bench.llamacpp_server import import_llama_cpp
 from core.checkpoints import load
 from core.checkpoints.convert import convert
 from core.checkpoints.meta import save_meta
@@ -103,8 +104,10 @@ def test_the_converted_file_gives_the_hf_tokenizers_ids_and_the_same_logits(llam
 
 
 def test_llama_cpp_reads_the_same_ids(converted, llama3_hf):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install "
-                                    "llama-cpp-python, ~30 min to build): llama.cpp's reading of the file is unchecked")
+    try:
+        llama_cpp = import_llama_cpp()  # bound to the prebuilt libllama of the bench extra
+    except ImportError as e:
+        pytest.skip(f"llama.cpp's reading of the file is unchecked: {e}")
     reference = TiktokenTokenizer(llama3_hf[1])
     llm = llama_cpp.Llama(str(converted), vocab_only=True, verbose=False)
     for text in texts(seed=9, n=60):
