@@ -9,8 +9,8 @@
    the usual Python peer) over the same passages, same queries.
 3. Retrieval quality: recall@5 on known-item questions built from the passages themselves
    (a question is 6 words picked in order from a 12-word window of one passage; the answer
-   is that passage), for BM25, dense (the demo model's mean-pooled last hidden state: a
-   tiny model, so a floor, not a claim), hybrid (RRF) and rank-bm25.
+   is that passage), for BM25, dense (WordLlama l2_supercat, the embedding model whose
+   weights ship in its wheel), hybrid (RRF of the two) and rank-bm25.
 4. Memory: peak RSS above the baseline while indexing a big folder (goal < 300 MB above it
    for 1 GB).
 
@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from core.documents.chunk import approx_tokens, chunk_document  # noqa: E402
 from core.documents.collect import index_collection  # noqa: E402
+from core.documents.embedders import wordllama_embedder  # noqa: E402
 from core.documents.extract import Document, Section  # noqa: E402
 from core.documents.index import DocumentIndex  # noqa: E402
 from core.documents.retrieve import Retriever  # noqa: E402
@@ -183,32 +184,6 @@ def latency(ix: DocumentIndex, qs: list[str], peer_search, peer_queries: int) ->
             "peer_p50_ms": _pct(theirs, .5) * 1e3, "peer_p99_ms": _pct(theirs, .99) * 1e3, "peer_queries": len(theirs)}
 
 
-class DemoEmbedder:
-    """The demo model's last layer output, mean-pooled over the passage's first 64 tokens:
-    deterministic, local, tiny (dim 128). Batched with right padding (causal attention: a
-    position never sees the padding after it)."""
-
-    def __init__(self):
-        import torch  # why: only the dense measurement needs the model
-        from core.checkpoints import load
-        self.torch = torch
-        self.lm = load(ROOT / "assets" / "models" / "llamadesk-demo", device="cpu", dtype="float32")
-        self.name = "bench:llamadesk-demo-meanpool64"
-        self._h = None
-        self.lm.model.layers[-1].register_forward_hook(lambda m, i, o: setattr(self, "_h", o))
-
-    def embed(self, texts):
-        torch = self.torch
-        ids = [self.lm.tokenizer.encode(t, bos=True)[:64] for t in texts]
-        width = max(len(x) for x in ids)
-        batch = torch.tensor([x + [0] * (width - len(x)) for x in ids])
-        lens = torch.tensor([len(x) for x in ids]).view(-1, 1)
-        with torch.inference_mode():
-            self.lm.model(batch, last_only=True)
-        keep = (torch.arange(width).view(1, -1) < lens).unsqueeze(-1)
-        return ((self._h * keep).sum(1) / lens).float().numpy()
-
-
 def recall(ix: DocumentIndex, qs: list[tuple[str, int]], peer_search, embedder) -> dict:
     scope = [r[0] for r in ix.q("SELECT id FROM doc_blobs")]
     out = {}
@@ -222,7 +197,7 @@ def recall(ix: DocumentIndex, qs: list[tuple[str, int]], peer_search, embedder) 
         out[mode] = sum(cid in [h.chunk_id for h in r.ranked(q, scope, 5, mode)] for q, cid in qs) / len(qs)
     out["rank_bm25"] = sum(cid in peer_search(q, 5) for q, cid in qs) / len(qs)
     out.update(questions=len(qs), passages=ix.q("SELECT count(*) FROM doc_chunks")[0][0],
-               embedded=embedded, embed_s=embed_s)
+               embedded=embedded, embed_s=embed_s, embedder=embedder.name if embedder else None)
     return out
 
 
@@ -274,7 +249,7 @@ def run(quick: bool = False, threads: int | None = None, big_mb: float | None = 
         index_throughput(tmp / "qual", tmp / "qual.sqlite3")
         qx = DocumentIndex(tmp / "qual.sqlite3")
         search, build = peer(qx)
-        data["quality"] = recall(qx, questions(qx, 50 if quick else 300), search, DemoEmbedder())
+        data["quality"] = recall(qx, questions(qx, 50 if quick else 300), search, wordllama_embedder())
         data["quality"]["peer_build_s"] = build
         qx.close()
         _say(f"quality: {data['quality']}")
@@ -336,7 +311,7 @@ def markdown(d: dict) -> str:
                      f"| {r['index_build_s']:.1f} | {r['peer_build_s']:.1f} |")
     lines += ["", f"Recall@5 over {q['questions']} known-item questions on {q['passages']:,} real passages: "
               + ", ".join(f"{k} **{q[k]:.2f}**" for k in ("bm25", "dense", "hybrid", "rank_bm25") if k in q)
-              + f" (dense: the demo model mean-pooled, {q['embedded']} passages embedded in {q['embed_s']:.0f} s).",
+              + f" (dense: {q['embedder']}, {q['embedded']} passages embedded in {q['embed_s']:.1f} s).",
               "", f"Memory: indexing {m['mb']:.0f} MB in {m['files']} files took peak RSS **{m['peak_above_mb']:.0f} MB** "
               f"above the {m['baseline_mb']:.0f} MB baseline ({m['mb_s']:.2f} MB/s)."]
     return "\n".join(lines)

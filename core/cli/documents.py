@@ -15,7 +15,8 @@ from core.documents.collect import index_collection
 from core.documents.extract import DocumentError
 from core.documents.ground import Grounding, default_budget, ground
 from core.documents.index import DocumentIndex
-from core.documents.retrieve import MODES, Retriever, fastembed_embedder
+from core.documents.embedders import DEFAULT_EMBEDDER, EMBEDDERS, load_embedder
+from core.documents.retrieve import MODES, Retriever
 from core.errors import SettingsError
 
 #: the budget for documents when the model's context is unknown (a server's model)
@@ -38,8 +39,15 @@ def add_document_opts(p) -> None:
                    help="tokens the documents may take (default: half the model's context)")
     p.add_argument("--passages", type=int, default=None, metavar="K", help="retrieve at most K passages")
     p.add_argument("--retrieval", default="bm25", choices=MODES,
-                   help="how passages are found (dense and hybrid need fastembed and a downloaded model)")
+                   help="how passages are found: BM25 (words), dense (an embedding model) or both fused")
+    add_embedder_opt(p)
     add_store_opt(p)
+
+
+def add_embedder_opt(p) -> None:
+    p.add_argument("--embedder", default=DEFAULT_EMBEDDER, choices=list(EMBEDDERS),
+                   help="the embedding model of dense and hybrid retrieval: "
+                        + "; ".join(f"{k}: {v}" for k, v in EMBEDDERS.items()) + f" (default {DEFAULT_EMBEDDER})")
 
 
 def documents_parser(sub) -> None:
@@ -55,6 +63,7 @@ def documents_parser(sub) -> None:
                    help="search this indexed folder (repeatable; default: every collection)")
     s.add_argument("-k", type=int, default=5, help="passages to show (default 5)")
     s.add_argument("--mode", default="bm25", choices=MODES)
+    add_embedder_opt(s)
     verbs.add_parser("list", help="the indexed folders")
     r = verbs.add_parser("remove", help="forget an indexed folder (its files are not touched)")
     r.add_argument("folder")
@@ -67,14 +76,13 @@ def _open(args) -> DocumentIndex:
     return DocumentIndex(args.store)
 
 
-def _embedder(mode: str):
+def _embedder(mode: str, name: str = DEFAULT_EMBEDDER):
     if mode == "bm25":
         return None
-    emb = fastembed_embedder()
-    if emb is None:
-        raise SettingsError(f"{mode} retrieval needs an embedding model: install fastembed and download "
-                            "BAAI/bge-small-en-v1.5 (nothing is fetched here)")
-    return emb
+    try:
+        return load_embedder(name)
+    except DocumentError as e:
+        raise SettingsError(str(e)) from None
 
 
 def cmd_documents(args) -> int:
@@ -130,9 +138,10 @@ def _search(ix: DocumentIndex, args) -> int:
     if not args.query.strip():
         raise SettingsError("QUERY is empty: give the words to search for")
     ids = _collection_ids(ix, args.collection)
-    hits = Retriever(ix, _embedder(args.mode)).search(args.query, collections=ids, k=args.k, mode=args.mode)
+    hits = Retriever(ix, _embedder(args.mode, args.embedder)).search(args.query, collections=ids, k=args.k, mode=args.mode)
     if args.json:
-        print(json.dumps({"query": args.query, "mode": args.mode, "hits": [
+        print(json.dumps({"query": args.query, "mode": args.mode,
+                          **({"embedder": args.embedder} if args.mode != "bm25" else {}), "hits": [
             {"chunk_id": h.chunk_id, "score": h.score, "source": h.source, "page": h.page,
              "line_start": h.line_start, "line_end": h.line_end, "heading": h.heading, "where": h.where(),
              "text": h.text} for h in hits]}, ensure_ascii=False))
@@ -184,7 +193,7 @@ def grounded_prompt(args, counter=None, context: int | None = None) -> Grounding
     budget = args.doc_budget or default_budget(context or REMOTE_CONTEXT)
     with _open(args) as ix:
         return ground(args.prompt, ix, attachments=args.attach, collections=args.collection, budget_tokens=budget,
-                      count_tokens=count, k=args.passages, mode=args.retrieval, embedder=_embedder(args.retrieval))
+                      count_tokens=count, k=args.passages, mode=args.retrieval, embedder=_embedder(args.retrieval, args.embedder))
 
 
 def say_grounding(g: Grounding) -> None:

@@ -10,12 +10,14 @@ from PySide6.QtGui import QActionGroup
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QMenu, QToolButton, QVBoxLayout, QWidget
 
 from core.documents import MODES, kind_of
+from core.documents.embedders import EMBEDDERS
 
 from gui import theme
 from gui.chat.attachments import SHARES, TOP_K, Attachments
 from gui.dialogs.collections import CollectionsController, CollectionsDialog
 
 MODE_NAMES = {"bm25": "BM25 (words)", "dense": "Dense (embedding model)", "hybrid": "Hybrid (both, fused)"}
+EMBEDDER_NAMES = {"wordllama": "WordLlama (built in)", "bge-small": "bge-small (fastembed)"}
 FILTER = ("Documents (*.txt *.md *.markdown *.pdf *.docx *.html *.htm *.rst *.csv *.log *.py *.js *.ts *.c *.h "
           "*.cpp *.rs *.go *.java *.json *.yaml *.yml *.toml);;All files (*)")
 
@@ -137,6 +139,11 @@ class AttachBar(QWidget):
             m.addAction("No collections yet").setEnabled(False)
         m.addSeparator()
         self._choices(m.addMenu("Retrieval"), [(MODE_NAMES[x], x) for x in MODES], "mode")
+        models = m.addMenu("Embedding Model")
+        models.setToolTipsVisible(True)
+        self._choices(models, [(EMBEDDER_NAMES.get(x, x), x) for x in EMBEDDERS], "embedder")
+        for act, name in zip(models.actions(), EMBEDDERS):
+            act.setToolTip(EMBEDDERS[name])
         self._choices(m.addMenu("Passages"), [(f"Top {k}" if k else "As many as fit", k) for k in TOP_K], "k")
         self._choices(m.addMenu("Documents Budget"), list(SHARES), "share")
         m.addSeparator()

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
 
-from core.documents import DocumentError, DocumentIndex, approx_tokens, fastembed_embedder, ground, kind_of
+from core.documents import DocumentError, DocumentIndex, approx_tokens, ground, kind_of
+from core.documents.embedders import DEFAULT_EMBEDDER, load_embedder
 
 from gui.chat import grounded
 
@@ -50,7 +51,8 @@ class Attachments(QObject):
         files: the attached files, in the order attached.
         collections: roots of the collections to search.
         mode: retrieval mode (bm25 | dense | hybrid) and ``k``: most passages (None: as many
-            as fit); ``share``: the documents budget, a share of the context (half by default).
+            as fit); ``share``: the documents budget, a share of the context (half by default);
+            ``embedder``: the embedding model of dense and hybrid (core.documents.embedders).
 
     Signals:
         changed(): files or collections changed (a chip's state too).
@@ -67,7 +69,7 @@ class Attachments(QObject):
         self._index: DocumentIndex | None = None
         self.files: list[Attached] = []
         self.collections: list[str] = []
-        self.mode, self.k, self.share = "bm25", None, SHARES[0][1]
+        self.mode, self.k, self.share, self.embedder = "bm25", None, SHARES[0][1], DEFAULT_EMBEDDER
         self._reads: set[asyncio.Future] = set()
 
     @property
@@ -134,9 +136,13 @@ class Attachments(QObject):
         if len(self.files) + len(self.collections) != n:
             self.changed.emit()
 
-    def configure(self, *, mode: str | None = None, k=..., share: float | None = None) -> None:
+    def configure(self, *, mode: str | None = None, k=..., share: float | None = None,
+                  embedder: str | None = None) -> None:
         """How the next message retrieves: ``mode`` (bm25 | dense | hybrid), ``k`` (most
-        passages; None: as many as fit), ``share`` (the documents budget, of the context)."""
+        passages; None: as many as fit), ``share`` (the documents budget, of the context),
+        ``embedder`` (the embedding model dense and hybrid use)."""
+        if embedder is not None:
+            self.embedder = embedder
         if mode is not None:
             self.mode = mode
         if k is not ...:
@@ -162,8 +168,8 @@ class Attachments(QObject):
             raise DocumentError("none of the attached files can be read: " +
                                 "; ".join(f"{a.name}: {a.detail}" for a in self.files))
         budget = max(1, int((context_length or 4096) * self.share))
-        # dense and hybrid need an embedding model already on disk (nothing is downloaded)
-        embedder = await asyncio.to_thread(fastembed_embedder) if self.mode != "bm25" else None
+        # dense and hybrid: an embedding model already on disk (nothing is downloaded), loaded once
+        embedder = await asyncio.to_thread(load_embedder, self.embedder) if self.mode != "bm25" else None
         g = await asyncio.to_thread(ground, question, self.index, attachments=usable, collections=list(self.collections),
                                     budget_tokens=budget, count_tokens=self.count_tokens(), k=self.k, mode=self.mode,
                                     embedder=embedder)

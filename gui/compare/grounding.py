@@ -16,11 +16,20 @@ import os
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSpinBox, QWidget
 
-from core.documents import MODES, DocumentError, default_budget, fastembed_embedder, ground
+from core.documents import MODES, DocumentError, default_budget, ground
+from core.documents.embedders import DEFAULT_EMBEDDER, EMBEDDERS, load_embedder
 
 NONE = "none"
 ATTACHED = "attached"
 MODE_NAMES = {"bm25": "BM25", "dense": "dense", "hybrid": "hybrid"}
+EMBEDDER_NAMES = {"wordllama": "WordLlama", "bge-small": "bge-small"}
+#: the lane's retrieval choices: (mode, embedding model) — BM25 needs none
+CHOICES = [("bm25", "")] + [(m, e) for m in MODES if m != "bm25" for e in EMBEDDERS]
+
+
+def _mode_name(mode: str, embedder: str = "") -> str:
+    name = MODE_NAMES.get(mode, mode)
+    return f"{name} · {EMBEDDER_NAMES.get(embedder, embedder)}" if mode != "bm25" and embedder else name
 
 #: The app's attachments and collections lanes choose from (an object with ``files``, each
 #: with ``path`` and ``state``, and ``index``: the chat's :class:`gui.chat.attachments.Attachments`).
@@ -32,7 +41,9 @@ def spec_key(spec: dict | None) -> tuple:
     """What makes two lanes grounded alike (they can then share one request)."""
     if not spec or spec.get("documents", NONE) == NONE:
         return ()
-    return spec["documents"], int(spec.get("k") or 0), spec.get("mode", "bm25")
+    mode = spec.get("mode", "bm25")
+    return (spec["documents"], int(spec.get("k") or 0), mode,
+            spec.get("embedder") or DEFAULT_EMBEDDER if mode != "bm25" else "")
 
 
 def describe(spec: dict | None, summary: str = "") -> str:
@@ -43,7 +54,9 @@ def describe(spec: dict | None, summary: str = "") -> str:
     d = spec["documents"]
     what = "Attached files" if d == ATTACHED else f"{os.path.basename(d.split(':', 1)[1].rstrip('/'))} (collection)"
     k = int(spec.get("k") or 0)
-    head = f"{what} · {f'top {k}' if k else 'as many as fit'} · {MODE_NAMES.get(spec.get('mode'), spec.get('mode'))}"
+    mode = spec.get("mode", "bm25")
+    how = _mode_name(mode, spec.get("embedder") or DEFAULT_EMBEDDER)
+    head = f"{what} · {f'top {k}' if k else 'as many as fit'} · {how}"
     return f"{head}: {summary}" if summary else head
 
 
@@ -78,11 +91,12 @@ class LaneDocuments(QWidget):
         row.addWidget(self.k)
         self.mode = QComboBox(self)
         self.mode.setObjectName("laneDocumentsMode")
-        for m in MODES:
-            self.mode.addItem(MODE_NAMES.get(m, m), m)
+        for m, e in CHOICES:
+            self.mode.addItem(_mode_name(m, e), f"{m}:{e}")
         self.mode.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.mode.setMinimumContentsLength(4)
-        self.mode.setToolTip("Retrieval: BM25 (words), dense (an embedding model), or both fused")
+        self.mode.setToolTip("Retrieval: BM25 (words), dense (an embedding model: WordLlama is built in), "
+                             "or both fused")
         row.addWidget(self.mode)
         for w in (self.k, self.mode):
             w.valueChanged.connect(self.changed) if isinstance(w, QSpinBox) else w.currentIndexChanged.connect(
@@ -123,7 +137,9 @@ class LaneDocuments(QWidget):
         """The lane's grounding (None: no documents)."""
         if self.source.currentData() in (None, NONE):
             return None
-        return {"documents": self.source.currentData(), "k": self.k.value(), "mode": self.mode.currentData()}
+        mode, embedder = str(self.mode.currentData()).split(":", 1)
+        return {"documents": self.source.currentData(), "k": self.k.value(), "mode": mode,
+                **({"embedder": embedder} if embedder else {})}
 
     def set_spec(self, spec: dict | None) -> None:
         spec = spec or {}
@@ -133,7 +149,9 @@ class LaneDocuments(QWidget):
             i = self.source.count() - 1
         self.source.setCurrentIndex(max(0, i))
         self.k.setValue(int(spec.get("k") or 0))
-        self.mode.setCurrentIndex(max(0, self.mode.findData(spec.get("mode", "bm25"))))
+        mode = spec.get("mode", "bm25")
+        embedder = (spec.get("embedder") or DEFAULT_EMBEDDER) if mode != "bm25" else ""
+        self.mode.setCurrentIndex(max(0, self.mode.findData(f"{mode}:{embedder}")))
 
 
 async def grounded_messages(messages: list[dict], spec: dict, context: int, source=None) -> tuple[list[dict], str]:
@@ -152,8 +170,9 @@ async def grounded_messages(messages: list[dict], spec: dict, context: int, sour
         raise DocumentError("no readable file is attached in the chat: attach some there first")
     question = str(messages[last].get("content") or "")
     mode = spec.get("mode", "bm25")
-    # dense and hybrid need an embedding model already on disk (nothing is downloaded here)
-    embedder = await asyncio.to_thread(fastembed_embedder) if mode != "bm25" else None
+    # dense and hybrid: an embedding model already on disk (nothing is downloaded here)
+    name = spec.get("embedder") or DEFAULT_EMBEDDER
+    embedder = await asyncio.to_thread(load_embedder, name) if mode != "bm25" else None
     g = await asyncio.to_thread(ground, question, source.index, attachments=files, collections=colls,
                                 budget_tokens=default_budget(context or 4096), k=int(spec.get("k") or 0) or None,
                                 count_tokens=source.count_tokens(), mode=mode, embedder=embedder)

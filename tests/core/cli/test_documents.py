@@ -32,12 +32,27 @@ def test_index_search_list_remove(capsys, tmp_path, folder):
     assert rc == 0 and run_cli(capsys, "documents", "list", "--json", *store)[1].strip() == '{"collections": []}'
 
 
+def test_dense_and_hybrid_search_with_the_shipped_embedding_model(capsys, tmp_path, folder):
+    """WordLlama's weights ship in its wheel: dense retrieval with no download; a question
+    that shares no word with the passage (BM25 finds nothing) still finds it."""
+    pytest.importorskip("wordllama")
+    store = ["--store", tmp_path / "h.sqlite3"]
+    run_cli(capsys, "documents", "index", folder, *store)
+    question = "which animal sleeps holding paws"
+    assert json.loads(run_cli(capsys, "documents", "search", question, "--json", *store)[1])["hits"] == []
+    for mode in ("dense", "hybrid"):
+        rc, out, err = run_cli(capsys, "documents", "search", question, "--mode", mode, "-k", "1", "--json", *store)
+        obj = json.loads(out)
+        assert rc == 0 and obj["embedder"] == "wordllama" and obj["hits"][0]["where"] == "zoo.md, lines 5-7", err
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["documents", "index", "/no/such/folder"], "is not a folder"),
     (["documents", "remove", "/no/such/folder"], "is not an indexed collection"),
     (["documents", "search", "q", "--collection", "/no/such"], "is not an indexed collection"),
     (["documents", "search", "q", "-k", "0"], "-k must be at least 1"),
-    (["documents", "search", "q", "--mode", "dense"], "needs an embedding model"),
+    (["documents", "search", "q", "--mode", "dense", "--embedder", "bge-small"], "needs an embedding model"),
+    (["documents", "search", "q", "--mode", "dense", "--embedder", "nope"], "invalid choice: 'nope'"),
     (["documents", "index", ".", "--chunk-tokens", "2"], "--chunk-tokens must be at least 8"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, msg):

@@ -1,10 +1,12 @@
 """BM25, dense through a pluggable embedder (cached by passage), hybrid by RRF."""
 import hashlib
+import importlib.util
 import re
 
 import numpy as np
 import pytest
 
+from core.documents.embedders import load_embedder
 from core.documents.extract import DocumentError
 from core.documents.retrieve import Retriever, rrf
 
@@ -65,3 +67,25 @@ def test_modes_without_an_embedder_are_refused(ix, zoo):
         Retriever(ix).search("x", blobs=[zoo.id], mode="dense")
     with pytest.raises(DocumentError, match="must be one of"):
         Retriever(ix).search("x", blobs=[zoo.id], mode="magic")
+
+
+def test_the_shipped_embedding_model_finds_passages_by_meaning(ix, zoo):
+    """WordLlama (weights inside its wheel, nothing downloaded): unit vectors, one cache
+    name, and questions sharing no word with their passage answered by meaning."""
+    pytest.importorskip("wordllama")
+    emb = load_embedder("wordllama")
+    assert emb is load_embedder("wordllama") and emb.name == "wordllama:l2_supercat_256"
+    v = emb.embed(["a puppy", "a young dog", "income tax law"])
+    assert v.shape == (3, 256) and np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-4)
+    assert v[0] @ v[1] > v[0] @ v[2]
+    r = Retriever(ix, emb)
+    for question, heading in (("which animal sleeps holding paws", "Otters"), ("birds that imitate talking", "Birds")):
+        assert r.search(question, blobs=[zoo.id], k=1, mode="dense")[0].heading == heading
+
+
+def test_an_unknown_or_missing_embedding_model_says_so():
+    with pytest.raises(DocumentError, match="must be one of wordllama, bge-small"):
+        load_embedder("word2vec")
+    if importlib.util.find_spec("fastembed") is None:
+        with pytest.raises(DocumentError, match="install fastembed"):
+            load_embedder("bge-small")

@@ -2,6 +2,7 @@
 be), the question sent grounded in them, bad files refused inline; real files written here."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -173,7 +174,7 @@ def test_retrieval_settings_decide_how_much_is_read(loop, qtbot, files, tmp_path
     bar.attach(a)
     bar.collections_menu.aboutToShow.emit()
     sub = {act.text(): act.menu() for act in bar.collections_menu.actions() if act.menu()}
-    assert set(sub) == {"Retrieval", "Passages", "Documents Budget"}
+    assert set(sub) == {"Retrieval", "Embedding Model", "Passages", "Documents Budget"}
     next(x for x in sub["Passages"].actions() if x.text() == "Top 3").trigger()
     assert a.k == 3
     rec = run(loop, a.ground("Where is the watering can?", 2048))
@@ -181,6 +182,12 @@ def test_retrieval_settings_decide_how_much_is_read(loop, qtbot, files, tmp_path
     assert g["mode"] == "retrieved" and g["used"] == 3 and "behind the shed" in g["prompt"]
     assert grounded.summary(rec) == f"3 of {g['total']} passages used"
     next(x for x in sub["Retrieval"].actions() if x.text().startswith("Dense")).trigger()
+    if importlib.util.find_spec("wordllama"):  # the built-in embedding model: no download
+        rec = run(loop, a.ground("Where is the watering can?", 2048))
+        g = rec[grounded.META_KEY]["grounding"]
+        assert a.embedder == "wordllama" and g["used"] == 3 and "behind the shed" in g["prompt"]
+    next(x for x in sub["Embedding Model"].actions() if x.text().startswith("bge")).trigger()
+    assert a.embedder == "bge-small"
     with pytest.raises(DocumentError, match="embedding model"):
         run(loop, a.ground("Where is the watering can?", 2048))
     a.close()

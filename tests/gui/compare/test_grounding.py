@@ -78,8 +78,15 @@ def test_lane_column_offers_the_chats_documents_and_labels_its_grounding(qtbot, 
     assert [docs.source.itemData(i) for i in range(docs.source.count())] == ["none", "attached"]
     assert docs.spec() is None and not docs.k.isEnabled()
     docs.set_spec({"documents": "attached", "k": 4, "mode": "hybrid"})
-    assert docs.spec() == {"documents": "attached", "k": 4, "mode": "hybrid"} and docs.k.isEnabled()
-    assert "top 4" in grounding.describe(docs.spec(), "4 of 9 passages used")
+    assert docs.spec() == {"documents": "attached", "k": 4, "mode": "hybrid", "embedder": "wordllama"}
+    assert docs.k.isEnabled() and docs.mode.currentText() == "hybrid · WordLlama"
+    assert "top 4 · hybrid · WordLlama: 4 of 9" in grounding.describe(docs.spec(), "4 of 9 passages used")
+    # the embedding model is picked with the mode; lanes differing only in it are not grouped
+    docs.mode.setCurrentIndex(docs.mode.findText("dense · bge-small"))
+    assert docs.spec()["embedder"] == "bge-small" and docs.spec()["mode"] == "dense"
+    assert grounding.spec_key(docs.spec()) != grounding.spec_key({**docs.spec(), "embedder": "wordllama"})
+    docs.set_spec({"documents": "attached", "k": 4, "mode": "bm25"})
+    assert "embedder" not in docs.spec() and docs.mode.currentText() == "BM25"
     assert grounding.describe(None) == "No documents"
 
 
