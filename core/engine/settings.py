@@ -206,7 +206,8 @@ SETTINGS: tuple[Setting, ...] = (
     # ones, or tool_choice auto beside required, on one prompt. Servers take tool_choice only.
     Setting("tool_choice", str, "auto", "Tool choice",
             "Whether the reply may call the declared tools: auto (the model decides), none, required, "
-            "or a tool's name (that one).", flag=True, lane=True, short="tools"),
+            "or a tool's name (that one); a comparison lane may also be off (the tools left out of its prompt).",
+            flag=True, lane=True, short="tools"),
     Setting("tool_constraint", bool, True, "Constrained calls",
             "Hold a tool call to its tool's schema while the model writes it (off: see what it writes unaided).",
             backends=_APP, flag=True, lane=True, short="calls held"),

@@ -34,11 +34,14 @@ from core.errors import SettingsError
 from core.tools.parse import parse_calls
 from core.tools.spec import Tool, ToolCall, ToolError
 
-__all__ = ["ToolCalling", "CHOICES", "check_choice", "call_text", "tools_text", "result_text",
+__all__ = ["ToolCalling", "CHOICES", "OFF", "check_choice", "call_text", "tools_text", "result_text",
            "SYSTEM_TOOLS_INTRO", "USER_TOOLS_INTRO", "preamble"]
 
 #: tool_choice's words; anything else names one function.
 CHOICES = ("auto", "none", "required")
+#: A comparison lane's own word (never a request's): the tools are left out of its prompt,
+#: so the lane sees the conversation as a model without tools would (none only masks calls).
+OFF = "off"
 PYTHON_TAG = "<|python_tag|>"
 KNOWLEDGE = "Cutting Knowledge Date: December 2023\n"
 _FORMAT = ('Respond in the format {"name": function name, "parameters": dictionary of argument name '
@@ -107,6 +110,9 @@ def check_choice(choice: object, tools: Sequence[Tool]) -> str:
     """``choice`` when it is auto / none / required or names a declared tool."""
     if not isinstance(choice, str) or not choice:
         raise ToolError(f"tool_choice must be auto, none, required or a tool's name, got {choice!r:.60}")
+    if choice == OFF and OFF not in {t.name for t in tools}:
+        raise ToolError("tool_choice off leaves the tools out of the prompt: send this request without tools, "
+                        "or use none")
     if choice in CHOICES:
         if choice == "required" and not tools:
             raise ToolError("tool_choice is required, but no tools are declared")

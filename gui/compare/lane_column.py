@@ -21,6 +21,7 @@ from gui import theme
 from gui.widgets.stats import format_stats
 from gui.compare.grounding import LaneDocuments
 from gui.compare.lanes import calls_label, divergence_label, lane_diff
+from gui.compare.lane_tools import LaneTools
 from gui.compare.models import LaneModel
 from gui.settings.output_format import CONSTRAINT_HINTS, CONSTRAINT_KINDS
 from gui.settings.speculative import SpeculativeControls
@@ -125,6 +126,9 @@ class LaneColumn(QFrame):
         self._bias_row(lay)
         self.documents = LaneDocuments(self)  # what the lane's question is grounded in
         lay.addWidget(self.documents)
+        self.tools = LaneTools(self)  # shown when the comparison offers tools (view.set_tools)
+        self.tools.changed.connect(self.settingsChanged)
+        lay.addWidget(self.tools)
         self._editable = (True, False)  # set_editable's: editable, seed locked
         self.set_settings(settings)
         for w in self.fields.values():
@@ -384,6 +388,7 @@ class LaneColumn(QFrame):
             d = {"constraint": None, "logit_bias_text": [], "lookup": 0, "draft": ""}
         else:
             d = {"constraint": self.constraint(), "logit_bias_text": self.logit_bias(), **self.speculative.values()}
+        d.update(self.tools.values())
         for key, w in self.fields.items():
             v = w.value()
             if key == "seed":
@@ -396,6 +401,7 @@ class LaneColumn(QFrame):
         return d
 
     def set_settings(self, d: dict) -> None:
+        self.tools.apply(d)
         if "constraint" in d:
             c = d["constraint"] if isinstance(d["constraint"], dict) else {}
             for w in (self.constraint_kind, self.constraint_text):
@@ -464,6 +470,7 @@ class LaneColumn(QFrame):
 
     def set_editable(self, on: bool, seed_locked: bool) -> None:
         self.model_combo.setEnabled(on)
+        self.tools.setEnabled(on)
         self._editable = (on, seed_locked)
         self._show_beams()
         for b in (self.left_button, self.right_button, self.dup_button, self.remove_button):

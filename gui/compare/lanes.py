@@ -8,6 +8,7 @@ import html
 import json
 
 from core.engine.lanes import TokenDiff, text_diff, token_diff
+from core.prompt.tool_format import OFF
 
 from gui.widgets.token_run import LaneRun, TokenRec
 
@@ -71,12 +72,29 @@ def _show(calls: list[tuple[str, object]]) -> str:
     return ", ".join(html.escape(n) for n, _ in calls)
 
 
+def _tools_off(run: LaneRun) -> bool:
+    return (run.params or {}).get("tool_choice") == OFF
+
+
 def calls_label(run: LaneRun, base: LaneRun, colors: dict) -> str:
-    """Where the lane's tool calls differ from the baseline's ("" when neither called):
-    one answered and the other called, other tools, or the same tools with other arguments
-    (which ones)."""
+    """Where the lane's tool calls differ from the baseline's ("" when neither called and
+    both had the tools): one answered and the other called, other tools, or the same tools
+    with other arguments (which ones); first, when one of them had its tools off (left out
+    of its prompt, not only its calls masked), that it did."""
+    if not (run.finished and base.finished):
+        return ""
+    calls = _calls_differ(run, base, colors)
+    if _tools_off(run) == _tools_off(base):
+        return calls
+    mark = f"color: {colors['mark']}; font-weight: 600;"
+    whose = "this lane's prompt" if _tools_off(run) else "the baseline's prompt"
+    note = f"<span style='{mark}'>Tools off</span>: {whose} declares no tools"
+    return f"{note} · {calls}" if calls else note
+
+
+def _calls_differ(run: LaneRun, base: LaneRun, colors: dict) -> str:
     mine, theirs = [_call(c) for c in run.tool_calls], [_call(c) for c in base.tool_calls]
-    if not (mine or theirs) or not (run.finished and base.finished):
+    if not (mine or theirs):
         return ""
     if mine == theirs:
         return f"Same tool calls as the baseline: {_show(mine)}"

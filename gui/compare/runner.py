@@ -21,6 +21,7 @@ from core.documents import DocumentError
 from core.engine.events import Done, Prefilled
 from core.engine.lanes import MAX_LANES
 from core.engine.settings import SamplingParams
+from core.prompt.tool_format import OFF
 from core.tools.spec import tools_from_openai
 from core.remote.runner import describe_error
 from core.worker.protocol import CompareRequest, Error, Prompted
@@ -134,23 +135,31 @@ def base_request(prompt: dict, inspect: int) -> CompareRequest:
 
 def running_line(jobs: list[LaneJob]) -> str:
     """The status line while a run goes: 'Running 3 lanes on 2 models…'."""
-    models = len(plan(jobs))
+    models = len({_key(job, tools=False) for job in jobs})  # lanes with tools off run on the same model
     return f"Running {len(jobs)} lanes" + (f" on {models} models" if models > 1 else "") + "…"
 
 
 def plan(jobs: list[LaneJob]) -> list[Group]:
-    """The requests of a run: one per model and grounding, and one per branched lane."""
+    """The requests of a run: one per model, grounding and tools on/off, and one per
+    branched lane. Lanes with tools off share a prompt that declares none."""
     groups: dict[tuple, list[int]] = {}
     for k, job in enumerate(jobs):
-        key = ("branch", id(job)) if job.branch else (job.model.group, spec_key(job.documents))
-        groups.setdefault(key, []).append(k)
+        groups.setdefault(_key(job), []).append(k)
     out = []
     for lanes in groups.values():
         b = jobs[lanes[0]].branch
         extra = {"reply_prefix": b["kept"].ids, "forced": [b["token_id"]],
                  "prompt_ids": b.get("prompt_ids", []), "stop_ids": b.get("stop_ids", [])} if b else {}
+        if jobs[lanes[0]].params.tool_choice == OFF:
+            extra["tools"] = []
         out.append(Group(jobs[lanes[0]].model, lanes, extra))
     return out
+
+
+def _key(job: LaneJob, tools: bool = True) -> tuple:
+    if job.branch:
+        return ("branch", id(job))
+    return (job.model.group, spec_key(job.documents)) + ((job.params.tool_choice == OFF,) if tools else ())
 
 
 def missing_drafts(model: LaneModel, lanes: list[SamplingParams]) -> list[int]:

@@ -180,6 +180,7 @@ class CompareView(QWidget):
         col.tokenClicked.connect(self._token_clicked)
         col.modelChosen.connect(lambda index, c=col: self.picker.choose(c, index))
         col.set_models(self.models, model)
+        col.tools.set_tools([str((t.get("function") or {}).get("name", "")) for t in self._tools])
         self.columns.insert(len(self.columns) if at is None else at, col)
         self._relayout()
         return col

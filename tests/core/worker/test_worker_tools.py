@@ -34,3 +34,11 @@ def test_a_reply_calls_and_a_comparison_holds_one_lane(make_worker):
     assert off.text.startswith('{"name": "note", "parameters": ') and off.params.tool_constraint is False
     bad = col.finished(w.generate(GenerateRequest(messages=ASK, tools=[NOTE], params=SamplingParams(tool_choice="nope"))))
     assert isinstance(bad[-1], Error) and "not a declared tool" in bad[-1].message
+    # a lane with tools off runs on a prompt that declares none (what the comparison sends it)
+    lane = SamplingParams(seed=2, max_new_tokens=4, tool_choice="off")
+    evs = col.finished(w.compare(CompareRequest(messages=ASK, tools=[], lanes=[lane])))
+    done = evs[-1]
+    assert isinstance(done, Done) and done.params.tool_choice == "off" and done.stop_reason != "tool_calls"
+    assert evs[1].prompt_tokens < 40  # only the question: no tool preamble
+    bad = col.finished(w.compare(CompareRequest(messages=ASK, tools=[NOTE], lanes=[lane])))
+    assert isinstance(bad[-1], Error) and "off leaves the tools out of the prompt" in bad[-1].message
