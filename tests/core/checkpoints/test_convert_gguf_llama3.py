@@ -3,16 +3,18 @@ types, pre-tokenizer "llama-bpe", special ids) that LlamaDesk and llama.cpp read
 the tokenizer's own ids (issue 22, item 22)."""
 from __future__ import annotations
 
+import base64
 import json
 import random
 import shutil
+import urllib.request
 from types import SimpleNamespace
 
 import pytest
 import torch
 from gguf import GGUFReader
 
-from bench.llamacpp_server import import_llama_cpp
+from bench.llamacpp_server import LlamaServer, import_llama_cpp, why_not
 from core.checkpoints import load
 from core.checkpoints.convert import convert
 from core.checkpoints.meta import save_meta
@@ -22,11 +24,16 @@ from core.model.transformer import Transformer
 from core.tokenizer import LLAMA3_PATTERN, LLAMA3_SPECIAL_TOKENS, TiktokenTokenizer
 from tests.core.tokenizer.test_tokenizer import SAMPLES
 from tests.generated import tiktoken_ranks
-from tests.helpers import tiny_hf
+from tests.helpers import greedy, tiny_hf
 
 RANKS = 1024  # a Llama 3-kind ranks file this small converts in well under a second
 ATOMS = ["the", " cat", "Hello", " WORLD", "'s", "'LL", " don't", "ñ", "日本", "👋🏽", "0", "42", "123456",
          " ", "  ", "\t", "\n", "\n\n", "\r\n", "(", "=>", "<|eot_id|>", "<s>", "__init__", "Straße", "\u00a0"]
+
+# Tokens across the places where Llama 3's split differs from other byte-level splits (digit
+# runs, contractions in capitals, a mark before a word): with them in the vocabulary, a file
+# read under another pre-tokenizer than "llama-bpe" gives other ids.
+ACROSS = [b"12", b"45", b"123", b"456", b"1234", b"123456", b"'L", b"'LL", b"(t", b"(the"]
 
 
 def texts(seed=5, n=120):
@@ -47,6 +54,11 @@ def llama3_hf(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("llama3")
     ranks = tiktoken_ranks(root / "tokenizer.model", RANKS)
+    lines = ranks.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if base64.b64decode(line.split()[0]).startswith(b"<unused"))
+    for i, token in enumerate(ACROSS):  # in place of the first placeholders, so merges can build each
+        lines[first + i] = f"{base64.b64encode(token).decode()} {first + i}"
+    ranks.write_text("\n".join(lines) + "\n")
     tok = TikTokenConverter(vocab_file=str(ranks), pattern=LLAMA3_PATTERN,
                             extra_special_tokens=list(LLAMA3_SPECIAL_TOKENS)).converted()
     folder = root / "hf"
@@ -113,6 +125,45 @@ def test_llama_cpp_reads_the_same_ids(converted, llama3_hf):
     for text in texts(seed=9, n=60):
         assert llm.tokenize(text.encode(), add_bos=True, special=False) == reference.encode(text, bos=True), repr(text)
     assert llm.token_bos() == RANKS and llm.token_eos() == RANKS + 9
+
+
+def post(url, body):
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def llama_server(converted):
+    """llama.cpp's own llama-server (the bench extra's prebuilt wheel; on the CPU backend when
+    no Vulkan device is present) serving the converted file, with float32 attention and cache
+    as ours (flash attention's float16 turns near-ties into other greedy tokens)."""
+    if why_not():
+        pytest.skip(f"llama.cpp's reading of the file is unchecked: {why_not()}")
+    with LlamaServer(converted, ctx=256, extra=("--no-warmup", "-fa", "off", "-ctk", "f32", "-ctv", "f32")) as srv:
+        yield srv.base
+
+
+def test_llama_server_reads_the_converted_file_with_our_ids_and_greedy_tokens(llama_server, converted, llama3_hf):
+    """llama.cpp itself (not a Python port of it) splits text as we do and, on the same
+    weights, picks the same greedy tokens: the GGUF says what llama.cpp needs to know."""
+    ours = load(converted, device="cpu", dtype="float32")
+    reference = TiktokenTokenizer(llama3_hf[1])
+    for text in texts(seed=9, n=60) + ["<|begin_of_text|>hi<|eot_id|>", "x = 1234567 + 89\n\n\t  y", "(the 'LL"]:
+        got = post(llama_server + "/tokenize", {"content": text, "add_special": False, "parse_special": False})
+        want = reference.encode(text)
+        assert got["tokens"] == want, repr(text)
+        assert ours.tokenizer.encode(text) == want, repr(text)
+    for prompt in ("Hello the cat", "日本 don't 42\n"):
+        ids = ours.tokenizer.encode(prompt, bos=True)
+        expect, logprobs = greedy(ours.model, ids, 6)
+        got = post(llama_server + "/completion", {"prompt": prompt, "n_predict": 6, "temperature": 0, "n_probs": 1,
+                                                  "post_sampling_probs": False, "cache_prompt": False,
+                                                  "return_tokens": True})
+        assert got["tokens"] == expect, prompt
+        theirs = torch.tensor([step["logprob"] for step in got["completion_probabilities"]])
+        torch.testing.assert_close(theirs, logprobs, atol=1e-4, rtol=0)
+        assert got["tokens_evaluated"] == len(ids)  # llama.cpp added the same <|begin_of_text|>
 
 
 def test_a_byte_level_tokenizer_that_does_not_split_like_llama3_is_refused(llama3_hf, tmp_path, capsys):
