@@ -276,7 +276,8 @@ def tokenizer_from_gguf(md: Metadata, source: str):
                 raise CheckpointError("gpt2 tokenizer without tokenizer.ggml.merges", file=source)
             if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
                 raise CheckpointError("tokenizer.ggml.merges is not a list of strings", file=source)
-            tok = hf_byte_level_from_vocab(tokens, merges, types, bos_id=bos, eos_id=eos)
+            tok = hf_byte_level_from_vocab(tokens, merges, types, bos_id=bos, eos_id=eos,
+                                          pre=md.get("tokenizer.ggml.pre"))
         else:
             raise CheckpointError(f"embedded tokenizer '{model}' is not supported (llama or gpt2)", file=source)
     except TokenizerError as e:

@@ -145,12 +145,18 @@ def hf_byte_level_from_vocab(
     *,
     bos_id: int | None,
     eos_id: int | None,
+    pre: object = None,
 ) -> HFTokenizer:
     """A byte-level BPE tokenizer (Llama 3 style) from GGUF "gpt2" vocabulary arrays.
 
     ``tokens`` are in GPT-2's byte-to-unicode spelling, ``merges`` are ``"left right"``.
-    Control tokens (type 3) become special added tokens.
+    Control tokens (type 3) become special added tokens. ``pre`` is the file's
+    tokenizer.ggml.pre: only Llama 3's split is rebuilt here, so a file naming another
+    is refused rather than read with the wrong text splitting (wrong ids, no error).
     """
+    if pre is not None and (not isinstance(pre, str) or pre not in LLAMA3_PRE_NAMES):
+        raise TokenizerError(f"its text splitting (tokenizer.ggml.pre) is {str(pre)[:40]!r}; only Llama 3's "
+                             f"('{LLAMA_BPE}') is supported")
     n = len(tokens)
     if len(token_types) != n:
         raise TokenizerError(f"vocabulary arrays disagree: {n} tokens, {len(token_types)} types")
@@ -237,8 +243,11 @@ def byte_level_vocab_from_ranks(ranks: dict[bytes, int]) -> tuple[list[str], lis
 # --------------------------------------------------------------------------- writing "gpt2" vocabularies
 
 #: The pre-tokenizer name llama.cpp gives Llama 3's split pattern (the one ``hf_byte_level_from_vocab``
-#: rebuilds); a GGUF "gpt2" vocabulary is read back under this name only.
+#: rebuilds); a GGUF "gpt2" vocabulary is written under this name.
 LLAMA_BPE = "llama-bpe"
+#: The names llama.cpp reads as that same split. A file without the key (written before
+#: llama.cpp recorded it, spring 2024: Llama 3's own vocabulary) is read with it too.
+LLAMA3_PRE_NAMES = frozenset({LLAMA_BPE, "llama3", "llama-v3"})
 _UNUSED = _SP_UNUSED
 # Texts both tokenizers must split alike before a vocabulary is written: words, contractions,
 # digit runs, punctuation runs, whitespace runs and line breaks, non-Latin scripts, emoji.

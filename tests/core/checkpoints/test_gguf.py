@@ -30,6 +30,7 @@ import pytest  # noqa: E402
 
 from tests.core.checkpoints.util import (LLAMA3_TEMPLATE, hf_greedy, random_model, reference_model,  # noqa: E402
                                          write_gguf, write_llama3_gguf)
+from core.errors import CheckpointError  # noqa: E402
 from core.model.args import ModelArgs  # noqa: E402
 from tests.helpers import meta_from_hf, tiny_hf  # noqa: E402
 from core.checkpoints.gguf import scaling_from_rope_freqs
@@ -116,6 +117,20 @@ def test_gpt2_vocab_and_llama3_chat_template(tmp_path):
     assert lm.chat_format.name == "llama3"
     assert {eos, eot} <= lm.stop_ids
     assert lm.info["chat_template_source"] == "gguf" and lm.chat_template == LLAMA3_TEMPLATE
+
+
+def test_a_gpt2_vocab_is_read_only_under_llama3s_split(tmp_path):
+    """tokenizer.ggml.pre names the text splitting llama.cpp uses. Ours rebuilds Llama 3's
+    only, so a file naming another is refused in one line instead of giving other ids than
+    llama.cpp gives, without a word."""
+    for pre in ("llama-bpe", "llama3", "llama-v3"):
+        write_llama3_gguf(f := tmp_path / f"{pre}.gguf", pre=pre)
+        assert load(f, device="cpu", dtype="float32").tokenizer.encode("hello world")[:2] == [259, 260]  # hello, " w"
+    for pre in ("qwen2", "default"):
+        write_llama3_gguf(f := tmp_path / f"{pre}.gguf", pre=pre)
+        with pytest.raises(CheckpointError) as e:
+            load(f, device="cpu", dtype="float32")
+        assert f"'{pre}'" in str(e.value) and "llama-bpe" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_rope_freqs_with_few_blended_entries(tmp_path):

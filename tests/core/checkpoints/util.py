@@ -167,9 +167,10 @@ LLAMA3_TEMPLATE = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|e
                    "{{ m['content'] }}<|eot_id|>{% endfor %}")
 
 
-def write_llama3_gguf(f: Path) -> tuple[int, int, int]:
+def write_llama3_gguf(f: Path, pre: str | None = None) -> tuple[int, int, int]:
     """A random model with a byte-level (gpt2) vocabulary and Llama 3's chat template, written
-    as GGUF to f; returns its bos, eos and end-of-turn ids."""
+    as GGUF to f (``pre``: its tokenizer.ggml.pre, none by default); returns its bos, eos and
+    end-of-turn ids."""
     byte_chars = list(bytes_to_unicode().values())
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
     tokens = byte_chars + ["he", "ll", "hell", "hello", "\u0120w"] + specials
@@ -177,5 +178,6 @@ def write_llama3_gguf(f: Path) -> tuple[int, int, int]:
     types = [1] * (256 + 5) + [3] * len(specials)
     bos, eos, eot = 261, 262, 265
     write_gguf(f, random_model(5, vocab_size=272), tokenizer="gpt2", vocab=(tokens, merges, types, bos, eos, eot),
-               chat_template=LLAMA3_TEMPLATE)
+               chat_template=LLAMA3_TEMPLATE,
+               extra=None if pre is None else {"tokenizer.ggml.pre": (pre, gguf.GGUFValueType.STRING)})
     return bos, eos, eot
