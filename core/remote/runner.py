@@ -85,6 +85,14 @@ ONE_AT_A_TIME = ("this server runs one request at a time and ended a running rep
 SERIAL = "lanes one after another (the server runs one request at a time)"
 
 
+def _differs(now: list[str], before: list[str]) -> RemoteError:
+    """A lane run again after a cut that did not stream what it had streamed before."""
+    err = RemoteError(f"run again alone, it began {''.join(now)!r}, not {''.join(before)!r} as before the cut "
+                      "(an unseeded lane?)", kind="cut")
+    err.unfinished = True
+    return err
+
+
 def _chosen_top(tok: Token) -> Token:
     """Key the server's top alternative that is the chosen token by the chosen token's id,
     so the inspector marks it; the others keep stand-in ids that cannot equal it. A server
@@ -235,13 +243,15 @@ class RemoteRunner:
 
     def _cut_off(self, job: _Job, i: int, model: RemoteModel) -> bool:
         """Lane i's stream ended without a finish reason while other lanes of its request
-        streamed: the server runs one request at a time. Remember that; a lane that got no
-        token runs again once the others are done (True); one that did fails (False)."""
+        streamed: the server runs one request at a time. Remember that; the lane runs again
+        once the others are done (True). llama-cpp-python's server cuts a reply only after
+        sending it a chunk, so a cut lane has usually streamed: run again alone, its lanes'
+        seeds make it stream the same tokens first, which are checked, not shown twice."""
         if len(job.lanes) < 2 or job.serial:
             return False
         self.one_at_a_time.add(model.url)
         with job.lock:
-            if job.lanes[i].tokens or job.failed or job.cancel.is_set():
+            if job.failed or job.cancel.is_set():
                 return False
             job.again.append(i)
             return True
@@ -259,6 +269,8 @@ class RemoteRunner:
         kw = (dict(messages=request.messages, tools=list(request.tools), parallel_tool_calls=request.parallel_tool_calls)
               if request.mode == "chat" else dict(prompt=request.prompt))
         meta: dict = {}
+        with job.lock:  # run again after a cut: what it streamed then must come first again
+            shown, lane.tokens, lane.text, lane.logprobs = list(lane.text), [], [], []
         try:
             if request.is_branch:
                 # A branch of a reply this server gave: its prompt ids and the kept tokens, then the
@@ -278,6 +290,10 @@ class RemoteRunner:
                         lane.tokens.append(ev.token_id)
                         lane.text.append(ev.text)
                         lane.logprobs.append(ev.logprob)
+                        if ev.index < len(shown):
+                            if ev.text != shown[ev.index]:
+                                raise _differs(lane.text, shown)
+                            continue  # streamed before the cut: already shown
                         ev = Reply(job.rid, _chosen_top(ev) if top else ev)
                     else:
                         lane.closed = True

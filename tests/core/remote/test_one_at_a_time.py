@@ -1,8 +1,8 @@
 """Lanes on a server that runs one request at a time and cuts the running reply off when
 the next arrives (llama-cpp-python's server, ``--interrupt_requests`` on by default): the
 runner notices the reply that ended without a finish reason, runs that server's lanes one
-after another from then on, and says so. llama-cpp-python is not installed here (it builds
-for half an hour), so a small in-test HTTP server behaves as it does."""
+after another from then on, and says so. A small in-test HTTP server behaves as it does, cut
+by cut (test_llama_cpp_servers.py runs the same against the real one when it is installed)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from core.engine.events import Done
+from core.engine.events import Done, Token
 from core.engine.settings import SamplingParams
 from core.remote.client import RemoteModel
 from core.remote.runner import ONE_AT_A_TIME, SERIAL, RemoteRunner
@@ -25,12 +25,13 @@ WORDS = [" once", " upon", " a", " time"]
 class OneAtATime(ThreadingHTTPServer):
     """A newer request ends the running one's stream without a finish reason. ``together``:
     requests that arrive first wait (their "prefill") until that many have come, so a
-    concurrent run is cut deterministically; ``tokens_first`` streams a token before."""
+    concurrent run is cut deterministically; ``tokens_first`` streams a token before;
+    ``vary``: requests after the first ``together`` begin with another word (an unseeded lane)."""
     daemon_threads = True
 
-    def __init__(self, together: int, tokens_first: bool = False):
+    def __init__(self, together: int, tokens_first: bool = False, vary: bool = False):
         super().__init__(("127.0.0.1", 0), Handler)
-        self.together, self.tokens_first = together, tokens_first
+        self.together, self.tokens_first, self.vary = together, tokens_first, vary
         self.cond = threading.Condition()
         self.arrived = self.active = self.most_active = 0
 
@@ -72,14 +73,15 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
+        words = [" twice" if srv.vary and me > srv.together else WORDS[0], *WORDS[1:]]
         try:
             if srv.tokens_first:
-                self.chunk(WORDS[0])
+                self.chunk(words[0])
             with srv.cond:
                 srv.cond.wait_for(lambda: srv.arrived >= srv.together or not srv.latest_is(me), timeout=10)
                 cut = not srv.latest_is(me)
             if not cut:
-                for w in WORDS[1 if srv.tokens_first else 0:]:
+                for w in words[1 if srv.tokens_first else 0:]:
                     self.chunk(w)
                 self.chunk("", "length")
             self.wfile.write(b"data: [DONE]\n\n")  # a cut reply ends with no finish reason
@@ -127,8 +129,28 @@ def test_lanes_cut_off_by_a_one_at_a_time_server_run_again_one_after_another():
         server.server_close()
 
 
-def test_a_lane_cut_off_after_it_streamed_fails_naming_the_server_setting():
+def test_a_lane_cut_off_after_it_streamed_runs_again_without_showing_its_tokens_twice():
+    """llama-cpp-python's server cuts a reply only after sending it a chunk: the lane runs
+    again alone, streams the same first token (its seed), and the consumer sees each once."""
     server = OneAtATime(together=2, tokens_first=True)
+    remote = serve(server)
+    col = Collector()
+    runner = RemoteRunner(col)
+    try:
+        evs = compare(runner, remote, col, lanes=2)
+        assert not [e for e in evs if isinstance(e, Error)]
+        done = sorted((e for e in evs if isinstance(e, Done)), key=lambda d: d.lane)
+        assert [d.text for d in done] == ["".join(WORDS)] * 2 and sum(d.stats.decode == SERIAL for d in done) == 1
+        for lane in (0, 1):  # each token shown once, in order
+            assert "".join(e.text for e in evs if isinstance(e, Token) and e.lane == lane) == "".join(WORDS)
+        assert remote.url in runner.one_at_a_time
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_lane_that_runs_again_otherwise_than_it_streamed_fails_naming_the_server_setting():
+    server = OneAtATime(together=2, tokens_first=True, vary=True)
     remote = serve(server)
     col = Collector()
     runner = RemoteRunner(col)
@@ -137,6 +159,7 @@ def test_a_lane_cut_off_after_it_streamed_fails_naming_the_server_setting():
         err = [e for e in evs if isinstance(e, Error)]
         assert len(err) == 1 and err[0].kind == "cut"
         assert ONE_AT_A_TIME in err[0].message and "--interrupt_requests False" in err[0].message
+        assert "' twice'" in err[0].message and "' once'" in err[0].message  # what it streamed, then and now
         assert "one after another" in err[0].message and remote.url in runner.one_at_a_time
     finally:
         server.shutdown()
