@@ -182,13 +182,16 @@ class AttachBar(QWidget):
                  for i, f in enumerate(a.files)]
         parts += [chip(r.rstrip("/").rsplit("/", 1)[-1], "collection", f"rm:{len(a.files) + i}")
                   for i, r in enumerate(a.collections)]
+        first = len(a.files) + len(a.collections)
+        parts += [chip(f"{r.name} · {r.server}", {"reading": "reading…"}.get(r.state, r.detail), f"rm:{first + i}",
+                       r.state == "failed") for i, r in enumerate(a.resources)]
         self.chips.setText(" ".join(parts))
-        self.chips.setToolTip("\n".join([f.path for f in a.files] + a.collections))
+        self.chips.setToolTip("\n".join([f.path for f in a.files] + a.collections + [r.uri for r in a.resources]))
 
     def _remove(self, key: str) -> None:
         """A chip's ✕ (``rm:i``: the i-th file, then the collections)."""
         a = self.attachments
-        keys = [f.path for f in a.files] + list(a.collections) if a is not None else []
+        keys = [f.path for f in a.files] + list(a.collections) + [r.uri for r in a.resources] if a is not None else []
         i = int(key[3:]) if key.startswith("rm:") and key[3:].isdigit() else -1
         if 0 <= i < len(keys):
             a.remove(keys[i])

@@ -16,8 +16,10 @@ from PySide6.QtCore import QObject, Signal
 
 from core.documents import DocumentError, DocumentIndex, approx_tokens, ground, kind_of
 from core.documents.embedders import DEFAULT_EMBEDDER, load_embedder
+from core.errors import one_line
 
-from gui.chat import grounded
+from gui.chat import attached_resources, grounded
+from gui.chat.attached_resources import AttachedResource
 
 
 #: The documents budget's choices: a share of the model's context (the first is the default,
@@ -68,6 +70,7 @@ class Attachments(QObject):
         self.counter = counter or (lambda: None)
         self._index: DocumentIndex | None = None
         self.files: list[Attached] = []
+        self.resources: list[AttachedResource] = []  # MCP resources, read as they are attached
         self.collections: list[str] = []
         self.mode, self.k, self.share, self.embedder = "bm25", None, SHARES[0][1], DEFAULT_EMBEDDER
         self._reads: set[asyncio.Future] = set()
@@ -85,7 +88,7 @@ class Attachments(QObject):
     @property
     def pending(self) -> bool:
         """Whether the next message is grounded (something attached or chosen)."""
-        return bool(self.files or self.collections)
+        return bool(self.files or self.collections or self.resources)
 
     def add_paths(self, paths) -> int:
         """Attach files (a quick look only: reading happens in the background); returns how
@@ -129,11 +132,34 @@ class Attachments(QObject):
         self._reads.add(fut)
         fut.add_done_callback(self._reads.discard)
 
+    def add_resource(self, resource, read) -> None:
+        """Attach an MCP resource (``core.tools.mcp_shapes.McpResource``); ``read(resource)``
+        is a coroutine giving its ResourceText (the server's read, on a thread). Its chip says
+        "reading…", then its size or why it could not be read."""
+        if any(r.uri == resource.uri and r.server == resource.server for r in self.resources):
+            return
+        item = AttachedResource(resource.server, resource.uri, resource.name or resource.uri)
+        self.resources.append(item)
+
+        async def fetch() -> None:
+            try:
+                got = await read(resource)
+                item.text, item.truncated, item.state = got.text, bool(got.truncated), "ready"
+                item.detail = f"{len(got.text):,} characters" + (", cut" if got.truncated else "")
+            except Exception as e:  # noqa: BLE001 — McpError, a server gone or slow: said on its chip
+                item.state, item.detail = "failed", one_line(e)
+            self.changed.emit()
+        fut = asyncio.ensure_future(fetch())
+        self._reads.add(fut)
+        fut.add_done_callback(self._reads.discard)
+        self.changed.emit()
+
     def remove(self, path: str) -> None:
-        n = len(self.files) + len(self.collections)
+        n = len(self.files) + len(self.collections) + len(self.resources)
         self.files = [a for a in self.files if a.path != path]
         self.collections = [c for c in self.collections if c != path]
-        if len(self.files) + len(self.collections) != n:
+        self.resources = [r for r in self.resources if r.uri != path]
+        if len(self.files) + len(self.collections) + len(self.resources) != n:
             self.changed.emit()
 
     def configure(self, *, mode: str | None = None, k=..., share: float | None = None,
@@ -157,12 +183,16 @@ class Attachments(QObject):
     def clear(self) -> None:
         """After a send: the next message starts with nothing attached."""
         if self.pending:
-            self.files, self.collections = [], []
+            self.files, self.collections, self.resources = [], [], []
             self.changed.emit()
 
     async def ground(self, question: str, context_length: int) -> dict:
         """The documents record to store with ``question`` (:mod:`gui.chat.grounded`), the
-        grounding made on a thread. Raises DocumentError when nothing can be read."""
+        grounding made on a thread), with the attached resources' text. Raises DocumentError
+        when nothing can be read."""
+        extra = await self._resources_meta()
+        if not self.files and not self.collections:
+            return extra
         usable = [a.path for a in self.files if a.state != "failed"]
         if not usable and not self.collections:
             raise DocumentError("none of the attached files can be read: " +
@@ -174,7 +204,19 @@ class Attachments(QObject):
                                     budget_tokens=budget, count_tokens=self.count_tokens(), k=self.k, mode=self.mode,
                                     embedder=embedder)
         return {grounded.META_KEY: {"attachments": usable, "collections": list(self.collections),
-                                    "grounding": g.to_meta()}}
+                                    "grounding": g.to_meta()}, **extra}
+
+    async def _resources_meta(self) -> dict:
+        """The resources read (waiting for reads under way), as stored with the message."""
+        if not self.resources:
+            return {}
+        while any(r.state == "reading" for r in self.resources) and self._reads:
+            await asyncio.wait(set(self._reads))
+        ready = [r.record() for r in self.resources if r.state == "ready"]
+        if not ready and not self.files and not self.collections:
+            raise DocumentError("none of the attached resources could be read: " +
+                                "; ".join(f"{r.name}: {r.detail}" for r in self.resources))
+        return {attached_resources.KEY: ready} if ready else {}
 
     def close(self) -> None:
         if self._index is not None:

@@ -17,7 +17,7 @@ from core.history.records import Message
 from core.history.store import History
 from core.history.tool_messages import openai_message
 
-from gui.chat import grounded
+from gui.chat import attached_resources, grounded
 
 TITLE_CHARS = 48
 
@@ -114,7 +114,7 @@ class ConversationModel(QObject):
     def _documents_view(self, m: Message) -> dict:
         """A grounded question's chips; the source numbers its reply can link ([n])."""
         if m.role == "user":
-            chips = grounded.chips(m.meta)
+            chips = grounded.chips(m.meta) + attached_resources.chips(m.meta)
             return {"documents": chips} if chips else {}
         if m.role != "assistant" or m.parent_id is None:
             return {}
@@ -126,8 +126,8 @@ class ConversationModel(QObject):
         msgs = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
         for m in self.path():
             msg = openai_message(m)
-            if m.role == "user":  # a grounded question is sent with its passages
-                msg["content"] = grounded.sent_content(m.text, m.meta)
+            if m.role == "user":  # a grounded question is sent with its passages, then its resources
+                msg["content"] = attached_resources.with_resources(grounded.sent_content(m.text, m.meta), m.meta)
             msgs.append(msg)
             if m.id == upto:
                 break

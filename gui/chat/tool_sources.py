@@ -20,8 +20,9 @@ from core.errors import one_line
 from core.tools import config as mcp_config
 from core.tools.builtin import BUILTIN_TOOLS, BuiltinTools
 from core.tools.mcp_client import McpServer
-from core.tools.mcp_shapes import McpPrompt, McpResource, prompt_text
+from core.tools.mcp_shapes import McpPrompt, McpResource, ResourceText, prompt_text
 
+from gui.chat.attached_resources import block
 from gui.chat.chat_tools import BUILTIN, ChatTools
 
 LIST_TIMEOUT = 30.0  # seconds to list one server's prompts or resources
@@ -157,16 +158,17 @@ class ToolSources(QObject):
             raise LookupError(f"MCP server '{prompt.server}' is no longer connected")
         return prompt_text(await asyncio.to_thread(server.get_prompt, prompt.name, arguments))
 
-    async def resource_text(self, resource: McpResource) -> str:
-        """The resource as a block to attach to a message (its name, address and text,
-        and that it was cut, if it was)."""
+    async def read_resource(self, resource: McpResource) -> ResourceText:
+        """The resource's text, read on a thread (cut at the client's limit, saying so)."""
         server = self.servers.get(resource.server)
         if server is None:
             raise LookupError(f"MCP server '{resource.server}' is no longer connected")
-        got = await asyncio.to_thread(server.read_resource, resource.uri)
-        fence = "~~~~" if "```" in got.text else "```"
-        cut = "\n[… cut: the resource is longer]" if got.truncated else ""
-        return f"{resource.name} ({resource.uri}):\n{fence}\n{got.text}{cut}\n{fence}"
+        return await asyncio.to_thread(server.read_resource, resource.uri)
+
+    async def resource_text(self, resource: McpResource) -> str:
+        """The resource as the block the model reads after a message (name, address, text)."""
+        got = await self.read_resource(resource)
+        return block({"name": resource.name, "uri": resource.uri, "text": got.text})
 
     def close(self) -> None:
         """The app is closing: stop connecting (the hub stops the servers at exit)."""

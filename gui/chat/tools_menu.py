@@ -165,8 +165,10 @@ class ToolsMenu(QObject):
                     arguments[arg.name] = value
         return asyncio.ensure_future(self._insert(self.sources.prompt_text(prompt, arguments), prompt.name))
 
-    def attach(self, resource) -> asyncio.Task:
-        return asyncio.ensure_future(self._insert(self.sources.resource_text(resource), resource.name))
+    def attach(self, resource) -> None:
+        """Attach the resource to the message being written: a chip above the prompt (its
+        text is read now, off the UI thread, and stored with the message when it is sent)."""
+        self.chats.attachments.add_resource(resource, self.sources.read_resource)
 
     async def _insert(self, fetch, what: str) -> None:
         try:
