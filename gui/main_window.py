@@ -89,6 +89,7 @@ class MainWindow(QMainWindow):
         # The conversation and its reply: the controller decides, the window shows.
         self.chats = ConversationController(bridge=bridge, history=self.history, models=self.models,
                                             settings=self.panel, parent=self)
+        self.chats.attachments.use_settings(self.settings)  # retrieval choices kept across runs
         self.conversation = self.chats.conversation
         self.reply = self.chats.reply
         self._build()

@@ -46,6 +46,8 @@ def export_markdown(history: History, conv_id: int) -> str:
                                   lane.get("stats"), lane.get("stop_reason"))
             if line:
                 out += [f"> {line}", ""]
+            if lane.get("grounding"):  # a lane grounded in documents (gui/compare/grounding.py)
+                out += [f"> Documents: {lane['grounding']}", ""]
     for m in history.current_path(conv_id):
         out += _message_markdown(m)
         if m.role == "assistant":

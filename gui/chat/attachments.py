@@ -9,13 +9,14 @@ retrieves. Sending grounds the question in a background thread too
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
 
-from core.documents import DocumentError, DocumentIndex, approx_tokens, ground, kind_of
-from core.documents.embedders import DEFAULT_EMBEDDER, load_embedder
+from core.documents import MODES, DocumentError, DocumentIndex, approx_tokens, ground, kind_of
+from core.documents.embedders import DEFAULT_EMBEDDER, EMBEDDERS, load_embedder
 from core.errors import one_line
 
 from gui.chat import attached_resources, grounded
@@ -27,6 +28,8 @@ from gui.chat.attached_resources import AttachedResource
 SHARES = (("Half the context", 0.5), ("A quarter of the context", 0.25), ("Three quarters of the context", 0.75))
 #: Most passages retrieved for a message (None: as many as the budget holds).
 TOP_K = (None, 3, 5, 10, 20)
+#: where the retrieval choices are kept between runs (one JSON object in the app's settings)
+SETTINGS_KEY = "documents/retrieval"
 
 
 @dataclass
@@ -73,6 +76,7 @@ class Attachments(QObject):
         self.resources: list[AttachedResource] = []  # MCP resources, read as they are attached
         self.collections: list[str] = []
         self.mode, self.k, self.share, self.embedder = "bm25", None, SHARES[0][1], DEFAULT_EMBEDDER
+        self._settings = None
         self._reads: set[asyncio.Future] = set()
 
     @property
@@ -167,14 +171,38 @@ class Attachments(QObject):
         """How the next message retrieves: ``mode`` (bm25 | dense | hybrid), ``k`` (most
         passages; None: as many as fit), ``share`` (the documents budget, of the context),
         ``embedder`` (the embedding model dense and hybrid use)."""
-        if embedder is not None:
-            self.embedder = embedder
         if mode is not None:
             self.mode = mode
         if k is not ...:
             self.k = k
         if share is not None:
             self.share = share
+        if embedder is not None:
+            self.embedder = embedder
+        self._keep()
+
+    def use_settings(self, settings) -> None:
+        """Keep the retrieval choices in ``settings`` (the app's QSettings): read back now
+        (a value this version does not offer is left at its default), written when changed."""
+        try:
+            saved = json.loads(str(settings.value(SETTINGS_KEY, "") or "{}"))
+        except ValueError:
+            saved = {}
+        saved = saved if isinstance(saved, dict) else {}
+        if saved.get("mode") in MODES:
+            self.mode = saved["mode"]
+        if saved.get("k", "") in TOP_K:
+            self.k = saved["k"]
+        if saved.get("share") in [v for _, v in SHARES]:
+            self.share = saved["share"]
+        if saved.get("embedder") in EMBEDDERS:
+            self.embedder = saved["embedder"]
+        self._settings = settings
+
+    def _keep(self) -> None:
+        if self._settings is not None:
+            self._settings.setValue(SETTINGS_KEY, json.dumps(
+                {"mode": self.mode, "k": self.k, "share": self.share, "embedder": self.embedder}))
 
     def set_collections(self, roots) -> None:
         self.collections = list(dict.fromkeys(os.fspath(r) for r in roots))

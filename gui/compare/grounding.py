@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QSpinBox, QWidget
 
 from core.documents import MODES, DocumentError, default_budget, ground
@@ -23,6 +23,7 @@ NONE = "none"
 ATTACHED = "attached"
 MODE_NAMES = {"bm25": "BM25", "dense": "dense", "hybrid": "hybrid"}
 EMBEDDER_NAMES = {"wordllama": "WordLlama", "bge-small": "bge-small"}
+SHORT = {"wordllama": "WL", "bge-small": "bge"}
 #: the lane's retrieval choices: (mode, embedding model) — BM25 needs none
 CHOICES = [("bm25", "")] + [(m, e) for m in MODES if m != "bm25" for e in EMBEDDERS]
 
@@ -91,8 +92,10 @@ class LaneDocuments(QWidget):
         row.addWidget(self.k)
         self.mode = QComboBox(self)
         self.mode.setObjectName("laneDocumentsMode")
-        for m, e in CHOICES:
-            self.mode.addItem(_mode_name(m, e), f"{m}:{e}")
+        for m, e in CHOICES:  # short in a narrow lane: the built-in model is the plain name
+            self.mode.addItem(MODE_NAMES[m] if e in ("", DEFAULT_EMBEDDER) else f"{MODE_NAMES[m]} · {SHORT[e]}",
+                              f"{m}:{e}")
+            self.mode.setItemData(self.mode.count() - 1, _mode_name(m, e), Qt.ToolTipRole)
         self.mode.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.mode.setMinimumContentsLength(4)
         self.mode.setToolTip("Retrieval: BM25 (words), dense (an embedding model: WordLlama is built in), "
@@ -144,8 +147,10 @@ class LaneDocuments(QWidget):
     def set_spec(self, spec: dict | None) -> None:
         spec = spec or {}
         i = self.source.findData(spec.get("documents", NONE))
-        if i < 0 and spec.get("documents", NONE) != NONE:  # not offered now: offer it
-            self.source.addItem(spec["documents"], spec["documents"])
+        if i < 0 and spec.get("documents", NONE) != NONE:  # not offered now (a saved lane's): offer it
+            d = str(spec["documents"])
+            name = f"{os.path.basename(d.split(':', 1)[1].rstrip('/'))} (collection)" if ":" in d else d
+            self.source.addItem(name, d)
             i = self.source.count() - 1
         self.source.setCurrentIndex(max(0, i))
         self.k.setValue(int(spec.get("k") or 0))

@@ -19,15 +19,20 @@ def is_id(x) -> bool:
 
 
 def lane_record(run: LaneRun | None, settings: dict, model: LaneModel, branch: dict | None = None,
-                from_lane: int | None = None) -> dict:
+                from_lane: int | None = None, documents: dict | None = None) -> dict:
     """One lane as History.save_comparison stores it: its results (``run``, None before
     it ran) or only its ``settings``; a branch names its source lane (``from_lane``), its
-    point and the tokens it kept."""
+    point and the tokens it kept; a lane grounded in documents its ``documents`` (the
+    lane's spec, gui/compare/grounding.py) and how its run was grounded."""
     if run is not None:
         rec = run.to_dict(settings, model)
     else:
         rec = {"settings": settings, "seed": settings.get("seed"), "text": "", "tokens": [], "logprobs": [],
                "model": model.record(), "model_id": model.name}
+    if documents:
+        rec["documents"] = dict(documents)
+    if run is not None and run.grounding:
+        rec["grounding"] = run.grounding
     if branch:  # its kept tokens are its first ``at`` tokens
         rec["branch"] = {"from_lane": from_lane, "at": branch["at"], "token_id": branch["token_id"],
                          "kept_tokens": branch["kept"].ids}
@@ -59,8 +64,18 @@ def branch_from_record(lane: dict, run: LaneRun | None, columns: list) -> dict |
 
 
 def run_from_record(lane: dict) -> LaneRun | None:
-    """A saved lane's results (None when it never ran)."""
-    return LaneRun.from_dict(lane) if lane.get("tokens") or lane.get("text") else None
+    """A saved lane's results (None when it never ran), with how it was grounded."""
+    if not (lane.get("tokens") or lane.get("text")):
+        return None
+    run = LaneRun.from_dict(lane)
+    run.grounding = str(lane.get("grounding") or "")
+    return run
+
+
+def documents_of(lane: dict) -> dict | None:
+    """A saved lane's documents spec (checked: a dict naming its documents), or None."""
+    d = lane.get("documents")
+    return dict(d) if isinstance(d, dict) and isinstance(d.get("documents"), str) else None
 
 
 def title_for(prompt: dict) -> str:

@@ -509,7 +509,8 @@ class CompareView(QWidget):
         prompt = {**(self.last_prompt or self.prompt_row.prompt(self.chat_format)), "inspect": self.inspect}
         return prompt, [records.lane_record(col.run, {**col.settings(), "stop": list(self.stop_strings)},
                                             self.model_of(i), col.branch, col.branch_source(self.columns)
-                                            if col.branch else None) for i, col in enumerate(self.columns)]
+                                            if col.branch else None, col.documents.spec())
+                        for i, col in enumerate(self.columns)]
 
     def save(self, title: str | None = None) -> int | None:
         """Save the shown results (settings with the seeds used); returns the conversation id."""
@@ -544,6 +545,7 @@ class CompareView(QWidget):
         self.set_lanes(settings, [self.shelf.from_record(l.get("model")) for l in lanes])
         for col, lane in zip(self.columns, lanes):
             col.run = records.run_from_record(lane)
+            col.documents.set_spec(records.documents_of(lane))
             col.branch = records.branch_from_record(lane, col.run, self.columns)
         for t in (t for col in self.columns if col.run is not None for t in col.run.tokens):
             self.inspector.learn(t.token_id, t.piece)

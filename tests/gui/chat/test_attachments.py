@@ -7,13 +7,13 @@ import json
 import os
 
 import pytest
-from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtCore import QMimeData, QPointF, QSettings, Qt, QUrl
 from PySide6.QtGui import QDropEvent
 
 from core.documents import DocumentError
 from core.history.store import History
 from gui.chat import grounded
-from gui.chat.attachments import Attachments
+from gui.chat.attachments import SETTINGS_KEY, Attachments
 from gui.chat.column import ChatColumn
 from gui.chat.controller import ConversationController
 from tests.core.cli.helpers import run_cli
@@ -158,6 +158,8 @@ def test_in_the_window_a_grounded_reply_says_where_it_came_from(qtbot, loop, win
     window.chats.open(conv.id)
     views = window.chats.conversation.view_messages()
     assert views[0]["documents"] == ["story.md", "read in full"] and views[1]["sources"] == [1]
+    window.chats.attachments.configure(mode="hybrid")  # the window keeps the choice in its settings
+    assert json.loads(window.settings.value(SETTINGS_KEY))["mode"] == "hybrid"
 
 
 def test_retrieval_settings_decide_how_much_is_read(loop, qtbot, files, tmp_path):
@@ -214,3 +216,20 @@ def test_the_app_grounds_a_message_as_the_cli_does(loop, bridge, fixtures, tmp_p
     tok = bridge.token_counter.tokenizer  # the passages are sized in the model's tokens, not words
     assert cli["tokens"] == len(tok.encode(cli["prompt"])) <= info["context_length"] // 2
     a.close()
+
+
+def test_retrieval_choices_are_kept_across_runs(tmp_path):
+    ini = str(tmp_path / "settings.ini")
+    s = QSettings(ini, QSettings.IniFormat)
+    a = Attachments(index_path=":memory:")
+    a.use_settings(s)
+    a.configure(mode="hybrid", k=5, share=0.25, embedder="bge-small")
+    s.sync()
+    b = Attachments(index_path=":memory:")  # the next run, from the file
+    b.use_settings(QSettings(ini, QSettings.IniFormat))
+    assert (b.mode, b.k, b.share, b.embedder) == ("hybrid", 5, 0.25, "bge-small")
+    for bad in ('{"mode": "magic", "k": 7, "share": "half", "embedder": "word2vec"}', "not json", "[1]"):
+        s.setValue(SETTINGS_KEY, bad)
+        c = Attachments(index_path=":memory:")
+        c.use_settings(s)  # what this version does not offer falls back to the defaults
+        assert (c.mode, c.k, c.share, c.embedder) == ("bm25", None, 0.5, "wordllama")

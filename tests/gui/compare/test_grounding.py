@@ -3,9 +3,11 @@ passages retrieved and retrieval mode; the lane's label says how it was grounded
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
 import pytest
+from PySide6.QtCore import Qt
 
 from core.documents import DocumentIndex, approx_tokens
 from core.engine.settings import SamplingParams
@@ -79,10 +81,11 @@ def test_lane_column_offers_the_chats_documents_and_labels_its_grounding(qtbot, 
     assert docs.spec() is None and not docs.k.isEnabled()
     docs.set_spec({"documents": "attached", "k": 4, "mode": "hybrid"})
     assert docs.spec() == {"documents": "attached", "k": 4, "mode": "hybrid", "embedder": "wordllama"}
-    assert docs.k.isEnabled() and docs.mode.currentText() == "hybrid · WordLlama"
+    assert docs.k.isEnabled() and docs.mode.currentText() == "hybrid"  # the built-in model, said in its tip
+    assert docs.mode.itemData(docs.mode.currentIndex(), Qt.ToolTipRole) == "hybrid · WordLlama"
     assert "top 4 · hybrid · WordLlama: 4 of 9" in grounding.describe(docs.spec(), "4 of 9 passages used")
     # the embedding model is picked with the mode; lanes differing only in it are not grouped
-    docs.mode.setCurrentIndex(docs.mode.findText("dense · bge-small"))
+    docs.mode.setCurrentIndex(docs.mode.findText("dense · bge"))
     assert docs.spec()["embedder"] == "bge-small" and docs.spec()["mode"] == "dense"
     assert grounding.spec_key(docs.spec()) != grounding.spec_key({**docs.spec(), "embedder": "wordllama"})
     docs.set_spec({"documents": "attached", "k": 4, "mode": "bm25"})
@@ -125,4 +128,16 @@ def test_view_labels_where_a_grounded_lane_parts_from_an_ungrounded_one(qtbot, l
     run(loop, until(lambda: task.done(), 20, "the branch"))
     assert v.columns[2].documents.spec() == v.columns[1].documents.spec()
     assert bridge.requests[-1].messages == bridge.requests[1].messages and bridge.requests[-1].forced == [77]
+    # saved, exported and opened again: each lane keeps its documents and how it was grounded
+    spec, how = v.columns[1].documents.spec(), v.columns[1].run.grounding
+    md = v.export("md", str(tmp_path / "c.md"))
+    data = json.loads(open(v.export("json", str(tmp_path / "c.json"))).read())
+    assert f"> Documents: {how}" in open(md).read() and "read in full" in how
+    lanes = json.dumps(data, ensure_ascii=False)
+    assert '"documents": {"documents": "attached"' in lanes and how in lanes
+    again = CompareView(bridge=bridge, history=history, prompt="", mode="chat", lanes=[SamplingParams().to_dict()])
+    qtbot.addWidget(again)
+    again.open_comparison(v.saved_id)
+    assert [c.documents.spec() for c in again.columns] == [None, spec, spec]
+    assert again.columns[1].run.grounding == how and "Grounding: Attached files" in again.columns[1].divergence.text()
     history.close()
