@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from core.checkpoints import load
+from core.model import f16
 from core.model.f16 import DENSE_ROWS, Float16Embedding, Float16Linear
 from core.model.args import ModelArgs
 from core.model.kv_cache import KVCache
@@ -137,7 +138,22 @@ def test_float16_linear_rows_are_batch_invariant_and_dense_rows_exact():
     alone = torch.cat([layer(x[i:i + 1]) for i in range(5)])
     assert torch.equal(layer(x), alone)
     many = torch.randn(1, DENSE_ROWS, 256)
-    assert torch.allclose(layer(many), many @ layer.weight16.float().T, rtol=0, atol=1e-6)
+    assert torch.allclose(layer(many).double(), many.double() @ layer.weight16.double().T, rtol=0, atol=1e-5)
+
+
+@pytest.mark.skipif(not f16.ONEDNN, reason="this PyTorch has no oneDNN")
+def test_dense_rows_multiply_with_onednn_in_float32(monkeypatch):
+    """MKL's float32 GEMM ran 16-64-row chunks of a layered prefill at half oneDNN's speed
+    on the AMD EPYC measured (docs/PERFORMANCE.md): the widened weight goes to oneDNN."""
+    torch.manual_seed(3)
+    layer = Float16Linear((torch.randn(96, 256) * 0.05).half())
+    x = torch.randn(1, DENSE_ROWS, 256)
+    calls, real = [], torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(a[1].shape) or real(*a))
+    y = layer(x)
+    assert calls == [(96, 256)]
+    want = x.double() @ layer.weight16.double().T
+    assert y.dtype == torch.float32 and torch.allclose(y.double(), want, rtol=0, atol=1e-5)
 
 
 def test_explicit_dtypes_still_convert_f16_files(peaked_f16):
