@@ -441,8 +441,8 @@ class ReplyController(QObject):
         if not st.error_kind:
             self.refused.emit(st.error, handed, st.editing if handed else None)
             return
-        if not restored:  # a new turn to a server: the error stands in place of the reply
-            self.finished.emit({"id": None, "role": "assistant", "text": "", "error": st.error})
+        if not restored:  # a new turn to a server: no empty reply under the message; the notice says why
+            conv.pathChanged.emit()
         self.interrupted.emit(st.error, st.error_kind, st.parent_id)
 
     def _show_stored(self, msg_id: int) -> None:

@@ -247,6 +247,8 @@ def test_a_wrong_key_is_an_inline_401_with_retry_and_nothing_is_lost(qtbot, wind
         assert dialogs(window) == [] and window.reply_notice.button.isVisible()
         path = window.conversation.path()
         assert [m.role for m in path] == ["user"] and path[0].text == "Hello there"  # no empty reply stored
+        # Said once: the notice with Retry, not an empty reply bubble saying it too (issue 22 item 3).
+        assert [w.message["role"] for w in window.chat.widgets] == ["user"] and "401" not in window.chat.toPlainText()
         # With the right key, Retry answers the same message.
         window.use_remote(remote)
         done = []
