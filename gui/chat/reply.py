@@ -21,7 +21,7 @@ from core.worker.protocol import Error, GenerateRequest, Prompted
 
 from gui.bridge import Chunk
 from gui.widgets.token_run import LaneRun
-from gui.chat.beam_versions import store_beams
+from gui.chat.beam_versions import repeats_note, store_beams
 from gui.chat.conversation import ConversationModel
 
 
@@ -408,7 +408,9 @@ class ReplyController(QObject):
         try:
             m = self._store(st, text, params=params, stats=stats, stop_reason=stop_reason, meta=meta)
             if done is not None and len(done.beams) > 1 and self._fresh(st):  # the other beams: versions
-                m = store_beams(self.conversation, m, done, model_id=self.model_id)
+                m, repeats = store_beams(self.conversation, m, done, model_id=self.model_id)
+                if repeats and not quiet:
+                    self.notice.emit(repeats_note(repeats, len(done.beams)))
         except HistoryError as e:  # a full disk, a read-only folder: the text stays on screen
             if not quiet:
                 self.finished.emit({"id": None, "role": "assistant", "text": st.prefix + text,

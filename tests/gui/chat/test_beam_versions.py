@@ -95,6 +95,41 @@ def test_carrying_a_beam_reply_on_adds_one_version_not_more_beams(qapp, loop, co
     assert "A catA cat" in texts and texts.count("A dog") == texts.count("The end") == 1 and len(texts) <= 4
 
 
+def test_regenerating_the_same_beams_adds_no_copies_and_says_so(qapp, loop, conv):
+    """Beam search has no seed: Ctrl+R with the same settings gives the same beams. They are
+    not stored again (the first set stays, its best on screen) and the reply says why; a
+    wider search adds only the beams that are new."""
+    wider = [*BEAMS, Beam([5, 9], "The dog", [-0.3, -0.6], -0.45, "length")]
+    beams = {"now": BEAMS}
+
+    async def script(request, stream):
+        yield Prefilled(10, 0, 0.01)
+        best = beams["now"][0]
+        yield chunk(best.text)
+        yield Done(0, best.stop_reason, best.tokens, best.text, best.logprobs, request.params.resolved(),
+                   Stats(prompt_tokens=10, generated_tokens=2), best.stop_token, beams=list(beams["now"]))
+
+    r = ReplyController(bridge=ScriptedBridge(script), conversation=conv, settings=Settings(num_beams=3))
+    finished, notes = [], []
+    r.finished.connect(finished.append)
+    r.notice.connect(notes.append)
+
+    async def go():
+        assert r.send("Tell me")
+        await until(lambda: finished, 10, "the reply")
+        assert r.regenerate()
+        await until(lambda: len(finished) == 2, 10, "the same beams again")
+        beams["now"] = wider
+        assert r.regenerate()
+        await until(lambda: len(finished) == 3, 10, "a wider search")
+    run(loop, go())
+    first = finished[0]["id"]
+    assert finished[1]["id"] == first and finished[1]["version"] == (1, 3) and conv.path()[-1].id == first
+    assert notes[0].startswith("The same 3 beams again") and "no seed" in notes[0]
+    assert [m.text for m in conv.history.siblings(first)] == ["A cat", "A dog", "The end", "The dog"]
+    assert finished[2]["id"] == first and notes[1] == "3 of the 4 beams were versions already; only the 1 new one was added (‹ ›)."
+
+
 def test_the_window_shows_the_command_lines_beams_as_versions(qtbot, window, loop, fixtures, capsys):
     """Beams 3 in the panel, a chat reply through the real bridge and worker: ‹ › walks the
     beams `python -m core generate --chat --num-beams 3 --json` lists, best first."""
