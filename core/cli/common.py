@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from core.checkpoints.common import DTYPE_CHOICES
+from core.cli.exits import write_stdout  # noqa: F401  (the commands' writer, declared there torch-free)
 from core.cli.tool_opts import wants_toolbox
 from core.engine.constraint import Constraint, from_argument
 from core.engine.settings import SCHEMA, parse_logit_bias
@@ -197,9 +198,3 @@ def spec_note(stats) -> str:
     return f" · {how}: {sp['accepted']}/{sp['drafted']} drafted tokens accepted"
 
 
-def write_stdout(text: str) -> None:
-    """``text`` on stdout as UTF-8, with a file name that is not UTF-8 (lone surrogates
-    after Python's decoding) written as the bytes it is."""
-    sys.stdout.flush()
-    sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
-    sys.stdout.flush()

@@ -19,9 +19,10 @@ from core.checkpoints.gguf_write import GGUF_TYPES
 from core.cli.common import (BACKEND_KEYS, CHAT_FORMATS, add_bias_opts, add_constraint_opts, add_tool_opts,
                              add_model_opts, add_prompt_opts, add_sampling_opts, add_server_opts, add_spec_opts)
 from core.cli.documents import add_document_opts, documents_parser
+from core.cli.exits import Parser, UsageError, guarded  # noqa: F401  (UsageError: what a bad flag raises)
 from core.cli.tool_opts import add_tool_opts as add_toolbox_opts, add_tools_parser
 from core.engine.lanes import LANE_SPEC_KEYS
-from core.errors import LlamaDeskError, SettingsError
+from core.errors import SettingsError
 from core.tokenizer.base import valid_text
 
 # command -> (module, function); a command's module loads when it runs.
@@ -33,18 +34,10 @@ COMMANDS = {"generate": ("core.cli.generate", "cmd_generate"), "compare": ("core
             "tools": ("core.cli.tools", "cmd_tools")}
 
 
-class UsageError(LlamaDeskError):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse would print the usage too)
-        raise UsageError(f"{self.prog}: {message}")
-
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m core", description="LlamaDesk core: run LLaMA-family models.")
-    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    ap = Parser(prog="python -m core", description="LlamaDesk core: run LLaMA-family models.")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     _generate_parser(sub)
     _compare_parser(sub)
     _serve_parser(sub)
@@ -204,27 +197,7 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(build_parser().parse_args(argv))
-    except LlamaDeskError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 0
-    except MemoryError:
-        print("error: out of memory while loading or running the model", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # torch's allocator reports running out of memory this way
-        if "memory" not in str(e).lower():
-            raise
-        print("error: out of memory while loading or running the model", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr)
-        return 2
+    return guarded(lambda: run(build_parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ with ``generate --mcp``: the same options build the same :class:`~core.tools.box
 
 Exit status: 0; 1 when a server could not start (``list``) or the call failed (``call``),
 the reason on stderr (or in the JSON); 2 for bad input (one line).
+
+``python -m core tools`` runs from :func:`main` without the rest of the command line: it
+imports no torch, and a built-in tool's call no MCP SDK (a second or more of start-up each).
 """
 from __future__ import annotations
 
@@ -15,17 +18,28 @@ import sys
 import threading
 from pathlib import Path
 
-from core.cli.common import write_stdout
+from core.cli.exits import Parser, guarded, write_stdout
+from core.cli.tool_opts import add_tools_parser
 from core.errors import SettingsError
 from core.tools import config as mcp_config
 from core.tools.box import ToolBox
 from core.tools.builtin import BUILTIN_TOOLS, BuiltinTools
-from core.tools.mcp_client import McpError, McpHub, McpServer
+from core.tools.mcp_shapes import McpError
 from core.tools.spec import ToolCall
 
 
-def servers_from_args(args, hub: McpHub | None = None) -> list[McpServer]:
-    """The MCP servers ``--mcp``/``--mcp-server`` name (none when there is no configuration)."""
+def main(argv: list[str]) -> int:
+    """``python -m core tools ...`` (``argv`` from "tools" on), as the full command line runs it."""
+    def command() -> int:
+        ap = Parser(prog="python -m core", description="LlamaDesk core: check MCP servers and built-in tools.")
+        add_tools_parser(ap.add_subparsers(dest="cmd", required=True, parser_class=Parser))
+        return cmd_tools(ap.parse_args(argv))
+    return guarded(command)
+
+
+def servers_from_args(args, hub=None) -> list:
+    """The MCP servers (``core.tools.mcp_client.McpServer``) ``--mcp``/``--mcp-server`` name
+    (none when there is no configuration)."""
     path = Path(args.mcp) if args.mcp else mcp_config.default_path()
     if not args.mcp and not path.exists():
         if args.mcp_server:
@@ -39,6 +53,9 @@ def servers_from_args(args, hub: McpHub | None = None) -> list[McpServer]:
         raise SettingsError(f"--mcp-server {missing[0]}: {path} has no such server "
                             f"(it has: {', '.join(conf.servers) or 'none'})")
     chosen = [conf.servers[n] for n in args.mcp_server] if args.mcp_server else conf.enabled()
+    if not chosen:
+        return []
+    from core.tools.mcp_client import McpServer  # why: the MCP SDK takes seconds to import; only servers need it
     return [McpServer(s, hub=hub) for s in chosen]
 
 
@@ -47,17 +64,19 @@ def builtin_names(chosen: list[str]) -> list[str]:
     return list(BUILTIN_TOOLS) if "all" in chosen else list(dict.fromkeys(chosen))
 
 
-def toolbox_from_args(args, hub: McpHub | None = None) -> ToolBox:
+def toolbox_from_args(args, hub=None, *, servers: bool = True) -> ToolBox:
     """A ToolBox of the built-in tools and MCP servers the options enable (servers start on
-    first use; close the box when done)."""
+    first use; close the box when done). ``servers`` False: the built-in tools alone."""
     names = builtin_names(args.builtin)
     builtin = BuiltinTools(names, folders=args.allow_folder, timezone=args.timezone) if names else None
-    providers = [*servers_from_args(args, hub), *([builtin] if builtin else [])]
+    providers = [*(servers_from_args(args, hub) if servers else []), *([builtin] if builtin else [])]
     return ToolBox(providers, timeout=getattr(args, "tool_timeout", None))
 
 
 def cmd_tools(args) -> int:
-    box = toolbox_from_args(args)
+    # a built-in tool called with no server named starts none (the default mcp.json's included)
+    alone = args.tools_cmd == "call" and args.name in builtin_names(args.builtin) and not (args.mcp or args.mcp_server)
+    box = toolbox_from_args(args, servers=not alone)
     try:
         return _list(box, args) if args.tools_cmd == "list" else _call(box, args)
     finally:
@@ -69,7 +88,7 @@ def _list(box: ToolBox, args) -> int:
     providers = []
     for p in box.providers:
         entry = {"name": p.name, "source": p.source, "tools": [t.name for t in tools if box.provider_of(t.name) == p.source]}
-        if isinstance(p, McpServer):
+        if p.source.startswith("mcp:"):
             entry.update(kind=p.config.kind, target=p.config.target, status=p.status, error=p.error)
             if args.prompts and p.status == "ready":
                 entry.update(_prompts_and_resources(p))
@@ -86,7 +105,7 @@ def _list(box: ToolBox, args) -> int:
     return 1 if failed else 0
 
 
-def _prompts_and_resources(server: McpServer) -> dict:
+def _prompts_and_resources(server) -> dict:
     out = {}
     try:
         out["prompts"] = [{"name": p.name, "description": p.description,

@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
+from core.cli.tools import main as tools_main
 from tests.core.cli.helpers import run_cli
+from tests.helpers import ROOT
 from tests.core.tools.mcp_servers import running_http_server
 from tests.helpers import free_port
 
@@ -70,8 +75,24 @@ def test_bad_input_exits_2_with_one_line(capsys, config, tmp_path, argv, words):
     (tmp_path / "badfield.json").write_text('{"mcpServers": {"s": {"command": "x", "args": "y"}}}')
     names = {"config": config, "missing": tmp_path / "missing.json", "broken": tmp_path / "broken.json",
              "badfield": tmp_path / "badfield.json"}
-    rc, out, err = run_cli(capsys, "tools", *[str(names[a[1:-1]]) if a[1:-1] in names else a for a in argv])
+    argv = ["tools", *[str(names[a[1:-1]]) if a[1:-1] in names else a for a in argv]]
+    rc, out, err = run_cli(capsys, *argv)
     assert (rc, out) == (2, "") and len(err.splitlines()) == 1 and words.replace("{config}", str(config)) in err
+    assert (tools_main(argv), *capsys.readouterr()) == (rc, out, err)  # python -m core tools' own start
+
+
+# the child reports what it imported once the command ran (runpy: as python -m core runs it)
+_PROBE = ("import runpy, sys\nsys.argv = ['core', *sys.argv[1:]]\ntry:\n    runpy.run_module('core', run_name='__main__')\n"
+          "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules, 'mcp' in sys.modules, file=sys.stderr)\n")
+
+
+def test_a_builtin_call_starts_without_torch_or_the_mcp_sdk(tmp_path):
+    # a second, not 0.5: it measures a fresh interpreter's start (torch and the SDK took 7 s and 3 s here)
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": {"never": {"command": "no-such-mcp-server-xyz"}}}))
+    env = {**os.environ, "LLAMADESK_CONFIG_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", _PROBE, "tools", "call", "calculator", '{"expression": "6*7"}',
+                           "--builtin", "calculator"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert (done.stdout, done.stderr) == ("42\n", "0 False False\n")  # the configured server was never started
 
 
 def test_the_tool_options_fit_beside_generate_compare_and_serve():
