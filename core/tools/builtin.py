@@ -3,16 +3,17 @@ date and time, reading a file inside folders the user allowed, and fetching a UR
 
 Nothing here runs code the model wrote: the calculator parses with :mod:`ast` and walks an
 allow-list of number, operator and function nodes, with bounds on size and exponents; the
-file reader resolves symlinks before checking the folder and reads text only, size-bounded;
-the fetcher speaks http/https only (redirects included), with a timeout and a size bound,
-refuses addresses on this machine or its network unless allowed, and is off without a network.
+file reader resolves symlinks before checking the folder, then opens from the folder down
+following no link, and reads text only, size-bounded; the fetcher speaks http/https only
+(redirects included), with a timeout and a size bound, connects only to the addresses it
+checked (none on this machine or its network unless allowed), and is off without a network
+(:mod:`core.tools.guarded_io`).
 """
 from __future__ import annotations
 
 import ast
 import datetime as dt
 import errno
-import ipaddress
 import json
 import math
 import operator
@@ -27,7 +28,7 @@ from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from core.errors import one_line
-from core.limits import opened_regular
+from core.tools.guarded_io import open_inside, pinned_opener
 from core.tools.spec import MAX_RESULT_CHARS, Tool, ToolCall, ToolError, ToolResult
 
 __all__ = ["BuiltinTools", "BUILTIN_TOOLS", "calculate", "has_network", "CalcError"]
@@ -160,20 +161,6 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _private_host(host: str) -> bool:
-    """Whether ``host`` resolves to this machine or a private network (a page must not make
-    the model reach a router's admin page or a local service)."""
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False  # the fetch itself will say the host is unknown
-    for info in infos:
-        ip = ipaddress.ip_address(info[4][0].split("%")[0])
-        if ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_unspecified:
-            return True
-    return False
-
-
 # ----------------------------------------------------------------------------- the provider
 
 BUILTIN_TOOLS: dict[str, Tool] = {t.name: t for t in (
@@ -266,15 +253,19 @@ class BuiltinTools:
         if not path.is_absolute():
             path = self.folders[0] / path
         real = Path(os.path.realpath(path))
-        if not any(real == f or f in real.parents for f in self.folders):
+        inside = [f for f in self.folders if real == f or f in real.parents]
+        if not inside:
             raise ToolError(f"read_file: {raw[:120]} is outside the allowed folders "
                             f"({', '.join(str(f) for f in self.folders)})")
         if not real.exists():
             raise ToolError(f"read_file: no file {raw[:120]}")
-        # opened_regular refuses folders, FIFOs and devices without blocking on them
-        with opened_regular(real, error=ToolError) as fd:
+        # opened from the folder down, following no link: what was checked is what is read
+        fd = open_inside(inside[0], real, raw)
+        try:
             size = os.fstat(fd).st_size
             data = os.read(fd, min(size, self.max_file_bytes) + 1)
+        finally:
+            os.close(fd)
         if b"\x00" in data[:8192]:
             raise ToolError(f"read_file: {raw[:120]} is not a text file")
         text = data[:self.max_file_bytes].decode("utf-8", "replace")
@@ -287,9 +278,8 @@ class BuiltinTools:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ToolError(f"fetch_url takes http:// and https:// addresses only, got {url[:80]!r}")
-        if not self.allow_private and _private_host(parts.hostname):
-            raise ToolError(f"fetch_url does not reach this machine or private networks ({parts.hostname})")
-        opener = urllib.request.build_opener(_HttpOnlyRedirects)
+        # each connection (redirects too) resolves once, checks the addresses, connects to one
+        opener = pinned_opener(_HttpOnlyRedirects, allow_private=self.allow_private)
         request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
         try:
             with opener.open(request, timeout=timeout) as resp:

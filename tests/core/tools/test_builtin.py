@@ -8,10 +8,12 @@ import http.server
 import json
 import math
 import os
+import socket
 import threading
 
 import pytest
 
+from core.tools import builtin, guarded_io
 from core.tools.builtin import BUILTIN_TOOLS, BuiltinTools, CalcError, calculate
 from core.tools.spec import ToolCall, ToolError
 
@@ -106,7 +108,8 @@ def test_read_file_reads_inside_the_allowed_folders_only(folders):
 class _Pages(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path.startswith("/redirect-"):
-            where = {"/redirect-file": "file:///etc/passwd", "/redirect-ftp": "ftp://example.com/x"}[self.path]
+            where = {"/redirect-file": "file:///etc/passwd", "/redirect-ftp": "ftp://example.com/x",
+                     "/redirect-inside": f"http://inside.test:{self.server.server_address[1]}/page"}[self.path]
             self.send_response(302), self.send_header("Location", where), self.end_headers()
             return
         body, ctype = {"/page": (b"<html><script>evil()</script><p>Hello <b>web</b></p></html>", "text/html"),
@@ -151,3 +154,59 @@ def test_fetch_url_refuses_other_schemes_local_addresses_and_says_when_offline(s
     offline = BuiltinTools(["fetch_url", "calculator"], network=False)
     assert [t.name for t in offline.tools()] == ["calculator"]
     assert offline.notes == ["fetch_url is off: this machine has no network"]
+
+
+def test_read_file_reads_nothing_that_became_a_link_after_the_check(folders, monkeypatch):
+    """Time of check, time of use: a folder inside the allowed one is swapped for a link to a
+    secret one between resolving the path and opening it. The check saw a real folder (here:
+    realpath is made to answer as it did before the swap); the open must not follow the link."""
+    allowed, secret = folders
+    tools = BuiltinTools(["read_file"], folders=[allowed])
+    (allowed / "sub").symlink_to(secret, target_is_directory=True)  # the swap
+    monkeypatch.setattr(builtin.os.path, "realpath", os.path.abspath)  # the check, from before it
+    result = run(tools, "read_file", path=str(allowed / "sub" / "key.txt"))
+    assert result.is_error and "changed while it was opened" in result.content, result.content
+    assert "the secret" not in result.content
+    (allowed / "sub").unlink()
+    (allowed / "sub").mkdir()
+    (allowed / "sub" / "deep.txt").write_text("deep notes")
+    assert run(tools, "read_file", path=str(allowed / "sub" / "deep.txt")).content == "deep notes"
+    (allowed / "sub" / "key.txt").symlink_to(secret / "key.txt")  # the file itself swapped
+    result = run(tools, "read_file", path=str(allowed / "sub" / "key.txt"))
+    assert result.is_error and "the secret" not in result.content
+
+
+def test_fetch_url_connects_to_the_address_it_checked(site, monkeypatch):
+    """DNS rebinding: a name that answers a public address to the check and a private one
+    to the connection. Here 127.0.0.1 counts as public and 127.0.0.2 as private; the name
+    answers 127.0.0.1 once, then 127.0.0.2: the page is fetched from 127.0.0.1, and a
+    redirect to a private name is refused."""
+    port = int(site.rsplit(":", 1)[1])
+    answers = {"rebind.test": ["127.0.0.1", "127.0.0.2"], "inside.test": ["127.0.0.2"], "public.test": ["127.0.0.1"]}
+    asked, connected = [], []
+    real_connect, real_getaddrinfo = socket.create_connection, socket.getaddrinfo
+
+    def getaddrinfo(host, p, *args, **kwargs):
+        if host not in answers:  # create_connection's own look-up of the address it is given
+            return real_getaddrinfo(host, p, *args, **kwargs)
+        asked.append(host)
+        ips = answers[host]
+        ip = ips.pop(0) if len(ips) > 1 else ips[0]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, p))]
+
+    def create_connection(address, *args, **kwargs):
+        connected.append(address)
+        return real_connect(address, *args, **kwargs)
+
+    monkeypatch.setattr(guarded_io.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(guarded_io.socket, "create_connection", create_connection)
+    monkeypatch.setattr(guarded_io, "is_private", lambda ip: ip != "127.0.0.1")
+    tools = BuiltinTools(["fetch_url"], network=True)
+    page = run(tools, "fetch_url", url=f"http://rebind.test:{port}/page")
+    assert not page.is_error and "Hello" in page.content, page.content
+    assert asked == ["rebind.test"] and connected == [("127.0.0.1", port)]
+    again = run(tools, "fetch_url", url=f"http://rebind.test:{port}/page")  # now it answers 127.0.0.2
+    assert again.is_error and "does not reach this machine or private networks (rebind.test)" in again.content
+    inside = run(tools, "fetch_url", url=f"http://public.test:{port}/redirect-inside")
+    assert inside.is_error and "does not reach this machine or private networks (inside.test)" in inside.content
+    assert connected == [("127.0.0.1", port)] * 2  # the redirect's target was never connected to
