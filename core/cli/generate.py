@@ -14,6 +14,7 @@ from core.documents.chunk import model_counter
 from core.engine.events import Done
 from core.engine.settings import SamplingParams
 from core.prompt.tool_format import check_choice
+from core.tools.parse import looks_like_call
 from core.errors import SettingsError
 
 
@@ -97,7 +98,7 @@ def cut_call_note(done: Done | None, tools, choice) -> str:
     makes no call of a cut one, and a half '{"name": "' with exit 0 said nothing of why."""
     if not tools or done is None or done.stop_reason not in ("length", "context"):
         return ""
-    if choice in ("auto", "none", None) and not done.text.lstrip().startswith(("{", "[", "<|python_tag|>")):
+    if choice in ("auto", "none", None) and not looks_like_call(done.text):
         return ""
     if done.stop_reason == "length":
         return "the reply reached --max-new-tokens in the middle of a tool call, so no tool was called"

@@ -17,6 +17,7 @@ from core.remote.runner import describe_error, public_url
 from core.history.partial import PartialReply
 from core.history.records import HistoryError, Message
 from core.history.tool_messages import stored_calls
+from core.tools.parse import looks_like_call
 from core.worker.protocol import Error, GenerateRequest, Prompted
 
 from gui.bridge import Chunk
@@ -35,7 +36,7 @@ def cut_call(done) -> bool:
     call of it, and its half '{"name": ...' alone would not say so."""
     if done.stop_reason not in ("length", "context"):
         return False
-    return done.params.tool_choice not in ("auto", "none") or done.text.lstrip().startswith(("{", "[", "<|python_tag|>"))
+    return done.params.tool_choice not in ("auto", "none") or looks_like_call(done.text)
 
 
 # A reply's meta keys that describe how its last run ended (a continuation replaces them).

@@ -1,7 +1,7 @@
 """What a reply's token records say about its tool calls (issue 25, item 6).
 
 At the token where a reply could open a call, the alternatives the model weighed split into
-those that open one (``{``, ``[``, ``<|python_tag|>``, after any white space) and those
+those that open one (``{``, ``[``, ``<|python_tag|>``, ``<tool_call>``, after any white space) and those
 that answer in words: :func:`call_odds` sums each side of the recorded top alternatives (the
 rest of the probability was on tokens not recorded). Inside a call, the token that starts
 the tool's name holds the model's choice of tool: :func:`name_choices` maps its
@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 import re
 
-CALL_OPENERS = ("{", "[", "<|python_tag|>")
+CALL_OPENERS = ("{", "[", "<|python_tag|>", "<tool_call>")  # the last: Hermes / Qwen templates
 _NAME_KEY = re.compile(r'"name"\s*:\s*"')
 
 

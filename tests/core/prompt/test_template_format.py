@@ -240,3 +240,12 @@ def test_hostile_templates_are_refused_and_the_renderer_goes_on(renderer, templa
     with pytest.raises(SettingsError, match=f"chat template was refused: .*{why}"):
         renderer.render(template, {"messages": []})
     assert renderer.render("{{ messages | length }}", {"messages": [1, 2]}) == "2"
+
+
+def test_a_hermes_call_cut_short_is_said_as_one():
+    from types import SimpleNamespace
+
+    from core.cli.generate import cut_call_note
+    cut = SimpleNamespace(stop_reason="length", text='<tool_call>\n{"name": "get_ti')
+    assert "no tool was called" in cut_call_note(cut, [WEATHER], "auto")
+    assert cut_call_note(SimpleNamespace(stop_reason="length", text="It is sunny"), [WEATHER], "auto") == ""

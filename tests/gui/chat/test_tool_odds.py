@@ -3,10 +3,12 @@ model was to call a tool vs. answer, and at a tool's name which tools it weighed
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 from core.history.tool_messages import stored_calls
 from core.tools.spec import ToolCall
 from gui.chat.chat_view import ChatView
+from gui.chat.reply import cut_call
 from gui.widgets.token_inspector import TokenInspector
 from gui.widgets.tool_odds import call_odds, call_tokens, name_choices, opens_call, tool_note
 
@@ -31,6 +33,10 @@ def reply(**kw):
 
 def test_openers_and_the_split_of_the_recorded_mass():
     assert opens_call('{"') and opens_call(" [") and opens_call("<|python_tag|>") and not opens_call("The")
+    assert opens_call("<tool_call>") and not opens_call("<b>")  # a Hermes / Qwen template's call
+    cut = SimpleNamespace(stop_reason="length", text='<tool_call>\n{"name": "f', params=SimpleNamespace(tool_choice="auto"))
+    assert cut_call(cut) and not cut_call(SimpleNamespace(stop_reason="length", text="Once",
+                                                          params=SimpleNamespace(tool_choice="auto")))
     odds = call_odds(FIRST)
     assert math.isclose(odds["call"], 0.65) and math.isclose(odds["answer"], 0.3)
     assert math.isclose(odds["unlisted"], 0.05)
