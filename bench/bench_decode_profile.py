@@ -45,7 +45,7 @@ def layer_bytes(m: torch.nn.Module) -> int:
         return m.packed.numel() * m.packed.element_size() + m.scale_zeros.numel() * m.scale_zeros.element_size()
     if isinstance(m, Int8Linear):
         return m.qweight.numel() + m.scales.numel() * m.scales.element_size()
-    w = m.weight
+    w = m.weight16 if isinstance(m, Float16Linear) else m.weight
     return w.numel() * w.element_size()
 
 

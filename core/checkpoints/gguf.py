@@ -219,7 +219,9 @@ def float16_loader(t, dtype: torch.dtype, embedding: bool = False,
     """A loader that keeps an F16 matrix as the file's bytes (a view of the memory map: no
     copy, no conversion) in a :class:`Float16Linear`, or a :class:`Float16Embedding` whose
     lookups come out in ``dtype``. Its pages are read once now (NaN/inf check, and so the
-    first reply does not wait on the disk)."""
+    first reply does not wait on the disk). A matrix of more than ``f16.SPLIT_K`` inputs
+    is the exception: copied into column blocks (:func:`core.model.f16.k_parts`), its
+    file pages then released."""
     n, k = (int(d) for d in reversed(t.shape.tolist()))
 
     def load() -> torch.nn.Module:
@@ -232,7 +234,12 @@ def float16_loader(t, dtype: torch.dtype, embedding: bool = False,
         lo, hi = torch.aminmax(half)  # NaN propagates; 8 GB/s and no copy (a float64 sum copies)
         if not (math.isfinite(float(lo)) and math.isfinite(float(hi))):
             raise CheckpointError("holds NaN or infinite values: corrupt weights")
-        return Float16Embedding(half, dtype) if embedding else Float16Linear(half, refine=refine)
+        if embedding:
+            return Float16Embedding(half, dtype)
+        m = Float16Linear(half, refine=refine)
+        if m.parts > 1:  # it copied the weight into column blocks: the file's pages are not read again
+            release_mapped_pages(half.data_ptr(), 2 * half.numel())
+        return m
 
     return load
 

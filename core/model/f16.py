@@ -40,6 +40,9 @@ from torch import nn
 #: GEMM (see the module docstring; bench/bench_fidelity.py measures the crossover).
 DENSE_ROWS = 16
 
+#: Inputs per contiguous block of a float16 weight (see :func:`k_parts`)
+SPLIT_K = 4096
+
 #: oneDNN's float32 inner product (see the module docstring), where this PyTorch has it
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -49,6 +52,18 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if ONEDNN and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32:
         return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
     return F.linear(x, weight)
+
+
+def k_parts(k: int) -> int:
+    """In how many contiguous column blocks a float16 weight of ``k`` inputs is kept.
+
+    PyTorch's float16 matrix-vector kernel reads a weight row against x, both float16; past
+    SPLIT_K inputs the two no longer share the L1 cache and the kernel slows (the 1B
+    shape's 2048x8192 down projection: 10 GB/s against 15 GB/s for 8192x2048, 1 thread).
+    Such a weight is kept as [parts, N, K/parts] (one copy at load) and multiplied part by
+    part, summed in float32: at the 8192x2048 rate (2.2 against 3.4 ms)."""
+    parts = -(-k // SPLIT_K)
+    return parts if k % parts == 0 else 1
 
 
 class Float16Linear(nn.Module):
@@ -62,8 +77,11 @@ class Float16Linear(nn.Module):
         super().__init__()
         if weight.dtype != torch.float16 or weight.dim() != 2:
             raise ValueError(f"Float16Linear takes a 2-D float16 weight, not {weight.dtype} {tuple(weight.shape)}")
-        self.register_buffer("weight16", weight)
         self.out_features, self.in_features = weight.shape
+        self.parts = k_parts(self.in_features)
+        if self.parts > 1:  # [parts, N, K/parts]: each part's rows contiguous (see k_parts)
+            weight = weight.view(self.out_features, self.parts, -1).transpose(0, 1).contiguous()
+        self.register_buffer("weight16", weight)
         self.source = source
         self.refine = min(refine, self.out_features)  # top outputs per row recomputed in float32
         self.invariant = False
@@ -76,34 +94,52 @@ class Float16Linear(nn.Module):
         if self.dense is not None:
             y = dense_linear(x2.to(self.dense.dtype), self.dense)
         elif rows >= DENSE_ROWS:
-            y = dense_linear(x2.float(), self.weight16.float())
+            y = dense_linear(x2.float(), self.dequantize())
         elif self.invariant or rows == 1:
-            y = torch.cat([self._gemv(r) for r in x2.split(1)]) if rows > 1 else self._gemv(x2)
+            y = torch.cat([self._half(r) for r in x2.split(1)]) if rows > 1 else self._half(x2)
         else:
-            y = self._checked((self.weight16 @ x2.half().t()).t(), x2)
+            y = self._half(x2)
         if self.refine and self.dense is None and rows < DENSE_ROWS:
             y = self._refined(y, x2)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
-    def _gemv(self, row: torch.Tensor) -> torch.Tensor:
-        return self._checked((self.weight16 @ row.half().t()).t(), row)
-
-    def _checked(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """float32 y, recomputed in float32 when float16 overflowed (or x held inf/NaN)."""
-        y = y.float()
-        if not bool(torch.isfinite(y).all()):
-            y = F.linear(x.float(), self.weight16.float())
+    def _half(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 x @ W.T from float16 x and W (float32 sums), in float32 when float16 overflowed.
+        One row takes PyTorch's float16 matrix-vector kernel (``W @ x.T``)."""
+        xh = x.half()
+        if self.parts == 1:
+            y = (self.weight16 @ xh.t()).t().float()
+        else:
+            xs = xh.view(-1, self.parts, self.in_features // self.parts)
+            y = (self.weight16[0] @ xs[:, 0].t()).t().float()
+            for i in range(1, self.parts):
+                y += (self.weight16[i] @ xs[:, i].t()).t().float()
+        if not bool(torch.isfinite(y).all()):  # float16 overflowed (or x held inf/NaN)
+            y = F.linear(x.float(), self.dequantize())
         return y
+
+    def _rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """The float16 weight rows ``idx`` ([...] -> [..., K])."""
+        if self.parts == 1:
+            return self.weight16[idx]
+        return self.weight16[:, idx].movedim(0, -2).reshape(*idx.shape, self.in_features)
 
     def _refined(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """y with each row's ``refine`` largest entries recomputed from float32 x in float32."""
         idx = y.topk(self.refine, dim=-1).indices  # [rows, R]
-        w = self.weight16[idx].float()  # [rows, R, K]
-        exact = torch.bmm(w, x.float().unsqueeze(-1)).squeeze(-1)
+        w = self._rows(idx).float()  # [rows, R, K]
+        xf = x.float()
+        # row by row: a bmm over the rows rounded a row differently beside others
+        exact = torch.stack([torch.mv(w[i], xf[i]) for i in range(len(xf))])
         return y.scatter_(1, idx, exact)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self.weight16.to(dtype)
+        """The weight as [N, K] in ``dtype`` (one converting pass, also for a split weight)."""
+        if self.parts == 1:
+            return self.weight16.to(dtype)
+        out = torch.empty(self.out_features, self.in_features, dtype=dtype, device=self.weight16.device)
+        out.view(self.out_features, self.parts, -1).copy_(self.weight16.transpose(0, 1))
+        return out
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, source={self.source}"

@@ -37,3 +37,11 @@ def test_a_two_row_step_is_split_into_its_packed_layers_attention_and_the_rest(e
     assert engine.model.invariant
     assert not any(m._forward_hooks for m in engine.model.modules())
     assert torch.nn.functional.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"
+
+
+def test_f16_layers_count_their_float16_bytes():
+    """A Float16Linear has no ``weight`` (its float16 matrix is ``weight16``): it raised."""
+    from core.model.f16 import Float16Linear
+    m = Float16Linear(torch.zeros(24, 2 * 4096, dtype=torch.float16))  # also when kept in column blocks
+    assert prof.layer_bytes(m) == 2 * 24 * 8192
+    assert prof.shape_of(m) == (24, 8192)

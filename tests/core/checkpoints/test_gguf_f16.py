@@ -132,13 +132,36 @@ def test_float16_linear_sums_in_float32_and_falls_back_on_overflow():
 
 def test_float16_linear_rows_are_batch_invariant_and_dense_rows_exact():
     torch.manual_seed(1)
-    layer = Float16Linear((torch.randn(64, 256) * 0.05).half())
+    layer = Float16Linear((torch.randn(64, 256) * 0.05).half(), refine=4)  # refined rows too
     layer.invariant = True
     x = torch.randn(5, 1, 256)
     alone = torch.cat([layer(x[i:i + 1]) for i in range(5)])
     assert torch.equal(layer(x), alone)
     many = torch.randn(1, DENSE_ROWS, 256)
     assert torch.allclose(layer(many).double(), many.double() @ layer.weight16.double().T, rtol=0, atol=1e-5)
+
+
+def test_a_weight_past_split_k_inputs_is_kept_in_column_blocks_and_multiplies_alike():
+    """PyTorch's float16 matrix-vector kernel ran the 1B shape's 2048x8192 down projection
+    at two thirds the rate of 8192x2048 (docs/PERFORMANCE.md): such a weight is kept as
+    contiguous column blocks, each multiplied alone and summed in float32."""
+    torch.manual_seed(4)
+    k = 2 * f16.SPLIT_K
+    w = (torch.randn(24, k) * 0.02).half()
+    layer = Float16Linear(w.clone(), refine=4)
+    assert layer.parts == 2 and layer.weight16.shape == (2, 24, k // 2) and layer.weight16.is_contiguous()
+    assert torch.equal(layer.dequantize(), w.float())  # exact, in [N, K] order
+    layer.invariant = True
+    x = torch.randn(3, 1, k)
+    want = (x.double() @ w.double().T)
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(3)])
+    assert torch.equal(layer(x), alone)
+    # float16 x and float16 partial sums: the rounding of x and of each block's result
+    assert torch.allclose(alone.double(), want, rtol=0, atol=2e-3 * want.abs().max().item())
+    top = want[:, 0].topk(4, dim=-1).indices  # refined in float32 from the blocks' rows
+    assert torch.allclose(alone[:, 0].gather(1, top).double(), want[:, 0].gather(1, top), rtol=0, atol=1e-4)
+    many = torch.randn(1, DENSE_ROWS, k)
+    assert torch.allclose(layer(many).double(), many.double() @ w.double().T, rtol=0, atol=1e-4)
 
 
 @pytest.mark.skipif(not f16.ONEDNN, reason="this PyTorch has no oneDNN")
