@@ -249,6 +249,16 @@ class ActionBar(QWidget):
         self.stop_button.setEnabled(running)
 
 
+class LanesRow(QHBoxLayout):
+    """The lanes side by side, as tall as the area. Not height-for-width: QScrollArea then
+    gives the row its preferred height at that width (547 px where 423 are shown at
+    800x600: every lane's stats under the fold) instead of its minimum, which fits while
+    the lanes' text boxes give way and scroll."""
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 (Qt API)
+        return False
+
+
 class LanesArea(QScrollArea):
     """The lane columns side by side (objectName ``compareLanes``), scrolled sideways
     when they do not fit. One lane added beside the lanes shown (a branch, Add lane,
@@ -261,7 +271,7 @@ class LanesArea(QScrollArea):
         self.setWidgetResizable(True)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAsNeeded)
         self.host = QWidget()
-        self.lanes = QHBoxLayout(self.host)
+        self.lanes = LanesRow(self.host)
         self.lanes.setContentsMargins(0, 0, 0, 0)
         self.lanes.setSpacing(6)
         self.setWidget(self.host)

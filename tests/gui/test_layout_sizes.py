@@ -7,7 +7,7 @@ one line with the model's name in full, and the chat column keeps a fair share."
 from __future__ import annotations
 
 import pytest
-from PySide6.QtWidgets import QApplication, QLabel
+from PySide6.QtWidgets import QApplication, QLabel, QTableView
 
 from gui.compare.view import CompareView
 from gui.library.service import LibraryService
@@ -72,6 +72,10 @@ def test_compare_window(qtbot, loop, history, size):
     assert v.inspector.select_row(62)
     assert shown_at(v, size) == []
     assert v.inspector.ban_button.isVisible() and "drag…" in v.inspector.ban_button.text()  # cut in the middle
+    # Every lane whole in height, its stats too: only its text box scrolls, the lanes only sideways.
+    assert v.scroll.verticalScrollBar().maximum() == 0
+    stats = v.columns[0].stats
+    assert stats.text() and stats.mapTo(v.scroll.viewport(), stats.rect().bottomLeft()).y() < v.scroll.viewport().height()
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -86,6 +90,9 @@ def test_library_window(qtbot, loop, settings, tmp_path, monkeypatch, size, tab)
     try:
         w.show_tab(tab)
         assert shown_at(w, size) == []
+        if tab == "downloads":  # the file's name has room, and the columns fit without a scroll bar
+            table = w.findChild(QTableView, "downloadsTable")
+            assert table.columnWidth(0) >= 120 and table.horizontalScrollBar().maximum() == 0
     finally:
         service.shutdown()
 
