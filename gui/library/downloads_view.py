@@ -95,8 +95,11 @@ class DownloadsView(QWidget):
         self.table.verticalHeader().setDefaultSectionSize(30)
         h = self.table.horizontalHeader()
         h.setSectionResizeMode(QHeaderView.Interactive)
+        # File and Repository share what the others leave: fixed, those two took all but 4 px at
+        # 800 px (the file's name squeezed to "File", a scroll bar under an empty table).
         h.setSectionResizeMode(0, QHeaderView.Stretch)
-        for col, width in ((1, 200), (2, 220), (3, 90), (4, 90), (5, 150)):
+        h.setSectionResizeMode(1, QHeaderView.Stretch)
+        for col, width in ((2, 180), (3, 80), (4, 80), (5, 130)):
             self.table.setColumnWidth(col, width)
         self.table.selectionModel().selectionChanged.connect(lambda *_: self._update_buttons())
         self.model.dataChanged.connect(lambda *_: self._update_buttons())
