@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from core.prompt.tool_format import CHOICES, check_choice
 from core.serving.protocol import APIError, text_content
+from core.tools.parse import TAGGED
 from core.tools.spec import Tool, ToolCall, ToolError, new_call_id, tools_from_openai
 
 
@@ -156,6 +157,11 @@ class CallStream:
         if not self.mode:
             stripped = self.text.lstrip()
             if not stripped:
+                return []
+            if stripped[0] == "<" and TAGGED[0].startswith(stripped[:len(TAGGED[0])]):
+                # a Hermes / Qwen template's <tool_call> block, or the start of one: held, sent
+                # whole when the choice ends (its calls as parsed, else its text)
+                self.mode = "held" if stripped.startswith(TAGGED[0]) else ""
                 return []
             if stripped[0] not in "{[":
                 self.mode = "content"

@@ -104,6 +104,19 @@ def test_free_calls_stream_whole_at_the_end():
     assert looked.push('{"x": 1}') == [] and looked.finish([]) == [{"content": '{"x": 1}'}]
 
 
+def test_a_hermes_templates_call_streams_as_a_call_not_as_text():
+    """A model whose own template writes <tool_call> blocks: the block is no content."""
+    from core.prompt.template_format import TemplateToolCalling
+    from core.tools.spec import Tool
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+    s = CallStream(True)
+    assert sum((s.push(ch) for ch in text), []) == []
+    [d] = s.finish(TemplateToolCalling((Tool("add"),)).parse(text))
+    assert d["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 1}'}
+    tagged = CallStream(True)  # text that only began like a call is an answer
+    assert tagged.push("<to") == [] and tagged.push("day>") == [{"content": "<today>"}]
+
+
 def test_unheld_calls_and_parallel_lists_stream(served):
     state, client = served
     s = CallStream(True)
