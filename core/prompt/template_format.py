@@ -136,7 +136,10 @@ class TemplateChatFormat:
         data = {"messages": [_hf_message(m, self.style) for m in messages],
                 "tools": [t.to_openai() for t in tools] or None}
         context = {**self._marks.hide(data), **self._names, "add_generation_prompt": bool(add_generation_prompt)}
-        return render_template(self.template, context)
+        try:
+            return render_template(self.template, context)
+        except SettingsError as e:
+            raise SettingsError(f"{e}; choose another chat format (Llama 3, raw completion) in the settings") from None
 
     def encode_dialog(self, messages: list[dict], *, add_generation_prompt: bool = True,
                       tools: tuple[Tool, ...] = ()) -> list[int]:

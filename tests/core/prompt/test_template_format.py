@@ -220,6 +220,9 @@ def test_a_template_with_another_call_shape_refuses_tools_and_still_chats(qwen_j
         fmt.encode_dialog([{"role": "user", "content": "hi"}], tools=(WEATHER,))
     ids = fmt.encode_dialog([{"role": "user", "content": "hi"}])
     assert ids[0] == fmt.tokenizer.special_id("<|im_start|>") and fmt.tokenizer.decode(ids) == "user\nhi\nassistant\n"
+    hostile = chat_format_for(fmt.tokenizer, template="{{ tools }}{{ messages.__class__.__mro__ }}")
+    with pytest.raises(SettingsError, match="refused: it reaches outside the sandbox.*choose another chat format"):
+        hostile.encode_dialog([{"role": "user", "content": "hi"}])
 
 
 @pytest.fixture(scope="module")
