@@ -133,8 +133,9 @@ class PromptRow(QWidget):
         return d
 
     def show_prompt(self, prompt: dict, context: list[dict]) -> None:
-        """Show a saved comparison's prompt, mode and context."""
+        """Show a saved comparison's prompt, mode, context and tools."""
         self.prompt_edit.setPlainText(str(prompt.get("text", "")))
+        self.tools = [t for t in prompt.get("tools") or [] if isinstance(t, dict)]
         self.mode_combo.setCurrentIndex(max(0, self.mode_combo.findData(prompt.get("mode", "chat"))))
         self.offer_context(context)
 

@@ -536,6 +536,7 @@ class CompareView(QWidget):
         prompt = data.get("prompt") or {}
         lanes = data.get("lanes") or []
         self.prompt_row.show_prompt(prompt, records.context_of(prompt))
+        self._tools = list(self.prompt_row.tools)  # its lanes are offered the tools it was saved with
         self.chat_format = prompt.get("chat_format", self.chat_format)
         self.bar.seed_lock.blockSignals(True)
         self.bar.seed_lock.setChecked(False)

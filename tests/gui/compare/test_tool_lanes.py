@@ -15,7 +15,9 @@ from gui.compare.lanes import calls_label
 from gui.compare.models import ModelShelf
 from gui.compare.runner import ComparisonRunner, LaneJob, running_line
 from gui.widgets.token_run import LaneRun
+from tests.gui.compare.common import history  # noqa: F401  (fixture)
 from tests.gui.compare.test_runner import LOADED, Bridge, words
+from tests.gui.ui_helpers import loop  # noqa: F401  (fixture)
 
 COLORS = {"mark": "#c00", "muted": "#888"}
 
@@ -96,3 +98,22 @@ def test_a_lanes_tools_row_is_offered_with_tools_and_keeps_off(qtbot):
     qtbot.addWidget(again)
     assert again.settings()["tool_choice"] == "gone_tool" and again.settings()["tool_constraint"] is False
     assert "not offered" in again.tools.choice.currentText()
+
+
+def test_a_saved_comparison_reopens_with_its_tools_and_lanes_tool_choices(qtbot, loop, history):  # noqa: F811
+    from gui.compare.view import CompareView
+    from tests.gui.compare.common import FakeBridge
+    tool = {"type": "function", "function": {"name": "note", "description": "",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    v = CompareView(bridge=FakeBridge(), history=history, prompt="Note this", tools=[tool],
+                    lanes=[{"tool_choice": "auto"}, {"tool_choice": "off", "tool_constraint": False}])
+    qtbot.addWidget(v)
+    saved = history.save_comparison("notes", *v.comparison_data()).id
+    again = CompareView(bridge=FakeBridge(), history=history)
+    qtbot.addWidget(again)
+    again.open_comparison(saved)
+    assert again.prompt_row.prompt("auto")["tools"] == [tool]
+    assert [c.settings()["tool_choice"] for c in again.columns] == ["auto", "off"]
+    assert not again.columns[1].settings()["tool_constraint"]
+    assert not again.columns[1].tools.isHidden() and "note" in [again.columns[0].tools.choice.itemData(i)
+                                                                for i in range(again.columns[0].tools.choice.count())]
