@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.model import pack_cpu
 from core.model.gguf_blocks import BLOCK_BYTES, Groups, decode_blocks
 from core.model.quant import GROUP, PACKED_TYPES, QUANT_DTYPES, TWO_PLANES, Int4Linear, Int8Linear
 
@@ -26,7 +27,9 @@ def _pack_rows(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     if pad:
         q, scale, zero = (F.pad(t, (0, 0, 0, pad)) for t in (q, scale, zero))
     sz = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(device=device, dtype=torch.bfloat16)
-    if device.type == "cpu":
+    if device.type == "cpu" and pack_cpu.layout_matches():
+        packed = pack_cpu.one_plane(q.to(torch.uint8)).view(q.shape[0], q.shape[1] // 2)
+    elif device.type == "cpu":
         packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
     else:  # CUDA wants two nibbles per byte, even column high (unmeasured here)
         qi = q.to(device=device, dtype=torch.int32)
@@ -125,8 +128,10 @@ def _requantize_q6_k(g: Groups) -> Groups:
 def pack_gguf(raw: torch.Tensor, kind: str, n: int, k: int, device: torch.device) -> Int4Linear:
     """An Int4Linear holding a GGUF tensor [N, K] of one of PACKED_TYPES.
 
-    Decoded and packed CHUNK_ROWS rows at a time, so the temporaries (int32 values,
-    float32 scales) stay a few MB instead of several times the tensor.
+    On the CPU, Q4_K, Q6_K and Q8_0 (what common files hold) go from the file's bytes to
+    the kernel's in byte operations (:mod:`core.model.pack_cpu`, the same values bit for
+    bit); the other types are decoded and packed CHUNK_ROWS rows at a time, so the
+    temporaries (int16 values, float32 scales) stay a few MB instead of several times the tensor.
     """
     if k % BLOCK_BYTES[kind][0]:
         raise ValueError(f"{k} columns are not a multiple of {kind}'s block size {BLOCK_BYTES[kind][0]}")
@@ -134,6 +139,12 @@ def pack_gguf(raw: torch.Tensor, kind: str, n: int, k: int, device: torch.device
         raise ValueError(f"holds {raw.numel()} bytes, not a whole number per row for {n} rows")
     rows = raw.reshape(n, -1)
     planes = 2 if kind in TWO_PLANES else 1
+    if device.type == "cpu" and kind in pack_cpu.KINDS and pack_cpu.layout_matches():
+        if raw.numel() != n * (k // BLOCK_BYTES[kind][0]) * BLOCK_BYTES[kind][1]:
+            raise ValueError(f"holds {raw.numel()} bytes, {kind} [{n}, {k}] needs "
+                             f"{n * (k // BLOCK_BYTES[kind][0]) * BLOCK_BYTES[kind][1]}")
+        packed, sz = pack_cpu.pack(rows, kind, n, k)
+        return Int4Linear(packed, sz, k, n, planes, kind)
 
     def parts():
         for i in range(0, n, CHUNK_ROWS):

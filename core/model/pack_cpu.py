@@ -1,0 +1,159 @@
+"""GGUF blocks straight into the CPU int4 kernel's layout, in byte operations.
+
+Opening a Q4_K_M or Q8_0 file used to decode every weight into int16, widen it to int32 and
+hand it to ``torch._convert_weight_to_int4pack_for_cpu``, with the Q6_K and two-plane
+arithmetic in float32 over whole 1024-row chunks (tens of MB, so every temporary page
+faulted): 22 s of CPU for a 1B Q4_K_M file. Here the file's bytes are rearranged into the
+kernel's bytes with uint8 operations (no value is widened; only the per-group scales and
+Q6_K's rounding step are float32), a few hundred KB at a time so the temporaries stay in
+cache, into one preallocated tensor.
+
+The kernel's layout (read off ``weight_to_int4pack_kernel`` for AVX-512, checked at first
+use against torch's own packer, which is used instead where it differs: AVX2 builds pack
+32-row blocks): blocks of 64 output rows; for each input column 32 bytes, byte j holding
+row j in its low nibble and row j+32 in its high nibble.
+
+The values and the float32 scale arithmetic are the same operations in the same order as
+:func:`core.model.pack.pack_gguf`'s general path, so the packed layers are bit for bit the
+same (tests): a cache written by either is valid for both.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+#: weights rearranged per step (64-row blocks up to this many): the float32 temporaries of
+#: Q6_K stay ~4 MB, where whole 1024-row chunks page faulted (5x slower per pass)
+STEP_WEIGHTS = 1 << 20
+#: GGUF types packed here: the ones llama.cpp's common Q4_K_M / Q6_K / Q8_0 files hold
+KINDS = {"Q4_K": (256, 144, 1), "Q6_K": (256, 210, 2), "Q8_0": (32, 34, 2)}
+
+
+@functools.cache
+def layout_matches() -> bool:
+    """Whether torch's CPU int4 packer lays bytes out as :func:`one_plane` does (64-row
+    blocks, AVX-512 builds): probed once on a small random matrix."""
+    q = torch.randint(0, 16, (128, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    ref = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    return torch.equal(one_plane(q.to(torch.uint8)).view(ref.shape), ref)
+
+
+def one_plane(q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """4-bit values q (uint8 [R, K], 0..15, R a multiple of 64) -> the kernel's bytes
+    [R/64, K, 32], into ``out`` if given: rows are paired first, so the transpose moves
+    half the bytes."""
+    r, k = q.shape
+    v = q.view(r // 64, 2, 32, k)
+    paired = (v[:, 0] | (v[:, 1] << 4)).transpose(1, 2)
+    return paired.contiguous() if out is None else out.copy_(paired)
+
+
+def two_planes(u: torch.Tensor, out: torch.Tensor, signed: bool = False) -> None:
+    """8-bit values u (uint8 [R, ...] flattening to [R, K]; int8 read as ``u + 128`` if
+    ``signed``) as a high and a low 4-bit plane, side by side along K as the kernel sees
+    them over ``[x, x]``, into ``out`` [R/64, 2K, 32]. Rows are moved next to their pair
+    first (one copy that reads the source in order), so the nibble operations run on
+    contiguous bytes and write the kernel's bytes in place."""
+    r, k, inner = u.shape[0], out.shape[1] // 2, u.shape[1:]
+    v = u.view(r // 64, 2, 32, *inner)  # [R, K], or Q8_0's [R, K/32, 32] inside its 34-byte blocks
+    t = torch.empty(r // 64, *inner, 2, 32, dtype=torch.uint8)
+    t.copy_(v.permute(0, *range(3, 3 + len(inner)), 1, 2))
+    t = t.view(r // 64, k, 2, 32)
+    a, b = t[:, :, 0], t[:, :, 1]  # rows j and j + 32 of each block, [R/64, K, 32]
+    hi, lo = out[:, :k], out[:, k:]
+    torch.bitwise_or(a >> 4, b & 0xF0, out=hi)
+    if signed:  # (x ^ 0x80) >> 4 == (x >> 4) ^ 8, (x ^ 0x80) & 0xF0 == (x & 0xF0) ^ 0x80
+        hi ^= 0x88
+    torch.bitwise_or(a & 15, b << 4, out=lo)  # the low nibbles do not see the flip
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """Little-endian fp16 from the last dim's 2 bytes, as float32; ValueError if any is
+    NaN or infinite (the values are integers: only a block scale can be)."""
+    d = b.contiguous().view(torch.float16).squeeze(-1).float()
+    if not torch.isfinite(d).all():
+        raise ValueError("holds NaN or infinite block scales: corrupt weights")
+    return d
+
+
+def _planes_scales(d: torch.Tensor, zero: torch.Tensor | float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales and zeros of the two planes for values ``d * (u - 128) + zero``: the high
+    plane 16d with the offset's bfloat16 part, the low plane d with what that leaves."""
+    d = d.bfloat16().float()
+    z = 8 * d + zero
+    z_hi = z.bfloat16().float()
+    return torch.cat([16 * d, d], 1), torch.cat([z_hi, z - z_hi], 1)
+
+
+def _q8_0(b: torch.Tensor, r: int, k: int, out: torch.Tensor):
+    """Q8_0: 32 int8 values under an fp16 d."""
+    b = b.view(r, k // 32, 34)
+    two_planes(b[..., 2:], out, signed=True)
+    return _planes_scales(_f16(b[..., :2]))
+
+
+def _q4_k(b: torch.Tensor, r: int, k: int, out: torch.Tensor):
+    """Q4_K: 8 groups of 32 nibbles under 6-bit scales and mins, themselves under fp16 d, dmin.
+    Each 32-byte run holds weights i (low nibble) and i + 32 (high) of a 64-weight run, so
+    the bytes of rows j and j + 32 recombine into the kernel's bytes without unpacking."""
+    b = b.view(r, k // 256, 144)
+    d, dmin = _f16(b[..., 0:2]).unsqueeze(-1), _f16(b[..., 2:4]).unsqueeze(-1)
+    s = b[..., 4:16].to(torch.int32)
+    sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
+    mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    scale, zero = (d * sc).reshape(r, -1), (-(dmin * mn)).reshape(r, -1)
+    v = b[..., 16:].view(r // 64, 2, 32, k // 256, 4, 32)  # [blocks, j // 32, j % 32, super, run, i]
+    t = torch.empty(r // 64, k // 256, 4, 32, 2, 32, dtype=torch.uint8)  # [blocks, super, run, i, j]
+    t.copy_(v.permute(0, 3, 4, 5, 1, 2))
+    t = t.view(r // 64, k // 64, 32, 2, 32)
+    lo, hi = t[:, :, :, 0], t[:, :, :, 1]
+    cols = out.view(r // 64, k // 64, 2, 32, 32)  # [blocks, run, weight i or i + 32, i, j]
+    torch.bitwise_or(lo & 15, hi << 4, out=cols[:, :, 0])
+    torch.bitwise_or(lo >> 4, hi & 0xF0, out=cols[:, :, 1])
+    return scale, zero + 8 * scale
+
+
+def _q6_k(b: torch.Tensor, r: int, k: int, out: torch.Tensor):
+    """Q6_K: 6-bit values with an int8 scale per 16 under fp16 d, requantized to one scale
+    per 32 as :func:`core.model.pack._requantize_q6_k` does (same float32 operations)."""
+    b = b.view(r, k // 256, 210)
+    ql = b[..., :128].reshape(r, -1, 2, 1, 64)
+    qh = b[..., 128:192].reshape(r, -1, 2, 1, 32)
+    low = torch.cat([ql & 15, ql >> 4], 3).view(r, -1, 2, 128)
+    high = torch.cat([qh & 3, (qh >> 2) & 3, (qh >> 4) & 3, (qh >> 6) & 3], 3).view(r, -1, 2, 128)
+    q = low | (high << 4)  # 0..63, weights in the file's order
+    s = (_f16(b[..., 208:210]).unsqueeze(-1) * b[..., 192:208].contiguous().view(torch.int8).float())
+    s = s.reshape(r, -1, 2)  # d*sc of each pair of 16-weight sub-blocks
+    big = torch.where(s[..., 0].abs() >= s[..., 1].abs(), s[..., 0], s[..., 1])
+    ratio = torch.where(big.unsqueeze(-1) == 0, torch.zeros_like(s), s / big.unsqueeze(-1))
+    w = q.view(r, -1, 2, 16).float().sub_(32).mul_(4).mul_(ratio.unsqueeze(-1))
+    u = w.round_().clamp_(-128, 127).add_(128).to(torch.uint8)
+    two_planes(u.view(r, k), out)
+    return _planes_scales(big / 4)
+
+
+_DECODERS = {"Q4_K": _q4_k, "Q6_K": _q6_k, "Q8_0": _q8_0}
+
+
+def pack(rows: torch.Tensor, kind: str, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed uint8 [N', planes*K/2], scale_zeros bfloat16 [planes*K/32, N', 2]) of a GGUF
+    tensor's rows (uint8 [N, bytes per row]) of one of :data:`KINDS`; N' = N padded to 64
+    rows (padding rows are zero bytes: scale and zero 0). Raises ValueError on a non-finite
+    block scale (the values are integers: only a scale can be NaN or infinite)."""
+    block, nbytes, planes = KINDS[kind]
+    total = n + -n % 64
+    packed = torch.empty(total // 64, planes * k, 32, dtype=torch.uint8)
+    sz = torch.empty(planes * k // 32, total, 2, dtype=torch.bfloat16)
+    step = max(64, STEP_WEIGHTS // k // 64 * 64)
+    decode = _DECODERS[kind]
+    for r0 in range(0, total, step):
+        chunk = rows[r0:r0 + step]
+        r = min(step, total - r0)
+        if chunk.shape[0] < r:  # the last rows: zero bytes up to the 64-row block
+            chunk = torch.cat([chunk, chunk.new_zeros(r - chunk.shape[0], chunk.shape[1])])
+        scale, zero = decode(chunk, r, k, packed[r0 // 64:(r0 + r) // 64])
+        sz[:, r0:r0 + r, 0] = scale.t()
+        sz[:, r0:r0 + r, 1] = zero.t()
+    sz[:, n:] = 0
+    return packed.view(total, planes * k // 2), sz

@@ -1,0 +1,70 @@
+"""The byte-level CPU packer (core/model/pack_cpu.py) against torch's own int4 packer."""
+import numpy as np
+import pytest
+import torch
+
+from core.model import pack, pack_cpu
+from tests.core.model.test_quant import as_raw, gguf_blocks
+
+CPU = torch.device("cpu")
+K = 512
+
+
+def through_torch(raw, kind, n, k, monkeypatch):
+    """The general path: blocks decoded to integers, packed by torch._convert_weight_to_int4pack_for_cpu."""
+    with monkeypatch.context() as m:
+        m.setattr(pack_cpu, "layout_matches", lambda: False)
+        return pack.pack_gguf(raw, kind, n, k, CPU)
+
+
+def test_the_direct_layout_is_torchs_on_this_cpu():
+    assert pack_cpu.layout_matches()  # else the fast path is off and these tests say nothing
+    q = torch.randint(0, 16, (192, 96), dtype=torch.int32, generator=torch.Generator().manual_seed(3))
+    ref = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    assert torch.equal(pack_cpu.one_plane(q.to(torch.uint8)).view(ref.shape), ref)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("n", [192, 200])  # 200: the last 64-row block is padded
+def test_fast_packing_is_bit_for_bit_the_general_path(kind, n, monkeypatch):
+    raw = as_raw(gguf_blocks(kind, n=n, k=K, seed=n))
+    fast = pack.pack_gguf(raw, kind, n, K, CPU)
+    ref = through_torch(raw, kind, n, K, monkeypatch)
+    assert fast.packed.shape == ref.packed.shape and fast.planes == ref.planes
+    assert torch.equal(fast.scale_zeros, ref.scale_zeros)
+    # padding rows hold other nibbles under scale and zero 0: compare the real rows' values
+    assert torch.equal(fast.dequantize(), ref.dequantize())
+    if n % 64 == 0:
+        assert torch.equal(fast.packed, ref.packed)
+    x = torch.randn(3, K, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(fast(x), ref(x))
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q8_0"])
+def test_packing_in_small_steps_equals_one_step(kind, monkeypatch):
+    raw = as_raw(gguf_blocks(kind, n=200, k=K))
+    whole = pack.pack_gguf(raw, kind, 200, K, CPU)
+    monkeypatch.setattr(pack_cpu, "STEP_WEIGHTS", 64 * K)  # 64 rows a step, the last one padded
+    steps = pack.pack_gguf(raw, kind, 200, K, CPU)
+    assert torch.equal(steps.packed, whole.packed) and torch.equal(steps.scale_zeros, whole.scale_zeros)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0"])
+def test_a_non_finite_block_scale_is_refused(kind):
+    data = gguf_blocks(kind, n=64, k=K).copy()
+    at = {"Q4_K": 0, "Q8_0": 0, "Q6_K": 208}[kind]  # where the first block's fp16 d sits
+    data[5, at:at + 2] = np.array([np.inf], np.float16).view(np.uint8)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        pack.pack_gguf(as_raw(data), kind, 64, K, CPU)
+    with pytest.raises(ValueError, match="bytes"):
+        pack.pack_gguf(as_raw(data)[:-K], kind, 64, K, CPU)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_K"])
+def test_cpu_packing_never_widens_values_for_torchs_packer(kind, monkeypatch):
+    """Every GGUF type's bytes reach the kernel's layout without torch's int32 packer (the
+    largest single cost of opening a file before)."""
+    monkeypatch.setattr(torch, "_convert_weight_to_int4pack_for_cpu",
+                        lambda *a: pytest.fail("packed through torch's int32 packer"))
+    layer = pack.pack_gguf(as_raw(gguf_blocks(kind, n=64, k=K)), kind, 64, K, CPU)
+    assert layer.packed.shape == (64, layer.planes * K // 2)
