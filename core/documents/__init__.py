@@ -9,6 +9,6 @@ from core.documents.index import Blob, Collection, DocumentIndex, Hit
 from core.documents.retrieve import MODES, Embedder, Retriever, fastembed_embedder, rrf
 
 __all__ = ["Blob", "Chunk", "Collection", "Document", "DocumentError", "DocumentIndex", "Embedder", "Grounding",
-           "Hit", "IndexJob", "MODES", "Progress", "Retriever", "Section", "Source", "TokenizerCounter", "approx_tokens",
-           "chunk_document", "default_budget", "extract", "fastembed_embedder", "ground", "index_collection",
+           "Hit", "IndexJob", "MODES", "Progress", "Retriever", "Section", "Source", "TokenizerCounter",
+           "approx_tokens", "chunk_document", "default_budget", "extract", "fastembed_embedder", "ground", "index_collection",
            "kind_of", "rrf"]

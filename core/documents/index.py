@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.documents.bm25 import CANDIDATE_ROWS, Scorer, rare_terms, tokens, varints
 from core.documents.chunk import DEFAULT_CHUNK_TOKENS, Chunk, TokenCounter, approx_tokens, chunk_document, counter_key
 from core.documents.extract import Document, DocumentError, extract, file_sha256
 from core.history.schema import MIGRATIONS, SCHEMA_V1, SCHEMA_VERSION
@@ -86,10 +87,18 @@ def blob_key(sha256: str, count_tokens: TokenCounter = approx_tokens, max_tokens
 _TERM = re.compile(r"\w+", re.UNICODE)
 
 
+def fts_terms(text: str, *, max_terms: int = 64) -> list[str]:
+    """The words of free text a search looks for (lower case, each once, at most ``max_terms``)."""
+    return list(dict.fromkeys(t.lower() for t in _TERM.findall(text)))[:max_terms]
+
+
 def fts_query(text: str, *, max_terms: int = 64) -> str:
     """An FTS5 MATCH expression for free text: each word quoted (no operator or column
     syntax from the user reaches FTS5), any of them may match (BM25 ranks by how many)."""
-    terms = list(dict.fromkeys(t.lower() for t in _TERM.findall(text)))[:max_terms]
+    return _match(fts_terms(text, max_terms=max_terms))
+
+
+def _match(terms: list[str]) -> str:
     return " OR ".join(f'"{t}"' for t in terms)
 
 
@@ -101,6 +110,9 @@ class DocumentIndex:
         if self.path != ":memory:":
             History(self.path).close()  # creates or upgrades the store (its migrations make our tables)
         self._lock = threading.RLock()
+        self._vocab = False  # temp.doc_vocab (row counts per word) made on this connection
+        #: rows the rare words of a question may hold before pruning (core/documents/bm25.py)
+        self.candidate_rows = CANDIDATE_ROWS
         self._conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False, timeout=30.0)
         self._conn.row_factory = sqlite3.Row
         self._conn.execute("PRAGMA foreign_keys = ON")
@@ -225,12 +237,23 @@ class DocumentIndex:
                                             " AND blob_id IS NOT NULL AND status = 'ok'", (cid,)))
         return sorted(ids)
 
-    def bm25(self, query: str, blob_ids: list[int], limit: int = 20) -> list[tuple[int, float]]:
-        """[(chunk id, score)] best first, by FTS5's BM25 over the passages of ``blob_ids``."""
-        match = fts_query(query)
-        if not match or not blob_ids:
+    def bm25(self, query: str, blob_ids: list[int], limit: int = 20, *, prune: bool = True) -> list[tuple[int, float]]:
+        """[(chunk id, score)] best first, by FTS5's BM25 over the passages of ``blob_ids``.
+        ``prune``: when the question's words hold many rows, score fully only the best
+        candidates of its rarest words (:mod:`core.documents.bm25`)."""
+        terms = fts_terms(query)
+        if not terms or not blob_ids:
             return []
-        if len(set(blob_ids)) >= self.q("SELECT count(*) FROM doc_blobs")[0][0]:
+        everything = len(set(blob_ids)) >= self.q("SELECT count(*) FROM doc_blobs")[0][0]
+        if prune and len(terms) > 1 and all(tokens(t) == [t] for t in terms):
+            df = self._df(terms)
+            rare = rare_terms(terms, df, self._averages()[0], self.candidate_rows)
+            if rare is not None:
+                return self._rescored(terms, df, self._holding(_match(rare), blob_ids, everything), limit)
+        return self._fts(_match(terms), blob_ids, everything, limit)
+
+    def _fts(self, match: str, blob_ids: list[int], everything: bool, limit: int) -> list[tuple[int, float]]:
+        if everything:
             # Everything indexed is in scope: no join to the passages (half the time at 100k).
             rows = self.q("SELECT rowid, bm25(doc_chunks_fts, 1.0, 0.5) AS s FROM doc_chunks_fts"
                           " WHERE doc_chunks_fts MATCH ? ORDER BY s LIMIT ?", (match, int(limit)))
@@ -241,6 +264,43 @@ class DocumentIndex:
                           f" WHERE doc_chunks_fts MATCH ? AND k.blob_id IN ({scope}) ORDER BY s LIMIT ?",
                           (match, int(limit)))
         return [(r[0], -float(r[1])) for r in rows]
+
+    def _holding(self, match: str, blob_ids: list[int], everything: bool) -> list[int]:
+        """The rows (in scope) holding any word of ``match``: no ranking, so no counting."""
+        if everything:
+            return [r[0] for r in self.q("SELECT rowid FROM doc_chunks_fts WHERE doc_chunks_fts MATCH ?", (match,))]
+        scope = ",".join(str(int(b)) for b in blob_ids)
+        return [r[0] for r in self.q("SELECT f.rowid FROM doc_chunks_fts f JOIN doc_chunks k ON k.id = f.rowid"
+                                     f" WHERE doc_chunks_fts MATCH ? AND k.blob_id IN ({scope})", (match,))]
+
+    def _df(self, terms: list[str]) -> dict[str, int]:
+        """{word: rows holding it}, from FTS5's vocabulary (an index lookup per word)."""
+        with self._lock:
+            if not self._vocab:
+                self._conn.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.doc_vocab"
+                                   " USING fts5vocab(main, 'doc_chunks_fts', 'row')")
+                self._vocab = True
+        return {r[0]: r[1] for r in self.q(f"SELECT term, doc FROM temp.doc_vocab WHERE term IN"
+                                           f" ({','.join('?' * len(terms))})", terms)}
+
+    def _averages(self) -> tuple[int, float]:
+        """(rows, mean tokens a row) as FTS5's bm25() reads them: its averages record."""
+        rows = self.q("SELECT block FROM doc_chunks_fts_data WHERE id = 1")
+        v = varints(rows[0][0]) if rows else [0]
+        return v[0], sum(v[1:]) / max(v[0], 1)
+
+    def _rescored(self, terms: list[str], df: dict[str, int], candidates: list[int],
+                  limit: int) -> list[tuple[int, float]]:
+        """The candidates scored with every word (FTS5's formula and statistics), best first."""
+        if not candidates:
+            return []
+        n_rows, avgdl = self._averages()
+        scorer = Scorer(terms, df, n_rows, avgdl)
+        rows = self.q("SELECT k.id, k.heading, k.text, d.sz FROM doc_chunks k JOIN doc_chunks_fts_docsize d"
+                      f" ON d.id = k.id WHERE k.id IN ({','.join(map(str, candidates))})")
+        scored = [(r[0], scorer.score(r[2], r[1], sum(varints(r[3])))) for r in rows]
+        scored.sort(key=lambda x: (-x[1], x[0]))
+        return scored[:limit]
 
     # ------------------------------------------------------------------ collections
 

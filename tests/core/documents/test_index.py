@@ -4,7 +4,7 @@ import sqlite3
 import pytest
 
 from core.documents.extract import DocumentError
-from core.documents.index import DocumentIndex, fts_query
+from core.documents.index import DocumentIndex, fts_query, fts_terms
 from core.history.schema import MIGRATIONS, SCHEMA_V1, SCHEMA_VERSION
 from core.history.store import History
 
@@ -106,3 +106,44 @@ def test_attach_is_cached_by_content_and_by_the_counter(ix, tmp_path):
     assert chars.sha256 == f"{words.sha256}|chars4|64" and len(rows) == chars.chunks > words.chunks
     assert all(_Chars()(text) == n <= 64 for text, n in rows)
     assert ix.attach(f, _Chars(), max_tokens=64) == (chars, None) and ix.attach(f) == (words, None)
+
+
+def _typing_corpus(ix, tmp_path):
+    """Passages sharing common words, a few holding rarer ones (headings, "_", capitals)."""
+    f = tmp_path / "corpus.md"
+    common = "the data of the system and the value in the file"
+    parts = [f"## Part {i}\n\n{common} number{i % 7} entry{i % 13} " + ("Zebra_stripes shine. " if i % 17 == 0 else "")
+             + ("the the the value " * (i % 3)) for i in range(120)]
+    parts.append("## Zebra notes\n\nThe zebra data file: zebra stripes in the system.")
+    f.write_text("\n\n".join(parts))
+    blob, _ = ix.attach(f, max_tokens=40)
+    return blob
+
+
+def test_python_bm25_is_fts5s_bm25(ix, tmp_path):
+    """The pruned search scores candidates in Python: the same numbers FTS5's bm25() gives."""
+    from core.documents import bm25
+    blob = _typing_corpus(ix, tmp_path)
+    terms = ["zebra", "data", "the", "stripes", "number3"]
+    match = " OR ".join(f'"{t}"' for t in terms)
+    fts = dict(ix.q("SELECT rowid, -bm25(doc_chunks_fts, 1.0, 0.5) FROM doc_chunks_fts WHERE doc_chunks_fts MATCH ?",
+                    (match,)))
+    df = ix._df(terms)
+    scorer = bm25.Scorer(terms, df, *ix._averages())
+    rows = ix.q("SELECT k.id, k.heading, k.text, d.sz FROM doc_chunks k JOIN doc_chunks_fts_docsize d ON d.id = k.id"
+                " WHERE k.blob_id = ?", (blob.id,))
+    ours = {r[0]: scorer.score(r[2], r[1], sum(bm25.varints(r[3]))) for r in rows}
+    assert len(fts) > 50 and all(ours[i] == pytest.approx(s, rel=1e-9) for i, s in fts.items())
+
+
+def test_pruned_bm25_ranks_as_the_full_search(ix, tmp_path, monkeypatch):
+    from core.documents import bm25
+    blob = _typing_corpus(ix, tmp_path)
+    ix.candidate_rows = 3  # prune even this small index: "zebra"/"entry5" pick the candidates
+    monkeypatch.setattr(bm25, "ROW_COST", 1)
+    for q in ("the zebra data stripes", "value of the zebra file", "the system number3 entry5 data"):
+        terms = fts_terms(q)
+        assert bm25.rare_terms(terms, ix._df(terms), ix._averages()[0], 3) in (["zebra"], ["entry5"])
+        full, pruned = ix.bm25(q, [blob.id], 5, prune=False), ix.bm25(q, [blob.id], 5)
+        assert [c for c, _ in pruned] == [c for c, _ in full], q
+        assert [s for _, s in pruned] == pytest.approx([s for _, s in full], rel=1e-9)
