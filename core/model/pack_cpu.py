@@ -49,23 +49,26 @@ def one_plane(q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     return paired.contiguous() if out is None else out.copy_(paired)
 
 
+def _to_columns(p: torch.Tensor, out: torch.Tensor) -> None:
+    """Bytes p [R/64, 32, K] (row j of each block, its K columns) into ``out`` [R/64, K, 32],
+    one block at a time: a 2-D transposed copy takes torch's blocked-transpose path,
+    3-4x faster than one strided copy over all blocks."""
+    for i in range(p.shape[0]):
+        out[i].copy_(p[i].t())
+
+
 def two_planes(u: torch.Tensor, out: torch.Tensor, signed: bool = False) -> None:
     """8-bit values u (uint8 [R, ...] flattening to [R, K]; int8 read as ``u + 128`` if
     ``signed``) as a high and a low 4-bit plane, side by side along K as the kernel sees
-    them over ``[x, x]``, into ``out`` [R/64, 2K, 32]. Rows are moved next to their pair
-    first (one copy that reads the source in order), so the nibble operations run on
-    contiguous bytes and write the kernel's bytes in place."""
-    r, k, inner = u.shape[0], out.shape[1] // 2, u.shape[1:]
-    v = u.view(r // 64, 2, 32, *inner)  # [R, K], or Q8_0's [R, K/32, 32] inside its 34-byte blocks
-    t = torch.empty(r // 64, *inner, 2, 32, dtype=torch.uint8)
-    t.copy_(v.permute(0, *range(3, 3 + len(inner)), 1, 2))
-    t = t.view(r // 64, k, 2, 32)
-    a, b = t[:, :, 0], t[:, :, 1]  # rows j and j + 32 of each block, [R/64, K, 32]
-    hi, lo = out[:, :k], out[:, k:]
-    torch.bitwise_or(a >> 4, b & 0xF0, out=hi)
+    them over ``[x, x]``, into ``out`` [R/64, 2K, 32]."""
+    r, k = u.shape[0], out.shape[1] // 2
+    v = u.view(r // 64, 2, 32, *u.shape[1:])  # [R, K], or Q8_0's [R, K/32, 32] inside its 34-byte blocks
+    a, b = v[:, 0], v[:, 1]  # rows j and j + 32 of each block
+    hi = (a >> 4) | (b & 0xF0)
     if signed:  # (x ^ 0x80) >> 4 == (x >> 4) ^ 8, (x ^ 0x80) & 0xF0 == (x & 0xF0) ^ 0x80
         hi ^= 0x88
-    torch.bitwise_or(a & 15, b << 4, out=lo)  # the low nibbles do not see the flip
+    _to_columns(hi.view(r // 64, 32, k), out[:, :k])
+    _to_columns(((a & 15) | (b << 4)).view(r // 64, 32, k), out[:, k:])  # the low nibbles see no flip
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -104,13 +107,10 @@ def _q4_k(b: torch.Tensor, r: int, k: int, out: torch.Tensor):
     mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
     scale, zero = (d * sc).reshape(r, -1), (-(dmin * mn)).reshape(r, -1)
     v = b[..., 16:].view(r // 64, 2, 32, k // 256, 4, 32)  # [blocks, j // 32, j % 32, super, run, i]
-    t = torch.empty(r // 64, k // 256, 4, 32, 2, 32, dtype=torch.uint8)  # [blocks, super, run, i, j]
-    t.copy_(v.permute(0, 3, 4, 5, 1, 2))
-    t = t.view(r // 64, k // 64, 32, 2, 32)
-    lo, hi = t[:, :, :, 0], t[:, :, :, 1]
-    cols = out.view(r // 64, k // 64, 2, 32, 32)  # [blocks, run, weight i or i + 32, i, j]
-    torch.bitwise_or(lo & 15, hi << 4, out=cols[:, :, 0])
-    torch.bitwise_or(lo >> 4, hi & 0xF0, out=cols[:, :, 1])
+    lo, hi = v[:, 0], v[:, 1]
+    # weight i of each run: both rows' low nibbles; weight i + 32: their high nibbles
+    p = torch.cat([(lo & 15) | (hi << 4), (lo >> 4) | (hi & 0xF0)], -1)
+    _to_columns(p.view(r // 64, 32, k), out)
     return scale, zero + 8 * scale
 
 
