@@ -110,6 +110,7 @@ class PeerServer:
     """A peer server in its own process on loopback; a context manager. ``url`` ends in /v1."""
     name = "peer"
     ready_path = "/health"
+    cwd: Path | None = None  # the process's working folder (default: the temporary folder)
 
     def __init__(self, model: str | Path, *, threads: int = 1, ctx: int = 512, slots: int = 1,
                  extra: tuple = (), timeout: float = 60):
@@ -129,7 +130,7 @@ class PeerServer:
 
     def start(self) -> "PeerServer":
         self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=self.env(), cwd=tempfile.gettempdir())
+                                     stderr=subprocess.STDOUT, env=self.env(), cwd=self.cwd or tempfile.gettempdir())
         self._wait_ready()
         return self
 
