@@ -3,7 +3,8 @@
 The template is code that came with a downloaded model. It is rendered in a child process
 (:mod:`core.prompt.template_child`: jinja2's ImmutableSandboxedEnvironment, address space
 capped at 1 GiB, output counted as it is written) that is started once and kept; a render
-that takes longer than the time limit kills it (the next render starts a fresh one). A
+that takes longer than the time limit (counted from the request: the child's own start,
+seconds on a busy machine, is not) kills it (the next render starts a fresh one). A
 template that loops without end, writes megabytes, or reaches for attributes outside the
 sandbox is refused with one line saying which, and the app goes on.
 """
@@ -22,6 +23,7 @@ from core.errors import SettingsError
 __all__ = ["TemplateRenderer", "render_template", "TIME_LIMIT_S", "MAX_CHARS"]
 
 TIME_LIMIT_S = 3.0
+START_LIMIT_S = 60.0  # starting Python and importing jinja2: seconds on a busy machine
 MAX_CHARS = 4_000_000  # beyond any context a model here has
 _CHILD = Path(__file__).with_name("template_child.py")
 
@@ -49,6 +51,8 @@ class TemplateRenderer:
 
     def _ask(self, line: str) -> dict:
         proc = self._started()
+        if proc is None:
+            return {"error": f"its renderer did not start within {START_LIMIT_S:g} s"}
         try:
             proc.stdin.write(line)
             proc.stdin.flush()
@@ -63,7 +67,7 @@ class TemplateRenderer:
             return {"error": "its renderer stopped (it needs more memory or time than a template may use)"}
         return json.loads(reply)
 
-    def _started(self) -> subprocess.Popen:
+    def _started(self) -> subprocess.Popen | None:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
         self._lines = queue.Queue()
@@ -73,6 +77,13 @@ class TemplateRenderer:
                                       encoding="utf-8", bufsize=1)
         threading.Thread(target=_pump, args=(self._proc.stdout, self._lines), daemon=True,
                          name="template-renderer").start()
+        try:
+            ready = self._lines.get(timeout=START_LIMIT_S)
+        except queue.Empty:
+            ready = None
+        if not ready:
+            self.close()
+            return None
         return self._proc
 
     def close(self) -> None:

@@ -252,3 +252,13 @@ def test_a_hermes_call_cut_short_is_said_as_one():
     cut = SimpleNamespace(stop_reason="length", text='<tool_call>\n{"name": "get_ti')
     assert "no tool was called" in cut_call_note(cut, [WEATHER], "auto")
     assert cut_call_note(SimpleNamespace(stop_reason="length", text="It is sunny"), [WEATHER], "auto") == ""
+
+
+def test_the_renderers_start_is_not_counted_against_a_render():
+    """Starting Python and importing jinja2 takes longer than a render may (more on a busy
+    machine): the time limit counts from the request, once the child said it is ready."""
+    fresh = TemplateRenderer(time_limit_s=0.3)
+    try:
+        assert fresh.render("{{ messages[0].content }}", {"messages": [{"content": "hi"}]}) == "hi"
+    finally:
+        fresh.close()
