@@ -109,3 +109,17 @@ def test_cli_compare_on_llama_cpp_python_server_succeeds_naming_the_setting(llam
     assert lanes[0]["text"] == greedy(llama_cpp_python.url, 48)
     assert all(lane["text"] for lane in lanes) and any(lane["stats"].get("decode") == SERIAL for lane in lanes)
     assert ONE_AT_A_TIME in err and "--interrupt_requests False" in err
+
+
+def test_the_client_speaks_llama_cpps_own_dialect_to_the_real_server(llama_server):
+    """Item 5's client side on the real thing: its model card says llama.cpp, the probe finds
+    the repetition penalty under llama.cpp's name, and a penalised greedy reply is the one
+    llama-server gives for its own repeat_penalty (not the plain greedy one)."""
+    remote = RemoteModel(llama_server.url)
+    remote.connect()
+    assert remote.dialect == "llama.cpp" and remote.probe().repetition_penalty
+    q = SamplingParams(temperature=0, repetition_penalty=1.5, max_new_tokens=32)
+    got = [e for e in remote.stream(q, prompt=PROMPT, logprobs=False) if isinstance(e, Done)][0].text
+    r = httpx.post(llama_server.url + "/completions", timeout=30,
+                   json={"prompt": PROMPT, "max_tokens": 32, "temperature": 0, "repeat_penalty": 1.5})
+    assert got == r.json()["choices"][0]["text"] != greedy(llama_server.url, 32)
