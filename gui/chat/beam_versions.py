@@ -49,7 +49,7 @@ def store_beams(conversation: ConversationModel, best: Message, done: Done, *,
 
 
 def repeats_note(repeats: int, count: int) -> str:
-    """What a beam search whose beams were (partly) there already says above the transcript."""
+    """What a beam search whose beams were (partly) there already says on the reply shown."""
     if repeats >= count:
         return (f"The same {count} beams again: beam search has no seed, so the same settings give the same "
                 "beams (‹ › walks them). Change Beams, Length penalty or Max new tokens for others.")

@@ -2,7 +2,8 @@
 
 Messages are plain dicts (built by :mod:`gui.chat.conversation`):
 ``{"id", "role", "text", "stats", "stop_reason", "seed", "version": (i, n), "error",
-"incomplete"}`` (an output format cut short, said in the footer),
+"incomplete"}`` (an output format cut short, said in the footer), ``"note"`` (what the
+run that just ended says about it, on the footer until the message is shown anew),
 plus ``"settings"`` and, for replies generated with token inspection, ``"tokens"``: the
 token record kept in the message meta (:meth:`gui.widgets.token_run.LaneRun.token_record`,
 optionally with ``"offset"``: leading characters of the text no token covers).
@@ -213,6 +214,8 @@ class MessageWidget(QFrame):
             self.footer.setText("generating…")
         elif message.get("incomplete"):  # an output format cut short: said on the reply
             self.footer.setText(f"⚠ {message['incomplete']} · {format_stats(message)}")
+        elif message.get("note"):  # what the run that just ended says about it (beams already there)
+            self.footer.setText(f"{message['note']}\n{format_stats(message)}")
         else:
             self.footer.setText(format_stats(message))
         self.footer.setVisible(bool(self.footer.text()))

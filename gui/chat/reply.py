@@ -406,12 +406,12 @@ class ReplyController(QObject):
             # reply that was to be continued in place stays as it was.
             self._nothing_came_back(st, quiet)
             return
+        note = ""
         try:
             m = self._store(st, text, params=params, stats=stats, stop_reason=stop_reason, meta=meta)
             if done is not None and len(done.beams) > 1 and self._fresh(st):  # the other beams: versions
                 m, repeats = store_beams(self.conversation, m, done, model_id=self.model_id)
-                if repeats and not quiet:
-                    self.notice.emit(repeats_note(repeats, len(done.beams)))
+                note = repeats_note(repeats, len(done.beams)) if repeats else ""
         except HistoryError as e:  # a full disk, a read-only folder: the text stays on screen
             if not quiet:
                 self.finished.emit({"id": None, "role": "assistant", "text": st.prefix + text,
@@ -419,7 +419,7 @@ class ReplyController(QObject):
             return
         if quiet:
             return
-        self._emit_finished(m)
+        self._emit_finished(m, note)
         if st.error:
             self._report(st)
 
@@ -456,8 +456,12 @@ class ReplyController(QObject):
             return
         self._emit_finished(m)
 
-    def _emit_finished(self, m: Message) -> None:
+    def _emit_finished(self, m: Message, note: str = "") -> None:
+        """Show ``m`` as the reply that finished; ``note``: what this run alone says on it
+        (shown on its footer now, not stored)."""
         view = self.conversation.view_message(m)
+        if note:
+            view["note"] = note
         if isinstance((m.meta or {}).get("tokens"), dict):  # read once, here: the window need not again
             view["tokens"] = m.meta["tokens"]
         self.finished.emit(view)

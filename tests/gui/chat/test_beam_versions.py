@@ -9,6 +9,7 @@ import pytest
 from core.engine.events import Beam, Done, Prefilled, Stats
 from core.history.store import History
 from gui.chat.conversation import ConversationModel
+from gui.chat.message import MessageWidget
 from gui.chat.reply import ReplyController
 from gui.widgets.stats import format_stats
 from tests.core.cli.helpers import run_cli
@@ -110,9 +111,8 @@ def test_regenerating_the_same_beams_adds_no_copies_and_says_so(qapp, loop, conv
                    Stats(prompt_tokens=10, generated_tokens=2), best.stop_token, beams=list(beams["now"]))
 
     r = ReplyController(bridge=ScriptedBridge(script), conversation=conv, settings=Settings(num_beams=3))
-    finished, notes = [], []
+    finished = []
     r.finished.connect(finished.append)
-    r.notice.connect(notes.append)
 
     async def go():
         assert r.send("Tell me")
@@ -125,9 +125,14 @@ def test_regenerating_the_same_beams_adds_no_copies_and_says_so(qapp, loop, conv
     run(loop, go())
     first = finished[0]["id"]
     assert finished[1]["id"] == first and finished[1]["version"] == (1, 3) and conv.path()[-1].id == first
-    assert notes[0].startswith("The same 3 beams again") and "no seed" in notes[0]
+    assert "note" not in finished[0] and finished[1]["note"].startswith("The same 3 beams again")
+    assert "no seed" in finished[1]["note"]  # said on the reply shown, not stored with it
     assert [m.text for m in conv.history.siblings(first)] == ["A cat", "A dog", "The end", "The dog"]
-    assert finished[2]["id"] == first and notes[1] == "3 of the 4 beams were versions already; only the 1 new one was added (‹ ›)."
+    assert finished[2]["id"] == first
+    assert finished[2]["note"] == "3 of the 4 beams were versions already; only the 1 new one was added (‹ ›)."
+    widget = MessageWidget(message=finished[1])
+    assert widget.footer.text().startswith("The same 3 beams again") and "beam 1 of 3" in widget.footer.text()
+    assert "note" not in conv.view_messages()[-1]
 
 
 def test_the_window_shows_the_command_lines_beams_as_versions(qtbot, window, loop, fixtures, capsys):
