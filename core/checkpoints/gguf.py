@@ -166,10 +166,11 @@ def tensor_loader(t, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
     return load
 
 
-def packed_loader(t, device: torch.device, name: str = "",
-                  cache: PackCache | None = None) -> Callable[[], torch.nn.Module]:
+def packed_loader(t, device: torch.device, name: str = "", cache: PackCache | None = None,
+                  tick: Callable[[], None] | None = None) -> Callable[[], torch.nn.Module]:
     """A loader that repacks one quantized GGUF linear weight into a :mod:`core.model.quant`
-    layer, or maps it from the file's packed cache (Meta ``name`` is the cache's key)."""
+    layer, or maps it from the file's packed cache (Meta ``name`` is the cache's key);
+    ``tick`` is called every few ms while it packs (the load's cancel check)."""
     n, k = (int(d) for d in reversed(t.shape.tolist()))
 
     def load() -> torch.nn.Module:
@@ -182,7 +183,7 @@ def packed_loader(t, device: torch.device, name: str = "",
             warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable arrays
             raw = torch.from_numpy(arr.reshape(-1).view(np.uint8))
         try:
-            layer = pack.pack_gguf(raw, t.tensor_type.name, n, k, device)
+            layer = pack.pack_gguf(raw, t.tensor_type.name, n, k, device, tick)
         except ValueError as e:
             raise CheckpointError(f"{t.tensor_type.name} tensor cannot be read: {e}") from None
         release_mapped_pages(arr.ctypes.data, arr.nbytes)
@@ -360,13 +361,15 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     # An explicit float dtype asks for float weights: dequantize as before.
     keep_packed = dtype in (None, "auto") or quant_kind(dtype) is not None
     cache = pack_cache_for_load(path, dev, keep_packed)
-    items, paths, held = _tensor_plan(by_name, args, dev, dt, (keep_packed, keep_f16), source, cache)
+    ticks = _Ticks(progress) if progress else None
+    items, paths, held = _tensor_plan(by_name, args, dev, dt, (keep_packed, keep_f16), source, cache,
+                                      ticks.tick if ticks else None)
     unsupported = _unsupported_types(reader)
     if unsupported:
         raise CheckpointError(f"tensor type {unsupported[1]} cannot be dequantized", file=source,
                               tensor=unsupported[0])
     limits.check_model(args, dt, dev, source=source, held=held)
-    model = build_model(args, items, device=dev, dtype=dt, source=source, progress=progress,
+    model = build_model(args, items, device=dev, dtype=dt, source=source, progress=ticks,
                         display={m: gguf_name(m) for m in expected_shapes(args)}, quantize=quant_kind(dtype))
     if cache is not None:
         cache.commit()
@@ -384,10 +387,11 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
 
 
 def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt: torch.dtype,
-                 keep: tuple[bool, bool], source: str,
-                 cache: PackCache | None = None) -> tuple[list, dict[str, set[str]], int]:
+                 keep: tuple[bool, bool], source: str, cache: PackCache | None = None,
+                 tick: Callable[[], None] | None = None) -> tuple[list, dict[str, set[str]], int]:
     """(Meta name -> loader pairs for build_model, how each tensor type is held, the bytes
-    they will take) by :func:`holding`'s rule; ``keep``: (keep_packed, keep_f16)."""
+    they will take) by :func:`holding`'s rule; ``keep``: (keep_packed, keep_f16); ``tick``:
+    see :func:`packed_loader`."""
     items, paths, held = [], {}, 0
     layer_f16: dict[str, int] = {}  # block index -> bytes of its float16-kept matrices
     tied = args.tie_word_embeddings
@@ -413,11 +417,11 @@ def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt
             load = embedding_loader(t, dev, dt)
             if tied:  # the output layer: the same blocks, packed
                 held += nbytes - int(t.n_bytes)
-                output = _named_errors(packed_loader(t, dev, "output.weight", cache), name, source)
+                output = _named_errors(packed_loader(t, dev, "output.weight", cache, tick), name, source)
                 output.packs_tied_output = True  # build_model takes it instead of tying
                 items.append(("output.weight", output))
         elif how.startswith("int4"):  # int4-packed, int4x2-packed, int4x2-requantized
-            load = packed_loader(t, dev, meta, cache)
+            load = packed_loader(t, dev, meta, cache, tick)
             held += nbytes
         else:
             held += nbytes
@@ -428,6 +432,21 @@ def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt
             layer_f16[m.group(1)] = layer_f16.get(m.group(1), 0) + nbytes
     # a prefill widens one layer's float16 matrices to float32 at a time (core.model.f16)
     return items, paths, held + 2 * max(layer_f16.values(), default=0)
+
+
+class _Ticks:
+    """The load's progress callback, re-sent with its last fraction from inside a tensor's
+    packing: the callback is where a load's cancel is honoured (it raises)."""
+
+    def __init__(self, progress: ProgressFn):
+        self.progress, self.last = progress, (0.0, "reading GGUF tensors")
+
+    def __call__(self, fraction: float, stage: str) -> None:
+        self.last = (fraction, stage)
+        self.progress(fraction, stage)
+
+    def tick(self) -> None:
+        self.progress(*self.last)
 
 
 def _named_errors(load: Callable[[], torch.Tensor], gguf_tensor: str, source: str):

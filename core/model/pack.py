@@ -125,13 +125,15 @@ def _requantize_q6_k(g: Groups) -> Groups:
     return Groups(v.to(torch.int16).view(n, -1), big / 4, torch.zeros_like(big))
 
 
-def pack_gguf(raw: torch.Tensor, kind: str, n: int, k: int, device: torch.device) -> Int4Linear:
+def pack_gguf(raw: torch.Tensor, kind: str, n: int, k: int, device: torch.device,
+              tick: Callable[[], None] | None = None) -> Int4Linear:
     """An Int4Linear holding a GGUF tensor [N, K] of one of PACKED_TYPES.
 
     On the CPU, Q4_K, Q6_K and Q8_0 (what common files hold) go from the file's bytes to
     the kernel's in byte operations (:mod:`core.model.pack_cpu`, the same values bit for
     bit); the other types are decoded and packed CHUNK_ROWS rows at a time, so the
     temporaries (int16 values, float32 scales) stay a few MB instead of several times the tensor.
+    ``tick`` is called between steps (a load's cancel check).
     """
     if k % BLOCK_BYTES[kind][0]:
         raise ValueError(f"{k} columns are not a multiple of {kind}'s block size {BLOCK_BYTES[kind][0]}")
@@ -143,12 +145,14 @@ def pack_gguf(raw: torch.Tensor, kind: str, n: int, k: int, device: torch.device
         if raw.numel() != n * (k // BLOCK_BYTES[kind][0]) * BLOCK_BYTES[kind][1]:
             raise ValueError(f"holds {raw.numel()} bytes, {kind} [{n}, {k}] needs "
                              f"{n * (k // BLOCK_BYTES[kind][0]) * BLOCK_BYTES[kind][1]}")
-        packed, sz = pack_cpu.pack(rows, kind, n, k)
+        packed, sz = pack_cpu.pack(rows, kind, n, k, tick)
         return Int4Linear(packed, sz, k, n, planes, kind)
 
     def parts():
         for i in range(0, n, CHUNK_ROWS):
             chunk = rows[i:i + CHUNK_ROWS]
+            if tick is not None and i:
+                tick()
             g = decode_blocks(chunk, kind, chunk.shape[0], k)
             # The values are integers: only a block scale or offset can be NaN or infinite.
             if not (torch.isfinite(g.scale).all() and torch.isfinite(g.zero).all()):

@@ -20,6 +20,7 @@ same (tests): a cache written by either is valid for both.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import torch
 
@@ -136,11 +137,14 @@ def _q6_k(b: torch.Tensor, r: int, k: int, out: torch.Tensor):
 _DECODERS = {"Q4_K": _q4_k, "Q6_K": _q6_k, "Q8_0": _q8_0}
 
 
-def pack(rows: torch.Tensor, kind: str, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pack(rows: torch.Tensor, kind: str, n: int, k: int,
+         tick: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8 [N', planes*K/2], scale_zeros bfloat16 [planes*K/32, N', 2]) of a GGUF
     tensor's rows (uint8 [N, bytes per row]) of one of :data:`KINDS`; N' = N padded to 64
     rows (padding rows are zero bytes: scale and zero 0). Raises ValueError on a non-finite
-    block scale (the values are integers: only a scale can be NaN or infinite)."""
+    block scale (the values are integers: only a scale can be NaN or infinite). ``tick`` is
+    called after every step (a few ms): a load's cancel check, so a 128k-row output layer
+    does not hold a cancel for a second."""
     block, nbytes, planes = KINDS[kind]
     total = n + -n % 64
     packed = torch.empty(total // 64, planes * k, 32, dtype=torch.uint8)
@@ -155,5 +159,7 @@ def pack(rows: torch.Tensor, kind: str, n: int, k: int) -> tuple[torch.Tensor, t
         scale, zero = decode(chunk, r, k, packed[r0 // 64:(r0 + r) // 64])
         sz[:, r0:r0 + r, 0] = scale.t()
         sz[:, r0:r0 + r, 1] = zero.t()
+        if tick is not None:
+            tick()
     sz[:, n:] = 0
     return packed.view(total, planes * k // 2), sz
