@@ -193,12 +193,15 @@ def llama3_shaped_file(work: Path) -> Path:
     return bench_fidelity.write_file(work / "serve-llama3-shaped-d768-l8-F16.gguf", args, "F16")
 
 
-def start_servers(file: Path, threads: int, slots: int, peers: tuple[str, ...]) -> dict:
-    """{name: started server}: LlamaDesk's first (its context sizes the others')."""
+def start_servers(file: Path, threads: int, slots: int, peers: tuple[str, ...], variants: dict | None = None) -> dict:
+    """{name: started server}: LlamaDesk's first (its context sizes the others'), then
+    ``variants`` ({name: extra serve options}), then the peers."""
     import httpx
     servers: dict = {}
     try:
         servers["LlamaDesk"] = LlamaDeskServer(file, threads=threads, slots=slots, timeout=300).start()
+        for name, extra in (variants or {}).items():
+            servers[name] = LlamaDeskServer(file, threads=threads, slots=slots, extra=extra, timeout=300).start()
         card = httpx.get(servers["LlamaDesk"].url + "/models", timeout=30).json()["data"][0]
         ctx = int(card["max_model_len"])
         if "llama.cpp" in peers:
@@ -215,10 +218,10 @@ def start_servers(file: Path, threads: int, slots: int, peers: tuple[str, ...]) 
 
 
 def compare_servers(file: Path, prompts, tokens: int, repeats: int, threads: int, levels=PEER_LEVELS,
-                    peers: tuple[str, ...] = ("llama.cpp",)) -> dict:
+                    peers: tuple[str, ...] = ("llama.cpp",), variants: dict | None = None) -> dict:
     """Every server at every level, interleaved; per server and level the median aggregate
     tok/s and TTFT p50/p99, with the load average before each round."""
-    servers = start_servers(file, threads, max(levels), peers)
+    servers = start_servers(file, threads, max(levels), peers, variants)
     runs = {(name, n): [] for name in servers for n in levels}
     loads = []
     try:
@@ -248,7 +251,7 @@ def compare_servers(file: Path, prompts, tokens: int, repeats: int, threads: int
 def peer_markdown(data: dict) -> str:
     res = data["models"]
     names = list(dict.fromkeys(x for r in res.values() for x in r["servers"]))  # LlamaDesk first
-    peers = names[1:]
+    peers = [x for x in names if not x.startswith("LlamaDesk")]  # the ratios: plain serve against each peer
     head = ["model", "clients", *(f"{n} tok/s" for n in names), *(f"× {p}" for p in peers),
             *(f"{n} TTFT p50 / p99" for n in names)]
     lines = [f"{data['tokens_per_request']} new tokens per streaming request, {data['threads']} thread(s) per "
@@ -286,8 +289,10 @@ def peer_section(quick: bool = False, threads: int = 1, repeats: int | None = No
     if not quick:  # the 128k vocabulary: llama-cpp-python's one-at-a-time server would take minutes here
         words = [" ".join(f"w{300 + (k * 131 + j * 17) % 120000}" for k in range(32)) for j in range(8)]
         file = llama3_shaped_file(Path(work or ROOT / "bench" / "work"))
-        data["models"]["Llama 3-shaped 128k F16"] = compare_servers(file, words, tokens, repeats, threads, levels,
-                                                                    ("llama.cpp",))
+        # the same file with its F16 matrices widened at load: what the float16 kernels cost
+        data["models"]["Llama 3-shaped 128k F16"] = compare_servers(
+            file, words, tokens, repeats, threads, levels, ("llama.cpp",),
+            {"LlamaDesk --dtype float32": ("--dtype", "float32")})
     return {"title": title, "markdown": peer_markdown(data), "data": data}
 
 
