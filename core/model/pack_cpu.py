@@ -20,6 +20,7 @@ same (tests): a cache written by either is valid for both.
 from __future__ import annotations
 
 import functools
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Callable
 
 import torch
@@ -145,23 +146,69 @@ def pack(rows: torch.Tensor, kind: str, n: int, k: int,
     tensor's rows (uint8 [N, bytes per row]) of one of :data:`KINDS`; N' = N padded to 64
     rows (padding rows are zero bytes: scale and zero 0). Raises ValueError on a non-finite
     block scale (the values are integers: only a scale can be NaN or infinite). ``tick`` is
-    called after every step (a few ms): a load's cancel check, so a 128k-row output layer
-    does not hold a cancel for a second."""
+    called after every step of this thread's (a few ms): a load's cancel check, so a
+    128k-row output layer does not hold a cancel for a second.
+
+    Steps are shared round-robin by this thread and :func:`_helpers` (as many threads in
+    all as torch's, at most :data:`MAX_THREADS`), each running torch single-threaded: under
+    load an OpenMP team waits at every barrier of every small operation for a descheduled
+    member (a 1B Q4_K_M open took 100 s of wall time at load 8 with 2 OpenMP threads, 21 s
+    with 1), while threads that each own their steps just share the cores."""
     block, nbytes, planes = KINDS[kind]
     total = n + -n % 64
     packed = torch.empty(total // 64, planes * k, 32, dtype=torch.uint8)
     sz = torch.empty(planes * k // 32, total, 2, dtype=torch.bfloat16)
     step = max(64, STEP_WEIGHTS // k // 64 * 64)
-    decode = _DECODERS[kind]
-    for r0 in range(0, total, step):
+
+    def run(r0: int) -> None:
         chunk = rows[r0:r0 + step]
         r = min(step, total - r0)
         if chunk.shape[0] < r:  # the last rows: zero bytes up to the 64-row block
             chunk = torch.cat([chunk, chunk.new_zeros(r - chunk.shape[0], chunk.shape[1])])
-        scale, zero = decode(chunk, r, k, packed[r0 // 64:(r0 + r) // 64])
+        scale, zero = _DECODERS[kind](chunk, r, k, packed[r0 // 64:(r0 + r) // 64])
         sz[:, r0:r0 + r, 0] = scale.t()
         sz[:, r0:r0 + r, 1] = zero.t()
-        if tick is not None:
-            tick()
+
+    _shared(run, range(0, total, step), tick)
     sz[:, n:] = 0
     return packed.view(total, planes * k // 2), sz
+
+
+#: threads that pack one tensor's steps together (this one included)
+MAX_THREADS = 4
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _helpers() -> ThreadPoolExecutor:
+    """The packing helper threads (created once; torch runs single-threaded in them)."""
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(MAX_THREADS - 1, thread_name_prefix="pack",
+                                        initializer=torch.set_num_threads, initargs=(1,)))
+    return _POOL[0]
+
+
+def _shared(run: Callable[[int], None], steps: range, tick: Callable[[], None] | None) -> None:
+    """``run`` every step, round-robin over this thread and ``threads - 1`` helpers; a
+    helper's error is raised here at the latest once this thread's steps are done, and
+    nothing runs on after this returns or raises."""
+    threads = min(torch.get_num_threads(), MAX_THREADS)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)  # this thread's own OpenMP setting: restored below
+    futures: list[Future] = []
+    try:
+        for i, r0 in enumerate(steps):
+            if i % threads:
+                futures.append(_helpers().submit(run, r0))
+                continue
+            run(r0)
+            if tick is not None:
+                tick()
+            while futures and futures[0].done():
+                futures.pop(0).result()
+        for f in futures:
+            f.result()
+    finally:
+        for f in futures:
+            f.cancel()
+        wait(futures)
+        torch.set_num_threads(saved)

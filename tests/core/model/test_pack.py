@@ -68,3 +68,30 @@ def test_cpu_packing_never_widens_values_for_torchs_packer(kind, monkeypatch):
                         lambda *a: pytest.fail("packed through torch's int32 packer"))
     layer = pack.pack_gguf(as_raw(gguf_blocks(kind, n=64, k=K)), kind, 64, K, CPU)
     assert layer.packed.shape == (64, layer.planes * K // 2)
+
+
+@pytest.fixture
+def two_threads():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_steps_shared_with_a_helper_thread_give_the_same_layer(two_threads, monkeypatch):
+    raw = as_raw(gguf_blocks("Q6_K", n=512, k=K))
+    monkeypatch.setattr(pack_cpu, "STEP_WEIGHTS", 64 * K)  # 8 steps: 4 here, 4 on the helper
+    shared = pack.pack_gguf(raw, "Q6_K", 512, K, CPU)
+    assert torch.get_num_threads() == 2  # the caller's torch threads are restored
+    torch.set_num_threads(1)  # every step on the calling thread
+    alone = pack.pack_gguf(raw, "Q6_K", 512, K, CPU)
+    assert torch.equal(shared.packed, alone.packed) and torch.equal(shared.scale_zeros, alone.scale_zeros)
+
+
+def test_a_helper_threads_error_reaches_the_caller(two_threads, monkeypatch):
+    data = gguf_blocks("Q8_0", n=256, k=K).copy()
+    data[64 + 5, 0:2] = np.array([np.nan], np.float16).view(np.uint8)  # in step 1: the helper's
+    monkeypatch.setattr(pack_cpu, "STEP_WEIGHTS", 64 * K)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        pack.pack_gguf(as_raw(data), "Q8_0", 256, K, CPU)
+    assert torch.get_num_threads() == 2
