@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from core.model.quant import Int4Linear
+from core.model.quant import Int4Linear, cpu_layout
 from core.paths import data_dir
 
 ENV = "LLAMADESK_PACK_CACHE"
@@ -58,9 +58,11 @@ def cache_folder() -> Path:
 
 
 def source_key(path: Path) -> str:
-    """Who the GGUF file is, cheaply: size, mtime, its first and last MiB, torch, layout."""
+    """Who the GGUF file is, cheaply: size, mtime, its first and last MiB, torch, layout
+    (ours and the CPU packer's, which follows the capability torch runs with)."""
     st = path.stat()
-    h = hashlib.sha256(f"{st.st_size}|{st.st_mtime_ns}|{torch.__version__}|{LAYOUT_VERSION}".encode())
+    lay = getattr(cpu_layout(), "name", "unknown")
+    h = hashlib.sha256(f"{st.st_size}|{st.st_mtime_ns}|{torch.__version__}|{LAYOUT_VERSION}|{lay}".encode())
     with open(path, "rb") as f:
         h.update(f.read(SAMPLE))
         f.seek(max(0, st.st_size - SAMPLE))

@@ -30,7 +30,10 @@ to bfloat16 and runs a dense bfloat16 matmul, which on CPU beats the int4 kernel
 many chunks the prompt is cut into for cancel.
 
 CPU and CUDA pack 4-bit weights differently (``_convert_weight_to_int4pack_for_cpu`` vs
-``_convert_weight_to_int4pack``); a layer is packed for one device and cannot move.
+``_convert_weight_to_int4pack``); a layer is packed for one device and cannot move. The CPU
+packer's byte order also follows the capability torch dispatches to at run time (AVX-512,
+AVX2 or scalar: :data:`CPU_LAYOUTS`), so reading a weight back goes by the layout probed
+once per process (:func:`cpu_layout`), never by one assumed.
 The CUDA branch follows PyTorch's documented signatures and is unmeasured here.
 
 Packing (GGUF blocks or float weights into these layers) lives in :mod:`core.model.pack`,
@@ -38,7 +41,9 @@ decoding GGUF blocks in :mod:`core.model.gguf_blocks`.
 """
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -126,18 +131,17 @@ class Int4Linear(nn.Module):
         """The weight [N, K] as ``dtype`` (computed in float32, then cast; exact, see tests)."""
         n, k = self.out_features, self.in_features * self.planes
         if self.packed.device.type != "cpu":  # the CUDA layout is opaque: multiply the identity (unmeasured)
-            eye = torch.eye(k, device=self.packed.device, dtype=torch.bfloat16)
-            w = _int4_mm(eye, self.packed, self.scale_zeros)[:, :n].t().float()
-            if self.planes > 1:
-                w = w.view(n, self.planes, self.in_features).sum(1)
-            return w.to(dtype)
+            return _through_kernel(self, dtype)
+        lay = cpu_layout()
+        if lay is None:  # an unknown packer layout: read the weight back through the kernel
+            return _through_kernel(self, dtype)
         out = torch.empty(n, self.in_features, dtype=dtype)
         # A few 64-row blocks at a time, so the float32 temporaries (~2 MB) stay in cache:
         # ~5x faster than unpacking the whole weight at once (see bench/bench_quant.py).
         step = 64 * max(1, DEQUANT_CHUNK // (64 * k))
         buf = torch.empty(step, k)  # reused: a fresh large tensor per step costs page faults
         for r0 in range(0, n, step):
-            w = _dequantize_rows(self.packed, self.scale_zeros, r0, min(step, n - r0), k, buf)
+            w = _dequantize_rows(self.packed, self.scale_zeros, r0, min(step, n - r0), k, buf, lay)
             if self.planes > 1:
                 w = w.view(-1, self.planes, self.in_features).sum(1)
             out[r0:r0 + step] = w
@@ -145,6 +149,17 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, source={self.source}"
+
+
+def _through_kernel(layer: Int4Linear, dtype: torch.dtype) -> torch.Tensor:
+    """W [N, K] read back by multiplying the identity (a layout this code cannot read:
+    CUDA's, or an unknown CPU one); the sums round to bfloat16."""
+    n, k = layer.out_features, layer.in_features * layer.planes
+    eye = torch.eye(k, device=layer.packed.device, dtype=torch.bfloat16)
+    w = _int4_mm(eye, layer.packed, layer.scale_zeros)[:, :n].t().float()
+    if layer.planes > 1:
+        w = w.view(n, layer.planes, layer.in_features).sum(1)
+    return w.to(dtype)
 
 
 class Int8Linear(nn.Module):
@@ -245,32 +260,70 @@ def _int4_mm(xb: torch.Tensor, packed: torch.Tensor, scale_zeros: torch.Tensor) 
     return torch._weight_int4pack_mm(xb, packed, GROUP, scale_zeros)
 
 
+@dataclass(frozen=True)
+class CpuLayout:
+    """Where torch's CPU int4 packer puts each row's nibbles (``weight_to_int4pack_kernel``):
+    blocks of ``block`` output rows; for each input column ``block/2`` bytes, the rows
+    ``lo`` of the block in their low nibbles and the rows ``hi`` in their high ones. The
+    packer's choice follows the CPU capability torch dispatches to at run time."""
+    name: str
+    block: int
+    lo: slice
+    hi: slice
+
+
+#: AVX-512: byte j holds rows j and j+32; AVX2: rows j and j+16 of 32-row blocks; the
+#: scalar build: neighbouring rows 2j and 2j+1.
+CPU_LAYOUTS = (CpuLayout("avx512", 64, slice(0, 32), slice(32, 64)),
+               CpuLayout("avx2", 32, slice(0, 16), slice(16, 32)),
+               CpuLayout("scalar", 32, slice(0, None, 2), slice(1, None, 2)))
+
+
+@functools.cache
+def cpu_layout() -> CpuLayout | None:
+    """The layout this process's packer writes, probed once on a small random matrix
+    (None: none of the known ones, and weights are read back through the kernel)."""
+    q = torch.randint(0, 16, (128, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    for lay in CPU_LAYOUTS:
+        if torch.equal(_unpack_as(lay, packed, 128, 64), q.to(torch.uint8)):
+            return lay
+    return None
+
+
 def _dequantize_rows(packed: torch.Tensor, scale_zeros: torch.Tensor, r0: int, rows: int,
-                     k: int, buf: torch.Tensor) -> torch.Tensor:
+                     k: int, buf: torch.Tensor, lay: CpuLayout) -> torch.Tensor:
     """Rows [r0, r0+rows) of a CPU-packed weight as float32 [rows, k]: ``(q - 8) * scale +
     zero``, the same float32 operations in the same order as on :func:`_unpack_cpu`'s
-    output, so bit for bit the same values. r0 is a multiple of 64 (the layout's blocks);
-    ``buf`` is float32 scratch of at least ``rows`` (rounded up to 64) x k."""
-    b0, b1 = r0 // 64, -(-(r0 + rows) // 64)
-    v = packed.view(-1, k, 32)[b0:b1].transpose(1, 2).contiguous()  # [blocks, 32, K]: byte j = rows j, j+32
-    q = buf.view(-1)[:(b1 - b0) * 64 * k].view(b1 - b0, 64, k)
-    q[:, :32] = v & 15
-    q[:, 32:] = v >> 4
+    output, so bit for bit the same values. r0 is a multiple of 64 (so of every layout's
+    blocks); ``buf`` is float32 scratch of at least ``rows`` (rounded up to 64) x k."""
+    b = lay.block
+    b0, b1 = r0 // b, -(-(r0 + rows) // b)
+    v = packed.view(-1, k, b // 2)[b0:b1].transpose(1, 2).contiguous()  # [blocks, b/2, K]
+    q = buf.view(-1)[:(b1 - b0) * b * k].view(b1 - b0, b, k)
+    q[:, lay.lo] = v & 15
+    q[:, lay.hi] = v >> 4
     q = q.view(-1, k)[:rows].sub_(8).view(rows, k // GROUP, GROUP)
     sz = scale_zeros[:, r0:r0 + rows].float().permute(2, 1, 0).unsqueeze(-1).contiguous()  # [2, rows, K/32, 1]
     q.mul_(sz[0]).add_(sz[1])
     return q.view(rows, k)
 
 
-def _unpack_cpu(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """Inverse of ``_convert_weight_to_int4pack_for_cpu`` (uint8 [N, K]).
+def _unpack_as(lay: CpuLayout, packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    v = packed.view(n // lay.block, k, lay.block // 2)
+    out = torch.empty(n // lay.block, k, lay.block, dtype=torch.uint8)
+    out[..., lay.lo] = v & 15
+    out[..., lay.hi] = v >> 4
+    return out.transpose(1, 2).reshape(n, k)
 
-    Its layout (read off the kernel, checked by tests): blocks of 64 output rows; for
-    each input column 32 bytes, byte j holding row j (low nibble) and row j+32 (high).
-    """
-    v = packed.view(n // 64, k, 32)
-    u = torch.stack([v & 15, v >> 4], 2)  # [N/64, K, 2, 32]
-    return u.view(n // 64, k, 64).transpose(1, 2).reshape(n, k)
+
+def _unpack_cpu(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Inverse of ``_convert_weight_to_int4pack_for_cpu`` (uint8 [N, K]) in this process's
+    layout (:func:`cpu_layout`); N is a multiple of 64 (rows are padded to it)."""
+    lay = cpu_layout()
+    if lay is None:
+        raise RuntimeError("torch's CPU int4 layout is not one LlamaDesk can read back")
+    return _unpack_as(lay, packed, n, k)
 
 
 def swap_linear(model: nn.Module, name: str, module: nn.Module) -> None:

@@ -102,6 +102,37 @@ def test_cpu_unpack_reads_the_kernels_layout():
     assert torch.equal(quant._unpack_cpu(packed, 192, 96).int(), q)
 
 
+_OTHER_CAPABILITY = """
+import sys, torch
+from core.model import pack, quant
+lay = quant.cpu_layout()
+assert lay is not None and lay.name == sys.argv[1], (lay, sys.argv[1])
+g = torch.Generator().manual_seed(1)
+w = torch.randn(200, 96, generator=g)
+layer = pack.quantize_int4(w, torch.device("cpu"))
+x = torch.randn(quant.DENSE_ROWS, 96, generator=g).to(torch.bfloat16)
+kernel = quant._int4_mm(x, layer.packed, layer.scale_zeros)[:, :200].float()
+dense = x.float() @ layer.dequantize().t()   # the prefill path reads the bytes back
+assert (kernel - dense).abs().max() <= 0.02 * dense.abs().max(), (kernel - dense).abs().max()
+"""
+
+
+@pytest.mark.parametrize("capability,layout", [("avx2", "avx2"), ("default", "scalar")])
+def test_weights_read_back_in_the_layout_of_the_cpu_torch_runs_on(capability, layout):
+    """Most desktop CPUs have no AVX-512, and torch's packer then writes 32-row blocks (AVX2)
+    or neighbouring rows (scalar): reading every CPU's bytes as AVX-512's scrambled the prefill
+    path's weights there. A fresh interpreter, since torch picks the capability at start."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "-c", _OTHER_CAPABILITY, layout], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("rows", [1, 3, quant.DENSE_ROWS])
 def test_packed_matmul_matches_dense_math(kind, rows):
