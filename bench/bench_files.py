@@ -54,8 +54,21 @@ def lane_costs(engine, vocab: int, tokens: int, counts=(1, 4, 8)) -> dict:
     return {f"lanes{n}_x": took[n] / took[1] for n in counts if n != 1}
 
 
+def apply_threads() -> int:
+    """Set this process's torch threads from LLAMADESK_THREADS (what ``run_case`` passes):
+    the Engine sets no threads of its own, so without this a ``--threads 1`` child ran at
+    torch's default (every core) while llama.cpp ran at 1."""
+    import torch  # only the child needs it (the parent only starts processes)
+
+    env = os.environ.get("LLAMADESK_THREADS", "").strip()
+    if env.isdigit() and int(env) >= 1:
+        torch.set_num_threads(int(env))
+    return torch.get_num_threads()
+
+
 def child(file: Path, prompt: int, decode: int, lanes: int) -> dict:
     """One LlamaDesk case (this process): bench_quant's measurements, then the lane costs."""
+    apply_threads()
     from core.checkpoints import load, pack_cache
     from core.engine.engine import Engine
 
