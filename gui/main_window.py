@@ -50,6 +50,8 @@ RECORD_PROBS_KEY = "chat/record_probs"
 NO_MODEL_HINT = "No model loaded — open a .gguf file or a model folder with File → Open Model… (Ctrl+O), or drop it here."
 # The empty transcript also links to Model → Library… (find, download and open models).
 NO_MODEL_LINK = NO_MODEL_HINT + "<br><br><a href='library'>Get a model from the library…</a>"
+#: under the prompt, beside the transcript's NO_MODEL_LINK: why Send is off, not the same words twice
+NO_MODEL_SEND = "No model loaded: Send needs one (Ctrl+O opens one)."
 
 
 class MainWindow(QMainWindow):
@@ -316,7 +318,7 @@ class MainWindow(QMainWindow):
         elif not self.models.loading:
             self.status.show_model(None)
             self.chat.set_empty_hint(NO_MODEL_LINK)
-        self.prompt.set_model_ready(ready, None if ready else NO_MODEL_HINT)
+        self.prompt.set_model_ready(ready, None if ready else NO_MODEL_SEND)
         self.chat.set_can_generate(ready)
         for name in ("reload", "unload", "info", "regen", "continue"):
             self._actions[name].setEnabled(ready and not (name in ("regen", "continue") and self.busy)

@@ -40,6 +40,8 @@ def test_names_and_no_model_state(window):
     assert "LlamaDesk" in window.windowTitle()
     assert not window.prompt.send_button.isEnabled()
     assert "No model" in window.prompt.hint.text()
+    # the transcript says how to get a model; the line under the prompt only why Send is off
+    assert window.prompt.hint.text() not in window.chat.empty_hint.text()
     assert window.focusWidget() is window.prompt.editor  # focus starts in the prompt
 
 
