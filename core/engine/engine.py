@@ -275,16 +275,19 @@ class Engine:
         lanes = [SamplingParams.from_dict({**base.to_dict(), "seed": base.seed + i}) for i in range(len(prompts))]
         return self._run([Joining(list(p), [q], cancel, strip_leading_space) for p, q in zip(prompts, lanes)])
 
-    def serve(self, admit: Callable[[int, int], Sequence[Joining]], *, max_rows: int = 16) -> Iterator[Event]:
+    def serve(self, admit: Callable[[int, int], Sequence[Joining]], *, max_rows: int = 16,
+              on_step: Callable[[], None] | None = None) -> Iterator[Event]:
         """Continuous batching: decode the running requests together and, before every
         step, let new ones join while fewer than ``max_rows`` rows are busy.
 
         ``admit(free_rows, next_lane)`` returns the requests to start now, validated by
         :meth:`check_request`, using at most ``free_rows`` lanes in all; their lanes are
         numbered from ``next_lane`` in order. Returns once no lane runs and ``admit``
-        brings nothing.
+        brings nothing. ``on_step()`` runs before every forward (decode step or prefill),
+        once the events of the work before it have been yielded: the server sends a
+        step's tokens there, all together.
         """
-        return self._loop([], admit, max_rows)
+        return self._loop([], admit, max_rows, on_step=on_step)
 
     def check_request(self, prompt: list[int], lanes: Sequence[SamplingParams],
                       tools: ToolCalling | None = None) -> list[SamplingParams]:
@@ -344,7 +347,8 @@ class Engine:
         return self._loop(joining, None, 0, shared)
 
     @torch.inference_mode()
-    def _loop(self, joining: list[Joining], admit, max_rows: int, shared: bool = True) -> Iterator[Event]:
+    def _loop(self, joining: list[Joining], admit, max_rows: int, shared: bool = True,
+              on_step: Callable[[], None] | None = None) -> Iterator[Event]:
         """The one decode loop: every step runs each row's latest token (and the drafts
         of lanes that draft), lets new requests join, chooses the next token of every
         row that has logits to choose from, and drops the lanes that stopped."""
@@ -352,13 +356,16 @@ class Engine:
                       max_context=self.max_context, decode_path=self.decode_path)
         drafting = Drafting(self, batch)
         self._share_steps(shared or admit is not None)
+        step = on_step or (lambda: None)
         while True:
             if batch.rows:
+                step()
                 yield from self._advance(batch, drafting)
                 batch.compact(drafting.moved)  # lanes that stopped on verified drafts
             if admit is not None and max_rows > len(batch.rows):
                 joining = list(admit(max_rows - len(batch.rows), len(batch.lanes)))
             for j in joining:
+                step()
                 yield from self._join(j, batch, drafting)
             joining = []
             if not batch.rows:

@@ -335,7 +335,7 @@ async def generate(request: Request, chat: bool, api: str = ""):
                                        ping=15, sep="\n")
         return await whole_reply(request, reply, lambda chat: responses_api.whole(chat, body, state.model_id))
     if stream:
-        return EventSourceResponse(stream_reply(reply, include_usage), ping=15, sep="\n")
+        return EventSourceResponse(sse_frames(reply, include_usage), ping=15, sep="\n")
     return await whole_reply(request, reply)
 
 
@@ -373,42 +373,74 @@ async def whole_reply(request: Request, reply: Reply, shape: Callable[[dict], di
 
 
 async def stream_reply(reply: Reply, include_usage: bool):
-    """The reply as server-sent events: a chat's role chunks first, then one chunk per
-    token with text (or logprobs / token ids asked for), each choice's last chunk, usage if
-    asked, and [DONE]."""
+    """The reply as server-sent events (dicts, one per event): :func:`stream_batches` flattened."""
+    async for batch in stream_batches(reply, include_usage):
+        for sse in batch:
+            yield sse
+
+
+async def sse_frames(reply: Reply, include_usage: bool):
+    """The reply's events framed as sse-starlette frames them (``data: ...`` and a blank
+    line), one write per wake-up: the events of one decode step go out together."""
+    async for batch in stream_batches(reply, include_usage):
+        yield "".join(f"data: {sse['data']}\n\n" for sse in batch).encode()
+
+
+async def stream_batches(reply: Reply, include_usage: bool):
+    """The reply's events in lists, one per wake-up of this coroutine: a chat's role chunks
+    first, then one chunk per token with text (or logprobs / token ids asked for), each
+    choice's last chunk, usage if asked, and [DONE]."""
     job = reply.job
     started = [False] * len(job.lanes)
     clock = reply.server.metrics.clock(len(job.lanes))
+    out: list[dict] = []
+
+    def send(obj) -> None:
+        out.append({"data": obj if isinstance(obj, str) else json.dumps(obj)})
     try:
         if reply.chat:
             for c in range(len(job.lanes)):
                 started[c] = True
-                yield {"data": json.dumps(reply.chunk(c, first=True))}
+                send(reply.chunk(c, first=True))
+            yield out
+            out = []
         while (item := await job.events.get()) is not None:
-            if isinstance(item, Exception):
-                yield {"data": json.dumps(APIError(500, f"generation failed: {item}", type="server_error").body())}
-                return
-            choice, ev = item
-            first, started[choice] = not started[choice], True  # completions: no role chunk came first
-            if isinstance(ev, Token):
-                clock.token(choice)
-                for chunk in reply.token_chunks(choice, ev, first):
-                    yield {"data": json.dumps(chunk)}
-            elif isinstance(ev, Done):
-                if (failed := reply.failure(ev)) is not None:  # what streamed stays; the error ends it
-                    yield {"data": json.dumps(failed.body())}
+            while True:  # this item and every one already queued behind it (one decode step's)
+                if isinstance(item, Exception):
+                    send(APIError(500, f"generation failed: {item}", type="server_error").body())
+                    yield out
                     return
-                if reply.cut_by_shutdown(ev):  # what streamed stays; the client is told why it ends here
+                choice, ev = item
+                first, started[choice] = not started[choice], True  # completions: no role chunk came first
+                if isinstance(ev, Token):
+                    clock.token(choice)
+                    for chunk in reply.token_chunks(choice, ev, first):
+                        send(chunk)
+                elif isinstance(ev, Done):
+                    if (failed := reply.failure(ev)) is not None:  # what streamed stays; the error ends it
+                        send(failed.body())
+                        yield out
+                        return
+                    if reply.cut_by_shutdown(ev):  # what streamed stays; the client is told why it ends here
+                        item = None
+                        break
+                    for chunk in reply.done_chunks(choice, ev, first):
+                        send(chunk)
+                if job.events.empty() or (item := job.events.get_nowait()) is None:
                     break
-                for chunk in reply.done_chunks(choice, ev, first):
-                    yield {"data": json.dumps(chunk)}
+            if item is None:
+                break
+            if out:
+                yield out
+                out = []
         if reply.cut_by_shutdown() or not all(d is not None for d in job.done):
-            yield {"data": json.dumps(APIError(503, "the server stopped before the reply was done",
-                                               code="shutting_down", type="server_error").body())}
+            send(APIError(503, "the server stopped before the reply was done",
+                          code="shutting_down", type="server_error").body())
         elif include_usage:
-            yield {"data": json.dumps({**reply.head(), "object": reply.object + (".chunk" if reply.chat else ""),
-                                       "choices": [], "usage": reply.usage()})}
-        yield {"data": "[DONE]"}
+            send({**reply.head(), "object": reply.object + (".chunk" if reply.chat else ""),
+                  "choices": [], "usage": reply.usage()})
+        send("[DONE]")
+        yield out
     finally:
         job.cancel.set()  # a client that left stops its lanes at the next decode step
         reply.count_tokens()

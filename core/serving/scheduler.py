@@ -36,6 +36,9 @@ class Job:
     events: asyncio.Queue | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     done: list[Done | None] = field(default_factory=list)
+    # Set by the scheduler once the job runs: its events wait there and reach the loop
+    # with every other job's of the same decode step, in one wake-up (Scheduler.flush).
+    outbox: list | None = field(default=None, repr=False, compare=False)
 
     @property
     def prompt_tokens(self) -> int:
@@ -47,8 +50,16 @@ class Job:
 
     def emit(self, item) -> None:
         """Hand (choice, event), an exception, or None (finished) to the request's coroutine."""
-        if self.loop is not None and not self.loop.is_closed():
+        if self.outbox is not None:
+            self.outbox.append((self.loop, self.events, item))
+        elif self.loop is not None and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+
+def _deliver(items: list) -> None:
+    """On the loop: one decode step's events, in order, to their requests' queues."""
+    for queue, item in items:
+        queue.put_nowait(item)
 
 
 class Scheduler:
@@ -68,6 +79,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._lanes: dict[int, tuple[Job, int]] = {}  # engine lane -> (job, choice index)
+        self._outbox: list = []  # (loop, queue, item) of running jobs, sent once per step
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name="llamadesk-serve", daemon=True)
 
@@ -138,8 +150,9 @@ class Scheduler:
                 if self._stopping:
                     return
             try:
-                for ev in self.engine.serve(self._admit, max_rows=self.max_batch):
+                for ev in self.engine.serve(self._admit, max_rows=self.max_batch, on_step=self.flush):
                     self._dispatch(ev)
+                self.flush()
             except Exception as e:  # a bug or out of memory: fail the requests, keep serving
                 self.engine.cache.reset()  # it may hold a half-written step: never reuse it
                 with self._cond:
@@ -147,6 +160,22 @@ class Scheduler:
                     self._lanes.clear()
                 for job in jobs:
                     job.emit(e)
+                self.flush()
+
+    def flush(self) -> None:
+        """Send the events the running jobs emitted since the last flush: one
+        ``call_soon_threadsafe`` per event loop for the whole decode step, not one per
+        token (at 16 streams that wake-up and its self-pipe write were most of the
+        scheduler thread's cost outside the model and the sampler)."""
+        if not self._outbox:
+            return
+        by_loop: dict = {}
+        for loop, queue, item in self._outbox:
+            by_loop.setdefault(loop, []).append((queue, item))
+        self._outbox.clear()
+        for loop, items in by_loop.items():
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(_deliver, items)
 
     def _admit(self, free: int, next_lane: int) -> list[Joining]:
         """Start the jobs at the head of the queue that fit in ``free`` lanes, in order."""
@@ -161,6 +190,7 @@ class Scheduler:
                 if len(job.lanes) > free:
                     break
                 self._waiting.popleft()
+                job.outbox = self._outbox
                 for c in range(len(job.lanes)):
                     self._lanes[next_lane + c] = (job, c)
                 next_lane += len(job.lanes)

@@ -227,3 +227,48 @@ def test_plain_and_drafting_jobs_decode_in_one_batch(fixtures):
     assert [job.done[0].tokens for job in jobs] == alone
     assert jobs[1].done[0].stats.speculative["drafted"] > 0
     assert rows.count(2) >= 10  # both rows ran in the same forwards
+
+
+class RecordingLoop:
+    """Stands in for the request's event loop: records each wake-up and runs it."""
+
+    def __init__(self):
+        self.wakeups = 0
+
+    def is_closed(self) -> bool:
+        return False
+
+    def call_soon_threadsafe(self, fn, *args):
+        self.wakeups += 1
+        fn(*args)
+
+
+class Inbox(list):
+    put_nowait = list.append
+
+
+def test_one_decode_step_wakes_the_event_loop_once_for_every_stream(fixtures):
+    """Four streams decoding together: their events reach the loop in one wake-up per
+    decode step (before: one call_soon_threadsafe per event, 8 per stream here), each
+    stream's events complete and in order."""
+    stories = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
+    eng = Engine(stories.model, stories.tokenizer, stop_ids=())
+    loop, finished = RecordingLoop(), threading.Semaphore(0)
+    sched = Scheduler(eng, on_done=lambda job: finished.release())
+    prompts = ("Once upon a time", "Lily went", "The sun", "Tom and")
+    jobs = [Job(stories.tokenizer.encode(p, bos=True), [SamplingParams(temperature=0, max_new_tokens=6)],
+                loop=loop, events=Inbox()) for p in prompts]
+    for job in jobs:
+        sched.submit(job)
+    try:
+        sched.start()
+        for _ in jobs:
+            assert finished.acquire(timeout=60)
+    finally:
+        sched.stop()
+    for job in jobs:
+        kinds = [type(item[1]).__name__ if item is not None else None for item in job.events]
+        assert kinds == ["Token"] * 6 + ["Done", None]
+        assert [item[1].token_id for item in job.events[:6]] == job.done[0].tokens
+    events = sum(len(job.events) for job in jobs)
+    assert events == 32 and loop.wakeups <= 8  # 6 steps, the prefills' and the last: not 32
