@@ -8,10 +8,12 @@ kernel's bytes with uint8 operations (no value is widened; only the per-group sc
 Q6_K's rounding step are float32), a few hundred KB at a time so the temporaries stay in
 cache, into one preallocated tensor.
 
-The kernel's layout (read off ``weight_to_int4pack_kernel`` for AVX-512, checked at first
-use against torch's own packer, which is used instead where it differs: AVX2 builds pack
-32-row blocks): blocks of 64 output rows; for each input column 32 bytes, byte j holding
-row j in its low nibble and row j+32 in its high nibble.
+The kernel's layout follows the capability torch dispatches to at run time
+(:data:`core.model.quant.CPU_LAYOUTS`, probed once per process by
+:func:`core.model.quant.cpu_layout`): blocks of 64 output rows with byte j holding rows j
+and j+32 (AVX-512), of 32 rows with rows j and j+16 (AVX2), or of 32 rows with rows 2j and
+2j+1 (scalar); for each input column ``block/2`` bytes. Every step here is a whole number
+of 64-row blocks, so of every layout's blocks; an unknown layout takes torch's packer.
 
 The values and the float32 scale arithmetic are the same operations in the same order as
 :func:`core.model.pack.pack_gguf`'s general path, so the packed layers are bit for bit the
@@ -19,11 +21,12 @@ same (tests): a cache written by either is valid for both.
 """
 from __future__ import annotations
 
-import functools
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Callable
 
 import torch
+
+from core.model.quant import CpuLayout, cpu_layout
 
 #: weights rearranged per step (64-row blocks up to this many): the float32 temporaries of
 #: Q6_K stay ~4 MB, where whole 1024-row chunks page faulted (5x slower per pass)
@@ -32,29 +35,39 @@ STEP_WEIGHTS = 1 << 20
 KINDS = {"Q4_K": (256, 144, 1), "Q6_K": (256, 210, 2), "Q8_0": (32, 34, 2)}
 
 
-@functools.cache
 def layout_matches() -> bool:
-    """Whether torch's CPU int4 packer lays bytes out as :func:`one_plane` does (64-row
-    blocks, AVX-512 builds): probed once on a small random matrix."""
-    q = torch.randint(0, 16, (128, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
-    ref = torch._convert_weight_to_int4pack_for_cpu(q, 1)
-    return torch.equal(one_plane(q.to(torch.uint8)).view(ref.shape), ref)
+    """Whether this process's packer layout is one :func:`pack` writes (every known one:
+    :data:`core.model.quant.CPU_LAYOUTS`)."""
+    return cpu_layout() is not None
+
+
+def _layout() -> CpuLayout:
+    lay = cpu_layout()
+    if lay is None:
+        raise RuntimeError("torch's CPU int4 layout is not one LlamaDesk can write")
+    return lay
+
+
+def _pairs(u: torch.Tensor, lay: CpuLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views [R/block, block/2, ...] of the rows of u ([R, ...], R a multiple of the block)
+    that go to the low and the high nibbles of the kernel's bytes."""
+    v = u.view(u.shape[0] // lay.block, lay.block, *u.shape[1:])
+    return v[:, lay.lo], v[:, lay.hi]
 
 
 def one_plane(q: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """4-bit values q (uint8 [R, K], 0..15, R a multiple of 64) -> the kernel's bytes
-    [R/64, K, 32], into ``out`` if given: rows are paired first, so the transpose moves
-    half the bytes."""
-    r, k = q.shape
-    v = q.view(r // 64, 2, 32, k)
-    paired = (v[:, 0] | (v[:, 1] << 4)).transpose(1, 2)
+    [R/block, K, block/2], into ``out`` if given: rows are paired first, so the transpose
+    moves half the bytes."""
+    a, b = _pairs(q, _layout())
+    paired = (a | (b << 4)).transpose(1, 2)
     return paired.contiguous() if out is None else out.copy_(paired)
 
 
 def _to_columns(p: torch.Tensor, out: torch.Tensor) -> None:
-    """Bytes p [R/64, 32, K] (row j of each block, its K columns) into ``out`` [R/64, K, 32],
-    one block at a time: a 2-D transposed copy takes torch's blocked-transpose path,
-    3-4x faster than one strided copy over all blocks."""
+    """Bytes p [blocks, rows, K] (paired row j of each block, its K columns) into ``out``
+    [blocks, K, rows], one block at a time: a 2-D transposed copy takes torch's
+    blocked-transpose path, 3-4x faster than one strided copy over all blocks."""
     for i in range(p.shape[0]):
         out[i].copy_(p[i].t())
 
@@ -62,15 +75,14 @@ def _to_columns(p: torch.Tensor, out: torch.Tensor) -> None:
 def two_planes(u: torch.Tensor, out: torch.Tensor, signed: bool = False) -> None:
     """8-bit values u (uint8 [R, ...] flattening to [R, K]; int8 read as ``u + 128`` if
     ``signed``) as a high and a low 4-bit plane, side by side along K as the kernel sees
-    them over ``[x, x]``, into ``out`` [R/64, 2K, 32]."""
-    r, k = u.shape[0], out.shape[1] // 2
-    v = u.view(r // 64, 2, 32, *u.shape[1:])  # [R, K], or Q8_0's [R, K/32, 32] inside its 34-byte blocks
-    a, b = v[:, 0], v[:, 1]  # rows j and j + 32 of each block
+    them over ``[x, x]``, into ``out`` [R/block, 2K, block/2]."""
+    k = out.shape[1] // 2
+    a, b = _pairs(u, _layout())  # e.g. rows j and j + 32 of each 64-row block (AVX-512)
     hi = (a >> 4) | (b & 0xF0)
     if signed:  # (x ^ 0x80) >> 4 == (x >> 4) ^ 8, (x ^ 0x80) & 0xF0 == (x & 0xF0) ^ 0x80
         hi ^= 0x88
-    _to_columns(hi.view(r // 64, 32, k), out[:, :k])
-    _to_columns(((a & 15) | (b << 4)).view(r // 64, 32, k), out[:, k:])  # the low nibbles see no flip
+    _to_columns(hi.view(*out.shape[::2], k), out[:, :k])
+    _to_columns(((a & 15) | (b << 4)).view(*out.shape[::2], k), out[:, k:])  # the low nibbles see no flip
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -103,18 +115,18 @@ def _q8_0(b: torch.Tensor, r: int, k: int, out: torch.Tensor):
 def _q4_k(b: torch.Tensor, r: int, k: int, out: torch.Tensor):
     """Q4_K: 8 groups of 32 nibbles under 6-bit scales and mins, themselves under fp16 d, dmin.
     Each 32-byte run holds weights i (low nibble) and i + 32 (high) of a 64-weight run, so
-    the bytes of rows j and j + 32 recombine into the kernel's bytes without unpacking."""
+    the bytes of the two rows the kernel pairs in a byte (j and j + 32 on AVX-512, j and
+    j + 16 on AVX2, 2j and 2j + 1 on the scalar path) recombine without unpacking."""
     b = b.view(r, k // 256, 144)
     d, dmin = _f16(b[..., 0:2]).unsqueeze(-1), _f16(b[..., 2:4]).unsqueeze(-1)
     s = b[..., 4:16].to(torch.int32)
     sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
     mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
     scale, zero = (d * sc).reshape(r, -1), (-(dmin * mn)).reshape(r, -1)
-    v = b[..., 16:].view(r // 64, 2, 32, k // 256, 4, 32)  # [blocks, j // 32, j % 32, super, run, i]
-    lo, hi = v[:, 0], v[:, 1]
+    lo, hi = _pairs(b[..., 16:].view(r, k // 256, 4, 32), _layout())  # [blocks, j, super, run, i]
     # weight i of each run: both rows' low nibbles; weight i + 32: their high nibbles
     p = torch.cat([(lo & 15) | (hi << 4), (lo >> 4) | (hi & 0xF0)], -1)
-    _to_columns(p.view(r // 64, 32, k), out)
+    _to_columns(p.view(*out.shape[::2], k), out)
     return scale, zero + 8 * scale
 
 
@@ -143,8 +155,9 @@ _DECODERS = {"Q4_K": _q4_k, "Q6_K": _q6_k, "Q8_0": _q8_0}
 def pack(rows: torch.Tensor, kind: str, n: int, k: int,
          tick: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8 [N', planes*K/2], scale_zeros bfloat16 [planes*K/32, N', 2]) of a GGUF
-    tensor's rows (uint8 [N, bytes per row]) of one of :data:`KINDS`; N' = N padded to 64
-    rows (padding rows are zero bytes: scale and zero 0). Raises ValueError on a non-finite
+    tensor's rows (uint8 [N, bytes per row]) of one of :data:`KINDS`, in this process's
+    packer layout; N' = N padded to 64 rows, a multiple of every layout's block (padding
+    rows are zero bytes: scale and zero 0). Raises ValueError on a non-finite
     block scale (the values are integers: only a scale can be NaN or infinite). ``tick`` is
     called after every step of this thread's (a few ms): a load's cancel check, so a
     128k-row output layer does not hold a cancel for a second.
@@ -155,8 +168,9 @@ def pack(rows: torch.Tensor, kind: str, n: int, k: int,
     member (a 1B Q4_K_M open took 100 s of wall time at load 8 with 2 OpenMP threads, 21 s
     with 1), while threads that each own their steps just share the cores."""
     block, nbytes, planes = KINDS[kind]
+    lay = _layout()
     total = n + -n % 64
-    packed = torch.empty(total // 64, planes * k, 32, dtype=torch.uint8)
+    packed = torch.empty(total // lay.block, planes * k, lay.block // 2, dtype=torch.uint8)
     sz = torch.empty(planes * k // 32, total, 2, dtype=torch.bfloat16)
     step = max(64, STEP_WEIGHTS // k // 64 * 64)
 
@@ -165,7 +179,7 @@ def pack(rows: torch.Tensor, kind: str, n: int, k: int,
         r = min(step, total - r0)
         if chunk.shape[0] < r:  # the last rows: zero bytes up to the 64-row block
             chunk = torch.cat([chunk, chunk.new_zeros(r - chunk.shape[0], chunk.shape[1])])
-        scale, zero = _DECODERS[kind](chunk, r, k, packed[r0 // 64:(r0 + r) // 64])
+        scale, zero = _DECODERS[kind](chunk, r, k, packed[r0 // lay.block:(r0 + r) // lay.block])
         sz[:, r0:r0 + r, 0] = scale.t()
         sz[:, r0:r0 + r, 1] = zero.t()
 

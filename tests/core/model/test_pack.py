@@ -1,4 +1,9 @@
 """The byte-level CPU packer (core/model/pack_cpu.py) against torch's own int4 packer."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -17,12 +22,6 @@ def through_torch(raw, kind, n, k, monkeypatch):
         return pack.pack_gguf(raw, kind, n, k, CPU)
 
 
-AVX512_ONLY = pytest.mark.skipif(not pack_cpu.layout_matches(), reason=(
-    "torch packs 32-row blocks on this CPU (AVX2 or scalar): the direct packer writes AVX-512's "
-    "64-row blocks, so loads take torch's packer here"))
-
-
-@AVX512_ONLY
 def test_the_direct_layout_is_torchs_on_this_cpu():
     assert pack_cpu.layout_matches()  # else the fast path is off and these tests say nothing
     q = torch.randint(0, 16, (192, 96), dtype=torch.int32, generator=torch.Generator().manual_seed(3))
@@ -66,7 +65,6 @@ def test_a_non_finite_block_scale_is_refused(kind):
         pack.pack_gguf(as_raw(data)[:-K], kind, 64, K, CPU)
 
 
-@AVX512_ONLY
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_K"])
 def test_cpu_packing_never_widens_values_for_torchs_packer(kind, monkeypatch):
     """Every GGUF type's bytes reach the kernel's layout without torch's int32 packer (the
@@ -102,3 +100,43 @@ def test_a_helper_threads_error_reaches_the_caller(two_threads, monkeypatch):
     with pytest.raises(ValueError, match="NaN or infinite"):
         pack.pack_gguf(as_raw(data), "Q8_0", 256, K, CPU)
     assert torch.get_num_threads() == 2
+
+
+_OTHER_CAPABILITY = """
+import sys, torch
+from core.model import pack, pack_cpu, quant
+assert quant.cpu_layout().name == sys.argv[1] and pack_cpu.layout_matches(), quant.cpu_layout()
+CPU, K, g = torch.device("cpu"), 256, torch.Generator().manual_seed(0)
+direct = pack_cpu.layout_matches
+q = torch.randint(0, 16, (192, 96), dtype=torch.int32, generator=g)
+assert torch.equal(pack_cpu.one_plane(q.to(torch.uint8)).view(192, 48),
+                   torch._convert_weight_to_int4pack_for_cpu(q, 1))
+for kind, at, scales in (("Q4_K", 0, 2), ("Q6_K", 208, 1), ("Q8_0", 0, 1)):
+    block, size, _ = pack_cpu.KINDS[kind]
+    for n in (128, 72):  # 72: the last 64-row block is padded
+        b = torch.randint(0, 256, (n, K // block, size), dtype=torch.uint8, generator=g)
+        d = torch.empty(n, K // block, scales).uniform_(1e-4, 3e-2, generator=g).half()
+        b[..., at:at + 2 * scales] = d.view(torch.uint8)
+        fast = pack.pack_gguf(b.view(-1), kind, n, K, CPU)
+        pack_cpu.layout_matches = lambda: False  # the reference: torch's own packer
+        ref = pack.pack_gguf(b.view(-1), kind, n, K, CPU)
+        pack_cpu.layout_matches = direct
+        assert torch.equal(fast.scale_zeros, ref.scale_zeros), kind
+        assert torch.equal(fast.dequantize(), ref.dequantize()), (kind, n)
+        assert n % 64 or torch.equal(fast.packed, ref.packed), kind
+        x = torch.randn(3, K, generator=g)
+        assert torch.equal(fast(x), ref(x)), kind
+"""
+
+
+@pytest.mark.parametrize("capability,layout", [("avx2", "avx2"), ("default", "scalar")])
+def test_direct_packing_writes_the_layout_of_the_cpu_torch_runs_on(capability, layout):
+    """Most desktop CPUs have no AVX-512: torch's packer then writes 32-row blocks (AVX2) or
+    neighbouring rows (scalar), and loads there took torch's 3x slower packer. The direct
+    packer writes each layout bit for bit as torch does. A fresh interpreter, since torch
+    picks the capability at start."""
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "-c", _OTHER_CAPABILITY, layout], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
