@@ -454,3 +454,41 @@ def test_inspector_filters_without_the_sort_equal_the_reference(sample_size):
     alt = top_alternatives(row, params[0], k=5)
     ref = filter_logits(row, params[0]).softmax(-1)
     assert [i for i, _ in alt["filtered"]] == torch.topk(ref, 5).indices.tolist()
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int32) if t.dtype == torch.float32 else t
+
+
+@pytest.mark.parametrize("B,V", [(16, 512), (3, 1024), (1, 32000), (64, 64)])
+def test_a_small_batch_scans_at_once_bit_for_bit_as_row_by_row(B, V):
+    """The sampler's whole-row passes run on a small batch at once (sampling.at_once):
+    every value each row's own passes give, to the bit (NaN of an all -inf row
+    included), at several temperatures and candidate widths, and so the same tokens and
+    log-probs: a row's draw cannot depend on the batch beside it."""
+    g = torch.Generator().manual_seed(B * V)
+    logits = torch.randn(B, V, generator=g) * torch.tensor([0.3, 3.0, 30.0]).repeat(B)[:B].view(B, 1)
+    logits[0, : V // 3] = float("-inf")
+    logits[-1] = float("-inf") if B > 2 else logits[-1]
+    qs = [SamplingParams(temperature=[1.0, 0.7, 1.3, 0.0][i % 4], top_p=[0.95, 1.0, 0.5][i % 3], seed=i,
+                         min_p=0.05 if i % 5 == 4 else 0.0) for i in range(B)]
+    sampled = [i for i, q in enumerate(qs) if not q.greedy]
+    x, temps = logits[sampled], [float(qs[i].temperature) for i in sampled]
+    assert sampling.at_once(logits)
+    for cand in (512, 64):
+        fast = sampling._scan(logits, x, sampled, temps, cand)
+        with mock.patch.object(sampling, "at_once", lambda _: False):
+            ref = sampling._scan(logits, x, sampled, temps, cand)
+        assert torch.equal(_bits(fast[0]), _bits(ref[0]))
+        for a, b in zip(fast[1], ref[1]):
+            assert a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+    gens = lambda: [torch.Generator().manual_seed(i) for i in range(B)]  # noqa: E731
+    got = choose_tokens(logits[1:], qs[1:], [None] * (B - 1), gens()[1:]) if B > 1 else None
+    with mock.patch.object(sampling, "at_once", lambda _: False):
+        want = choose_tokens(logits[1:], qs[1:], [None] * (B - 1), gens()[1:]) if B > 1 else None
+    if got is not None:
+        assert got.ids == want.ids and list(map(repr, got.logprobs)) == list(map(repr, want.logprobs))  # NaN too
+
+
+def test_a_large_batch_scans_row_by_row():
+    assert not sampling.at_once(torch.zeros(2, 32000)) and not sampling.at_once(torch.zeros(4, 1000))
