@@ -305,7 +305,7 @@ def _scan(logits: torch.Tensor, x: torch.Tensor, sampled: Sequence[int], temps: 
         m.append(top)
         # exp of the gap to the max, summed: softmax's denominator, computed as it does
         total.append((torch.div(xr, t, out=buf) if t != 1.0 else buf.copy_(xr)).sub_(top).exp_().sum())
-        c.append(xr[::s].topk(kc).values[-1])
+        c.append(_threshold(xr[::s], kc))
         found.append(_above(xr, c[-1], n))
     lse = torch.stack(lse)
     if not S:
@@ -320,6 +320,13 @@ def _widths(V: int, candidates: int) -> tuple[int, int, int]:
     candidates held in a fixed width n (see :func:`_scan`)."""
     s = max(1, min(16, V // (4 * candidates)))
     return s, min(-(-V // s), max(1, candidates // s)), min(V, 2 * candidates)
+
+
+def _threshold(sub: torch.Tensor, kc: int) -> torch.Tensor:
+    """The kc-th largest of each row of ``sub``: its minimum where kc is the whole row (a
+    vocabulary within the candidates: topk would sort it all for the same value; only a
+    row holding NaN, which the engine ends with an error, differs)."""
+    return sub.amin(-1) if kc == sub.shape[-1] else sub.topk(kc, dim=-1).values[..., -1]
 
 
 AT_ONCE = 32768  # torch's intra-op grain: a smaller [B, V] reduces on one thread, as one row does
@@ -349,7 +356,7 @@ def _scan_at_once(logits: torch.Tensor, x: torch.Tensor, temps: Sequence[float],
     t = torch.tensor(temps, dtype=x.dtype).view(S, 1)
     m = x.amax(-1, keepdim=True) / t
     total = (x / t).sub_(m).exp_().sum(-1, keepdim=True)
-    c = x[:, ::s].topk(kc, dim=-1).values[:, -1:]
+    c = _threshold(x[:, ::s], kc).view(S, 1)
     above = x.numpy() > c.numpy()
     rows, cols = np.nonzero(above)  # row-major: each row's ids ascending
     count = above.sum(1)

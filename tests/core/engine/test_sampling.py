@@ -492,3 +492,11 @@ def test_a_small_batch_scans_at_once_bit_for_bit_as_row_by_row(B, V):
 
 def test_a_large_batch_scans_row_by_row():
     assert not sampling.at_once(torch.zeros(2, 32000)) and not sampling.at_once(torch.zeros(4, 1000))
+
+
+def test_the_candidate_threshold_is_topks_kth_value():
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(3))
+    x[1, :100] = float("-inf")
+    for kc in (512, 100, 1):
+        assert torch.equal(sampling._threshold(x, kc), x.topk(kc, dim=-1).values[:, -1])
+        assert torch.equal(sampling._threshold(x[2], kc), x[2].topk(kc).values[-1])
