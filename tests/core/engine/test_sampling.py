@@ -363,6 +363,9 @@ def test_window_cut_on_a_llama3_vocabulary(std, p):
         _window_or_justified(torch.randn(128256, generator=g) * std, p)
 
 
+@pytest.mark.skipif(sampling.ROUNDING > 5e-7, reason=(
+    "torch runs AVX2 or scalar kernels here: the window's margin is wider by design, so more "
+    "flat rows go to the sort (the rows it decides are still checked against the reference)"))
 def test_window_decides_most_flat_rows_without_the_sort():
     """The bench's flat rows (logit std 0.5 at temperature 0.8, top-p 0.9): the reference's
     sort runs only for the rows where its rounding sits at the cut (5 of 20 measured)."""
