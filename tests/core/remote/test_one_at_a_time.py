@@ -167,7 +167,7 @@ def test_a_lane_that_runs_again_otherwise_than_it_streamed_fails_naming_the_serv
 
 
 def test_cli_compare_on_such_a_server_runs_its_lanes_one_after_another(capsys):
-    from core.__main__ import main  # the CLI, as `python -m core compare --server` runs it
+    from core.cli.main import main  # the CLI, as `python -m core compare --server` runs it
     server = OneAtATime(together=3)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
