@@ -159,8 +159,10 @@ def _q6_k(b: torch.Tensor, r: int, k: int, out: torch.Tensor):
     s = s.reshape(r, -1, 2)  # d*sc of each pair of 16-weight sub-blocks
     big = torch.where(s[..., 0].abs() >= s[..., 1].abs(), s[..., 0], s[..., 1])
     ratio = torch.where(big.unsqueeze(-1) == 0, torch.zeros_like(s), s / big.unsqueeze(-1))
-    w = q.view(r, -1, 2, 16).float().sub_(32).mul_(4).mul_(ratio.unsqueeze(-1))
-    u = w.round_().clamp_(-128, 127).add_(128).to(torch.uint8)
+    # 4 * (q - 32) is -128..124: exact in int8 as the byte 4q ^ 0x80, so the float32 passes
+    # start at the multiply; the result goes back through int8, x + 128 being x's byte ^ 0x80
+    w = ((q << 2) ^ 0x80).view(torch.int8).view(r, -1, 2, 16).float().mul_(ratio.unsqueeze(-1))
+    u = w.round_().clamp_(-128, 127).to(torch.int8).view(torch.uint8) ^ 0x80
     two_planes(u.view(r, k), out)
     return _planes_scales(big / 4)
 
