@@ -42,6 +42,8 @@ def test_the_wheel_holds_every_package_the_icons_and_the_demo_model(wheel):
     assert {f"core/assets/models/llamadesk-demo/{f.name}" for f in demo.iterdir()} <= names
     assert {f"core/assets/icons/{f.name}" for f in (ROOT / "assets" / "icons").iterdir()} <= names
     assert "main.py" in names
+    csrc = ROOT / "core" / "model" / "kernels" / "csrc"  # compiled where the wheel is installed
+    assert {f"core/model/kernels/csrc/{f.name}" for f in csrc.iterdir()} <= names
 
 
 def _venv_seeing_ours(where: Path) -> Path:
