@@ -50,13 +50,23 @@ def rope_table(args: ModelArgs, length: int, device: torch.device | None = None)
     return torch.stack([ang.cos(), ang.sin()], dim=-1)
 
 
+def rotation_table(table: torch.Tensor) -> torch.Tensor:
+    """rope_table's cos/sin [L, D/2, 2] as the two factors apply_rope multiplies by, each
+    interleaved to the head's width: [L, 2, D] = (cos, cos, ...), (-sin, sin, ...)."""
+    cos, sin = table[..., 0], table[..., 1]
+    return torch.stack([torch.stack([cos, cos], -1).flatten(-2), torch.stack([-sin, sin], -1).flatten(-2)], 1)
+
+
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (x[2i], x[2i+1]) of x [B, T, H, D] by rope [B or 1, T, D/2, 2]."""
-    xf = x.float().unflatten(-1, (-1, 2))  # [B, T, H, D/2, 2]
-    cos, sin = rope[..., 0].unsqueeze(2), rope[..., 1].unsqueeze(2)  # [B, T, 1, D/2]
-    x0, x1 = xf[..., 0], xf[..., 1]
-    out = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
-    return out.flatten(-2).type_as(x)
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of x [B, T, H, D] by rope [B or 1, T, 2, D]
+    (rotation_table's rows): x0·cos - x1·sin, x0·sin + x1·cos, as x·C + swap(x)·S. The
+    same two products and one sum per element as the pairwise form, so bit for bit its
+    result (a - b is a + (-b) exactly), in 4 tensor ops instead of 12: a decode step of a
+    small model is bound by their count."""
+    xf = x.float()
+    swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0, x3, x2, ...)
+    out = xf * rope[:, :, 0].unsqueeze(2) + swapped * rope[:, :, 1].unsqueeze(2)
+    return out.type_as(x)
 
 
 class Linear(nn.Module):
@@ -88,9 +98,10 @@ class Linear(nn.Module):
 
 
 def _padded_linear(x: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Tensor:
+    if rows >= INVARIANT_ROWS:  # linear folds [B, 1, D] into the same [B, D] product
+        return F.linear(x, weight)
     x2 = x.reshape(rows, x.shape[-1])
-    if rows < INVARIANT_ROWS:
-        x2 = torch.cat([x2, x2.new_zeros(INVARIANT_ROWS - rows, x2.shape[1])])
+    x2 = torch.cat([x2, x2.new_zeros(INVARIANT_ROWS - rows, x2.shape[1])])
     return F.linear(x2, weight)[:rows].reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -196,9 +207,11 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x, rope, mask, cache, start_pos):
         h = self.attention(self.attention_norm(x), rope, mask, cache, start_pos)
-        h = x + F.dropout(h, self.dropout, self.training)
-        out = self.feed_forward(self.ffn_norm(h))
-        return h + F.dropout(out, self.dropout, self.training)
+        if self.training:  # (a no-op call per residual otherwise, counted in every decode step)
+            h = x + F.dropout(h, self.dropout, True)
+            return h + F.dropout(self.feed_forward(self.ffn_norm(h)), self.dropout, True)
+        h = x + h
+        return h + self.feed_forward(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):
@@ -245,11 +258,12 @@ class Transformer(nn.Module):
         return self.invariant and isinstance(cache, KVCache) and not torch.compiler.is_compiling()
 
     def rope(self, end: int) -> torch.Tensor:
-        """The cos/sin table covering positions [0, end), cached on the model's device."""
+        """The rotation table covering positions [0, end) ([L, 2, D], :func:`rotation_table`),
+        cached on the model's device."""
         dev = self.tok_embeddings.weight.device
         if self._rope is None or self._rope.shape[0] < end or self._rope.device != dev:
             length = max(end, 256, 0 if self._rope is None else 2 * self._rope.shape[0])
-            self._rope = rope_table(self.args, length, dev)
+            self._rope = rotation_table(rope_table(self.args, length, dev))
         return self._rope
 
     def positions(self, h: torch.Tensor, start_pos: int | torch.Tensor, cache):
@@ -262,7 +276,7 @@ class Transformer(nn.Module):
                 raise ValueError("per-row start positions need a KV cache")
             pos = start_pos.to(dev).view(B, 1) + torch.arange(T, device=dev)  # [B, T]
             end = cache.span(pos)  # a static cache answers its capacity: no host sync
-            rope = self.rope(end)[pos]  # [B, T, D/2, 2]
+            rope = self.rope(end)[pos]  # [B, T, 2, D]
             if T == 1 and self._per_row(cache):
                 return rope, tuple(int(p) + 1 for p in pos.view(B).tolist()), pos
             # Each row sees only keys at or before its own position, so a row never reads
@@ -271,7 +285,7 @@ class Transformer(nn.Module):
             start_pos = pos  # the cache scatters row by row
         else:
             end = start_pos + T
-            rope = self.rope(end)[start_pos:end].unsqueeze(0)  # [1, T, D/2, 2]
+            rope = self.rope(end)[start_pos:end].unsqueeze(0)  # [1, T, 2, D]
             if T == 1:
                 mask = (end,) * B if B > 1 and self._per_row(cache) else None
             elif cache is None or start_pos == 0:

@@ -149,3 +149,32 @@ def test_gqa_with_and_without_enable_gqa_matches_transformers(monkeypatch, nativ
         step = ours(torch.stack([ids[0, 20:21], ids[1, 17:18]]), torch.tensor([20, 17]), cache)[:, -1]
         torch.testing.assert_close(torch.log_softmax(step, -1), torch.stack([ref[0, 20], ref[1, 17]]),
                                    atol=1e-4, rtol=0)
+
+
+def test_rope_rotation_is_the_pairwise_rotation_bit_for_bit():
+    # apply_rope multiplies by precomputed (cos, cos) / (-sin, sin) rows in 4 ops; it must
+    # give exactly the pairwise x0*cos - x1*sin, x0*sin + x1*cos it replaced.
+    from torch.utils._python_dispatch import TorchDispatchMode
+    args = ModelArgs(dim=64, n_layers=1, n_heads=4, vocab_size=32, rope_theta=500000.0)
+    table = model_mod.rope_table(args, 300)  # [L, D/2, 2]
+    torch.manual_seed(0)
+    pos = torch.tensor([[0, 7, 299], [3, 150, 201]])
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(2, 3, 4, 16) * 3).to(dtype)
+        cos, sin = table[pos][..., 0].unsqueeze(2), table[pos][..., 1].unsqueeze(2)
+        xf = x.float()
+        x0, x1 = xf[..., 0::2], xf[..., 1::2]
+        want = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).flatten(-2).to(dtype)
+
+        class Count(TorchDispatchMode):
+            n = 0
+
+            def __torch_dispatch__(self, func, types, a=(), kw=None):
+                Count.n += 1
+                return func(*a, **(kw or {}))
+
+        rope = model_mod.rotation_table(table)[pos]
+        with Count():
+            got = model_mod.apply_rope(x, rope)
+        assert torch.equal(got, want)
+        assert Count.n <= 10 + 2 * (dtype != torch.float32)  # the pairwise form ran 16 (18)
