@@ -15,7 +15,6 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Callable
 
-from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -37,6 +36,7 @@ from core.serving.guard import Guard, HTTPOptions, answered_hosts
 from core.serving.metrics import CONTENT_TYPE
 from core.serving.responses import Reply
 from core.serving.scheduler import Job
+from core.serving.sse import EventStream, frame
 from core.serving.tools_api import message_chars, tool_message, tools_from_request
 from core.tools.spec import ToolError
 from core.serving.state import ServerState
@@ -331,11 +331,10 @@ async def generate(request: Request, chat: bool, api: str = ""):
     reply = Reply(state, body, chat, job, top)
     if api == "responses":
         if stream:
-            return EventSourceResponse(responses_api.events(stream_reply(reply, True), body, state.model_id),
-                                       ping=15, sep="\n")
+            return EventStream(event_frames(responses_api.events(stream_reply(reply, True), body, state.model_id)))
         return await whole_reply(request, reply, lambda chat: responses_api.whole(chat, body, state.model_id))
     if stream:
-        return EventSourceResponse(sse_frames(reply, include_usage), ping=15, sep="\n")
+        return EventStream(sse_frames(reply, include_usage))
     return await whole_reply(request, reply)
 
 
@@ -375,28 +374,34 @@ async def whole_reply(request: Request, reply: Reply, shape: Callable[[dict], di
 async def stream_reply(reply: Reply, include_usage: bool):
     """The reply as server-sent events (dicts, one per event): :func:`stream_batches` flattened."""
     async for batch in stream_batches(reply, include_usage):
-        for sse in batch:
-            yield sse
+        for data in batch:
+            yield {"data": data}
 
 
 async def sse_frames(reply: Reply, include_usage: bool):
-    """The reply's events framed as sse-starlette frames them (``data: ...`` and a blank
-    line), one write per wake-up: the events of one decode step go out together."""
+    """The reply's events framed (``data: ...`` and a blank line), one write per wake-up:
+    the events of one decode step go out together."""
     async for batch in stream_batches(reply, include_usage):
-        yield "".join(f"data: {sse['data']}\n\n" for sse in batch).encode()
+        yield "".join([frame(data) for data in batch]).encode()
+
+
+async def event_frames(events):
+    """Named events ({"event", "data"} dicts: the Responses stream's) framed, one write each."""
+    async for e in events:
+        yield frame(e["data"], e.get("event")).encode()
 
 
 async def stream_batches(reply: Reply, include_usage: bool):
-    """The reply's events in lists, one per wake-up of this coroutine: a chat's role chunks
-    first, then one chunk per token with text (or logprobs / token ids asked for), each
-    choice's last chunk, usage if asked, and [DONE]."""
+    """The reply's events (JSON texts and [DONE]) in lists, one per wake-up of this
+    coroutine: a chat's role chunks first, then one chunk per token with text (or logprobs /
+    token ids asked for), each choice's last chunk, usage if asked, and [DONE]."""
     job = reply.job
     started = [False] * len(job.lanes)
     clock = reply.server.metrics.clock(len(job.lanes))
-    out: list[dict] = []
+    out: list[str] = []
 
     def send(obj) -> None:
-        out.append({"data": obj if isinstance(obj, str) else json.dumps(obj)})
+        out.append(obj if isinstance(obj, str) else json.dumps(obj))
     try:
         if reply.chat:
             for c in range(len(job.lanes)):
@@ -414,8 +419,7 @@ async def stream_batches(reply: Reply, include_usage: bool):
                 first, started[choice] = not started[choice], True  # completions: no role chunk came first
                 if isinstance(ev, Token):
                     clock.token(choice)
-                    for chunk in reply.token_chunks(choice, ev, first):
-                        send(chunk)
+                    out += reply.token_texts(choice, ev, first)
                 elif isinstance(ev, Done):
                     if (failed := reply.failure(ev)) is not None:  # what streamed stays; the error ends it
                         send(failed.body())

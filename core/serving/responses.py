@@ -3,6 +3,7 @@ extensions (vLLM's ``stop_reason`` and ``return_token_ids``, each token's id bes
 logprob, speculative decoding's statistics)."""
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -14,6 +15,7 @@ from core.serving.scheduler import Job
 from core.serving.tools_api import CallStream
 from core.serving.state import ServerState
 
+HOLE = "\x00text\x00"  # stands for a token's text in a chunk's template
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort",
           "tool_calls": "tool_calls"}
 
@@ -39,6 +41,10 @@ class Reply:
         # Each choice's stream of calls (a chat whose lanes may call tools), else None.
         self.calls = ([CallStream(job.tools is not None and q.tool_choice != "none") for q in job.lanes]
                       if chat and job.tools is not None else None)
+        # A plain stream's token chunk differs from the next only in its text: each
+        # choice's chunk is JSON-encoded once, around a hole the text goes in (token_texts).
+        self.plain = self.calls is None and self.top is None and not self.token_ids
+        self._templates: dict[int, list[str]] = {}
 
     def cut_by_shutdown(self, done: Done | None = None) -> bool:
         """Whether the server's shutdown ended this choice (``done``) or any choice early."""
@@ -159,6 +165,18 @@ class Reply:
                 c["prompt_token_ids"] = list(self.job.prompt_of(i))
             choices.append(c)
         return {**self.head(), "choices": choices, "usage": self.usage()}
+
+    def token_texts(self, choice: int, tok: Token, first: bool) -> list[str]:
+        """:meth:`token_chunks` as JSON texts, byte for byte ``json.dumps`` of them."""
+        if not self.plain or (first and self.chat):
+            return [json.dumps(c) for c in self.token_chunks(choice, tok, first)]
+        if not tok.text:
+            return []
+        if (t := self._templates.get(choice)) is None:
+            t = self._templates[choice] = json.dumps(self.chunk(choice, text=HOLE, tok=tok)).split(json.dumps(HOLE))
+        if len(t) != 2:  # the hole's text is in the head too (a model named so): no template
+            return [json.dumps(self.chunk(choice, text=tok.text, tok=tok))]
+        return [t[0] + json.dumps(tok.text) + t[1]]
 
     def token_chunks(self, choice: int, tok: Token, first: bool) -> list[dict]:
         """The chunks one streamed token makes: its text as content, or where the choice

@@ -78,11 +78,12 @@ class TimedH11(H11Protocol):
 
 def uvicorn_config(app, options: HTTPOptions) -> uvicorn.Config:
     """uvicorn's settings for ``app``: h11 with the header deadline, keep-alive connections
-    closed after 5 idle seconds. Running requests were drained before uvicorn's own
+    closed after 5 idle seconds, uvloop's event loop where it is installed (asyncio's
+    otherwise), no access log. Running requests were drained before uvicorn's own
     shutdown starts (:class:`DrainingServer`); it waits a few seconds more for the last bytes."""
     protocol = type("TimedH11", (TimedH11,), {"read_timeout": options.read_timeout})
-    return uvicorn.Config(app, log_level="warning", lifespan="on", http=protocol, timeout_keep_alive=5,
-                          timeout_graceful_shutdown=5)
+    return uvicorn.Config(app, log_level="warning", lifespan="on", http=protocol, loop="auto", access_log=False,
+                          timeout_keep_alive=5, timeout_graceful_shutdown=5)
 
 
 class DrainingServer(uvicorn.Server):
