@@ -147,7 +147,8 @@ PEER_NOTE = ("Each server is its own process on loopback, started on the same GG
              "request); the clients are streaming /v1/completions requests (text prompt, temperature 1, "
              "top-p 0.95, seed, end of text banned by logit_bias) on an asyncio loop in the bench process. "
              "Servers take turns level by level, round by round (interleaved); medians of the rounds' "
-             "aggregate tok/s, TTFT percentiles over every client of every round.")
+             "aggregate tok/s, TTFT percentiles over every client of every round; a server's CPU time (all its "
+             "threads, /proc) per token generated, over every round.")
 
 
 class LlamaDeskServer(llamacpp_server.PeerServer):
@@ -231,7 +232,10 @@ def compare_servers(file: Path, prompts, tokens: int, repeats: int, threads: int
             loads.append(os.getloadavg()[0])
             for n in levels:
                 for name, srv in servers.items():
-                    runs[(name, n)].append(r := asyncio.run(level(srv.url, n, prompts, tokens, stream_one)))
+                    c0 = cpu_seconds(srv.proc.pid)
+                    r = asyncio.run(level(srv.url, n, prompts, tokens, stream_one))
+                    r["cpu_s"] = cpu_seconds(srv.proc.pid) - c0
+                    runs[(name, n)].append(r)
                     print(f"{file.name}: {name} {n} clients {r['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
         loads.append(os.getloadavg()[0])
     finally:
@@ -244,8 +248,19 @@ def compare_servers(file: Path, prompts, tokens: int, repeats: int, threads: int
             rs = runs[(name, n)]
             ttfts = [t for r in rs for t in r["ttft"]]
             row[name] = {"tok_s": statistics.median(r["tok_s"] for r in rs), "ttft_p50_s": pct(ttfts, 50),
-                         "ttft_p99_s": pct(ttfts, 99)}
+                         "ttft_p99_s": pct(ttfts, 99),
+                         "cpu_ms_per_token": sum(r["cpu_s"] for r in rs) * 1000 / (len(rs) * n * tokens)}
     return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system, all threads) process ``pid`` has used, from /proc (Linux;
+    0 elsewhere): what a server spends per token, whatever the machine's load lets it run."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def peer_markdown(data: dict) -> str:
@@ -253,7 +268,7 @@ def peer_markdown(data: dict) -> str:
     names = list(dict.fromkeys(x for r in res.values() for x in r["servers"]))  # LlamaDesk first
     peers = [x for x in names if not x.startswith("LlamaDesk")]  # the ratios: plain serve against each peer
     head = ["model", "clients", *(f"{n} tok/s" for n in names), *(f"× {p}" for p in peers),
-            *(f"{n} TTFT p50 / p99" for n in names)]
+            *(f"{n} TTFT p50 / p99" for n in names), *(f"{n} CPU ms/token" for n in names)]
     lines = [f"{data['tokens_per_request']} new tokens per streaming request, {data['threads']} thread(s) per "
              f"server, {data['repeats']} interleaved round(s); load average (1 min) "
              + "; ".join(f"{m}: {' → '.join(f'{x:.1f}' for x in r['load'])}" for m, r in res.items()) + ".", "",
@@ -263,7 +278,8 @@ def peer_markdown(data: dict) -> str:
             cells = [model, str(n), *(f"{row[x]['tok_s']:.1f}" if x in row else "—" for x in names),
                      *(f"{row['LlamaDesk']['tok_s'] / row[p]['tok_s']:.2f}" if p in row else "—" for p in peers),
                      *(f"{row[x]['ttft_p50_s'] * 1000:.0f} / {row[x]['ttft_p99_s'] * 1000:.0f} ms" if x in row
-                       else "—" for x in names)]
+                       else "—" for x in names),
+                     *(f"{row[x]['cpu_ms_per_token']:.2f}" if x in row else "—" for x in names)]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines + ["", PEER_NOTE])
 
