@@ -15,6 +15,7 @@ from torch import nn
 
 from core.model.args import ModelArgs
 from core.model.f16 import Float16Linear
+from core.model.kernels import ops as kernel_ops
 from core.model.kv_cache import KVCache
 
 SMALL_BATCH = 16  # rows up to which Linear multiplies weight-first (see Linear.forward)
@@ -145,6 +146,13 @@ def _sdpa_has_gqa() -> bool:
     return _GQA
 
 
+class RowKeys(tuple):
+    """The 'mask' of a batch-invariant decode step: how many keys each row attends over
+    (its own, never another row's), and the compiled kernel that runs every row in one call
+    (None: one scaled_dot_product_attention per row)."""
+    kernel = None
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
@@ -166,6 +174,9 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_id, start_pos, k, v)  # [B, Hkv, L, D]
         gqa = {}
+        if isinstance(mask, RowKeys) and mask.kernel is not None and q.device.type == "cpu":
+            # batch-invariant decode in one call: each row over its own keys (csrc/attn.c)
+            return self.wo(kernel_ops.attn_decode(q, k, v, mask, mask.kernel))
         if self.n_kv_heads != self.n_heads:
             if _sdpa_has_gqa():  # query heads share K/V heads without copying them
                 gqa = {"enable_gqa": True}
@@ -245,7 +256,8 @@ class Transformer(nn.Module):
     def batch_invariant(self, on: bool = True) -> None:
         """Whether a decode step gives each row the numbers it would get alone (the default):
         every row count runs the same GEMM (rows padded to INVARIANT_ROWS) and attention
-        runs per row over exactly that row's keys. A KVCache step only: a static cache step
+        runs per row over exactly that row's keys (on the CPU all rows in one call of the
+        compiled kernel, csrc/attn.c; else one scaled_dot_product_attention per row). A KVCache step only: a static cache step
         (CUDA graphs) attends over the whole capacity with a mask and is not invariant."""
         self.invariant = bool(on)
         for m in self.modules():
@@ -256,6 +268,12 @@ class Transformer(nn.Module):
         """Whether decode attention runs row by row: invariant, on an eager KVCache step. A
         compiled step would specialise on every row's length (a recompile per step)."""
         return self.invariant and isinstance(cache, KVCache) and not torch.compiler.is_compiling()
+
+    def _row_keys(self, lengths) -> RowKeys:
+        keys = RowKeys(lengths)
+        if self.tok_embeddings.weight.device.type == "cpu":
+            keys.kernel = kernel_ops.kernels()  # built once per process (None: no compiler)
+        return keys
 
     def rope(self, end: int) -> torch.Tensor:
         """The rotation table covering positions [0, end) ([L, 2, D], :func:`rotation_table`),
@@ -278,7 +296,7 @@ class Transformer(nn.Module):
             end = cache.span(pos)  # a static cache answers its capacity: no host sync
             rope = self.rope(end)[pos]  # [B, T, 2, D]
             if T == 1 and self._per_row(cache):
-                return rope, tuple(int(p) + 1 for p in pos.view(B).tolist()), pos
+                return rope, self._row_keys(int(p) + 1 for p in pos.view(B).tolist()), pos
             # Each row sees only keys at or before its own position, so a row never reads
             # slots that a longer row wrote past its own end.
             mask = torch.arange(end, device=dev).view(1, 1, 1, end) <= pos.view(B, 1, T, 1)
@@ -287,7 +305,7 @@ class Transformer(nn.Module):
             end = start_pos + T
             rope = self.rope(end)[start_pos:end].unsqueeze(0)  # [1, T, 2, D]
             if T == 1:
-                mask = (end,) * B if B > 1 and self._per_row(cache) else None
+                mask = self._row_keys((end,) * B) if self._per_row(cache) else None
             elif cache is None or start_pos == 0:
                 mask = "causal"
             else:  # a chunk after a cached prefix: causal within, all of the prefix

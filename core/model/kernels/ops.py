@@ -10,6 +10,7 @@ float32, ``y[i, j] = sum_k x[i, k] * W[j, k]``, threads over output rows only, s
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 
 import torch
@@ -41,6 +42,10 @@ def typed(lib: ctypes.CDLL) -> ctypes.CDLL:
                 if hasattr(lib, sym):
                     f = getattr(lib, sym)
                     f.argtypes, f.restype = [_P, _I, _I, _P, _I, _P], None
+            if hasattr(lib, "ld_attn_decode"):
+                f = lib.ld_attn_decode
+                f.argtypes = [_P, _P, _P, ctypes.c_int, *[_I] * 7, _P, ctypes.c_float, _P]
+                f.restype = ctypes.c_int
             lib.__dict__["_ld_typed"] = True
     return lib
 
@@ -80,3 +85,39 @@ def mm(kind: str, w: torch.Tensor, n: int, k: int, x: torch.Tensor,
     if m:
         getattr(lib, sym)(w.data_ptr(), n, k, xf.data_ptr(), m, y.data_ptr())
     return y.view(*x.shape[:-1], n)
+
+
+#: cache dtypes ld_attn_decode reads (csrc/attn.c)
+ATTN_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
+                lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """Decode attention of every row in one call (csrc/attn.c): q [B, H, 1, D] against row
+    b's first ``lengths[b]`` keys/values of k, v [B, Hkv, L, D] (views of a KV cache: D
+    contiguous, the same strides), grouped-query as repeat_interleave lays it out, scale
+    1/sqrt(D). Float32 inside; returns [B, 1, H * D] (the heads side by side, as the output
+    projection takes them) in q's dtype. Each row's numbers are the same bits alone or
+    batched, whatever the thread count. Called once per layer and decode step: its checks
+    are kept to a few attribute reads (a small model's step is bound by such overhead)."""
+    lib = typed(lib) if lib is not None else kernels()
+    if lib is None or not hasattr(lib, "ld_attn_decode"):
+        raise RuntimeError(f"no compiled attention kernel: {build.reason()}")
+    B, H, T, D = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    code = ATTN_DTYPES.get(k.dtype)
+    if (T != 1 or k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or H % Hkv or code is None
+            or v.dtype != k.dtype or k.stride() != v.stride() or k.stride(3) != 1):
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)} {v.dtype}: "
+                         "not one decode step over a KV cache's rows")
+    if len(lengths) != B or (B and not 1 <= min(lengths) <= max(lengths) <= L):
+        raise ValueError(f"lengths {lengths} do not fit {B} rows of {L} positions")
+    if not (q.is_cpu and k.is_cpu and v.is_cpu):
+        raise ValueError("the attention kernel runs on the CPU")
+    qf = q if q.dtype == torch.float32 and q.is_contiguous() else q.to(torch.float32).contiguous()
+    out = torch.empty(B, 1, H * D, dtype=torch.float32)
+    sb, sh, sl, _ = k.stride()
+    if B and lib.ld_attn_decode(qf.data_ptr(), k.data_ptr(), v.data_ptr(), code, B, H, Hkv, D, sb, sh, sl,
+                                (ctypes.c_int64 * B)(*lengths), 1.0 / math.sqrt(D), out.data_ptr()):
+        raise MemoryError("the attention kernel could not allocate its scratch")
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
