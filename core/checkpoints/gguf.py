@@ -31,6 +31,7 @@ from core.checkpoints.pack_cache import PackCache, for_load as pack_cache_for_lo
 from core.checkpoints.gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
 from core.errors import CheckpointError, TokenizerError, one_line
 from core.model import pack, quant
+from core.model.kernels import ops as kernel_ops
 from core.model.f16 import Float16Embedding, Float16Linear
 from core.model.memory import release_mapped_pages
 from core.model.transformer import rope_frequencies
@@ -220,8 +221,8 @@ def float16_loader(t, dtype: torch.dtype, embedding: bool = False,
     """A loader that keeps an F16 matrix as the file's bytes (a view of the memory map: no
     copy, no conversion) in a :class:`Float16Linear`, or a :class:`Float16Embedding` whose
     lookups come out in ``dtype``. Its pages are read once now (NaN/inf check, and so the
-    first reply does not wait on the disk). A matrix of more than ``f16.SPLIT_K`` inputs
-    is the exception: copied into column blocks (:func:`core.model.f16.k_parts`), its
+    first reply does not wait on the disk). On the torch path (no compiled kernels) a matrix
+    of more than ``f16.SPLIT_K`` inputs is the exception: copied into column blocks (:func:`core.model.f16.k_parts`), its
     file pages then released."""
     n, k = (int(d) for d in reversed(t.shape.tolist()))
 
@@ -237,7 +238,7 @@ def float16_loader(t, dtype: torch.dtype, embedding: bool = False,
             raise CheckpointError("holds NaN or infinite values: corrupt weights")
         if embedding:
             return Float16Embedding(half, dtype)
-        m = Float16Linear(half, refine=refine)
+        m = Float16Linear(half, refine=refine, kernels=kernel_ops.kernels())
         if m.parts > 1:  # it copied the weight into column blocks: the file's pages are not read again
             release_mapped_pages(half.data_ptr(), 2 * half.numel())
         return m
@@ -430,8 +431,10 @@ def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt
         items.append((meta, _named_errors(load, name, source)))
         if how == "float16-kept" and (m := _BLK.fullmatch(name)):
             layer_f16[m.group(1)] = layer_f16.get(m.group(1), 0) + nbytes
-    # a prefill widens one layer's float16 matrices to float32 at a time (core.model.f16)
-    return items, paths, held + 2 * max(layer_f16.values(), default=0)
+    # a prefill widens one layer's float16 matrices to float32 at a time (core.model.f16),
+    # unless the compiled kernels multiply them as they are
+    widen = 0 if layer_f16 and kernel_ops.supports("F16") else 2 * max(layer_f16.values(), default=0)
+    return items, paths, held + widen
 
 
 class _Ticks:

@@ -29,12 +29,23 @@ the tokens that carry the probability get float32 logits, the tail keeps float16
 
 A float16 activation overflows past 65504; a row whose float16 result is not finite is
 computed again in float32, so a large activation costs time, never a wrong token.
+
+All of the above is the torch path. Where the compiled kernels build
+(:mod:`core.model.kernels`), a layer made with ``kernels=`` multiplies every row count with
+``ld_mm_f16`` instead (csrc/q8_f16.c): float32 x against the weight widened in registers,
+float32 sums, each output the same bits whatever rows share the call and however many
+threads run. Nothing is rounded to float16 (so no refine and no overflow retry), no
+weight is copied into column blocks, and prefill needs no widened copy.
 """
 from __future__ import annotations
+
+import ctypes
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from core.model.kernels import ops
 
 #: Rows from which a multiply widens the weight to float32 instead of running the float16
 #: GEMM (see the module docstring; bench/bench_fidelity.py measures the crossover).
@@ -71,19 +82,26 @@ class Float16Linear(nn.Module):
 
     ``invariant`` (set by :meth:`Transformer.batch_invariant`): a decode step runs each
     row through the one-row kernel, so a row's numbers do not depend on its neighbours.
+    ``kernels``: the compiled library (see the module docstring), which then takes every
+    product of a CPU weight; None: the torch path.
     """
 
-    def __init__(self, weight: torch.Tensor, source: str = "F16", refine: int = 0):
+    def __init__(self, weight: torch.Tensor, source: str = "F16", refine: int = 0,
+                 kernels: ctypes.CDLL | None = None):
         super().__init__()
         if weight.dtype != torch.float16 or weight.dim() != 2:
             raise ValueError(f"Float16Linear takes a 2-D float16 weight, not {weight.dtype} {tuple(weight.shape)}")
         self.out_features, self.in_features = weight.shape
-        self.parts = k_parts(self.in_features)
+        on = kernels is not None and weight.device.type == "cpu" and ops.supports("F16", kernels)
+        self.kernels = kernels if on else None
+        self.prefills_itself = on  # quant.dense_weights() leaves it be: no widened copy
+        self.parts = 1 if on else k_parts(self.in_features)
         if self.parts > 1:  # [parts, N, K/parts]: each part's rows contiguous (see k_parts)
             weight = weight.view(self.out_features, self.parts, -1).transpose(0, 1).contiguous()
         self.register_buffer("weight16", weight)
         self.source = source
-        self.refine = min(refine, self.out_features)  # top outputs per row recomputed in float32
+        # top outputs per row recomputed in float32 (the kernels' are all float32 already)
+        self.refine = 0 if on else min(refine, self.out_features)
         self.invariant = False
         self.dense: torch.Tensor | None = None  # set within quant.dense_weights()
         self.dense_dtype = torch.float32  # what dense_weights() widens to: exact
@@ -93,6 +111,9 @@ class Float16Linear(nn.Module):
         x2 = x.reshape(rows, self.in_features)
         if self.dense is not None:
             y = dense_linear(x2.to(self.dense.dtype), self.dense)
+        elif self.kernels is not None and self.weight16.device.type == "cpu":
+            y = ops.mm("F16", self.weight16.view(torch.uint8), self.out_features, self.in_features, x2,
+                       self.kernels)
         elif rows >= DENSE_ROWS:
             y = dense_linear(x2.float(), self.dequantize())
         elif self.invariant or rows == 1:
@@ -142,7 +163,8 @@ class Float16Linear(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, source={self.source}"
+        kernel = ", kernel=ld_mm_f16" if self.kernels is not None else ""
+        return f"in={self.in_features}, out={self.out_features}, source={self.source}{kernel}"
 
 
 class Float16Embedding(nn.Module):

@@ -221,9 +221,10 @@ Packed = (Int4Linear, Int8Linear, GGUFEmbedding, Float16Linear, Float16Embedding
 
 
 def packed_on_cpu(module: nn.Module) -> list[nn.Module]:
-    """The packed linear layers of ``module`` that live on the CPU."""
+    """The packed linear layers of ``module`` that live on the CPU and prefill through a
+    dense copy (:func:`dense_weights`): not those whose compiled kernel does it."""
     return [m for m in module.modules() if isinstance(m, QuantLinear) and m.dense is None
-            and next(m.buffers()).device.type == "cpu"]
+            and next(m.buffers()).device.type == "cpu" and not getattr(m, "prefills_itself", False)]
 
 
 @contextmanager

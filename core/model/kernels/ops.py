@@ -23,6 +23,7 @@ _I = ctypes.c_int64
 MM = {
     "Q4_K": ("ld_mm_q4_k", 256, 144),
     "Q6_K": ("ld_mm_q6_k", 256, 210),
+    "F16": ("ld_mm_f16", 1, 2),  # w: the float16 weight's bytes
 }
 _lock = threading.Lock()
 

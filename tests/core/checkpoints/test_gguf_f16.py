@@ -13,6 +13,7 @@ import torch
 
 from core.checkpoints import load
 from core.model import f16
+from core.model.kernels import build as kernel_build, ops as kernel_ops
 from core.model.f16 import DENSE_ROWS, Float16Embedding, Float16Linear
 from core.model.args import ModelArgs
 from core.model.kv_cache import KVCache
@@ -23,6 +24,22 @@ from tests.core.checkpoints.util import random_model, reference_model, write_ggu
 
 LLAMA_CPP_MEAN = 0.005  # llama.cpp's mean |Δ log-prob| on F16 files (issue 24)
 STEPS = 16
+
+
+@pytest.fixture
+def torch_path(monkeypatch):
+    """Loads take the torch path (no compiled kernels), as on a machine without a compiler."""
+    monkeypatch.setenv(kernel_build.ENV, "0")
+
+
+@pytest.fixture(params=["kernels", "torch"])
+def either_path(request, monkeypatch):
+    """Each of the two paths an F16 file can take (the kernels' skipped where none build)."""
+    if request.param == "torch":
+        monkeypatch.setenv(kernel_build.ENV, "0")
+    elif kernel_ops.kernels() is None:
+        pytest.skip(f"no compiled kernels here: {kernel_build.reason()}")
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +100,7 @@ def _fidelity(logits: torch.Tensor, exact_logits: torch.Tensor, seq: list[int]) 
     return delta, agree
 
 
-def test_auto_keeps_f16_weights_and_matches_the_exact_forward_like_llama_cpp(peaked_f16, monkeypatch):
+def test_auto_keeps_f16_weights_and_matches_the_exact_forward_like_llama_cpp(peaked_f16, monkeypatch, either_path):
     f, exact, seq = peaked_f16
     # the probe's choice on CPUs where bfloat16 is faster (AMX): before, F16 files then ran in bf16
     monkeypatch.setenv(DTYPE_ENV, "bfloat16")
@@ -94,6 +111,7 @@ def test_auto_keeps_f16_weights_and_matches_the_exact_forward_like_llama_cpp(pea
     assert isinstance(lm.model.tok_embeddings, Float16Embedding)
     assert lm.model.output.weight16.data_ptr() == lm.model.tok_embeddings.weight16.data_ptr()  # tied: one copy
     assert lm.info["tensor_paths"]["F16"] == ["float16-kept"]
+    assert all((m.kernels is not None) == (either_path == "kernels") for m in kept)
     # the tied matrix counted once: the F16 matrices' 2 bytes and the norms' 4
     f16 = sum(m.weight16.numel() for m in kept if m is not lm.model.output) + lm.model.output.weight16.numel()
     norms = sum(p.numel() for p in lm.model.parameters())
@@ -197,7 +215,7 @@ def test_nan_in_an_f16_matrix_is_refused_naming_the_tensor(tmp_path):
         load(f, device="cpu", dtype="auto")
 
 
-def test_the_memory_check_counts_the_file_bytes_and_one_widened_layer(peaked_f16, monkeypatch):
+def test_the_memory_check_counts_the_file_bytes_and_one_widened_layer(peaked_f16, monkeypatch, torch_path):
     from core.checkpoints import gguf as gguf_loader
     from core.checkpoints.gguf_write import gguf_tensor_bytes
     f, exact, _ = peaked_f16
@@ -210,7 +228,7 @@ def test_the_memory_check_counts_the_file_bytes_and_one_widened_layer(peaked_f16
     assert seen["held"] == gguf_tensor_bytes(f) + 4 * layer  # float16 copies in float32: 2 more bytes each
 
 
-def test_a_long_prompt_prefills_layer_by_layer_in_float32(peaked_f16):
+def test_a_long_prompt_prefills_layer_by_layer_in_float32(peaked_f16, torch_path):
     from core.engine.engine import Engine
     from core.model import quant
     f, exact, _ = peaked_f16
@@ -233,7 +251,7 @@ def test_a_long_prompt_prefills_layer_by_layer_in_float32(peaked_f16):
     assert (logits - ref).abs().max() <= 2 ** -10 * ref.abs().max()
 
 
-def test_cancel_stops_widening_a_layer_between_its_weights(peaked_f16):
+def test_cancel_stops_widening_a_layer_between_its_weights(peaked_f16, torch_path):
     import threading
 
     from core.engine.engine import Engine
@@ -251,3 +269,64 @@ def test_cancel_stops_widening_a_layer_between_its_weights(peaked_f16):
         logits, _ = eng.prefill_row(0, prompt, cancel)
     assert logits is None and widened == [1]  # cancelled after the first weight, not the layer's seven
     assert all(m.dense is None for m in lm.model.modules() if isinstance(m, Float16Linear))
+
+
+@pytest.fixture
+def kernels():
+    lib = kernel_ops.kernels()
+    if lib is None:
+        pytest.skip(f"no compiled kernels here: {kernel_build.reason()}")
+    return lib
+
+
+def test_with_kernels_every_row_count_is_float32_and_invariant_and_no_copy_is_made(kernels):
+    """ld_mm_f16 takes decode, lanes and prefill alike: float32 x, float32 sums, each row
+    the same bits alone or beside others; a weight past SPLIT_K inputs stays the file's
+    view (no column blocks), refine is off (nothing to refine) and prefill needs no widened
+    copy (quant.dense_weights leaves the layer be)."""
+    from core.model import quant
+    torch.manual_seed(6)
+    w = (torch.randn(40, 2 * f16.SPLIT_K + 48) * 0.02).half()
+    layer = Float16Linear(w, refine=4, kernels=kernels)
+    assert layer.parts == 1 and layer.weight16.data_ptr() == w.data_ptr() and layer.refine == 0
+    assert "kernel=ld_mm_f16" in repr(layer)
+    x = torch.randn(DENSE_ROWS + 3, 1, w.shape[1])
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(len(x))])
+    assert torch.equal(layer(x), alone) and torch.equal(layer(x.transpose(0, 1))[0], alone[:, 0])
+    want = x.double() @ w.double().T
+    scale = x.double().abs() @ w.double().abs().T
+    assert ((alone.double() - want).abs() <= 1e-5 * scale).all()
+    model = torch.nn.Sequential(layer)
+    assert quant.packed_on_cpu(model) == []
+    with quant.dense_weights(model):
+        assert layer.dense is None
+
+
+def test_with_kernels_the_memory_check_counts_the_file_bytes_only(peaked_f16, monkeypatch, kernels):
+    from core.checkpoints import gguf as gguf_loader
+    from core.checkpoints.gguf_write import gguf_tensor_bytes
+    f, _, _ = peaked_f16
+    seen = {}
+    real = gguf_loader.limits.check_model
+    monkeypatch.setattr(gguf_loader.limits, "check_model",
+                        lambda *a, held=None, **kw: seen.setdefault("held", held) and real(*a, held=held, **kw))
+    load(f, device="cpu", dtype="auto")
+    assert seen["held"] == gguf_tensor_bytes(f)  # no widened layer: the kernels read the float16 bytes
+
+
+def test_with_kernels_a_long_prompt_prefills_in_float32_without_widening(peaked_f16, kernels):
+    from core.engine.engine import Engine
+    from core.model import quant
+    f, exact, _ = peaked_f16
+    lm = load(f, device="cpu", dtype="auto")
+    prompt = [1] + torch.randint(3, 512, (quant.DENSE_ROWS + 20,), generator=torch.Generator().manual_seed(4)).tolist()
+    eng = Engine(lm.model, lm.tokenizer, stop_ids=(), prefill_chunk=32)
+    for m in lm.model.modules():
+        if isinstance(m, Float16Linear):
+            m.dequantize = lambda *a: pytest.fail("widened a float16 weight")
+    eng.cache.ensure(1, len(prompt) + 1)
+    with torch.inference_mode():
+        logits, _ = eng.prefill_row(0, prompt, None)
+        ref = exact(torch.tensor([prompt]))[0, -1]
+    # float32 throughout, the logits too (the torch path rounds the tail's to float16)
+    assert (logits - ref).abs().max() <= 1e-5 * ref.abs().max()
