@@ -159,7 +159,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 
 def run(quick: bool = False, work: Path | None = None, rounds: int | None = None, threads: int = 2,
-        layers: int | None = None, **_) -> dict:
+        layers: int | None = None, types: tuple[str, ...] = TYPES, **_) -> dict:
     args = bench_fidelity.model_args(quick, layers)
     meta = {"layers": args.n_layers, "prompt": 32 if quick else 512, "decode": 8 if quick else 64,
             "threads": threads, "rounds": rounds or (1 if quick else 2),
@@ -170,7 +170,7 @@ def run(quick: bool = False, work: Path | None = None, rounds: int | None = None
     work = Path(work or (tempfile.mkdtemp(prefix="bench-files-") if quick else ROOT / "bench" / "work"))
     work.mkdir(parents=True, exist_ok=True)
     files = {t: bench_fidelity.write_file(work / f"files-l{args.n_layers}-{t}.gguf", args, t)
-             for t in (("Q4_K_M",) if quick else TYPES)}
+             for t in (("Q4_K_M",) if quick else types)}
     engines = ENGINES if ok else ENGINES[:2]
     rows = bench(files, work, meta["rounds"], meta["prompt"], meta["decode"], threads, 8 if quick else 32, engines)
     meta["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -190,13 +190,14 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--types", nargs="+", choices=TYPES, default=list(TYPES), help="which files (default all)")
     a = ap.parse_args()
     if a.child:
         r = child(a.child, a.prompt, a.decode, a.lanes)
         r.pop("paths", None)
         print(json.dumps(r))
         return
-    res = run(a.quick, a.work, a.rounds, a.threads, a.layers)
+    res = run(a.quick, a.work, a.rounds, a.threads, a.layers, tuple(a.types))
     print(res["markdown"])
     if a.json:
         a.json.write_text(json.dumps(res["data"], indent=1))
