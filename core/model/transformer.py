@@ -53,21 +53,23 @@ def rope_table(args: ModelArgs, length: int, device: torch.device | None = None)
 
 def rotation_table(table: torch.Tensor) -> torch.Tensor:
     """rope_table's cos/sin [L, D/2, 2] as the two factors apply_rope multiplies by, each
-    interleaved to the head's width: [L, 2, D] = (cos, cos, ...), (-sin, sin, ...)."""
+    interleaved to the head's width: [L, 2, 1, D] = (cos, cos, ...), (-sin, sin, ...) (the
+    1: one factor for every head)."""
     cos, sin = table[..., 0], table[..., 1]
-    return torch.stack([torch.stack([cos, cos], -1).flatten(-2), torch.stack([-sin, sin], -1).flatten(-2)], 1)
+    pairs = [torch.stack([cos, cos], -1).flatten(-2), torch.stack([-sin, sin], -1).flatten(-2)]
+    return torch.stack(pairs, 1).unsqueeze(2)
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (x[2i], x[2i+1]) of x [B, T, H, D] by rope [B or 1, T, 2, D]
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of x [B, T, H, D] by rope [B or 1, T, 2, 1, D]
     (rotation_table's rows): x0·cos - x1·sin, x0·sin + x1·cos, as x·C + swap(x)·S. The
     same two products and one sum per element as the pairwise form, so bit for bit its
     result (a - b is a + (-b) exactly), in 4 tensor ops instead of 12: a decode step of a
     small model is bound by their count."""
-    xf = x.float()
+    xf = x if x.dtype == torch.float32 else x.float()
     swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0, x3, x2, ...)
-    out = xf * rope[:, :, 0].unsqueeze(2) + swapped * rope[:, :, 1].unsqueeze(2)
-    return out.type_as(x)
+    out = xf * rope[:, :, 0] + swapped * rope[:, :, 1]
+    return out if x.dtype == torch.float32 else out.type_as(x)
 
 
 class Linear(nn.Module):
@@ -125,9 +127,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 as Meta does: bf16 sums of squares lose too much.
-        xf = x.float()
+        xf = x if x.dtype == torch.float32 else x.float()  # (each no-op call costs a dispatch)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.type_as(x) * self.weight
+        return (xf if x.dtype == torch.float32 else xf.type_as(x)) * self.weight
 
 
 _GQA: bool | None = None
@@ -276,7 +278,7 @@ class Transformer(nn.Module):
         return keys
 
     def rope(self, end: int) -> torch.Tensor:
-        """The rotation table covering positions [0, end) ([L, 2, D], :func:`rotation_table`),
+        """The rotation table covering positions [0, end) ([L, 2, 1, D], :func:`rotation_table`),
         cached on the model's device."""
         dev = self.tok_embeddings.weight.device
         if self._rope is None or self._rope.shape[0] < end or self._rope.device != dev:
@@ -294,7 +296,7 @@ class Transformer(nn.Module):
                 raise ValueError("per-row start positions need a KV cache")
             pos = start_pos.to(dev).view(B, 1) + torch.arange(T, device=dev)  # [B, T]
             end = cache.span(pos)  # a static cache answers its capacity: no host sync
-            rope = self.rope(end)[pos]  # [B, T, 2, D]
+            rope = self.rope(end)[pos]  # [B, T, 2, 1, D]
             if T == 1 and self._per_row(cache):
                 return rope, self._row_keys(int(p) + 1 for p in pos.view(B).tolist()), pos
             # Each row sees only keys at or before its own position, so a row never reads
@@ -303,7 +305,7 @@ class Transformer(nn.Module):
             start_pos = pos  # the cache scatters row by row
         else:
             end = start_pos + T
-            rope = self.rope(end)[start_pos:end].unsqueeze(0)  # [1, T, 2, D]
+            rope = self.rope(end)[start_pos:end].unsqueeze(0)  # [1, T, 2, 1, D]
             if T == 1:
                 mask = self._row_keys((end,) * B) if self._per_row(cache) else None
             elif cache is None or start_pos == 0:
