@@ -228,11 +228,12 @@ def engine_case(file: Path, dtype: str, tops: list[int]) -> dict:
 
 
 def _child(mode: str, file: Path, dtype: str = "auto", tops: list[int] | None = None, threads: int = 1,
-           in_process: bool = False) -> dict:
-    if in_process:  # quick: the plumbing only (peak RSS then says nothing per case)
+           in_process: bool = False, env: dict | None = None) -> dict:
+    if in_process and not env:  # quick: the plumbing only (peak RSS then says nothing per case)
         return exact_case(file) if mode == "exact" else engine_case(file, dtype, tops or [])
     cmd = [sys.executable, __file__, "--child", mode, "--file", str(file), "--dtype", dtype, "--threads", str(threads)]
-    out = subprocess.run(cmd, input=json.dumps(tops or []), capture_output=True, text=True, cwd=ROOT, check=False)
+    out = subprocess.run(cmd, input=json.dumps(tops or []), capture_output=True, text=True, cwd=ROOT, check=False,
+                         env={**os.environ, **(env or {})})
     if out.returncode:
         raise RuntimeError(f"{mode} {file.name} {dtype} failed: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -246,8 +247,13 @@ def compare(exact: dict, got: dict) -> dict:
 
 # --------------------------------------------------------------------------- the table
 
-#: (row label, file type, dtype): the default path on every file, and on F16 what auto did before
+#: (row label, file type, dtype[, environment]): the default path on every file, the torch
+#: path it takes without compiled kernels, and on F16 what auto did before
+NO_KERNELS = {"LLAMADESK_KERNELS": "0"}
 CASES = (("auto", "F16", "auto"), ("auto", "Q8_0", "auto"), ("auto", "Q4_K_M", "auto"),
+         ("auto without kernels (LLAMADESK_KERNELS=0)", "F16", "auto", NO_KERNELS),
+         ("auto without kernels (LLAMADESK_KERNELS=0)", "Q8_0", "auto", NO_KERNELS),
+         ("auto without kernels (LLAMADESK_KERNELS=0)", "Q4_K_M", "auto", NO_KERNELS),
          ("before: float32 (auto on this CPU's probe)", "F16", "float32"),
          ("before: bfloat16 (auto where the probe picks bf16, e.g. AMX)", "F16", "bfloat16"))
 
@@ -256,10 +262,10 @@ def measure(files: dict[str, Path], threads: int, in_process: bool = False) -> l
     rows = []
     for t, f in files.items():
         exact = _child("exact", f, threads=threads, in_process=in_process)
-        for label, kind, dtype in CASES:
+        for label, kind, dtype, *env in CASES:
             if kind != t:
                 continue
-            got = _child("engine", f, dtype, exact["tops"], threads, in_process)
+            got = _child("engine", f, dtype, exact["tops"], threads, in_process, *env)
             rows.append({"type": t, "path": label, **compare(exact, got), "p_top": exact["p_top"],
                          **{k: got[k] for k in ("dtype", "paths", "load_s", "decode_tok_s", "peak_rss_mb")},
                          "file_mb": f.stat().st_size / 2 ** 20})
@@ -285,13 +291,14 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(out)
 
 
-def run(quick: bool = False, layers: int | None = None, work: Path | None = None, threads: int = 1, **_) -> dict:
+def run(quick: bool = False, layers: int | None = None, work: Path | None = None, threads: int = 1,
+        types: tuple[str, ...] = TYPES, **_) -> dict:
     """Measure and return {"title", "markdown", "data"} (for ``python -m bench``)."""
     args = model_args(quick, layers)
     work = Path(work or (tempfile.mkdtemp(prefix="bench-fidelity-") if quick else ROOT / "bench" / "work"))
     work.mkdir(parents=True, exist_ok=True)
     stem = f"fidelity-d{args.dim}-l{args.n_layers}-v{args.vocab_size}"
-    files = {t: write_file(work / f"{stem}-{t}.gguf", args, t) for t in TYPES}
+    files = {t: write_file(work / f"{stem}-{t}.gguf", args, t) for t in types}
     load = f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "?"
     rows = measure(files, threads, in_process=quick)
     meta = {"dim": args.dim, "layers": args.n_layers, "vocab": args.vocab_size, "threads": threads, "load": load,
@@ -310,6 +317,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--types", nargs="+", choices=TYPES, default=list(TYPES), help="which files (default all)")
     a = ap.parse_args()
     import torch
     torch.set_num_threads(a.threads)
@@ -319,7 +327,7 @@ def main() -> None:
     if a.child == "engine":
         print(json.dumps(engine_case(a.file, a.dtype, json.loads(sys.stdin.read()))))
         return
-    res = run(a.quick, a.layers, a.work, a.threads)
+    res = run(a.quick, a.layers, a.work, a.threads, tuple(a.types))
     print(f"## {res['title']}\n\n{res['markdown']}")
     if a.json:
         a.json.write_text(json.dumps(res["data"], indent=1))
