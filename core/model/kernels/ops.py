@@ -22,6 +22,7 @@ _I = ctypes.c_int64
 #: GGUF type -> (C symbol, weights per block, bytes per block)
 MM = {
     "Q4_K": ("ld_mm_q4_k", 256, 144),
+    "Q5_K": ("ld_mm_q5_k", 256, 176),
     "Q6_K": ("ld_mm_q6_k", 256, 210),
     "F16": ("ld_mm_f16", 1, 2),  # w: the float16 weight's bytes
 }

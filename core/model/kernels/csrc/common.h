@@ -19,7 +19,7 @@
 #else
 #define LD_ISA "plain C"
 #endif
-#if defined(LD_AVX512) || defined(LD_AVX2)
+#if defined(LD_AVX512) || defined(LD_AVX2) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -30,8 +30,7 @@
 #define LD_THREADS() 1
 #endif
 
-/* IEEE half -> float without F16C (the plain-C path; exact for every half, NaN and inf
- * included). */
+/* IEEE half -> float without F16C (exact for every half, NaN and inf included). */
 static inline float ld_half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
@@ -51,8 +50,50 @@ static inline float ld_half_to_float(uint16_t h) {
     return f;
 }
 
+/* the same, in one instruction where the CPU has F16C */
+static inline float ld_half(const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    return ld_half_to_float(h);
+#endif
+}
+
 static inline uint16_t ld_read_u16(const uint8_t *p) {
     return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+/* Activations quantized per block of `block` inputs to int16: x ~= s * q with
+ * s = max|x| / LD_XMAX and q = round-to-nearest-even(x * (LD_XMAX / max|x|)), |q| <= LD_XMAX.
+ * A block holding NaN or inf gets s = NaN (its row's outputs become NaN, as a float product
+ * would make them); an all-zero block gets s = 0. One scalar order for every SIMD path. */
+#define LD_XMAX 32767
+
+static inline void ld_quantize_row(const float *x, int64_t k, int64_t block, int16_t *q, float *s) {
+    for (int64_t b = 0; b < k / block; b++) {
+        const float *xb = x + b * block;
+        float amax = 0.0f;
+        int finite = 1;
+        for (int64_t i = 0; i < block; i++) {
+            float a = xb[i] < 0 ? -xb[i] : xb[i];
+            finite &= (a <= 3.4028234663852886e38f);  /* false for NaN and inf */
+            amax = a > amax ? a : amax;
+        }
+        int16_t *qb = q + b * block;
+        float inv = (float)LD_XMAX / amax;
+        if (!finite || !(inv <= 3.4028234663852886e38f)) {  /* non-finite, zero or subnormal-tiny */
+            memset(qb, 0, (size_t)block * sizeof(int16_t));
+            s[b] = finite ? 0.0f : __builtin_nanf("");
+            continue;
+        }
+        for (int64_t i = 0; i < block; i++) {
+            float v = __builtin_rintf(xb[i] * inv);
+            v = v > LD_XMAX ? LD_XMAX : v < -LD_XMAX ? -LD_XMAX : v;
+            qb[i] = (int16_t)v;
+        }
+        s[b] = amax / (float)LD_XMAX;
+    }
 }
 
 #endif

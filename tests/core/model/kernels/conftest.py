@@ -20,3 +20,19 @@ def fresh_state(monkeypatch):
         monkeypatch.setattr(build._State, name, getattr(build._State, name))
     build._State.done = False
     return build._State
+
+
+@pytest.fixture(scope="session", params=[("x86-64-v2", "plain C"), ("haswell", "AVX2")], ids=["plain-C", "AVX2"])
+def other_isa_lib(lib, tmp_path_factory, request):
+    """A second copy of the kernels built for an older x86-64 (-march): the plain-C path and
+    the AVX2 path, to compare with this machine's own (AVX-512 here)."""
+    import platform
+    march, isa = request.param
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the other paths are forced through an x86-64 -march")
+    built = build.build(tmp_path_factory.mktemp("kernels-" + march), march=march)
+    if built.path is None:
+        pytest.skip(f"no {isa} build: {built.reason}")
+    other = ops.typed(build.load(built.path))
+    assert other.ld_isa().decode() == isa
+    return other
