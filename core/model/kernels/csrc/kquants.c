@@ -22,7 +22,11 @@
 #define I_TILE 8  /* rows of x dotted with a block while it is expanded */
 
 typedef struct {
+#if defined(LD_AVX512)
+    __m512i v[8];  /* q * sub-block scale, 32 weights each: kept in registers once inlined */
+#else
     int16_t w[QK] __attribute__((aligned(64)));  /* q * sub-block scale */
+#endif
     float d, dmin;
     int32_t mn[8];  /* Q4_K/Q5_K mins per 32-weight sub-block (0 for Q6_K) */
 } kblock;
@@ -31,34 +35,44 @@ typedef struct {
 
 /* -------------------------------------------------------------------- block decoding */
 
-/* Q4_K/Q5_K: 12 bytes -> 8 six-bit scales and 8 six-bit mins */
-static inline void k_scales(const uint8_t *s, int32_t *sc, int32_t *mn) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63;
-        mn[j] = s[j + 4] & 63;
-        sc[j + 4] = (s[j + 8] & 15) | ((s[j] >> 6) << 4);
-        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
-    }
+/* Q4_K/Q5_K: 12 bytes -> 8 six-bit scales and 8 six-bit mins, one byte each, four at a
+ * time: sc[j] = s[j] & 63, sc[j+4] = (s[j+8] & 15) | (s[j] >> 6) << 4, and the mins
+ * likewise from s[j+4] and the high nibbles of s[j+8]. */
+INLINE void k_scales(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    *sc = (u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u)) << 32;
+    *mn = (u1 & 0x3f3f3f3fu) | (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u)) << 32;
+}
+
+INLINE void k_mins(uint64_t mn, int32_t *out) {
+    for (int t = 0; t < 8; t++) out[t] = (int32_t)((mn >> (8 * t)) & 0xff);
 }
 
 /* Q4_K (144 bytes): fp16 d, fp16 dmin, 12 bytes scales/mins, 128 bytes of nibbles; bytes
  * 32c..32c+31 hold weights 64c..64c+31 (low nibbles) and 64c+32..64c+63 (high). */
 INLINE void unpack_q4_k(const uint8_t *blk, kblock *o) {
-    int32_t sc[8];
+    uint64_t scb, mnb;
     o->d = ld_half(blk);
     o->dmin = ld_half(blk + 2);
-    k_scales(blk + 4, sc, o->mn);
+    k_scales(blk + 4, &scb, &mnb);
+    k_mins(mnb, o->mn);
     const uint8_t *qs = blk + 16;
 #if defined(LD_AVX512)
     const __m256i low = _mm256_set1_epi8(15);
+    const __m512i scv = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)scb)));
     for (int c = 0; c < 4; c++) {
         __m256i b = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
         __m512i lo = _mm512_cvtepu8_epi16(_mm256_and_si256(b, low));
         __m512i hi = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 4), low));
-        _mm512_store_si512((__m512i *)(o->w + 64 * c), _mm512_mullo_epi16(lo, _mm512_set1_epi16((short)sc[2 * c])));
-        _mm512_store_si512((__m512i *)(o->w + 64 * c + 32), _mm512_mullo_epi16(hi, _mm512_set1_epi16((short)sc[2 * c + 1])));
+        o->v[2 * c] = _mm512_mullo_epi16(lo, _mm512_permutexvar_epi16(_mm512_set1_epi16((short)(2 * c)), scv));
+        o->v[2 * c + 1] = _mm512_mullo_epi16(hi, _mm512_permutexvar_epi16(_mm512_set1_epi16((short)(2 * c + 1)), scv));
     }
 #else
+    int32_t sc[8];
+    k_mins(scb, sc);
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
             o->w[64 * c + l] = (int16_t)((qs[32 * c + l] & 15) * sc[2 * c]);
@@ -70,18 +84,29 @@ INLINE void unpack_q4_k(const uint8_t *blk, kblock *o) {
 /* Q5_K (176 bytes): as Q4_K with 32 bytes of fifth bits before the nibbles: bit j of byte
  * l belongs to weight 32j + l. */
 INLINE void unpack_q5_k(const uint8_t *blk, kblock *o) {
+    uint64_t scb, mnb;
     int32_t sc[8];
     o->d = ld_half(blk);
     o->dmin = ld_half(blk + 2);
-    k_scales(blk + 4, sc, o->mn);
+    k_scales(blk + 4, &scb, &mnb);
+    k_mins(mnb, o->mn);
+    k_mins(scb, sc);
     const uint8_t *qh = blk + 16, *qs = blk + 48;
+#if defined(LD_AVX512)
+    int16_t w[QK] __attribute__((aligned(64)));
+#else
+    int16_t *w = o->w;
+#endif
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
             int lo = (qs[32 * c + l] & 15) | (((qh[l] >> (2 * c)) & 1) << 4);
             int hi = (qs[32 * c + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4);
-            o->w[64 * c + l] = (int16_t)(lo * sc[2 * c]);
-            o->w[64 * c + 32 + l] = (int16_t)(hi * sc[2 * c + 1]);
+            w[64 * c + l] = (int16_t)(lo * sc[2 * c]);
+            w[64 * c + 32 + l] = (int16_t)(hi * sc[2 * c + 1]);
         }
+#if defined(LD_AVX512)
+    for (int t = 0; t < 8; t++) o->v[t] = _mm512_load_si512((const void *)(w + 32 * t));
+#endif
 }
 
 /* Q6_K (210 bytes): 128 bytes low nibbles, 64 bytes of 2-bit highs, 16 int8 scales (one per
@@ -95,6 +120,7 @@ INLINE void unpack_q6_k(const uint8_t *blk, kblock *o) {
     memset(o->mn, 0, sizeof o->mn);
 #if defined(LD_AVX512)
     const __m256i low = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
+    const __m512i scs = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)));
     for (int h = 0; h < 2; h++) {
         __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
         for (int g = 0; g < 4; g++) {
@@ -103,10 +129,9 @@ INLINE void unpack_q6_k(const uint8_t *blk, kblock *o) {
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * g), three);
             __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
             __m512i v = _mm512_sub_epi16(_mm512_cvtepu8_epi16(q), _mm512_set1_epi16(32));
-            int s = 8 * h + 2 * g;  /* scales of weights 16s.. and 16(s+1).. */
-            __m512i scv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[s])),
-                                             _mm256_set1_epi16(sc[s + 1]), 1);
-            _mm512_store_si512((__m512i *)(o->w + 128 * h + 32 * g), _mm512_mullo_epi16(v, scv));
+            short s = (short)(8 * h + 2 * g);  /* scales of weights 16s.. and 16(s+1).. */
+            __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16(s), _mm256_set1_epi16((short)(s + 1)), 1);
+            o->v[4 * h + g] = _mm512_mullo_epi16(v, _mm512_permutexvar_epi16(idx, scs));
         }
     }
 #else
@@ -124,14 +149,19 @@ INLINE void unpack_q6_k(const uint8_t *blk, kblock *o) {
 /* ------------------------------------------------------------- one block against one row */
 
 /* lanes[l] = fma(float(integer lane l), ds, lanes[l]) for the block w against xq */
-INLINE void block_lanes(const int16_t *w, const int16_t *xq, float ds, float *lanes) {
+INLINE void block_lanes(const kblock *blk, const int16_t *xq, float ds, float *lanes) {
 #if defined(LD_AVX512)
-    __m512i acc = _mm512_setzero_si512();
-    for (int t = 0; t < 8; t++)
-        acc = _mm512_dpwssd_epi32(acc, _mm512_load_si512((const void *)(w + 32 * t)),
-                                  _mm512_loadu_si512((const void *)(xq + 32 * t)));
+    __m512i a[4];  /* four chains: integer sums are exact, so the order is free */
+    for (int t = 0; t < 4; t++)
+        a[t] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), blk->v[t], _mm512_loadu_si512((const void *)(xq + 32 * t)));
+    for (int t = 4; t < 8; t++)
+        a[t - 4] = _mm512_dpwssd_epi32(a[t - 4], blk->v[t], _mm512_loadu_si512((const void *)(xq + 32 * t)));
+    __m512i acc = _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), _mm512_add_epi32(a[2], a[3]));
     _mm512_storeu_ps(lanes, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(ds), _mm512_loadu_ps(lanes)));
-#elif defined(LD_AVX2)
+#else
+    const int16_t *w = blk->w;
+#endif
+#if defined(LD_AVX2)
     __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
     for (int t = 0; t < 8; t++) {
         a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(w + 32 * t)),
@@ -142,13 +172,27 @@ INLINE void block_lanes(const int16_t *w, const int16_t *xq, float ds, float *la
     __m256 s = _mm256_set1_ps(ds);
     _mm256_storeu_ps(lanes, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0), s, _mm256_loadu_ps(lanes)));
     _mm256_storeu_ps(lanes + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1), s, _mm256_loadu_ps(lanes + 8)));
-#else
+#elif !defined(LD_AVX512)
     for (int l = 0; l < 16; l++) {
         int32_t acc = 0;
         for (int t = 0; t < 8; t++)
             acc += w[32 * t + 2 * l] * xq[32 * t + 2 * l] + w[32 * t + 2 * l + 1] * xq[32 * t + 2 * l + 1];
         lanes[l] = fmaf((float)acc, ds, lanes[l]);
     }
+#endif
+}
+
+/* sum_t mn[t] * xs[t], exact (|sum| < 2^30) */
+INLINE int32_t mins_dot(const int32_t *mn, const int32_t *xs) {
+#if defined(LD_AVX512) || defined(LD_AVX2)
+    __m256i p = _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i *)mn), _mm256_loadu_si256((const __m256i *)xs));
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
+    return _mm_cvtsi128_si32(q) + _mm_extract_epi32(q, 1);
+#else
+    int32_t ms = 0;
+    for (int t = 0; t < 8; t++) ms += mn[t] * xs[t];
+    return ms;
 #endif
 }
 
@@ -202,11 +246,10 @@ static void name(const uint8_t *w, int64_t nb, const xquant *a, int64_t j0, int6
             unpack(w + (j * nb + b) * (bytes), &blk);                                           \
             for (int64_t i = i0; i < i1; i++) {                                                 \
                 float sx = a->s[i * nb + b];                                                    \
-                block_lanes(blk.w, a->q + (i * nb + b) * QK, blk.d * sx, lanes[i - i0]);        \
+                block_lanes(&blk, a->q + (i * nb + b) * QK, blk.d * sx, lanes[i - i0]);        \
                 if (a->sum) {                                                                   \
                     const int32_t *xs = a->sum + (i * nb + b) * 8;                              \
-                    int32_t ms = 0;                                                             \
-                    for (int t = 0; t < 8; t++) ms += blk.mn[t] * xs[t];                        \
+                    int32_t ms = mins_dot(blk.mn, xs);                                          \
                     mins[i - i0] = fmaf((float)ms, blk.dmin * sx, mins[i - i0]);                \
                 }                                                                               \
             }                                                                                   \
