@@ -31,8 +31,9 @@ from core.checkpoints.pack_cache import PackCache, for_load as pack_cache_for_lo
 from core.checkpoints.gguf_vocab import hf_byte_level_from_vocab, sentencepiece_from_vocab
 from core.errors import CheckpointError, TokenizerError, one_line
 from core.model import pack, quant
-from core.model.kernels import ops as kernel_ops
 from core.model.f16 import Float16Embedding, Float16Linear
+from core.model.kernels import build as kernel_build, ops as kernel_ops
+from core.model.kernels.linear import KernelLinear
 from core.model.memory import release_mapped_pages
 from core.model.transformer import rope_frequencies
 from core.model.args import ModelArgs
@@ -195,14 +196,59 @@ def packed_loader(t, device: torch.device, name: str = "", cache: PackCache | No
     return load
 
 
-def embedding_loader(t, device: torch.device, dtype: torch.dtype) -> Callable[[], torch.nn.Module]:
-    """A loader that keeps a quantized token embedding as its GGUF blocks (see GGUFEmbedding)."""
+def blocks_of(t) -> torch.Tensor:
+    """A quantized GGUF matrix's bytes, uint8 [rows, bytes per row]: a view of the memory map."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable arrays
+        return torch.from_numpy(np.asarray(t.data).reshape(int(t.shape[-1]), -1).view(np.uint8))
+
+
+def kernel_loader(t, raw: torch.Tensor | None = None) -> Callable[[], torch.nn.Module]:
+    """A loader that keeps one K-quant GGUF matrix as the file's blocks (a view of the
+    memory map: no copy) in a :class:`KernelLinear`, multiplied by the compiled kernels
+    (``raw``: those blocks, when the tied embedding holds the same tensor)."""
     n, k = (int(d) for d in reversed(t.shape.tolist()))
 
     def load() -> torch.nn.Module:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # torch warns on non-writable arrays
-            raw = torch.from_numpy(np.asarray(t.data).reshape(n, -1).view(np.uint8))
+        raw_ = blocks_of(t) if raw is None else raw
+        try:
+            layer = KernelLinear(raw_, t.tensor_type.name, k, n)
+        except ValueError as e:
+            raise CheckpointError(f"{t.tensor_type.name} tensor cannot be read: {e}") from None
+        if kernel_ops.first_bad_block(layer.kind, raw_) is not None:
+            raise CheckpointError(f"{t.tensor_type.name} tensor cannot be read: holds NaN or infinite block "
+                                  "scales: corrupt weights")
+        return layer
+
+    return load
+
+
+def kernel_kinds(reader, device: torch.device, dtype, tick: Callable[[], None] | None = None) -> frozenset[str]:
+    """The tensor types of this file that the compiled kernels multiply here (building them
+    on first use; ``tick``: the load's cancel check while the compiler runs): CPU loads in
+    the automatic dtype only, else none."""
+    kinds = planned_kernel_kinds({t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}, device, dtype)
+    if not kinds or kernel_ops.kernels(tick) is None:
+        return frozenset()
+    return frozenset(k for k in kinds if kernel_ops.supports(k))
+
+
+def planned_kernel_kinds(kinds: set[str], device: torch.device, dtype) -> frozenset[str]:
+    """Of ``kinds``, those a load would hand to the kernels, without building them (the hub's
+    memory estimate): all it can multiply, unless the kernels are off or cannot build here."""
+    if device.type != "cpu" or dtype not in (None, "auto") or kernel_build.unavailable():
+        return frozenset()
+    return frozenset(kinds & set(KernelLinear.KINDS))
+
+
+def embedding_loader(t, device: torch.device, dtype: torch.dtype,
+                     shared: torch.Tensor | None = None) -> Callable[[], torch.nn.Module]:
+    """A loader that keeps a quantized token embedding as its GGUF blocks (see GGUFEmbedding;
+    ``shared``: those blocks, when the tied output layer holds the same tensor)."""
+    n, k = (int(d) for d in reversed(t.shape.tolist()))
+
+    def load() -> torch.nn.Module:
+        raw = blocks_of(t) if shared is None else shared
         try:
             pack.decode_blocks(raw[:1], t.tensor_type.name, 1, k)  # sizes checked now, not at the first token
         except ValueError as e:
@@ -304,11 +350,13 @@ def tokenizer_from_gguf(md: Metadata, source: str):
 
 def holding(meta: str, kind: str, shape: tuple[int, ...], file_bytes: int, device: torch.device,
             dtype: torch.dtype, *, keep_packed: bool = True, tied: bool = False,
-            keep_f16: bool | None = None) -> tuple[str, int]:
+            keep_f16: bool | None = None, kernels: frozenset[str] = frozenset()) -> tuple[str, int]:
     """How :func:`load_gguf` holds one tensor, and the bytes it then takes in memory.
 
-    The path is 'embedding-blocks' (a quantized, untied token embedding stays as the file's
-    blocks), 'int4-packed' / 'int4x2-packed' / 'int4x2-requantized' (see :mod:`core.model.quant`), 'float', or
+    The path is 'kernel' (a matrix of a type in ``kernels``, see :func:`kernel_kinds`: the
+    file's blocks, multiplied in place), 'embedding-blocks' (a quantized token embedding
+    stays as the file's blocks; tied, the output layer is a kernel on the same bytes or a
+    packed copy), 'int4-packed' / 'int4x2-packed' / 'int4x2-requantized' (see :mod:`core.model.quant`), 'float', or
     'dequantized' (with the reason it could not stay packed). The hub's memory estimate
     uses the same rule, so what it promises is what a load takes.
     """
@@ -316,6 +364,9 @@ def holding(meta: str, kind: str, shape: tuple[int, ...], file_bytes: int, devic
     if (keep_packed if keep_f16 is None else keep_f16) and kind == "F16" and len(shape) == 2 \
             and device.type == "cpu":
         return "float16-kept", file_bytes  # tied: the output layer multiplies the same bytes
+    if kind in kernels and len(shape) == 2 and device.type == "cpu" and shape[1] % kernel_ops.MM[kind][1] == 0:
+        # tied: the output layer multiplies the embedding's own bytes
+        return "embedding-blocks" if meta == "tok_embeddings.weight" else "kernel", file_bytes
     if keep_packed and meta == "tok_embeddings.weight" and kind in quant.PACKED_TYPES and not tied:
         return "embedding-blocks", file_bytes  # only looked-up rows are ever read
     if keep_packed and meta == "tok_embeddings.weight" and tied and why is None:
@@ -345,11 +396,13 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     md = Metadata(reader, path)
     by_name = {t.name: t for t in reader.tensors}
     args = args_from_gguf(md, by_name, max_seq_len)
-    # F16 matrices stay float16 on the CPU (core.model.f16) and the model around them runs
-    # in float32: bfloat16 activations would undo what keeping the file's weights is for.
+    # F16 matrices stay float16 on the CPU (core.model.f16), K-quants go to the kernels (float32
+    # rows), and the model around them runs in float32: bfloat16 activations would only round.
     keep_f16 = dtype in (None, "auto") and dev.type == "cpu"
     f16 = keep_f16 and any(t.tensor_type == Q.F16 and len(t.shape) == 2 for t in reader.tensors)
-    dt = torch.float32 if f16 else resolve_dtype(dtype, dev, args)
+    ticks = _Ticks(progress) if progress else None
+    kernels = kernel_kinds(reader, dev, dtype, ticks.tick if ticks else None)
+    dt = torch.float32 if f16 or kernels else resolve_dtype(dtype, dev, args)
     tok, template = tokenizer_from_gguf(md, source)
     if tok.vocab_size > args.vocab_size:
         raise CheckpointError(f"the tokenizer has {tok.vocab_size} tokens but the embedding only "
@@ -362,8 +415,7 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
     # An explicit float dtype asks for float weights: dequantize as before.
     keep_packed = dtype in (None, "auto") or quant_kind(dtype) is not None
     cache = pack_cache_for_load(path, dev, keep_packed)
-    ticks = _Ticks(progress) if progress else None
-    items, paths, held = _tensor_plan(by_name, args, dev, dt, (keep_packed, keep_f16), source, cache,
+    items, paths, held = _tensor_plan(by_name, args, dev, dt, (keep_packed, keep_f16, kernels), source, cache,
                                       ticks.tick if ticks else None)
     unsupported = _unsupported_types(reader)
     if unsupported:
@@ -381,20 +433,35 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
                       tensor_paths={k: sorted(v) for k, v in sorted(paths.items())},
                       chat_template_source="gguf" if template else None,
                       general_name=md.get("general.name"))
+    info.update(_kernel_info(kernels, types, dev, dtype))
     if f16:
         info["dtype_reason"] = ("float32: F16 weights stay float16 (float32 sums), the rest runs in float32 "
                                 "to stay as close to the file as its own weights allow")
     return LoadedModel(model, tok, fmt, args, stop, info, chat_template=template)
 
 
+def _kernel_info(kernels: frozenset[str], types: list[str], dev: torch.device, dtype) -> dict[str, str]:
+    """What Model Info says of the kernels: their instruction set, or why they are off
+    where they would have served this file."""
+    if kernels:
+        return {"kernels": kernel_build.describe(),
+                "dtype_reason": "float32: K-quant weights are multiplied in place by LlamaDesk's kernels, "
+                                "which take float32 rows"}
+    if planned_kernel_kinds(set(types), dev, dtype) or (dev.type == "cpu" and dtype in (None, "auto")
+                                                         and set(types) & set(KernelLinear.KINDS)):
+        return {"kernels": kernel_build.describe()}  # off, and why
+    return {}
+
+
 def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt: torch.dtype,
-                 keep: tuple[bool, bool], source: str, cache: PackCache | None = None,
+                 keep: tuple[bool, bool, frozenset[str]], source: str, cache: PackCache | None = None,
                  tick: Callable[[], None] | None = None) -> tuple[list, dict[str, set[str]], int]:
     """(Meta name -> loader pairs for build_model, how each tensor type is held, the bytes
-    they will take) by :func:`holding`'s rule; ``keep``: (keep_packed, keep_f16); ``tick``:
-    see :func:`packed_loader`."""
+    they will take) by :func:`holding`'s rule; ``keep``: (keep_packed, keep_f16, the types
+    the kernels multiply); ``tick``: see :func:`packed_loader`."""
     items, paths, held = [], {}, 0
     layer_f16: dict[str, int] = {}  # block index -> bytes of its float16-kept matrices
+    layer_dense: dict[str, int] = {}  # block index -> bytes its kernel layers take dequantized
     tied = args.tie_word_embeddings
     for name, t in by_name.items():
         if name == ROPE_FREQS:
@@ -405,7 +472,7 @@ def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt
         kind = t.tensor_type.name
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         how, nbytes = holding(meta, kind, shape, int(t.n_bytes), dev, dt, keep_packed=keep[0], tied=tied,
-                              keep_f16=keep[1])
+                              keep_f16=keep[1], kernels=keep[2])
         if how == "float16-kept":
             embedding = meta == "tok_embeddings.weight"
             load = float16_loader(t, dt, embedding, REFINE_LOGITS if meta == "output.weight" else 0)
@@ -414,11 +481,18 @@ def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt
                 output = _named_errors(float16_loader(t, dt, refine=REFINE_LOGITS), name, source)
                 output.packs_tied_output = True
                 items.append(("output.weight", output))
+        elif how == "kernel":
+            load = kernel_loader(t)
+            held += nbytes
+            if m := _BLK.fullmatch(name):  # a layered prefill dequantizes it to bfloat16
+                layer_dense[m.group(1)] = layer_dense.get(m.group(1), 0) + 2 * math.prod(shape)
         elif how == "embedding-blocks":
-            load = embedding_loader(t, dev, dt)
-            if tied:  # the output layer: the same blocks, packed
-                held += nbytes - int(t.n_bytes)
-                output = _named_errors(packed_loader(t, dev, "output.weight", cache, tick), name, source)
+            shared = blocks_of(t) if tied and kind in keep[2] else None  # one tensor: counted once
+            load = embedding_loader(t, dev, dt, shared)
+            if tied:  # the output layer: the same blocks, multiplied in place (read in full) or packed
+                held += nbytes if shared is not None else nbytes - int(t.n_bytes)
+                output = _named_errors(kernel_loader(t, shared) if shared is not None else
+                                       packed_loader(t, dev, "output.weight", cache, tick), name, source)
                 output.packs_tied_output = True  # build_model takes it instead of tying
                 items.append(("output.weight", output))
         elif how.startswith("int4"):  # int4-packed, int4x2-packed, int4x2-requantized
@@ -432,9 +506,10 @@ def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt
         if how == "float16-kept" and (m := _BLK.fullmatch(name)):
             layer_f16[m.group(1)] = layer_f16.get(m.group(1), 0) + nbytes
     # a prefill widens one layer's float16 matrices to float32 at a time (core.model.f16),
-    # unless the compiled kernels multiply them as they are
+    # unless the compiled kernels multiply them as they are; it dequantizes one layer's
+    # kernel matrices to bfloat16
     widen = 0 if layer_f16 and kernel_ops.supports("F16") else 2 * max(layer_f16.values(), default=0)
-    return items, paths, held + widen
+    return items, paths, held + max(widen, max(layer_dense.values(), default=0))
 
 
 class _Ticks:

@@ -28,7 +28,7 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 
 from core import limits
 from core.checkpoints.common import DTYPES, auto_dtype
-from core.checkpoints.gguf import holding, meta_name
+from core.checkpoints.gguf import holding, meta_name, planned_kernel_kinds
 from core.checkpoints.gguf_header import NeedMore, header_args, parse_header
 from core.checkpoints.hf import args_from_config
 from core.errors import CheckpointError, HubAuthError, HubError, HubNetworkError, HubNotFoundError, LlamaDeskError, one_line
@@ -340,12 +340,14 @@ class HubClient:
             weights = limits.param_count(args) * dt.itemsize
         else:
             weights = 0
+            kernels = planned_kernel_kinds({kind for _, kind, shape, _ in tensors if len(shape) == 2}, dev, dtype)
+            dt = torch.float32 if kernels else dt  # as the loader runs a model around the kernels
             for name, kind, shape, nbytes in tensors:
                 meta = meta_name(name)
                 if meta is None:  # rope_freqs: a few floats, turned into constants at load
                     continue
                 weights += holding(meta, kind, shape, nbytes, dev, dt, keep_packed=dtype == "auto",
-                                   tied=args.tie_word_embeddings)[1]
+                                   tied=args.tie_word_embeddings, kernels=kernels)[1]
         kv = limits.kv_bytes(args, rounded_capacity(ctx), itemsize=dt.itemsize)  # as the cache allocates
         free = free_vram if gpu else (free_ram if free_ram is not None else limits.available_bytes())
         total = weights + kv

@@ -51,6 +51,7 @@ from torch import nn
 
 from core.model.f16 import Float16Embedding, Float16Linear
 from core.model.gguf_blocks import decode_blocks
+from core.model.kernels.linear import KernelLinear
 
 GROUP = 32
 #: Rows from which a matmul dequantizes to bfloat16 and runs dense (CPU), and from which
@@ -216,8 +217,8 @@ class GGUFEmbedding(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, source={self.kind}"
 
 
-QuantLinear = (Int4Linear, Int8Linear, Float16Linear)
-Packed = (Int4Linear, Int8Linear, GGUFEmbedding, Float16Linear, Float16Embedding)
+QuantLinear = (Int4Linear, Int8Linear, Float16Linear, KernelLinear)
+Packed = (Int4Linear, Int8Linear, GGUFEmbedding, Float16Linear, Float16Embedding, KernelLinear)
 
 
 def packed_on_cpu(module: nn.Module) -> list[nn.Module]:
@@ -342,6 +343,8 @@ def describe(model: nn.Module) -> dict[str, int]:
             key = f"{m.kind} embedding-blocks"
         elif isinstance(m, Float16Linear):
             key = f"{m.source} float16-kept"
+        elif isinstance(m, KernelLinear):
+            key = f"{m.kind} kernel"
         elif isinstance(m, QuantLinear):
             key = f"{m.source} {'int8-packed' if isinstance(m, Int8Linear) else path_of(m.source) if m.source in PACKED_TYPES else 'int4-packed'}"
         elif type(m).__name__ == "Linear":

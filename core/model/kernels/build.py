@@ -225,6 +225,16 @@ def library(tick: Callable[[], None] | None = None) -> ctypes.CDLL | None:
         return _State.lib
 
 
+def unavailable() -> bool:
+    """Whether this process will have no kernels, known without building them: turned off,
+    a build that failed, or no C compiler."""
+    if os.environ.get(ENV, "").strip() == "0":
+        return True
+    if _State.done:
+        return _State.lib is None
+    return compiler() is None
+
+
 def reason() -> str | None:
     """Why there are no kernels (None when they are on, or not yet tried)."""
     if os.environ.get(ENV, "").strip() == "0":

@@ -26,6 +26,10 @@ MM = {
     "Q6_K": ("ld_mm_q6_k", 256, 210),
     "F16": ("ld_mm_f16", 1, 2),  # w: the float16 weight's bytes
 }
+#: GGUF type -> (byte offset, count) of the fp16 scales in each of its blocks
+SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1)}
+#: GGUF type -> C symbol of its dequantization (float32 or bfloat16 out)
+DEQUANT = {"Q4_K": "ld_dequant_q4_k", "Q5_K": "ld_dequant_q5_k", "Q6_K": "ld_dequant_q6_k"}
 _lock = threading.Lock()
 
 
@@ -48,6 +52,12 @@ def typed(lib: ctypes.CDLL) -> ctypes.CDLL:
                 f = lib.ld_attn_decode
                 f.argtypes = [_P, _P, _P, ctypes.c_int, *[_I] * 7, _P, ctypes.c_float, _P]
                 f.restype = ctypes.c_int
+            for sym in DEQUANT.values():
+                if hasattr(lib, sym):
+                    f = getattr(lib, sym)
+                    f.argtypes, f.restype = [_P, _I, _I, _P, ctypes.c_int32], None
+            lib.ld_first_bad_scale.argtypes = [_P, _I, _I, _I, _I]
+            lib.ld_first_bad_scale.restype = ctypes.c_int64
             lib.__dict__["_ld_typed"] = True
     return lib
 
@@ -123,3 +133,29 @@ def attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list
                                 (ctypes.c_int64 * B)(*lengths), 1.0 / math.sqrt(D), out.data_ptr()):
         raise MemoryError("the attention kernel could not allocate its scratch")
     return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+
+def dequantize(kind: str, w: torch.Tensor, n: int, k: int, dtype: torch.dtype = torch.float32,
+               lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """The [n, k] weight whose GGUF ``kind`` blocks are ``w``, as float32 (gguf's values bit
+    for bit) or bfloat16 (those rounded to nearest even); another ``dtype`` goes through
+    float32."""
+    lib = typed(lib) if lib is not None else kernels()
+    if lib is None:
+        raise RuntimeError(f"no compiled kernels: {build.reason()}")
+    if w.dtype != torch.uint8 or not w.is_contiguous() or w.numel() != n * row_bytes(kind, k):
+        raise ValueError(f"w must be the {n * row_bytes(kind, k)} contiguous bytes of {kind} [{n}, {k}]")
+    bf16 = dtype == torch.bfloat16
+    out = torch.empty(n, k, dtype=torch.bfloat16 if bf16 else torch.float32)
+    getattr(lib, DEQUANT[kind])(w.data_ptr(), n, k, out.data_ptr(), int(bf16))
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+def first_bad_block(kind: str, w: torch.Tensor) -> int | None:
+    """The first block of ``w`` (a ``kind`` tensor's raw bytes) whose scale is NaN or
+    infinite, or None: a corrupt file is refused at load, not met as NaN logits."""
+    lib = kernels()
+    _, _, size = MM[kind]
+    at, count = SCALES[kind]
+    got = lib.ld_first_bad_scale(w.data_ptr(), w.numel() // size, size, at, count)
+    return None if got < 0 else int(got)

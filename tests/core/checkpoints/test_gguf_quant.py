@@ -28,7 +28,8 @@ def teacher_forced_agreement(model, ref, ids):
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K"])
-def test_packed_forward_matches_dequantized_forward(tmp_path, qtype):
+def test_packed_forward_matches_dequantized_forward(tmp_path, qtype, monkeypatch):
+    monkeypatch.setenv("LLAMADESK_KERNELS", "0")  # the packed path (tests/core/model/kernels: the kernels')
     k_quant = qtype.endswith("_K")
     dim = 256 if k_quant else 128  # K-quants need 256-wide rows
     m = random_model(4, dim=dim, n_heads=4, n_kv_heads=2, hidden_dim=dim * 3 // 2 if not k_quant else 512)
@@ -66,7 +67,8 @@ def test_packed_forward_matches_dequantized_forward(tmp_path, qtype):
     assert packed.info["memory_bytes"] < 0.4 * floats.info["memory_bytes"]
 
 
-def test_fallback_types_are_dequantized_and_say_so(tmp_path):
+def test_fallback_types_are_dequantized_and_say_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMADESK_KERNELS", "0")  # Q4_K packed, not multiplied by the kernels
     m = random_model(2, dim=256, n_heads=4, n_kv_heads=2, hidden_dim=256, n_layers=1)
     qtypes = {n: ("Q3_K" if "feed_forward" in n else "Q4_K") for n in m.state_dict()}
     f = tmp_path / "k.gguf"

@@ -14,6 +14,7 @@ class Stop(BaseException):
 def model_file(monkeypatch, tmp_path):
     monkeypatch.setenv("LLAMADESK_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv(pack_cache.ENV, "1")
+    monkeypatch.setenv("LLAMADESK_KERNELS", "0")  # packing, the kernels' fallback, is what is cancelled
     m = random_model(4, dim=256, n_heads=4, n_kv_heads=2, hidden_dim=512, tie_word_embeddings=True)
     f = tmp_path / "model.gguf"
     write_gguf(f, m, qtypes={n: ("Q4_K" if "w2" not in n else "Q8_0") for n in m.state_dict()})

@@ -18,6 +18,7 @@ IDS = torch.randint(3, 280, (1, 24), generator=torch.Generator().manual_seed(7))
 def cached(monkeypatch, tmp_path):
     monkeypatch.setenv("LLAMADESK_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv(pack_cache.ENV, "1")
+    monkeypatch.setenv("LLAMADESK_KERNELS", "0")  # the cache serves the packed path, the kernels' fallback
     return tmp_path
 
 

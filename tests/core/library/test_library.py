@@ -215,6 +215,7 @@ def test_generic_names_take_the_repository_or_the_folder(tmp_path, state, fixtur
 
 def test_deleting_a_gguf_removes_its_fast_open_cache(tmp_path, state, monkeypatch):
     monkeypatch.setenv(pack_cache.ENV, "1")
+    monkeypatch.setenv("LLAMADESK_KERNELS", "0")  # Q4_K packed (with kernels it needs no cache)
     monkeypatch.setenv("LLAMADESK_DATA_DIR", str(state.path.parent))
     g = tmp_path / "lib" / "q4.gguf"
     g.parent.mkdir()

@@ -146,6 +146,15 @@ INLINE void unpack_q6_k(const uint8_t *blk, kblock *o) {
 #endif
 }
 
+/* the expanded block's 256 values q*sc, in memory */
+INLINE void store_block(const kblock *blk, int16_t *q) {
+#if defined(LD_AVX512)
+    for (int t = 0; t < 8; t++) _mm512_store_si512((void *)(q + 32 * t), blk->v[t]);
+#else
+    memcpy(q, blk->w, sizeof blk->w);
+#endif
+}
+
 /* ------------------------------------------------------------- one block against one row */
 
 /* lanes[l] = fma(float(integer lane l), ds, lanes[l]) for the block w against xq */
@@ -297,3 +306,53 @@ void ld_mm_q5_k(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t 
 void ld_mm_q6_k(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y) {
     kq_mm(w, n, k, x, m, y, rows_q6_k, 0);
 }
+
+/* ------------------------------------------------------------------------ dequantize */
+
+/* float -> bfloat16, rounding to nearest even (NaN stays a quiet NaN), as torch rounds */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : r);
+}
+
+INLINE void dequant_f32(const kblock *blk, const int16_t *q, float *out) {
+    for (int t = 0; t < 8; t++) {
+        float dm = blk->dmin * (float)blk->mn[t];
+        for (int e = 0; e < 32; e++) out[32 * t + e] = blk->d * (float)q[32 * t + e] - dm;
+    }
+}
+
+INLINE void dequant_bf16(const kblock *blk, const int16_t *q, uint16_t *out) {
+    float v[32];
+    for (int t = 0; t < 8; t++) {
+        float dm = blk->dmin * (float)blk->mn[t];
+        for (int e = 0; e < 32; e++) v[e] = blk->d * (float)q[32 * t + e] - dm;
+        for (int e = 0; e < 32; e++) out[32 * t + e] = to_bf16(v[e]);
+    }
+}
+
+/* W as float32 (bf16 == 0) or bfloat16 (bf16 != 0), n x k row-major: d * (q*sc) - dmin * mn,
+ * the same value gguf's dequantization gives ((d*sc)*q - dmin*mn: every product is exact
+ * in float32, so only the subtraction rounds, the same way). */
+#define DEQUANT(name, bytes, unpack)                                                            \
+void name(const uint8_t *w, int64_t n, int64_t k, void *out, int32_t bf16) {                    \
+    int64_t nb = k / QK;                                                                        \
+    _Pragma("omp parallel for schedule(static) if (n * k >= (1 << 18))")                        \
+    for (int64_t j = 0; j < n; j++) {                                                           \
+        kblock blk;                                                                             \
+        int16_t q[QK] __attribute__((aligned(64)));                                             \
+        for (int64_t b = 0; b < nb; b++) {                                                      \
+            unpack(w + (j * nb + b) * (bytes), &blk);                                           \
+            store_block(&blk, q);                                                               \
+            int64_t at = j * k + b * QK;                                                        \
+            if (bf16) dequant_bf16(&blk, q, (uint16_t *)out + at);                              \
+            else dequant_f32(&blk, q, (float *)out + at);                                       \
+        }                                                                                       \
+    }                                                                                           \
+}
+
+DEQUANT(ld_dequant_q4_k, 144, unpack_q4_k)
+DEQUANT(ld_dequant_q5_k, 176, unpack_q5_k)
+DEQUANT(ld_dequant_q6_k, 210, unpack_q6_k)

@@ -117,3 +117,12 @@ def test_shapes_that_do_not_fit_are_refused(lib):
         ops.mm("Q4_K", raw[:-1], 4, 256, torch.zeros(1, 256))
     with pytest.raises(ValueError, match=r"x must be \[\.\.\., 256\]"):
         ops.mm("Q4_K", raw, 4, 256, torch.zeros(1, 512))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequantization_is_ggufs_bit_for_bit_and_bfloat16_is_torchs_rounding(kind, lib):
+    n, k = 24, 512
+    raw, w = weights(kind, n, k, seed=8)
+    f32 = ops.dequantize(kind, raw, n, k)
+    assert torch.equal(f32, torch.from_numpy(w.astype(np.float32)))
+    assert torch.equal(ops.dequantize(kind, raw, n, k, torch.bfloat16), f32.bfloat16())
