@@ -108,6 +108,17 @@ def _padded_linear(x: torch.Tensor, weight: torch.Tensor, rows: int) -> torch.Te
     return F.linear(x2, weight)[:rows].reshape(*x.shape[:-1], weight.shape[0])
 
 
+def padded_rows(x: torch.Tensor, *layers: nn.Module) -> torch.Tensor:
+    """x [B, 1, D] with zero rows up to INVARIANT_ROWS when ``layers`` are invariant
+    Linears that would each pad it (a decode step of 1-3 rows), else x itself: padded once
+    for the feed-forward's three products instead of once per product (a few torch calls
+    each; attention's are left alone: forward hooks on them, attribution's, see B rows)."""
+    B, T, _ = x.shape
+    if T != 1 or B >= INVARIANT_ROWS or not all(type(m) is Linear and m.invariant for m in layers):
+        return x
+    return torch.cat([x, x.new_zeros(INVARIANT_ROWS - B, 1, x.shape[2])])
+
+
 class Embedding(nn.Module):
     """A token embedding that does not initialise its weight (see Linear)."""
 
@@ -204,9 +215,23 @@ class FeedForward(nn.Module):
         self.w1 = Linear(args.dim, args.hidden_dim)
         self.w2 = Linear(args.hidden_dim, args.dim)
         self.w3 = Linear(args.dim, args.hidden_dim)
+        self.invariant = False  # set by Transformer.batch_invariant
 
     def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        B = x.shape[0]
+        xp = padded_rows(x, self.w1, self.w2, self.w3)
+        a, b = self.w1(xp), self.w3(xp)
+        if not (self.invariant and x.shape[1] == 1) or torch.compiler.is_compiling():
+            h = F.silu(a) * b  # (a compiled step is not batch-invariant: docs/SERVING.md)
+        elif x.is_cpu and (lib := kernel_ops.kernels()) is not None:
+            # torch's silu computes a buffer's last elements on another path than the rest, so
+            # the last row of a step whose width is not a multiple of 32 would round apart from
+            # the same row alone: the kernel computes every element alike (csrc/act.c)
+            h = kernel_ops.silu_mul(a, b, lib)
+        else:  # no kernel: each row in a buffer of its own, as it runs alone
+            h = torch.cat([F.silu(a[i:i + 1]) * b[i:i + 1] for i in range(B)])
+        out = self.w2(h)  # padding rows stay apart: a GEMM's rows are independent
+        return out if out.shape[0] == B else out[:B]
 
 
 class TransformerBlock(nn.Module):
@@ -263,7 +288,7 @@ class Transformer(nn.Module):
         (CUDA graphs) attends over the whole capacity with a mask and is not invariant."""
         self.invariant = bool(on)
         for m in self.modules():
-            if isinstance(m, (Linear, Float16Linear)):
+            if isinstance(m, (Linear, Float16Linear, FeedForward)):
                 m.invariant = self.invariant
 
     def _per_row(self, cache) -> bool:

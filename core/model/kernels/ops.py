@@ -48,6 +48,8 @@ def typed(lib: ctypes.CDLL) -> ctypes.CDLL:
                 if hasattr(lib, sym):
                     f = getattr(lib, sym)
                     f.argtypes, f.restype = [_P, _I, _I, _P, _I, _P], None
+            if hasattr(lib, "ld_silu_mul"):
+                lib.ld_silu_mul.argtypes, lib.ld_silu_mul.restype = [_P, _P, _P, _I], None
             if hasattr(lib, "ld_attn_decode"):
                 f = lib.ld_attn_decode
                 f.argtypes = [_P, _P, _P, ctypes.c_int, *[_I] * 7, _P, ctypes.c_float, _P]
@@ -159,3 +161,20 @@ def first_bad_block(kind: str, w: torch.Tensor) -> int | None:
     at, count = SCALES[kind]
     got = lib.ld_first_bad_scale(w.data_ptr(), w.numel() // size, size, at, count)
     return None if got < 0 else int(got)
+
+
+
+def silu_mul(a: torch.Tensor, b: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """silu(a) * b in float32 (csrc/act.c), every element by the same operations wherever it
+    sits, so a decode step's row gets the bits it gets alone (torch's silu rounds a buffer's
+    last elements differently). a, b: the same shape, on the CPU; returns a's shape and dtype."""
+    lib = typed(lib) if lib is not None else kernels()
+    if lib is None or not hasattr(lib, "ld_silu_mul"):
+        raise RuntimeError(f"no compiled activation kernel: {build.reason()}")
+    if a.shape != b.shape or not (a.is_cpu and b.is_cpu):
+        raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} must match, on the CPU")
+    af = a if a.dtype == torch.float32 and a.is_contiguous() else a.to(torch.float32).contiguous()
+    bf = b if b.dtype == torch.float32 and b.is_contiguous() else b.to(torch.float32).contiguous()
+    out = torch.empty(a.shape, dtype=torch.float32)
+    lib.ld_silu_mul(af.data_ptr(), bf.data_ptr(), out.data_ptr(), out.numel())
+    return out if a.dtype == torch.float32 else out.to(a.dtype)

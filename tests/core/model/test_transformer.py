@@ -211,3 +211,32 @@ def test_a_batch_invariant_decode_step_costs_few_torch_calls_per_layer():
                 model(x, pos, cache, last_only=True)
         counts.append(Count.n)
     assert counts[1] - counts[0] <= 60
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_decode_rows_are_the_same_bits_alone_and_batched_at_a_width_not_a_multiple_of_32(kernels, monkeypatch):
+    # stories260K's FFN is 172 wide: torch's silu ran the last elements of a step's buffer on
+    # its scalar path, so the last row of 5, 7 or 13 got other bits than alone (issue 23.12).
+    from core.model.kernels import ops
+    if not kernels:
+        monkeypatch.setattr(ops, "kernels", lambda tick=None: None)
+    elif ops.kernels() is None:
+        pytest.skip("no compiled kernels here")
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, hidden_dim=172,
+                                  max_seq_len=64)).eval()
+    prompts = [torch.randint(0, 64, (1, 2 + r % 5)) for r in range(7)]
+    x = torch.randint(0, 64, (7, 1))
+    pos = torch.tensor([p.shape[1] for p in prompts])
+    with torch.inference_mode():
+        alone = []
+        for r in range(7):
+            cache = KVCache.for_model(model, batch=1, capacity=16)
+            model(prompts[r], 0, cache.row(0))
+            alone.append(model(x[r:r + 1], pos[r:r + 1], cache, last_only=True))
+        for B in (5, 7):
+            cache = KVCache.for_model(model, batch=B, capacity=16)
+            for r in range(B):
+                model(prompts[r], 0, cache.row(r))
+            together = model(x[:B], pos[:B], cache, last_only=True)
+            assert all(torch.equal(together[r:r + 1], alone[r]) for r in range(B)), f"{B} rows"

@@ -10,28 +10,6 @@
 
 enum { LD_F32 = 0, LD_BF16 = 1, LD_F16 = 2 };
 
-/* exp(x) for x <= 0 in float32 (0 below -87, where exp leaves the normal range): Cody-Waite
- * reduction by ln 2 and a degree-5 polynomial, ~1 ulp. Plain arithmetic, so the compiler
- * vectorizes the loops that call it (libm's expf would be a call per key). */
-static inline float ld_exp_neg(float x) {
-    float xc = x < -87.0f ? -87.0f : x;
-    /* round to nearest by the 1.5 * 2^23 trick: plain adds, so the loop vectorizes (floorf does not) */
-    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return x < -87.0f ? 0.0f : p * scale;
-}
-
 /* Row ``src`` (d values of type ``dtype``) as float32 in ``dst``; the row itself when it is
  * float32 already. */
 static inline const float *ld_row(const void *src, int dtype, int64_t off, int64_t d, float *restrict dst) {

@@ -60,6 +60,30 @@ static inline float ld_half(const uint8_t *p) {
 #endif
 }
 
+/* exp(x) for x <= 0 in float32 (0 below -87, where exp leaves the normal range): Cody-Waite
+ * reduction by ln 2 and a degree-5 polynomial, ~1 ulp. Plain arithmetic, so the compiler
+ * vectorizes the loops that call it (libm's expf would be a call per element); the same
+ * operations in a vector lane and in a loop's scalar tail, so an element's result does not
+ * depend on where it sits in a buffer (torch's own exp does: vector and tail paths differ). */
+static inline float ld_exp_neg(float x) {
+    float xc = x < -87.0f ? -87.0f : x;
+    /* round to nearest by the 1.5 * 2^23 trick: plain adds, so the loop vectorizes (floorf does not) */
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return x < -87.0f ? 0.0f : p * scale;
+}
+
 static inline uint16_t ld_read_u16(const uint8_t *p) {
     return (uint16_t)(p[0] | (p[1] << 8));
 }

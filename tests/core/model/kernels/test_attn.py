@@ -92,3 +92,16 @@ def test_the_invariant_decode_step_runs_one_kernel_call_per_layer_and_no_sdpa(li
         monkeypatch.setattr(ops, "kernels", lambda tick=None: None)
         want = model(x, pos, cache, last_only=True)
     assert (got - want).abs().max() < 1e-4
+
+
+def test_silu_mul_matches_float64_and_gives_an_element_the_same_bits_anywhere(lib):
+    g = torch.Generator().manual_seed(3)
+    a = torch.cat([torch.randn(5, 172, generator=g) * 6, torch.tensor([[-100.0, -88.0, 0.0, 90.0] * 43])])
+    b = torch.randn(6, 172, generator=g)
+    out = ops.silu_mul(a, b, lib)
+    want = F.silu(a.double()) * b.double()
+    assert ((out.double() - want).abs() <= 1e-6 * (1 + want.abs())).all()
+    for r in range(6):  # a row alone: torch's own silu differs here for the last rows
+        assert torch.equal(ops.silu_mul(a[r:r + 1].clone(), b[r:r + 1].clone(), lib), out[r:r + 1])
+    bf = ops.silu_mul(a.bfloat16(), b.bfloat16(), lib)
+    assert bf.dtype == torch.bfloat16 and (bf.double() - want).abs().max() < 0.05 * want.abs().max()
