@@ -11,7 +11,7 @@ import asyncio
 import hmac
 import json
 import math
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import replace
 from typing import Callable
 
@@ -331,7 +331,7 @@ async def generate(request: Request, chat: bool, api: str = ""):
     reply = Reply(state, body, chat, job, top)
     if api == "responses":
         if stream:
-            return EventStream(event_frames(responses_api.events(stream_reply(reply, True), body, state.model_id)))
+            return EventStream(event_frames(responses_api.events(stream_batches(reply, True), body, state.model_id)))
         return await whole_reply(request, reply, lambda chat: responses_api.whole(chat, body, state.model_id))
     if stream:
         return EventStream(sse_frames(reply, include_usage))
@@ -371,24 +371,20 @@ async def whole_reply(request: Request, reply: Reply, shape: Callable[[dict], di
     return JSONResponse(shape(reply.whole(tokens)))
 
 
-async def stream_reply(reply: Reply, include_usage: bool):
-    """The reply as server-sent events (dicts, one per event): :func:`stream_batches` flattened."""
-    async for batch in stream_batches(reply, include_usage):
-        for data in batch:
-            yield {"data": data}
-
-
 async def sse_frames(reply: Reply, include_usage: bool):
     """The reply's events framed (``data: ...`` and a blank line), one write per wake-up:
     the events of one decode step go out together."""
-    async for batch in stream_batches(reply, include_usage):
-        yield "".join([frame(data) for data in batch]).encode()
+    async with aclosing(stream_batches(reply, include_usage)) as batches:  # closed with this one: its job cancelled
+        async for batch in batches:
+            yield "".join([frame(data) for data in batch]).encode()
 
 
-async def event_frames(events):
-    """Named events ({"event", "data"} dicts: the Responses stream's) framed, one write each."""
-    async for e in events:
-        yield frame(e["data"], e.get("event")).encode()
+async def event_frames(batches):
+    """Named events ({"event", "data"} dicts: the Responses stream's) framed, a list in one write."""
+    async with aclosing(batches):
+        async for batch in batches:
+            if batch:
+                yield "".join([frame(e["data"], e["event"]) for e in batch]).encode()
 
 
 async def stream_batches(reply: Reply, include_usage: bool):

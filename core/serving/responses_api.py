@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from contextlib import aclosing
 from typing import AsyncIterator
 
 from core.serving.protocol import APIError
@@ -137,34 +138,53 @@ def whole(chat: dict, body: dict, model: str) -> dict:
     return Shape(body, model).response(status, choice["message"]["content"], usage(chat["usage"]), incomplete)
 
 
-async def events(chat_stream: AsyncIterator[dict], body: dict, model: str) -> AsyncIterator[dict]:
-    """The Responses stream's events from a chat stream (its SSE items, usage included)."""
-    s, text, finish, used = Shape(body, model), [], None, None
-    yield s.event("response.created", response=s.response("in_progress"))
-    yield s.event("response.in_progress", response=s.response("in_progress"))
-    yield s.event("response.output_item.added", output_index=0, item=s.item("in_progress", None))
-    yield s.event("response.content_part.added", item_id=s.msg, output_index=0, content_index=0, part=s.part(""))
-    async for sse in chat_stream:
-        if sse["data"] == "[DONE]":
-            break
-        obj = json.loads(sse["data"])
-        if "error" in obj:  # what streamed stays; the error ends the response
-            err = obj["error"]
-            yield s.event("error", code=err.get("code"), message=err.get("message"), param=err.get("param"))
-            return
-        if obj.get("usage") and not obj.get("choices"):
-            used = usage(obj["usage"])
-            continue
-        c = obj["choices"][0]
-        if piece := c["delta"].get("content"):
-            text.append(piece)
-            yield s.event("response.output_text.delta", item_id=s.msg, output_index=0, content_index=0, delta=piece,
-                          logprobs=[])
-        finish = c.get("finish_reason") or finish
-    full = "".join(text)
-    status, incomplete = FINISHED.get(finish, ("incomplete", {"reason": "cancelled"}))
-    yield s.event("response.output_text.done", item_id=s.msg, output_index=0, content_index=0, text=full, logprobs=[])
-    yield s.event("response.content_part.done", item_id=s.msg, output_index=0, content_index=0, part=s.part(full))
-    yield s.event("response.output_item.done", output_index=0, item=s.item("completed", full))
+async def events(chat_batches: AsyncIterator[list[str]], body: dict, model: str) -> AsyncIterator[list[dict]]:
+    """The Responses stream's events from a chat stream's batches (its chunks' JSON texts,
+    usage included, one list per wake-up), in lists: one per batch, written together."""
+    s, text, end = Shape(body, model), [], {"finish": None, "usage": None}
+    yield [s.event("response.created", response=s.response("in_progress")),
+           s.event("response.in_progress", response=s.response("in_progress")),
+           s.event("response.output_item.added", output_index=0, item=s.item("in_progress", None)),
+           s.event("response.content_part.added", item_id=s.msg, output_index=0, content_index=0, part=s.part(""))]
+    async with aclosing(chat_batches):  # closed with this stream: the chat stream's job is cancelled
+        async for batch in chat_batches:
+            out = []
+            for data in batch:
+                if data == "[DONE]":
+                    yield out + _finished(s, "".join(text), end)
+                    return
+                if (ev := _delta(s, json.loads(data), text, end)) is not None:
+                    out.append(ev)
+                    if ev["event"] == "error":  # what streamed stays; the error ends the response
+                        yield out
+                        return
+            yield out
+    yield _finished(s, "".join(text), end)
+
+
+def _delta(s: Shape, obj: dict, text: list[str], end: dict) -> dict | None:
+    """The event one chat chunk makes (None for usage or a chunk with no text); its
+    finish reason and usage are kept in ``end``."""
+    if "error" in obj:
+        err = obj["error"]
+        return s.event("error", code=err.get("code"), message=err.get("message"), param=err.get("param"))
+    if obj.get("usage") and not obj.get("choices"):
+        end["usage"] = usage(obj["usage"])
+        return None
+    c = obj["choices"][0]
+    end["finish"] = c.get("finish_reason") or end["finish"]
+    if piece := c["delta"].get("content"):
+        text.append(piece)
+        return s.event("response.output_text.delta", item_id=s.msg, output_index=0, content_index=0, delta=piece,
+                       logprobs=[])
+    return None
+
+
+def _finished(s: Shape, full: str, end: dict) -> list[dict]:
+    status, incomplete = FINISHED.get(end["finish"], ("incomplete", {"reason": "cancelled"}))
     done = "response.completed" if status == "completed" else "response.incomplete"
-    yield s.event(done, response=s.response(status, full, used, incomplete))
+    return [s.event("response.output_text.done", item_id=s.msg, output_index=0, content_index=0, text=full,
+                    logprobs=[]),
+            s.event("response.content_part.done", item_id=s.msg, output_index=0, content_index=0, part=s.part(full)),
+            s.event("response.output_item.done", output_index=0, item=s.item("completed", full)),
+            s.event(done, response=s.response(status, full, end["usage"], incomplete))]

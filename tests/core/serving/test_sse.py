@@ -40,11 +40,23 @@ def test_a_stream_has_sse_headers_and_frames_ending_in_done(stories):
 
 def test_one_write_per_decode_step_for_all_of_a_requests_choices(stories):
     """n=4: a step's four tokens reach the socket in one send, not four."""
-    app = build_app(stories.state)  # the fixture's scheduler runs it; no lifespan here
     body = json.dumps({"model": stories.model, "prompt": "Once upon a time", "max_tokens": 8, "n": 4,
                        "temperature": 1.0, "seed": 3, "stream": True, "logit_bias": {"2": -100}}).encode()
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions",
-             "root_path": "", "scheme": "http", "query_string": b"", "http_version": "1.1",
+    sent = _asgi_post(build_app(stories.state), "/v1/completions", body)  # the fixture's scheduler runs it
+    assert sent[0]["status"] == 200
+    bodies = [m["body"].decode() for m in sent[1:] if m.get("body")]
+    frames = [f for b in bodies for f in b.split("\n\n") if f]
+    assert all(b.endswith("\n\n") for b in bodies)  # whole frames in every write
+    tokens = [f for f in frames if f != "data: [DONE]" and json.loads(f[6:])["choices"][0]["finish_reason"] is None]
+    assert len(tokens) == 32
+    assert len(bodies) <= 8 + 2  # one per step (the last steps' ends and [DONE] may come apart)
+    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+def _asgi_post(app, path: str, body: bytes) -> list[dict]:
+    """POST ``body`` to ``app`` over fake ASGI channels (a client that stays): the messages sent."""
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "root_path": "",
+             "scheme": "http", "query_string": b"", "http_version": "1.1",
              "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
                          (b"authorization", f"Bearer {KEY}".encode()), (b"content-length", str(len(body)).encode())],
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "app": app}
@@ -59,14 +71,7 @@ def test_one_write_per_decode_step_for_all_of_a_requests_choices(stories):
     async def send(message):
         sent.append(message)
     asyncio.run(asyncio.wait_for(app(scope, receive, send), 30))
-    assert sent[0]["status"] == 200
-    bodies = [m["body"].decode() for m in sent[1:] if m.get("body")]
-    frames = [f for b in bodies for f in b.split("\n\n") if f]
-    assert all(b.endswith("\n\n") for b in bodies)  # whole frames in every write
-    tokens = [f for f in frames if f != "data: [DONE]" and json.loads(f[6:])["choices"][0]["finish_reason"] is None]
-    assert len(tokens) == 32
-    assert len(bodies) <= 8 + 2  # one per step (the last steps' ends and [DONE] may come apart)
-    assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    return sent
 
 
 def _run_stream(frames, disconnect_after: int | None = None, ping: float = 0.01):
@@ -128,3 +133,32 @@ def test_token_chunks_from_a_template_equal_json_dumps_of_them(stories, chat):
             tok = Token(lane=choice, index=1, token_id=5, text=text, piece=text, logprob=-0.5)
             assert reply.token_texts(choice, tok, False) == [json.dumps(c) for c in reply.token_chunks(choice, tok, False)]
     assert reply.token_texts(0, Token(lane=0, index=2, token_id=5, text="", piece="", logprob=-0.5), False) == []
+
+
+def test_a_responses_stream_writes_its_opening_and_closing_events_together(demo):
+    body = json.dumps({"model": demo.model, "input": "Tell me about a dog named Max.", "max_output_tokens": 4,
+                       "temperature": 0, "stream": True}).encode()
+    sent = _asgi_post(build_app(demo.state), "/v1/responses", body)
+    bodies = [m["body"].decode() for m in sent[1:] if m.get("body")]
+    kinds = [[line[7:] for line in b.split("\n") if line.startswith("event: ")] for b in bodies]
+    assert kinds[0] == ["response.created", "response.in_progress", "response.output_item.added",
+                        "response.content_part.added"]
+    assert kinds[-1][-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                              "response.incomplete"]
+    assert all(k == ["response.output_text.delta"] for k in kinds[1:-1]) and len(kinds) <= 4 + 2
+
+
+def test_a_responses_client_that_leaves_cancels_its_generation(demo):
+    while not demo.finished.empty():
+        demo.finished.get_nowait()
+    body = {"model": demo.model, "input": "Tell me a long story.", "max_output_tokens": 480, "temperature": 1.0,
+            "stream": True}
+    with httpx.stream("POST", demo.url + "/responses", json=body, headers=AUTH, timeout=30) as r:
+        assert r.status_code == 200
+        deltas = 0
+        for line in r.iter_lines():
+            deltas += line == "event: response.output_text.delta"
+            if deltas == 2:
+                break
+    job = demo.finished.get(timeout=30)
+    assert job.done[0].stop_reason == "cancelled" and len(job.done[0].tokens) < 480
