@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from core.engine.events import Done, Token
 from core.errors import ConstraintError, ResourceError, SettingsError
+from core.model.kernels import ops as kernel_ops
 from core.prompt.prompting import strips_reply_space
 from core.serving.protocol import (MAX_FORCED, MAX_STOP_IDS, APIError, chat_logprobs, check_context,
                                    completion_logprobs, constraint_from_request, messages_from_request, parse_body,
@@ -71,6 +72,10 @@ def build_app(state: ServerState, *, on_startup: Callable[[], None] | None = Non
 @asynccontextmanager
 async def lifespan(app: Starlette):
     state: ServerState = app.state.server
+    if state.engine.device.type == "cpu":
+        # The compiled kernels (built once per machine, seconds of compiling after an update)
+        # are loaded before the server says it listens, not on its first request's decode step.
+        await asyncio.get_running_loop().run_in_executor(None, kernel_ops.kernels)
     state.scheduler.start()
     if app.state.on_startup is not None:
         app.state.on_startup()

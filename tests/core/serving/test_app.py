@@ -2,6 +2,7 @@
 client: every reply is checked against the engine run directly (a separate Engine on a
 separate copy of the model), or against the model's own forward pass for log-probabilities."""
 import math
+import threading
 
 import pytest
 import torch
@@ -208,3 +209,14 @@ def test_serve_compile_decodes_through_torch_compile_with_the_same_tokens(fixtur
                                       extra_body={"return_token_ids": True})
         assert srv.state.engine.compile_status == "compiled (eager)"
     assert r.choices[0].model_extra["token_ids"] == want and len(want) == 12
+
+
+def test_the_kernels_are_loaded_before_the_server_says_it_listens(fixtures, monkeypatch):
+    """Not on the first request's decode step: compiling them (after an update, or in a
+    fresh data folder) takes seconds the first client would wait."""
+    from core.serving import app as app_module
+    calls = []
+    monkeypatch.setattr(app_module.kernel_ops, "kernels", lambda: calls.append(threading.current_thread().name))
+    state = ServerState(load(fixtures / "stories260K.gguf", device="cpu", dtype="float32"))
+    with RunningServer(state):
+        assert calls and calls[0] != "llamadesk-serve"  # before it listened, off the scheduler's thread
