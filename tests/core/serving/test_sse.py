@@ -145,7 +145,8 @@ def test_a_responses_stream_writes_its_opening_and_closing_events_together(demo)
                         "response.content_part.added"]
     assert kinds[-1][-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
                               "response.incomplete"]
-    assert all(k == ["response.output_text.delta"] for k in kinds[1:-1]) and len(kinds) <= 4 + 2
+    # between them, deltas only: one a step, or a few where the loop wakes after several steps
+    assert all(set(k) == {"response.output_text.delta"} for k in kinds[1:-1]) and len(kinds) <= 4 + 2
 
 
 def test_a_responses_client_that_leaves_cancels_its_generation(demo):
