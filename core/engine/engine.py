@@ -366,7 +366,11 @@ class Engine:
                 joining = list(admit(max_rows - len(batch.rows), len(batch.lanes)))
             for j in joining:
                 step()
+                r0 = len(batch.rows)
                 yield from self._join(j, batch, drafting)
+                # its first token now, sent with the next step() before the next prompt's
+                # prefill: a burst of joiners no longer waits for every prefill of the burst
+                yield from self._choose(batch, drafting, range(r0, len(batch.rows)))
             joining = []
             if not batch.rows:
                 return
@@ -441,9 +445,10 @@ class Engine:
             batch.ran(r, out[r])
             drafting.ran(li, took, plain)
 
-    def _choose(self, batch: Batch, drafting: Drafting) -> Iterator[Event]:
-        """Every row with logits to choose from picks its token in one batched pass."""
-        rows = batch.waiting()
+    def _choose(self, batch: Batch, drafting: Drafting, among: range | None = None) -> Iterator[Event]:
+        """Every row with logits to choose from (of ``among``, default all) picks its token in
+        one batched pass (a row's choice does not depend on the others in it)."""
+        rows = [r for r in batch.waiting() if among is None or r in among]
         if not rows:
             return
         step = batch.choose(rows)
