@@ -25,12 +25,13 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from core.model.kernels import ops as kernel_ops  # noqa: E402
 from core.model.f16 import Float16Linear  # noqa: E402
 from core.model.quant import Int4Linear, Int8Linear  # noqa: E402
 from core.model.transformer import Linear  # noqa: E402
 
 REST = "rest of the forward (embedding, norms, RoPE, KV cache, Python)"
-ATTENTION = "attention (scaled_dot_product_attention)"
+ATTENTION = "attention (scaled_dot_product_attention or the decode kernel)"
 ROLES = {"wq": "q", "wk": "k", "wv": "v", "wo": "o", "w1": "gate", "w3": "up", "w2": "down"}
 
 
@@ -113,7 +114,16 @@ class StepProfile:
             out = sdpa(*a, **k)
             self.parts[ATTENTION] += self.clock() - t
             return out
+        attn_decode = kernel_ops.attn_decode
+
+        def timed_kernel(*a, **k):
+            t = self.clock()
+            out = attn_decode(*a, **k)
+            self.parts[ATTENTION] += self.clock() - t
+            return out
         F.scaled_dot_product_attention = timed_sdpa
+        # an invariant step on a CPU with the kernels built attends through ld_attn_decode
+        kernel_ops.attn_decode = timed_kernel
         try:
             step()  # warm
             best, parts = float("inf"), {}
@@ -124,6 +134,7 @@ class StepProfile:
                     best, parts = took, dict(self.parts)
         finally:
             F.scaled_dot_product_attention = sdpa
+            kernel_ops.attn_decode = attn_decode
         parts[REST] = best - sum(parts.values())
         return best, parts
 

@@ -37,6 +37,7 @@ def test_a_two_row_step_is_split_into_its_packed_layers_attention_and_the_rest(e
     assert engine.model.invariant
     assert not any(m._forward_hooks for m in engine.model.modules())
     assert torch.nn.functional.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"
+    assert prof.kernel_ops.attn_decode.__name__ == "attn_decode"
 
 
 def test_f16_layers_count_their_float16_bytes():
