@@ -1,4 +1,4 @@
-"""A linear layer on a GGUF K-quant tensor's own bytes, multiplied by the compiled kernels.
+"""A linear layer on a GGUF tensor's own bytes (K-quants, Q8_0), multiplied by the compiled kernels.
 
 :class:`KernelLinear` holds the tensor's raw blocks as a uint8 view of the memory-mapped
 file: nothing is copied or repacked at load (opening a model costs its header, and memory
@@ -26,8 +26,8 @@ class KernelLinear(nn.Module):
     """y = x @ W.T for W an [out, in] GGUF tensor of a type :data:`.ops.MM` holds, kept as
     the file's blocks (``raw``: uint8 [out, bytes per row], usually a view of the file)."""
 
-    #: the GGUF types it takes (a product and a dequantization in csrc/kquants.c)
-    KINDS = ("Q4_K", "Q5_K", "Q6_K")
+    #: the GGUF types it takes (a product and a dequantization in csrc/kquants.c, csrc/q8_f16.c)
+    KINDS = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
 
     def __init__(self, raw: torch.Tensor, kind: str, in_features: int, out_features: int):
         super().__init__()

@@ -24,12 +24,14 @@ MM = {
     "Q4_K": ("ld_mm_q4_k", 256, 144),
     "Q5_K": ("ld_mm_q5_k", 256, 176),
     "Q6_K": ("ld_mm_q6_k", 256, 210),
+    "Q8_0": ("ld_mm_q8_0", 32, 34),  # csrc/q8_f16.c
     "F16": ("ld_mm_f16", 1, 2),  # w: the float16 weight's bytes
 }
 #: GGUF type -> (byte offset, count) of the fp16 scales in each of its blocks
-SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1)}
+SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1), "Q8_0": (0, 1)}
 #: GGUF type -> C symbol of its dequantization (float32 or bfloat16 out)
-DEQUANT = {"Q4_K": "ld_dequant_q4_k", "Q5_K": "ld_dequant_q5_k", "Q6_K": "ld_dequant_q6_k"}
+DEQUANT = {"Q4_K": "ld_dequant_q4_k", "Q5_K": "ld_dequant_q5_k", "Q6_K": "ld_dequant_q6_k",
+           "Q8_0": "ld_dequant_q8_0"}
 _lock = threading.Lock()
 
 

@@ -11,6 +11,7 @@ from gguf.quants import dequantize
 
 from core.checkpoints import load
 from core.errors import CheckpointError
+from core.model.kernels import ops as kernel_ops
 from tests.core.checkpoints.util import random_model, write_gguf
 from tests import forked
 from tests.helpers import ROOT, greedy
@@ -79,9 +80,15 @@ def test_fallback_types_are_dequantized_and_say_so(tmp_path, monkeypatch):
     assert lm.info["dequantized"] is True
 
 
-def test_stories260k_q8_0_packed_keeps_its_greedy_text(fixtures, tmp_path):
+@pytest.mark.parametrize("path", ["kernel", "int4x2-packed"])
+def test_stories260k_q8_0_packed_keeps_its_greedy_text(fixtures, tmp_path, monkeypatch, path):
     """The real model requantized to Q8_0 by gguf's quantizer (w2's 172-wide rows cannot be
-    blocked and stay F32): packed and dequantized paths give the same 64 greedy tokens."""
+    blocked and stay F32): the kernel's and packed paths give the dequantized path's 64 greedy
+    tokens."""
+    if path == "kernel" and kernel_ops.kernels() is None:
+        pytest.skip("no compiled kernels here")
+    if path != "kernel":
+        monkeypatch.setenv("LLAMADESK_KERNELS", "0")
     src = load(fixtures / "stories260K.gguf", device="cpu", dtype="float32")
     qtypes = {n: ("F32" if n.endswith("w2.weight") else "Q8_0") for n in src.model.state_dict()}
     src.model.args = src.args
@@ -89,7 +96,7 @@ def test_stories260k_q8_0_packed_keeps_its_greedy_text(fixtures, tmp_path):
     write_gguf(f, src.model, qtypes=qtypes, vocab=_vocab(src.tokenizer))
     packed = load(f, device="cpu")
     floats = load(f, device="cpu", dtype="float32")
-    assert packed.info["linear_paths"] == {"Q8_0 int4x2-packed": 31, "float": 5, "Q8_0 embedding-blocks": 1}
+    assert packed.info["linear_paths"] == {f"Q8_0 {path}": 31, "float": 5, "Q8_0 embedding-blocks": 1}
     a, _ = greedy(packed.model, PROMPT, 64)
     b, _ = greedy(floats.model, PROMPT, 64)
     assert a == b
@@ -161,7 +168,8 @@ def test_tied_quantized_embeddings_stay_packed(tmp_path, qtype):
     write_gguf(f, m, qtype=qtype)
     packed = load(f, device="cpu")
     floats = load(f, device="cpu", dtype="float32")
-    path = "int4x2-packed" if qtype == "Q8_0" else "int4-packed"
+    on_kernel = qtype == "Q8_0" and kernel_ops.kernels() is not None  # the output: the embedding's own bytes
+    path = "kernel" if on_kernel else "int4x2-packed" if qtype == "Q8_0" else "int4-packed"
     assert packed.info["linear_paths"] == {f"{qtype} {path}": 15, f"{qtype} embedding-blocks": 1}
     assert not any(p.dim() == 2 and p.numel() >= 128 * 288 for p in packed.model.parameters())
     assert packed.info["parameters"] == floats.info["parameters"]  # the tied matrix counted once
