@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from core.model.kernels import ops as kernel_ops  # noqa: E402
 from core.model.f16 import Float16Linear  # noqa: E402
+from core.model.kernels.linear import KernelLinear  # noqa: E402
 from core.model.quant import Int4Linear, Int8Linear  # noqa: E402
 from core.model.transformer import Linear  # noqa: E402
 
@@ -46,6 +47,8 @@ def layer_bytes(m: torch.nn.Module) -> int:
         return m.packed.numel() * m.packed.element_size() + m.scale_zeros.numel() * m.scale_zeros.element_size()
     if isinstance(m, Int8Linear):
         return m.qweight.numel() + m.scales.numel() * m.scales.element_size()
+    if isinstance(m, KernelLinear):
+        return m.raw.numel()
     w = m.weight16 if isinstance(m, Float16Linear) else m.weight
     return w.numel() * w.element_size()
 
@@ -89,7 +92,7 @@ class StepProfile:
         self.kernel_weights: dict[str, int] = defaultdict(int)
         self.handles, self.started = [], {}
         for name, m in model.named_modules():
-            if isinstance(m, (Int4Linear, Int8Linear, Float16Linear, Linear)):
+            if isinstance(m, (Int4Linear, Int8Linear, Float16Linear, KernelLinear, Linear)):
                 key = part_name(model, name, m)
                 self.bytes[key] += layer_bytes(m)
                 n, k = shape_of(m)

@@ -241,6 +241,13 @@ static int quantize_x(const float *x, int64_t m, int64_t k, int sums, xquant *a)
     return 1;
 }
 
+/* bytes ahead of the block being expanded that are asked for: the weights stream from
+ * memory once, and the hardware prefetcher alone left the loop waiting on them */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 2048
+#endif
+#define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 0)
+
 /* rows j0..j1 of y's columns for rows i0..i1 of x; one copy per type, so that its block
  * decoding is inlined */
 #define ROWS_TILE(name, bytes, unpack)                                                          \
@@ -252,7 +259,9 @@ static void name(const uint8_t *w, int64_t nb, const xquant *a, int64_t j0, int6
         memset(lanes, 0, sizeof lanes);                                                         \
         memset(mins, 0, sizeof mins);                                                           \
         for (int64_t b = 0; b < nb; b++) {                                                      \
-            unpack(w + (j * nb + b) * (bytes), &blk);                                           \
+            const uint8_t *at = w + (j * nb + b) * (bytes);                                     \
+            for (int l = 0; l < (bytes); l += 64) PREFETCH(at + PREFETCH_AHEAD + l);            \
+            unpack(at, &blk);                                                                   \
             for (int64_t i = i0; i < i1; i++) {                                                 \
                 float sx = a->s[i * nb + b];                                                    \
                 block_lanes(&blk, a->q + (i * nb + b) * QK, blk.d * sx, lanes[i - i0]);        \
