@@ -39,6 +39,9 @@ os.environ.setdefault("LLAMADESK_THREADS", "1")
 # The packed-layer cache writes beside the data folder at every GGUF open; tests that test
 # it turn it on in their own temporary data folder.
 os.environ.setdefault("LLAMADESK_PACK_CACHE", "0")
+# The compiled kernels (core.model.kernels) are built once for every session and worker,
+# not once per session's data folder: each costs seconds of compiler time on a shared machine.
+os.environ.setdefault("LLAMADESK_KERNELS_DIR", os.path.join(tempfile.gettempdir(), f"llamadesk-test-kernels-{getattr(os, 'getuid', lambda: 0)()}"))
 import torch  # noqa: E402
 
 torch.set_num_threads(1)

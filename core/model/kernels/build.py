@@ -33,6 +33,9 @@ import torch
 from core.paths import data_dir
 
 ENV = "LLAMADESK_KERNELS"
+#: a folder for the built libraries other than the data folder's (the test suite shares one
+#: across its sessions: a library's name is its key, so sharing is safe)
+DIR_ENV = "LLAMADESK_KERNELS_DIR"
 #: must equal LD_ABI_VERSION in csrc/common.h
 ABI = 1
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -98,7 +101,8 @@ def library_name(sources: list[Path], flags: list[str], version: str, gomp: str)
 
 def build(folder: Path | None = None, *, march: str | None = "native", cc: str | None = None,
           tick: Callable[[], None] | None = None) -> Built:
-    """Compile every ``csrc/*.c`` into ``folder`` (default: the data folder's ``kernels/``)
+    """Compile every ``csrc/*.c`` into ``folder`` (default: ``$LLAMADESK_KERNELS_DIR``, else
+    the data folder's ``kernels/``)
     unless a library of the same key is there already. ``tick`` is called every ~50 ms while
     the compiler runs; what it raises kills the compiler and propagates."""
     cc = cc or compiler()
@@ -114,7 +118,7 @@ def build(folder: Path | None = None, *, march: str | None = "native", cc: str |
     sources = sorted(CSRC.glob("*.c"))
     gomp = torch_gomp()
     flags = [*FLAGS, *arch_flags(march)]
-    folder = folder or data_dir() / FOLDER
+    folder = folder or Path(os.environ.get(DIR_ENV) or data_dir() / FOLDER)
     final = folder / library_name(sources, [cc, *flags], version, str(gomp))
     if final.is_file():
         return Built(final)

@@ -23,14 +23,14 @@ def fresh_state(monkeypatch):
 
 
 @pytest.fixture(scope="session", params=[("x86-64-v2", "plain C"), ("haswell", "AVX2")], ids=["plain-C", "AVX2"])
-def other_isa_lib(lib, tmp_path_factory, request):
+def other_isa_lib(lib, request):
     """A second copy of the kernels built for an older x86-64 (-march): the plain-C path and
     the AVX2 path, to compare with this machine's own (AVX-512 here)."""
     import platform
     march, isa = request.param
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the other paths are forced through an x86-64 -march")
-    built = build.build(tmp_path_factory.mktemp("kernels-" + march), march=march)
+    built = build.build(march=march)  # the suite's shared kernels folder: built once per machine
     if built.path is None:
         pytest.skip(f"no {isa} build: {built.reason}")
     other = ops.typed(build.load(built.path))
