@@ -221,9 +221,11 @@ class FeedForward(nn.Module):
         B = x.shape[0]
         xp = padded_rows(x, self.w1, self.w2, self.w3)
         a, b = self.w1(xp), self.w3(xp)
-        if not (self.invariant and x.shape[1] == 1) or torch.compiler.is_compiling():
-            h = F.silu(a) * b  # (a compiled step is not batch-invariant: docs/SERVING.md)
-        elif x.is_cpu and (lib := kernel_ops.kernels()) is not None:
+        if not (self.invariant and x.shape[1] == 1 and x.is_cpu) or torch.compiler.is_compiling():
+            # (a compiled step is not batch-invariant: docs/SERVING.md; CUDA's silu runs one
+            # function in its vector and tail paths)
+            h = F.silu(a) * b
+        elif (lib := kernel_ops.kernels()) is not None:
             # torch's silu computes a buffer's last elements on another path than the rest, so
             # the last row of a step whose width is not a multiple of 32 would round apart from
             # the same row alone: the kernel computes every element alike (csrc/act.c)
