@@ -47,6 +47,17 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+def pytest_sessionstart(session):
+    """Build (or find) the compiled kernels once per test process, before any test: the
+    first decode step or GGUF open would otherwise compile them inside whichever test comes
+    first, seconds under load against that test's own timeouts (a GUI reply's 30 s was
+    missed so). Not in an xdist controller, which runs no test."""
+    xdist = session.config.getoption("numprocesses", None)
+    if os.environ.get("PYTEST_XDIST_WORKER") or not xdist:
+        from core.model.kernels import build  # here: after the folder and thread settings above
+        build.library()
+
+
 def pytest_collection_finish(session):
     """Freeze what exists once the tests are collected (modules, fixtures' definitions): the
     collections below then walk only what tests make, a fraction of a millisecond instead of
