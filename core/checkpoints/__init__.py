@@ -7,12 +7,14 @@ quality (perplexity and agreement against float32).
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
 
 from core.errors import CheckpointError
 from core.checkpoints.common import QUANT_DTYPES, LoadedModel, ProgressFn, auto_dtype, resolve_device, resolve_dtype
+from core.model.kernels import ops as kernel_ops
 from core.model.memory import release_freed_heap
 
 GGUF_MAGIC = b"GGUF"
@@ -73,6 +75,12 @@ def load(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | No
             p = next(iter(sorted(p.glob("*.gguf"))))
     loaded = loader(p, device=device, dtype=dtype, max_seq_len=max_seq_len, progress=progress)
     release_freed_heap()
+    first = next(itertools.chain(loaded.model.parameters(), loaded.model.buffers()), None)
+    if first is not None and first.device.type == "cpu":
+        # The decode step's attention and SwiGLU run the compiled kernels on the CPU: build
+        # them here, on the loading thread (cancellable through progress), not on the first
+        # reply's decode step (seconds of compiling after an update).
+        kernel_ops.kernels(tick=(lambda: progress(1.0, "compiling the CPU kernels")) if progress else None)
     if not isinstance(dtype, torch.dtype) and str(dtype or "auto") in ("auto", *QUANT_DTYPES):
         # info and the status bar's tooltip say what 'auto' chose and why.
         loaded.info.setdefault("dtype_reason", auto_dtype(resolve_device(device), loaded.args)[1])

@@ -89,6 +89,12 @@ def arch_flags(march: str | None) -> list[str]:
     return []
 
 
+def default_folder() -> Path:
+    """``$LLAMADESK_KERNELS_DIR``, else the data folder's ``kernels/``."""
+    named = os.environ.get(DIR_ENV, "").strip()
+    return Path(named).expanduser() if named else data_dir() / FOLDER
+
+
 def library_name(sources: list[Path], flags: list[str], version: str, gomp: str) -> str:
     h = hashlib.sha256()
     for p in sources:
@@ -118,7 +124,7 @@ def build(folder: Path | None = None, *, march: str | None = "native", cc: str |
     sources = sorted(CSRC.glob("*.c"))
     gomp = torch_gomp()
     flags = [*FLAGS, *arch_flags(march)]
-    folder = folder or Path(os.environ.get(DIR_ENV) or data_dir() / FOLDER)
+    folder = folder or default_folder()
     final = folder / library_name(sources, [cc, *flags], version, str(gomp))
     if final.is_file():
         return Built(final)

@@ -1,10 +1,12 @@
 """Building and loading the kernels: the cache, the atomic rename, and every way to end
 without them (no compiler, LLAMADESK_KERNELS=0, a cancelled build)."""
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from core.model.kernels import build
+from core import checkpoints
+from core.model.kernels import build, ops
 
 
 def test_the_library_builds_loads_and_speaks_this_abi(lib):
@@ -102,3 +104,19 @@ def test_a_library_of_another_abi_is_refused(tmp_path):
     subprocess.run([cc, "-shared", "-fPIC", str(tmp_path / "old.c"), "-o", str(tmp_path / "old.so")], check=True)
     with pytest.raises(OSError, match="ABI 999"):
         build.load(tmp_path / "old.so")
+
+
+def test_the_kernels_folder_is_the_one_the_environment_names(tmp_path, monkeypatch):
+    monkeypatch.setenv(build.DIR_ENV, str(tmp_path / "k"))
+    assert build.default_folder() == tmp_path / "k"
+    monkeypatch.delenv(build.DIR_ENV)
+    monkeypatch.setenv("LLAMADESK_DATA_DIR", str(tmp_path / "data"))
+    assert build.default_folder() == tmp_path / "data" / build.FOLDER
+
+
+def test_a_cpu_load_builds_the_kernels_on_the_loading_thread(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ops, "kernels", lambda tick=None: calls.append(tick))
+    demo = Path(__file__).resolve().parents[4] / "assets" / "models" / "llamadesk-demo"
+    checkpoints.load(demo, device="cpu", progress=lambda f, s: None)
+    assert calls and callable(calls[0])
