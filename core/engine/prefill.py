@@ -40,7 +40,7 @@ class Prefill:
         self.use_threads = use_threads
         self.tok_s: float | None = None  # measured, sizes the next chunks
         self.layer_tok_s: float | None = None  # the same for one layer (layered prefill)
-        self.packed = bool(quant.packed_on_cpu(model))
+        self.packed = bool(quant.packed_on_cpu(model, dense_only=False))
 
     @property
     def device(self) -> torch.device:

@@ -221,11 +221,13 @@ QuantLinear = (Int4Linear, Int8Linear, Float16Linear, KernelLinear)
 Packed = (Int4Linear, Int8Linear, GGUFEmbedding, Float16Linear, Float16Embedding, KernelLinear)
 
 
-def packed_on_cpu(module: nn.Module) -> list[nn.Module]:
-    """The packed linear layers of ``module`` that live on the CPU and prefill through a
-    dense copy (:func:`dense_weights`): not those whose compiled kernel does it."""
+def packed_on_cpu(module: nn.Module, *, dense_only: bool = True) -> list[nn.Module]:
+    """The packed linear layers of ``module`` that live on the CPU; ``dense_only``: those
+    that prefill through a dense copy (:func:`dense_weights`), not those whose compiled
+    kernel does it (a layered prefill still suits them: its chunks are a layer's share)."""
     return [m for m in module.modules() if isinstance(m, QuantLinear) and m.dense is None
-            and next(m.buffers()).device.type == "cpu" and not getattr(m, "prefills_itself", False)]
+            and next(m.buffers()).device.type == "cpu"
+            and not (dense_only and getattr(m, "prefills_itself", False))]
 
 
 @contextmanager

@@ -324,9 +324,13 @@ def test_with_kernels_a_long_prompt_prefills_in_float32_without_widening(peaked_
     for m in lm.model.modules():
         if isinstance(m, Float16Linear):
             m.dequantize = lambda *a: pytest.fail("widened a float16 weight")
+    layered = []
+    eng._prefill.layered = lambda *a, _f=eng._prefill.layered: layered.append(1) or _f(*a)
     eng.cache.ensure(1, len(prompt) + 1)
     with torch.inference_mode():
         logits, _ = eng.prefill_row(0, prompt, None)
         ref = exact(torch.tensor([prompt]))[0, -1]
+    # layer by layer still: a chunk is a layer's share, so cancel lands within ~0.1 s
+    assert layered == [1]
     # float32 throughout, the logits too (the torch path rounds the tail's to float16)
     assert (logits - ref).abs().max() <= 1e-5 * ref.abs().max()
