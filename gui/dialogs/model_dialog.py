@@ -150,7 +150,7 @@ def info_rows(info: dict) -> list[tuple[str, str]]:
         rows.append(("Parameters", f"{human_count(info['parameters'])} ({info['parameters']:,})"))
     for key, label in (("context_length", "Context length"), ("dtype", "Data type"),
                        ("dtype_reason", "Why this data type"), ("device", "Device"),
-                       ("threads", "Threads"), ("decode", "Decode")):
+                       ("threads", "Threads"), ("kernels", "CPU kernels"), ("decode", "Decode")):
         if key in info:
             rows.append((label, str(info[key])))
     if "memory_bytes" in info:

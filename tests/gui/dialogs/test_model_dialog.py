@@ -64,3 +64,8 @@ def test_model_facts_say_which_threads_and_why():
     rows = dict(info_rows({"name": "m", "threads": "prefill 2 / decode 1 threads: probe (...)"}))
     assert rows["Threads"] == "prefill 2 / decode 1 threads: probe (...)"
     assert "Threads" not in dict(info_rows({"name": "m"}))
+
+
+def test_model_facts_say_which_cpu_kernels_run_or_why_none():
+    rows = dict(info_rows({"name": "m", "kernels": "off: no C compiler (set CC, or install gcc or clang)"}))
+    assert rows["CPU kernels"].startswith("off: no C compiler")

@@ -118,5 +118,6 @@ def test_a_cpu_load_builds_the_kernels_on_the_loading_thread(monkeypatch):
     calls = []
     monkeypatch.setattr(ops, "kernels", lambda tick=None: calls.append(tick))
     demo = Path(__file__).resolve().parents[4] / "assets" / "models" / "llamadesk-demo"
-    checkpoints.load(demo, device="cpu", progress=lambda f, s: None)
+    lm = checkpoints.load(demo, device="cpu", progress=lambda f, s: None)
     assert calls and callable(calls[0])
+    assert lm.info["kernels"] == build.describe()  # Model Info's "CPU kernels" row
