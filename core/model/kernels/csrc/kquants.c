@@ -248,6 +248,67 @@ static int quantize_x(const float *x, int64_t m, int64_t k, int sums, xquant *a)
 #endif
 #define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 0)
 
+#if defined(LD_AVX512)
+/* block_lanes with the 16 float lanes in a register: the same operations in the same order */
+INLINE __m512 block_lanes_reg(const kblock *blk, const int16_t *xq, float ds, __m512 lanes) {
+    __m512i a[4];
+    for (int t = 0; t < 4; t++)
+        a[t] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), blk->v[t], _mm512_loadu_si512((const void *)(xq + 32 * t)));
+    for (int t = 4; t < 8; t++)
+        a[t - 4] = _mm512_dpwssd_epi32(a[t - 4], blk->v[t], _mm512_loadu_si512((const void *)(xq + 32 * t)));
+    __m512i acc = _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), _mm512_add_epi32(a[2], a[3]));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(ds), lanes);
+}
+
+/* rows j0..j1 of y's columns for the R rows of x from i0: R is a constant where this is
+ * inlined, so every row's lanes and mins stay in registers across the block loop (a store
+ * and reload per row and block before) */
+#define ROWS_TILE(name, bytes, unpack)                                                          \
+INLINE void name##_r(const uint8_t *w, int64_t nb, const xquant *a, int64_t j0, int64_t j1,    \
+                     int64_t i0, const int R, int64_t n, float *y) {                            \
+    kblock blk;                                                                                 \
+    for (int64_t j = j0; j < j1; j++) {                                                         \
+        __m512 lanes[I_TILE];                                                                   \
+        float mins[I_TILE];                                                                     \
+        for (int r = 0; r < R; r++) {                                                           \
+            lanes[r] = _mm512_setzero_ps();                                                     \
+            mins[r] = 0.0f;                                                                     \
+        }                                                                                       \
+        for (int64_t b = 0; b < nb; b++) {                                                      \
+            const uint8_t *at = w + (j * nb + b) * (bytes);                                     \
+            for (int l = 0; l < (bytes); l += 64) PREFETCH(at + PREFETCH_AHEAD + l);            \
+            unpack(at, &blk);                                                                   \
+            for (int r = 0; r < R; r++) {                                                       \
+                int64_t i = i0 + r;                                                             \
+                float sx = a->s[i * nb + b];                                                    \
+                lanes[r] = block_lanes_reg(&blk, a->q + (i * nb + b) * QK, blk.d * sx, lanes[r]); \
+                if (a->sum) {                                                                   \
+                    int32_t ms = mins_dot(blk.mn, a->sum + (i * nb + b) * 8);                   \
+                    mins[r] = fmaf((float)ms, blk.dmin * sx, mins[r]);                          \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (int r = 0; r < R; r++) {                                                           \
+            float t[16] __attribute__((aligned(64)));                                           \
+            _mm512_store_ps(t, lanes[r]);                                                       \
+            y[(i0 + r) * n + j] = lanes_sum(t) - mins[r];                                       \
+        }                                                                                       \
+    }                                                                                           \
+}                                                                                               \
+static void name(const uint8_t *w, int64_t nb, const xquant *a, int64_t j0, int64_t j1,        \
+                 int64_t i0, int64_t i1, int64_t n, float *y) {                                 \
+    switch (i1 - i0) {                                                                          \
+    case 1: name##_r(w, nb, a, j0, j1, i0, 1, n, y); break;                                     \
+    case 2: name##_r(w, nb, a, j0, j1, i0, 2, n, y); break;                                     \
+    case 3: name##_r(w, nb, a, j0, j1, i0, 3, n, y); break;                                     \
+    case 4: name##_r(w, nb, a, j0, j1, i0, 4, n, y); break;                                     \
+    case 5: name##_r(w, nb, a, j0, j1, i0, 5, n, y); break;                                     \
+    case 6: name##_r(w, nb, a, j0, j1, i0, 6, n, y); break;                                     \
+    case 7: name##_r(w, nb, a, j0, j1, i0, 7, n, y); break;                                     \
+    default: name##_r(w, nb, a, j0, j1, i0, I_TILE, n, y); break;                               \
+    }                                                                                           \
+}
+#else
 /* rows j0..j1 of y's columns for rows i0..i1 of x; one copy per type, so that its block
  * decoding is inlined */
 #define ROWS_TILE(name, bytes, unpack)                                                          \
@@ -275,6 +336,7 @@ static void name(const uint8_t *w, int64_t nb, const xquant *a, int64_t j0, int6
         for (int64_t i = i0; i < i1; i++) y[i * n + j] = lanes_sum(lanes[i - i0]) - mins[i - i0]; \
     }                                                                                           \
 }
+#endif
 
 ROWS_TILE(rows_q4_k, 144, unpack_q4_k)
 ROWS_TILE(rows_q5_k, 176, unpack_q5_k)
