@@ -10,9 +10,9 @@
  * two registers, plain C loops over them). A lane holds at most 16 products of
  * |w| <= 4096 by |xq| <= 32767: < 2^31, no overflow, so every path has the same integers.
  * The float part is one fixed order on every path: lane_acc[l] = fma(float(lane), d*sx,
- * lane_acc[l]) block after block, the mins' term likewise, then the 16 lanes summed in a
- * fixed tree. Threads split the output rows j only: each y[i,j] is the same bits whatever
- * m, the other rows of x, or the thread count. */
+ * lane_acc[l]) block after block, the mins' term likewise in 8 lanes (one per sub-block),
+ * then the lanes summed in a fixed tree. Threads split the output rows j only: each y[i,j]
+ * is the same bits whatever m, the other rows of x, or the thread count. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -48,7 +48,11 @@ INLINE void k_scales(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
 }
 
 INLINE void k_mins(uint64_t mn, int32_t *out) {
+#if defined(LD_AVX512) || defined(LD_AVX2)
+    _mm256_storeu_si256((__m256i *)out, _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+#else
     for (int t = 0; t < 8; t++) out[t] = (int32_t)((mn >> (8 * t)) & 0xff);
+#endif
 }
 
 /* Q4_K (144 bytes): fp16 d, fp16 dmin, 12 bytes scales/mins, 128 bytes of nibbles; bytes
@@ -191,18 +195,15 @@ INLINE void block_lanes(const kblock *blk, const int16_t *xq, float ds, float *l
 #endif
 }
 
-/* sum_t mn[t] * xs[t], exact (|sum| < 2^30) */
-INLINE int32_t mins_dot(const int32_t *mn, const int32_t *xs) {
-#if defined(LD_AVX512) || defined(LD_AVX2)
-    __m256i p = _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i *)mn), _mm256_loadu_si256((const __m256i *)xs));
-    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-    q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
-    return _mm_cvtsi128_si32(q) + _mm_extract_epi32(q, 1);
-#else
-    int32_t ms = 0;
-    for (int t = 0; t < 8; t++) ms += mn[t] * xs[t];
-    return ms;
-#endif
+/* the mins' term sum_t mn[t] * xs[t] is kept per sub-block t: 8 float lanes, lane t
+ * = fma(float(mn[t] * xs[t]), dmin * sx, lane t) block after block (the integer product is
+ * exact: 63 * 32 * 32767 < 2^31), summed at the end in one fixed tree: (t, t+4), (t, t+2),
+ * (0, 1). No horizontal sum per block and row. */
+static inline float mins_sum(const float *a) {
+    float t[4];
+    for (int l = 0; l < 4; l++) t[l] = a[l] + a[l + 4];
+    for (int l = 0; l < 2; l++) t[l] = t[l] + t[l + 2];
+    return t[0] + t[1];
 }
 
 /* the 16 lanes in one fixed tree: (l, l+8), then (l, l+4), (l, l+2), (0, 1) */
@@ -269,10 +270,10 @@ INLINE void name##_r(const uint8_t *w, int64_t nb, const xquant *a, int64_t j0, 
     kblock blk;                                                                                 \
     for (int64_t j = j0; j < j1; j++) {                                                         \
         __m512 lanes[I_TILE];                                                                   \
-        float mins[I_TILE];                                                                     \
+        __m256 mins[I_TILE];                                                                    \
         for (int r = 0; r < R; r++) {                                                           \
             lanes[r] = _mm512_setzero_ps();                                                     \
-            mins[r] = 0.0f;                                                                     \
+            mins[r] = _mm256_setzero_ps();                                                      \
         }                                                                                       \
         for (int64_t b = 0; b < nb; b++) {                                                      \
             const uint8_t *at = w + (j * nb + b) * (bytes);                                     \
@@ -283,15 +284,17 @@ INLINE void name##_r(const uint8_t *w, int64_t nb, const xquant *a, int64_t j0, 
                 float sx = a->s[i * nb + b];                                                    \
                 lanes[r] = block_lanes_reg(&blk, a->q + (i * nb + b) * QK, blk.d * sx, lanes[r]); \
                 if (a->sum) {                                                                   \
-                    int32_t ms = mins_dot(blk.mn, a->sum + (i * nb + b) * 8);                   \
-                    mins[r] = fmaf((float)ms, blk.dmin * sx, mins[r]);                          \
+                    __m256i p = _mm256_mullo_epi32(_mm256_loadu_si256((const __m256i *)blk.mn), \
+                        _mm256_loadu_si256((const __m256i *)(a->sum + (i * nb + b) * 8)));      \
+                    mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(blk.dmin * sx), mins[r]); \
                 }                                                                               \
             }                                                                                   \
         }                                                                                       \
         for (int r = 0; r < R; r++) {                                                           \
-            float t[16] __attribute__((aligned(64)));                                           \
+            float t[16] __attribute__((aligned(64))), u[8] __attribute__((aligned(32)));        \
             _mm512_store_ps(t, lanes[r]);                                                       \
-            y[(i0 + r) * n + j] = lanes_sum(t) - mins[r];                                       \
+            _mm256_store_ps(u, mins[r]);                                                        \
+            y[(i0 + r) * n + j] = lanes_sum(t) - mins_sum(u);                                   \
         }                                                                                       \
     }                                                                                           \
 }                                                                                               \
@@ -315,7 +318,7 @@ static void name(const uint8_t *w, int64_t nb, const xquant *a, int64_t j0, int6
 static void name(const uint8_t *w, int64_t nb, const xquant *a, int64_t j0, int64_t j1,        \
                  int64_t i0, int64_t i1, int64_t n, float *y) {                                 \
     kblock blk;                                                                                 \
-    float lanes[I_TILE][16] __attribute__((aligned(64))), mins[I_TILE];                         \
+    float lanes[I_TILE][16] __attribute__((aligned(64))), mins[I_TILE][8];                      \
     for (int64_t j = j0; j < j1; j++) {                                                         \
         memset(lanes, 0, sizeof lanes);                                                         \
         memset(mins, 0, sizeof mins);                                                           \
@@ -328,12 +331,13 @@ static void name(const uint8_t *w, int64_t nb, const xquant *a, int64_t j0, int6
                 block_lanes(&blk, a->q + (i * nb + b) * QK, blk.d * sx, lanes[i - i0]);        \
                 if (a->sum) {                                                                   \
                     const int32_t *xs = a->sum + (i * nb + b) * 8;                              \
-                    int32_t ms = mins_dot(blk.mn, xs);                                          \
-                    mins[i - i0] = fmaf((float)ms, blk.dmin * sx, mins[i - i0]);                \
+                    float dm = blk.dmin * sx;                                                   \
+                    for (int t = 0; t < 8; t++)                                                 \
+                        mins[i - i0][t] = fmaf((float)(blk.mn[t] * xs[t]), dm, mins[i - i0][t]); \
                 }                                                                               \
             }                                                                                   \
         }                                                                                       \
-        for (int64_t i = i0; i < i1; i++) y[i * n + j] = lanes_sum(lanes[i - i0]) - mins[i - i0]; \
+        for (int64_t i = i0; i < i1; i++) y[i * n + j] = lanes_sum(lanes[i - i0]) - mins_sum(mins[i - i0]); \
     }                                                                                           \
 }
 #endif
