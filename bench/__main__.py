@@ -44,7 +44,7 @@ def gpu_section(quick: bool, threads: int) -> dict:
     return {"title": "GPU", "markdown": md, "data": {"measured": False}}
 
 
-EXTRA = ("bench.bench_fidelity", "bench.bench_q6k", "bench.bench_serve", "bench.bench_speculative", "bench.bench_constrain",
+EXTRA = ("bench.bench_files", "bench.bench_fidelity", "bench.bench_q6k", "bench.bench_serve", "bench.bench_speculative", "bench.bench_constrain",
          "bench.bench_tools", "bench.tool_validity")
 
 
