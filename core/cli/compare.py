@@ -135,6 +135,18 @@ def run_lanes(args, lanes: list[SamplingParams], where: list, remotes: dict) -> 
     one_at_a_time: set = set()  # servers that cut a running reply off when the next came
     locks = {w: threading.Lock() for w in where}
     shared = {w for w in where if where.count(w) > 1}
+    # Each server's first requests still streaming: a cut lane runs again only once they have
+    # all ended, since one that reached the server late would cut the rerun off in turn.
+    first_requests = {w: where.count(w) for w in where}
+    ended = threading.Condition()
+
+    def first_request(i: int) -> Done:
+        try:
+            return stream_lane(i)
+        finally:
+            with ended:
+                first_requests[where[i]] -= 1
+                ended.notify_all()
 
     def stream_lane(i: int) -> Done:
         meta: dict = {}
@@ -145,13 +157,15 @@ def run_lanes(args, lanes: list[SamplingParams], where: list, remotes: dict) -> 
     def run_remote(i: int) -> Done:
         w = where[i]
         try:
-            return stream_lane(i)
+            return first_request(i)
         except RemoteError as e:
             if not getattr(e, "unfinished", False) or w not in shared:
                 raise
         if w not in one_at_a_time:
             one_at_a_time.add(w)
             print(f"note: {remotes[w].shown}: {ONE_AT_A_TIME}; its lanes ran one after another", file=sys.stderr)
+        with ended:
+            ended.wait_for(lambda: first_requests[w] == 0)
         with locks[w]:  # the lanes it cut off run again, one at a time
             done = stream_lane(i)
         done.stats.decode = SERIAL

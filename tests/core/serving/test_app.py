@@ -216,7 +216,7 @@ def test_the_kernels_are_loaded_before_the_server_says_it_listens(fixtures, monk
     fresh data folder) takes seconds the first client would wait."""
     from core.serving import app as app_module
     calls = []
-    monkeypatch.setattr(app_module.kernel_ops, "kernels", lambda: calls.append(threading.current_thread().name))
+    monkeypatch.setattr(app_module.kernel_ops, "kernels", lambda tick=None: calls.append(threading.current_thread().name))
     state = ServerState(load(fixtures / "stories260K.gguf", device="cpu", dtype="float32"))
     with RunningServer(state):
         assert calls and calls[0] != "llamadesk-serve"  # before it listened, off the scheduler's thread
