@@ -378,6 +378,12 @@ def holding(meta: str, kind: str, shape: tuple[int, ...], file_bytes: int, devic
     return how, math.prod(shape) * dtype.itemsize
 
 
+#: Model Info's "why this data type" when F16 weights stay float16, or the kernels take the rest
+F16_REASON = ("float32: F16 weights stay float16 (float32 sums), the rest runs in float32 to stay as close "
+              "to the file as its own weights allow")
+KERNELS_REASON = "float32: K-quant weights are multiplied in place by LlamaDesk's kernels, which take float32 rows"
+
+
 def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | None = None,
               progress: ProgressFn | None = None) -> LoadedModel:
     """Load a GGUF file of architecture llama (F32/F16/BF16 and quantized types: packed or dequantized).
@@ -433,24 +439,9 @@ def load_gguf(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int
                       tensor_paths={k: sorted(v) for k, v in sorted(paths.items())},
                       chat_template_source="gguf" if template else None,
                       general_name=md.get("general.name"))
-    info.update(_kernel_info(kernels, types, dev, dtype))
-    if f16:
-        info["dtype_reason"] = ("float32: F16 weights stay float16 (float32 sums), the rest runs in float32 "
-                                "to stay as close to the file as its own weights allow")
+    if f16 or kernels:  # (core.checkpoints.load adds the kernels' own line to every CPU load's info)
+        info["dtype_reason"] = F16_REASON if f16 else KERNELS_REASON
     return LoadedModel(model, tok, fmt, args, stop, info, chat_template=template)
-
-
-def _kernel_info(kernels: frozenset[str], types: list[str], dev: torch.device, dtype) -> dict[str, str]:
-    """What Model Info says of the kernels: their instruction set, or why they are off
-    where they would have served this file."""
-    if kernels:
-        return {"kernels": kernel_build.describe(),
-                "dtype_reason": "float32: K-quant weights are multiplied in place by LlamaDesk's kernels, "
-                                "which take float32 rows"}
-    if planned_kernel_kinds(set(types), dev, dtype) or (dev.type == "cpu" and dtype in (None, "auto")
-                                                         and set(types) & set(KernelLinear.KINDS)):
-        return {"kernels": kernel_build.describe()}  # off, and why
-    return {}
 
 
 def _tensor_plan(by_name: dict[str, Any], args: ModelArgs, dev: torch.device, dt: torch.dtype,

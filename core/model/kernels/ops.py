@@ -66,6 +66,14 @@ def typed(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+def _library(lib: ctypes.CDLL | None, sym: str, what: str) -> ctypes.CDLL:
+    """``lib`` (typed) or this process's library, holding ``sym``; RuntimeError saying why not."""
+    lib = typed(lib) if lib is not None else kernels()
+    if lib is None or not hasattr(lib, sym):
+        raise RuntimeError(f"no compiled {what}: {build.reason()}")
+    return lib
+
+
 def supports(kind: str, lib: ctypes.CDLL | None = None) -> bool:
     """Whether a matrix product for GGUF type ``kind`` is compiled in."""
     lib = lib if lib is not None else kernels()
@@ -85,14 +93,12 @@ def mm(kind: str, w: torch.Tensor, n: int, k: int, x: torch.Tensor,
     """``x @ W.T`` for W the [n, k] GGUF ``kind`` tensor whose raw blocks are ``w`` (uint8,
     contiguous, on the CPU); ``x`` is [..., k] and comes back [..., n] float32. ``lib``: a
     library other than this process's (tests build a plain-C one)."""
-    lib = typed(lib) if lib is not None else kernels()
-    if lib is None:
-        raise RuntimeError(f"no compiled kernels: {build.reason()}")
     sym = MM[kind][0]
+    lib = _library(lib, sym, "kernels")
     if w.dtype != torch.uint8 or w.device.type != "cpu" or not w.is_contiguous():
         raise ValueError("w must be contiguous uint8 on the CPU")
-    if w.numel() != n * row_bytes(kind, k):
-        raise ValueError(f"w holds {w.numel()} bytes, {kind} [{n}, {k}] needs {n * row_bytes(kind, k)}")
+    if w.numel() != (need := n * row_bytes(kind, k)):
+        raise ValueError(f"w holds {w.numel()} bytes, {kind} [{n}, {k}] needs {need}")
     if x.shape[-1] != k or x.device.type != "cpu":
         raise ValueError(f"x must be [..., {k}] on the CPU, got {tuple(x.shape)} on {x.device}")
     xf = x.reshape(-1, k).to(torch.float32).contiguous()
@@ -116,9 +122,7 @@ def attn_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list
     projection takes them) in q's dtype. Each row's numbers are the same bits alone or
     batched, whatever the thread count. Called once per layer and decode step: its checks
     are kept to a few attribute reads (a small model's step is bound by such overhead)."""
-    lib = typed(lib) if lib is not None else kernels()
-    if lib is None or not hasattr(lib, "ld_attn_decode"):
-        raise RuntimeError(f"no compiled attention kernel: {build.reason()}")
+    lib = _library(lib, "ld_attn_decode", "attention kernel")
     B, H, T, D = q.shape
     Hkv, L = k.shape[1], k.shape[2]
     code = ATTN_DTYPES.get(k.dtype)
@@ -144,9 +148,7 @@ def dequantize(kind: str, w: torch.Tensor, n: int, k: int, dtype: torch.dtype = 
     """The [n, k] weight whose GGUF ``kind`` blocks are ``w``, as float32 (gguf's values bit
     for bit) or bfloat16 (those rounded to nearest even); another ``dtype`` goes through
     float32."""
-    lib = typed(lib) if lib is not None else kernels()
-    if lib is None:
-        raise RuntimeError(f"no compiled kernels: {build.reason()}")
+    lib = _library(lib, DEQUANT[kind], "kernels")
     if w.dtype != torch.uint8 or not w.is_contiguous() or w.numel() != n * row_bytes(kind, k):
         raise ValueError(f"w must be the {n * row_bytes(kind, k)} contiguous bytes of {kind} [{n}, {k}]")
     bf16 = dtype == torch.bfloat16
@@ -165,14 +167,11 @@ def first_bad_block(kind: str, w: torch.Tensor) -> int | None:
     return None if got < 0 else int(got)
 
 
-
 def silu_mul(a: torch.Tensor, b: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """silu(a) * b in float32 (csrc/act.c), every element by the same operations wherever it
     sits, so a decode step's row gets the bits it gets alone (torch's silu rounds a buffer's
     last elements differently). a, b: the same shape, on the CPU; returns a's shape and dtype."""
-    lib = typed(lib) if lib is not None else kernels()
-    if lib is None or not hasattr(lib, "ld_silu_mul"):
-        raise RuntimeError(f"no compiled activation kernel: {build.reason()}")
+    lib = _library(lib, "ld_silu_mul", "activation kernel")
     if a.shape != b.shape or not (a.is_cpu and b.is_cpu):
         raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} must match, on the CPU")
     af = a if a.dtype == torch.float32 and a.is_contiguous() else a.to(torch.float32).contiguous()
