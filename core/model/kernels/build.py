@@ -125,7 +125,8 @@ def build(folder: Path | None = None, *, march: str | None = "native", cc: str |
     gomp = torch_gomp()
     flags = [*FLAGS, *arch_flags(march)]
     folder = folder or default_folder()
-    final = folder / library_name(sources, [cc, *flags], version, str(gomp))
+    # the headers too: a change to an inline helper or a declaration changes the machine code
+    final = folder / library_name([*sources, *sorted(CSRC.glob("*.h"))], [cc, *flags], version, str(gomp))
     if final.is_file():
         return Built(final)
     try:

@@ -7,8 +7,7 @@
  * (docs/SERVING.md, batch invariance) with one call per layer instead of one per row. */
 #include <stdlib.h>
 #include "common.h"
-
-enum { LD_F32 = 0, LD_BF16 = 1, LD_F16 = 2 };
+#include "attn.h"
 
 /* Row ``src`` (d values of type ``dtype``) as float32 in ``dst``; the row itself when it is
  * float32 already. */
@@ -42,14 +41,10 @@ static inline float ld_dot(const float *restrict a, const float *restrict b, int
     return sum;
 }
 
-/* The ``rep`` query heads q[rep][d] that share one kv head, over its first n keys/values
- * (at base + l*sl): out[h][i] = sum_l softmax_l(scale * q_h·k_l) v_l[i]. Each key and value
- * row is read (and widened) once for all of them; every head's numbers come from its own
- * operations in a fixed order, whatever rep, the other rows or the thread. ``s`` holds
- * rep*n scores, ``tmp`` d floats. */
-static void ld_attn_group(const float *restrict q, const void *k, const void *v, int dtype, int64_t base,
-                          int64_t sl, int64_t n, int64_t d, int64_t rep, float scale, float *restrict s,
-                          float *restrict tmp, float *restrict out) {
+/* (attn.h) Each key and value row is read (and widened) once for all rep heads. */
+void ld_attn_group(const float *restrict q, const void *k, const void *v, int dtype, int64_t base,
+                   int64_t sl, int64_t n, int64_t d, int64_t rep, float scale, float *restrict s,
+                   float *restrict tmp, float *restrict out) {
     for (int64_t l = 0; l < n; l++) {
         const float *kr = ld_row(k, dtype, base + l * sl, d, tmp);
         for (int64_t h = 0; h < rep; h++)

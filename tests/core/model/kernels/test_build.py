@@ -48,6 +48,14 @@ def test_the_key_changes_with_the_flags_and_the_sources(tmp_path):
     assert build.library_name([copy], ["-O3"], "gcc 12", "gomp") != base
 
 
+def test_the_key_covers_the_headers_the_sources_include(tmp_path, monkeypatch):
+    keyed = []
+    monkeypatch.setattr(build, "library_name", lambda src, *a: keyed.extend(src) or "ld-kernels-x.so")
+    (tmp_path / "ld-kernels-x.so").write_bytes(b"")
+    assert build.build(tmp_path).path == tmp_path / "ld-kernels-x.so"
+    assert {"common.h", "attn.h", "attn.c"} <= {p.name for p in keyed}
+
+
 def test_no_compiler_means_no_kernels_and_one_line_saying_why(tmp_path, monkeypatch, fresh_state):
     got = build.build(tmp_path, cc="/bin/false")
     assert got.path is None and "/bin/false" in got.reason and "\n" not in got.reason
