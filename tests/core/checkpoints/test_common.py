@@ -4,6 +4,7 @@ import torch
 
 from core.checkpoints import common
 from core.errors import SettingsError
+from core.model import tuning
 from core.model.args import ModelArgs
 
 LLAMA3_8B = ModelArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, hidden_dim=14336)
@@ -19,6 +20,18 @@ def test_cpu_auto_is_float32_while_it_fits_else_bfloat16(monkeypatch):
     assert common.resolve_dtype("auto", cpu) == torch.float32
     monkeypatch.setattr(common, "total_memory_bytes", lambda: None)
     assert common.resolve_dtype("auto", cpu, LLAMA3_8B) == torch.float32
+
+
+def test_cpu_auto_takes_float32_for_a_small_model_whatever_the_probe_says(monkeypatch):
+    """A model whose float32 weights sit in the CPU's caches computes in float32 even where
+    the probe (a 64 MB weight) found bfloat16 faster: its products cost their calls."""
+    monkeypatch.setenv(tuning.DTYPE_ENV, "bfloat16")
+    cpu = torch.device("cpu")
+    stories260k = ModelArgs(dim=64, n_layers=5, n_heads=8, n_kv_heads=4, vocab_size=512, hidden_dim=172)
+    dtype, why = common.auto_dtype(cpu, stories260k)
+    assert dtype == torch.float32 and "small model" in why
+    assert common.resolve_dtype("auto", cpu, LLAMA32_1B) == torch.bfloat16  # the probe decides
+    assert common.resolve_dtype("auto", cpu) == torch.bfloat16  # size unknown: the probe too
 
 
 def test_explicit_dtypes_and_errors():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from core.model import tuning
-from core.checkpoints import load
+from core.checkpoints import common, load
 from core.cli.main import main
 from core.engine.engine import Engine
 from core.engine.settings import SamplingParams
@@ -50,7 +50,8 @@ def test_probe_runs_once_per_machine_and_again_on_another(fresh, monkeypatch):
     assert len(calls) == 2
 
 
-def test_auto_load_uses_the_cached_choice_and_says_why(fresh, fixtures):
+def test_auto_load_uses_the_cached_choice_and_says_why(fresh, fixtures, monkeypatch):
+    monkeypatch.setattr(common, "SMALL_FLOAT32_BYTES", 0)  # stories260K is small: let the probe decide
     c = tuning.CpuChoice("bfloat16", 1, 1, 1.3, 2.9, tuning.fingerprint(), "2026-12-01 00:00 UTC",
                          version=tuning.PROBE_VERSION)
     (fresh / tuning.CACHE_NAME).write_text(json.dumps(c.__dict__))
