@@ -5,6 +5,7 @@
  * weighted sum of its values. Nothing of another row, the batch size or the thread count
  * enters a row's numbers, so a row decodes bit for bit alike alone or beside others
  * (docs/SERVING.md, batch invariance) with one call per layer instead of one per row. */
+#include <stdint.h>
 #include <stdlib.h>
 #include "common.h"
 #include "attn.h"
@@ -41,10 +42,11 @@ static inline float ld_dot(const float *restrict a, const float *restrict b, int
     return sum;
 }
 
-/* (attn.h) Each key and value row is read (and widened) once for all rep heads. */
-void ld_attn_group(const float *restrict q, const void *k, const void *v, int dtype, int64_t base,
-                   int64_t sl, int64_t n, int64_t d, int64_t rep, float scale, float *restrict s,
-                   float *restrict tmp, float *restrict out) {
+/* The plain form, for shapes past the blocked one's buffers (d > LD_DMAX, rep > LD_REPMAX):
+ * key by key, each key and value row read (and widened) once for all rep heads. */
+static void ld_attn_group_rows(const float *restrict q, const void *k, const void *v, int dtype, int64_t base,
+                               int64_t sl, int64_t n, int64_t d, int64_t rep, float scale, float *restrict s,
+                               float *restrict tmp, float *restrict out) {
     for (int64_t l = 0; l < n; l++) {
         const float *kr = ld_row(k, dtype, base + l * sl, d, tmp);
         for (int64_t h = 0; h < rep; h++)
@@ -74,6 +76,264 @@ void ld_attn_group(const float *restrict q, const void *k, const void *v, int dt
     }
 }
 
+/* ---- The blocked form: scores 16 keys at a time for every head of the group, softmax over
+ * lanes, values accumulated along d. Per (row, head) the operations and their order are
+ * fixed by d and rep alone:
+ *   score_l = (q·k_l as ld_dot sums it) * scale   (8 interleaved partials, fixed tree, tail)
+ *   e_l = ld_exp_neg(score_l - max), sum = 16 partials by l mod 16 then a halving tree
+ *   out_i = (sum_l e_l v_l[i], P partials by l mod P then a halving tree) * (1 / sum)
+ * with P = 4 for d = 8, 2 for d = 16, else 1 (enough independent sums to hide the adds'
+ * latency). Vector types are GCC's generic ones: every lane takes the scalar operations, so
+ * AVX-512, AVX2 and plain C give the same bits. */
+#define LD_KB 16      /* keys a score block holds: one 16-lane vector */
+#define LD_DMAX 256   /* head dims the blocked form takes (its stack buffers) */
+#define LD_REPMAX 64  /* query heads a kv head may serve in the blocked form */
+#define LD_VBUF 4096  /* floats of widened values a chunk holds (16 KB: stays in L1) */
+
+typedef float ld_v16 __attribute__((vector_size(64), aligned(64)));
+typedef float ld_v8 __attribute__((vector_size(32), aligned(4)));
+
+static inline float ld_widen(const void *src, int dtype, int64_t at) {
+    if (dtype == LD_F32)
+        return ((const float *)src)[at];
+    uint16_t h = ((const uint16_t *)src)[at];
+    if (dtype == LD_F16)
+        return ld_half_to_float(h);
+    uint32_t b = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+#if defined(LD_AVX512)
+/* Elements at..at+7 of a key row as float32 (zeros for a key past the block's end). */
+static inline __m256 ld_seg8(const void *src, int dtype, int64_t at, int valid) {
+    if (!valid)
+        return _mm256_setzero_ps();
+    if (dtype == LD_F32)
+        return _mm256_loadu_ps((const float *)src + at);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)src + at));
+    if (dtype == LD_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* Swaps bit b of the vector index with bit b of the lane between a and b (the pair whose
+ * vector indices differ in bit b): three such swaps transpose 8 vectors of [key m | key m+8]
+ * rows into 8 columns of 16 keys. */
+static const int32_t ld_swap_lo[3][16] __attribute__((aligned(64))) = {{0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}, {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}, {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}};
+static const int32_t ld_swap_hi[3][16] __attribute__((aligned(64))) = {{1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}, {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}, {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}};
+
+static inline void ld_swap_bit(__m512 *a, __m512 *b, int bit) {
+    __m512i il = _mm512_load_si512(ld_swap_lo[bit]), ih = _mm512_load_si512(ld_swap_hi[bit]);
+    __m512 x = _mm512_permutex2var_ps(*a, il, *b), y = _mm512_permutex2var_ps(*a, ih, *b);
+    *a = x, *b = y;
+}
+#endif
+
+/* kt[i] lane j = element i of key j (at src + off + j*sl), widened, for j < nb; 0 past it. */
+static void ld_keys_t(const void *src, int dtype, int64_t off, int64_t sl, int64_t nb, int64_t d,
+                      ld_v16 *restrict kt) {
+#if defined(LD_AVX512)
+    if ((d & 7) == 0) {  /* 8 columns at a time: 16 row loads and 24 permutes */
+        int64_t esz = dtype == LD_F32 ? 4 : 2;
+        for (int64_t c = 0; c < d; c += 8) {
+            __m512 z[8];
+            if ((c * esz) % 64 == 0)  /* the next block's rows, a cache line each column step */
+                for (int m = 0; m < LD_KB; m++)
+                    _mm_prefetch((const char *)src + (off + (LD_KB + m) * sl + c) * esz, _MM_HINT_T0);
+            for (int m = 0; m < 8; m++) {
+                __m256 a = ld_seg8(src, dtype, off + m * sl + c, m < nb);
+                __m256 b = ld_seg8(src, dtype, off + (m + 8) * sl + c, m + 8 < nb);
+                z[m] = _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
+            }
+            for (int bit = 0; bit < 3; bit++)
+                for (int m = 0; m < 8; m++)
+                    if (!((m >> bit) & 1))
+                        ld_swap_bit(&z[m], &z[m | (1 << bit)], bit);
+            for (int i = 0; i < 8; i++)
+                _mm512_store_ps((float *)&kt[c + i], z[i]);
+        }
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < d; i++)
+        for (int64_t j = 0; j < LD_KB; j++)
+            kt[i][j] = j < nb ? ld_widen(src, dtype, off + j * sl + i) : 0.0f;
+}
+
+/* out[j] = scale * q·k_j for the nb keys of kt, each summed as ld_dot sums one key. */
+static inline void ld_scores(const float *restrict q, const ld_v16 *restrict kt, int64_t d, float scale,
+                             float *restrict out, int64_t nb) {
+    ld_v16 acc[8] = {{0}};
+    int64_t d8 = d & ~(int64_t)7;
+    for (int64_t i = 0; i < d8; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += q[i + j] * kt[i + j];
+    ld_v16 sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for (int64_t i = d8; i < d; i++)
+        sum += q[i] * kt[i];
+    sum = sum * scale;
+    memcpy(out, &sum, sizeof(float) * (size_t)nb);
+}
+
+/* sh[l] = e^(sh[l] - max) over the n scores; returns 1 / their sum. */
+static float ld_softmax(float *restrict sh, int64_t n) {
+    float m[LD_KB], p[LD_KB] = {0};
+    int64_t n16 = n & ~(int64_t)(LD_KB - 1);
+    for (int j = 0; j < LD_KB; j++)
+        m[j] = -__builtin_inff();
+    for (int64_t l = 0; l < n16; l += LD_KB)
+        for (int j = 0; j < LD_KB; j++)
+            m[j] = sh[l + j] > m[j] ? sh[l + j] : m[j];
+    for (int64_t l = n16; l < n; l++)
+        m[l - n16] = sh[l] > m[l - n16] ? sh[l] : m[l - n16];
+    float mx = m[0];
+    for (int j = 1; j < LD_KB; j++)
+        mx = m[j] > mx ? m[j] : mx;
+    for (int64_t l = 0; l < n; l++)
+        sh[l] = ld_exp_neg(sh[l] - mx);
+    for (int64_t l = 0; l < n16; l += LD_KB)
+        for (int j = 0; j < LD_KB; j++)
+            p[j] += sh[l + j];
+    for (int64_t l = n16; l < n; l++)
+        p[l - n16] += sh[l];
+    for (int w = LD_KB / 2; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++)
+            p[j] = p[j] + p[j + w];
+    return 1.0f / p[0];
+}
+
+/* acc[P][D] += e_l v_l over the nc value rows at vr (row l at vr + l*vs), key l into partial
+ * l mod P; D and P constants where it is inlined, so the sums stay in registers. */
+static inline __attribute__((always_inline)) void ld_vacc(const float *restrict e, const float *restrict vr,
+                                                          int64_t vs, int64_t nc, const int D, const int P,
+                                                          float *restrict acc) {
+    ld_v8 a[4][LD_DMAX / 8];
+    for (int p = 0; p < P; p++)
+        for (int c = 0; c < D / 8; c++)
+            memcpy(&a[p][c], acc + p * D + c * 8, 32);
+    int64_t l = 0;
+    for (; l + P <= nc; l += P)
+        for (int p = 0; p < P; p++)
+            for (int c = 0; c < D / 8; c++) {
+                ld_v8 x;
+                memcpy(&x, vr + (l + p) * vs + c * 8, 32);
+                a[p][c] += e[l + p] * x;
+            }
+    for (int p = 0; p < P && l + p < nc; p++)
+        for (int c = 0; c < D / 8; c++) {
+            ld_v8 x;
+            memcpy(&x, vr + (l + p) * vs + c * 8, 32);
+            a[p][c] += e[l + p] * x;
+        }
+    for (int p = 0; p < P; p++)
+        for (int c = 0; c < D / 8; c++)
+            memcpy(acc + p * D + c * 8, &a[p][c], 32);
+}
+
+/* The same for any d, one partial (P = 1). */
+static void ld_vacc_any(const float *restrict e, const float *restrict vr, int64_t vs, int64_t nc, int64_t d,
+                        float *restrict acc) {
+    for (int64_t l = 0; l < nc; l++) {
+        float w = e[l];
+        const float *restrict r = vr + l * vs;
+        for (int64_t i = 0; i < d; i++)
+            acc[i] += w * r[i];
+    }
+}
+
+static int ld_partials(int64_t d) { return d == 8 ? 4 : d == 16 ? 2 : 1; }
+
+static void ld_vacc_d(const float *e, const float *vr, int64_t vs, int64_t nc, int64_t d, float *acc) {
+    switch (d) {
+        case 8: ld_vacc(e, vr, vs, nc, 8, 4, acc); break;
+        case 16: ld_vacc(e, vr, vs, nc, 16, 2, acc); break;
+        case 32: ld_vacc(e, vr, vs, nc, 32, 1, acc); break;
+        case 64: ld_vacc(e, vr, vs, nc, 64, 1, acc); break;
+        case 128: ld_vacc(e, vr, vs, nc, 128, 1, acc); break;
+        default: ld_vacc_any(e, vr, vs, nc, d, acc);
+    }
+}
+
+/* nc value rows (at src + off + l*sl) as float32 rows of d in buf. */
+static void ld_widen_rows(const void *src, int dtype, int64_t off, int64_t sl, int64_t nc, int64_t d,
+                          float *restrict buf) {
+    const uint16_t *p = (const uint16_t *)src + off;
+    for (int64_t l = 0; l < nc; l++) {
+        const uint16_t *r = p + l * sl;
+        float *restrict o = buf + l * d;
+        if (dtype == LD_BF16) {
+            for (int64_t i = 0; i < d; i++) {
+                uint32_t b = (uint32_t)r[i] << 16;
+                memcpy(o + i, &b, 4);
+            }
+            continue;
+        }
+        int64_t i = 0;
+#if defined(__F16C__)
+        for (; i + 8 <= d; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + i))));
+#endif
+        for (; i < d; i++)
+            o[i] = ld_half_to_float(r[i]);
+    }
+}
+
+/* out[h] = (sum_l e[h][l] v_l) * inv[h] for the group's rep heads; e = s (rep rows of n). */
+static void ld_values(const void *v, int dtype, int64_t base, int64_t sl, int64_t n, int64_t d, int64_t rep,
+                      const float *s, const float *inv, float *restrict out) {
+    int P = ld_partials(d);
+    float st[LD_REPMAX * 32] __attribute__((aligned(64)));  /* P > 1 only where d <= 16 */
+    float vbuf[LD_VBUF] __attribute__((aligned(64)));
+    float *acc = P > 1 ? st : out;
+    memset(acc, 0, sizeof(float) * (size_t)(rep * P * d));
+    int64_t ck = (LD_VBUF / d) & ~(int64_t)(LD_KB - 1);  /* a multiple of P: l mod P is global */
+    for (int64_t c0 = 0; c0 < n; c0 += ck) {
+        int64_t nc = n - c0 < ck ? n - c0 : ck;
+        const float *vr = (const float *)v + base + c0 * sl;
+        int64_t vs = sl;
+        if (dtype != LD_F32) {
+            ld_widen_rows(v, dtype, base + c0 * sl, sl, nc, d, vbuf);
+            vr = vbuf, vs = d;
+        }
+        for (int64_t h = 0; h < rep; h++)
+            ld_vacc_d(s + h * n + c0, vr, vs, nc, d, acc + h * P * d);
+    }
+    for (int64_t h = 0; h < rep; h++) {
+        const float *a = acc + h * P * d;
+        float *restrict o = out + h * d;
+        for (int64_t i = 0; i < d; i++) {
+            float x = P == 4 ? (a[i] + a[2 * d + i]) + (a[d + i] + a[3 * d + i]) : P == 2 ? a[i] + a[d + i] : a[i];
+            o[i] = x * inv[h];
+        }
+    }
+}
+
+/* (attn.h) Key blocks are read (and widened) once for all rep heads, values once a chunk. */
+void ld_attn_group(const float *restrict q, const void *k, const void *v, int dtype, int64_t base,
+                   int64_t sl, int64_t n, int64_t d, int64_t rep, float scale, float *restrict s,
+                   float *restrict tmp, float *restrict out) {
+    if (d > LD_DMAX || rep > LD_REPMAX) {
+        ld_attn_group_rows(q, k, v, dtype, base, sl, n, d, rep, scale, s, tmp, out);
+        return;
+    }
+    ld_v16 kt[LD_DMAX];
+    for (int64_t l0 = 0; l0 < n; l0 += LD_KB) {
+        int64_t nb = n - l0 < LD_KB ? n - l0 : LD_KB;
+        ld_keys_t(k, dtype, base + l0 * sl, sl, nb, d, kt);
+        for (int64_t h = 0; h < rep; h++)
+            ld_scores(q + h * d, kt, d, scale, s + h * n + l0, nb);
+    }
+    float inv[LD_REPMAX];
+    for (int64_t h = 0; h < rep; h++)
+        inv[h] = ld_softmax(s + h * n, n);
+    ld_values(v, dtype, base, sl, n, d, rep, s, inv, out);
+}
+
+/* (rows' keys x query heads x (d + 24)) past which ld_attn_decode splits the work */
+#define LD_ATTN_THREADS_FROM ((int64_t)1 << 21)
+
 /* out [b, h, d] = attention of q [b, h, d] (float32) over keys/values of type ``dtype`` at
  * k/v + row*sb + kv_head*sh + pos*sl (elements; each row of d contiguous), row r reading
  * its first lengths[r] positions; query head i reads kv head i / (h / hkv) (grouped-query
@@ -92,8 +352,11 @@ int ld_attn_decode(const float *q, const void *k, const void *v, int dtype, int6
     if (scratch == NULL)
         return -1;
 #ifdef _OPENMP
-    /* threads only where the work pays for waking them (a small model's step is ~µs here) */
-#pragma omp parallel for schedule(static) if (work * h * d > 65536)
+    /* Threads only for a call of ~200 µs and more on one thread: a second thread saves at
+     * most half of it, and waking one costs 1-5 µs when its core is idle, tens of µs to
+     * milliseconds when the core is busy (docs/PERFORMANCE.md, "Decode attention for small
+     * heads"). (d + 24): a key's softmax and bookkeeping cost about 24 products' worth. */
+#pragma omp parallel for schedule(static) if (work * h * (d + 24) > LD_ATTN_THREADS_FROM)
 #endif
     for (int64_t j = 0; j < jobs; j++) {
 #ifdef _OPENMP

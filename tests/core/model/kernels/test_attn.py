@@ -28,7 +28,8 @@ def reference(q, k, v, n):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("B,H,Hkv,D,C", [(5, 8, 4, 8, 40), (3, 6, 2, 12, 70), (2, 4, 4, 64, 300)])
+@pytest.mark.parametrize("B,H,Hkv,D,C", [(5, 8, 4, 8, 40), (3, 6, 2, 12, 70), (2, 4, 4, 64, 300), (3, 8, 1, 128, 37),
+                                         (2, 4, 2, 16, 1100), (2, 4, 2, 32, 20), (2, 2, 1, 264, 19)])
 def test_each_row_matches_float64_attention_and_is_the_same_bits_alone(lib, dtype, B, H, Hkv, D, C):
     k, v = cache_rows(B, Hkv, C, D, dtype)
     q = (torch.randn(B, H, 1, D, generator=torch.Generator().manual_seed(1)) * 2).to(dtype)
@@ -44,10 +45,12 @@ def test_each_row_matches_float64_attention_and_is_the_same_bits_alone(lib, dtyp
         assert torch.equal(alone, out[r:r + 1])  # whatever else shares the call
 
 
-def test_a_row_is_the_same_bits_on_one_thread_and_on_two(lib):
-    k, v = cache_rows(16, 4, 600, 64, torch.float32)
-    q = torch.randn(16, 8, 1, 64, generator=torch.Generator().manual_seed(2))
-    lengths = [600 - 13 * r for r in range(16)]  # enough work that two threads split it
+@pytest.mark.parametrize("dtype,H,Hkv,D,C", [(torch.float32, 8, 4, 64, 600), (torch.bfloat16, 8, 4, 8, 2000),
+                                             (torch.float16, 8, 8, 128, 300)])
+def test_a_row_is_the_same_bits_on_one_thread_and_on_two(lib, dtype, H, Hkv, D, C):
+    k, v = cache_rows(16, Hkv, C, D, dtype)
+    q = torch.randn(16, H, 1, D, generator=torch.Generator().manual_seed(2))
+    lengths = [C - 13 * r for r in range(16)]  # enough work that two threads split it
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -57,6 +60,19 @@ def test_a_row_is_the_same_bits_on_one_thread_and_on_two(lib):
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
+    last = ops.attn_decode(q[15:], k[15:16], v[15:16], lengths[15:], lib)
+    assert torch.equal(last, one[15:])  # the row alone: no other row's work or thread count in it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_plain_c_and_avx2_builds_give_this_machines_bits(lib, other_isa_lib, dtype):
+    """One order of operations on every path: the SIMD transposes and widening move data only."""
+    for B, H, Hkv, D, C in [(3, 8, 4, 8, 45), (2, 4, 1, 64, 33), (2, 6, 3, 12, 20), (2, 4, 4, 16, 17)]:
+        k, v = cache_rows(B, Hkv, C, D, dtype, seed=D)
+        q = torch.randn(B, H, 1, D, generator=torch.Generator().manual_seed(4))
+        lengths = [C - 3 * r for r in range(B)]
+        want = ops.attn_decode(q, k[:B], v[:B], lengths, lib)
+        assert torch.equal(ops.attn_decode(q, k[:B], v[:B], lengths, other_isa_lib), want)
 
 
 def test_shapes_and_lengths_that_do_not_fit_are_refused(lib):
