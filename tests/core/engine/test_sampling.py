@@ -503,3 +503,36 @@ def test_the_candidate_threshold_is_topks_kth_value():
     for kc in (512, 100, 1):
         assert torch.equal(sampling._threshold(x, kc), x.topk(kc, dim=-1).values[:, -1])
         assert torch.equal(sampling._threshold(x[2], kc), x[2].topk(kc).values[-1])
+
+
+@pytest.mark.parametrize("levels", [0, 3, 40])
+def test_the_candidates_sort_by_value_alone_as_the_stable_sort_would_keep_them(levels):
+    """A small batch's top-p cut comes from the sorted values alone (no stable argsort):
+    the tokens and log-probs of the stable sort's path, bit for bit, with many ties
+    (``levels`` distinct values) at and across the cut, temperatures, min-p, biases."""
+    g = torch.Generator().manual_seed(levels + 1)
+    B, V = 16, 512
+    lg = torch.randn(B, V, generator=g) * 3
+    if levels:
+        lg = (lg * levels / 3).round() * 3 / levels
+    lg[0, :200] = float("-inf")
+    qs = [SamplingParams(temperature=[1.0, 0.7, 1.3][i % 3], top_p=[0.95, 0.5, 0.9, 0.99][i % 4], seed=i,
+                         min_p=0.05 if i % 5 == 4 else 0.0, logit_bias={2: -100.0} if i % 2 else {})
+          for i in range(B)]
+    gens = lambda: [seeded_generator(q) for q in qs]  # noqa: E731
+    sorts = []
+    real_sort = torch.Tensor.sort
+    with mock.patch.object(torch.Tensor, "sort", lambda self, *a, **k: sorts.append(1) or real_sort(self, *a, **k)):
+        got = [choose_tokens(lg, qs, [None] * B, gens()) for _ in range(2)][-1]
+    assert not sorts  # the value sort decided every row
+    with mock.patch.object(sampling, "sorted_values", lambda masked, cand: None):
+        want = choose_tokens(lg, qs, [None] * B, gens())
+    assert got.ids == want.ids and list(map(repr, got.logprobs)) == list(map(repr, want.logprobs))
+
+
+def test_a_kept_set_that_is_not_a_prefix_of_the_sorted_values_goes_to_the_sort():
+    masked = torch.tensor([[3.0, 2.0, 2.0, 1.0]])
+    vals_s = masked.clone()
+    assert sampling.kept_by_place(masked, vals_s, torch.tensor([[True, False, True, False]])) is None
+    assert sampling.kept_by_place(masked[:, [1, 0, 3, 2]], vals_s, torch.tensor([[True, True, False, False]])).tolist() == \
+        [[True, True, False, False]]  # of the tied 2.0s, the first by place
