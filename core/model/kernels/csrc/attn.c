@@ -83,8 +83,9 @@ static void ld_attn_group_rows(const float *restrict q, const void *k, const voi
  *   e_l = ld_exp_neg(score_l - max), sum = 16 partials by l mod 16 then a halving tree
  *   out_i = (sum_l e_l v_l[i], P partials by l mod P then a halving tree) * (1 / sum)
  * with P = 4 for d = 8, 2 for d = 16, else 1 (enough independent sums to hide the adds'
- * latency). Vector types are GCC's generic ones: every lane takes the scalar operations, so
- * AVX-512, AVX2 and plain C give the same bits. */
+ * latency). The arithmetic is written in GCC's generic vector types (every lane takes the
+ * scalar operations) and the AVX-512 transposes and widening move data only, so AVX-512,
+ * AVX2 and plain C builds give the same bits. */
 #define LD_KB 16      /* keys a score block holds: one 16-lane vector */
 #define LD_DMAX 256   /* head dims the blocked form takes (its stack buffers) */
 #define LD_REPMAX 64  /* query heads a kv head may serve in the blocked form */
@@ -131,26 +132,41 @@ static inline void ld_swap_bit(__m512 *a, __m512 *b, int bit) {
 }
 #endif
 
+#if defined(LD_AVX512)
+/* z[i] lane j = element c + i of key j (at src + off + j*sl), widened, for j < nb; 0 past
+ * it: 16 row loads and 24 permutes. */
+static inline __attribute__((always_inline)) void ld_tile8(const void *src, int dtype, int64_t off, int64_t sl,
+                                                           int64_t nb, int64_t c, __m512 *z) {
+    if (nb == LD_KB) {
+        for (int m = 0; m < 8; m++)
+            z[m] = _mm512_insertf32x8(_mm512_castps256_ps512(ld_seg8(src, dtype, off + m * sl + c, 1)),
+                                      ld_seg8(src, dtype, off + (m + 8) * sl + c, 1), 1);
+    } else {
+        for (int m = 0; m < 8; m++) {
+            __m256 a = ld_seg8(src, dtype, off + m * sl + c, m < nb);
+            __m256 b = ld_seg8(src, dtype, off + (m + 8) * sl + c, m + 8 < nb);
+            z[m] = _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
+        }
+    }
+    for (int bit = 0; bit < 3; bit++)
+        for (int m = 0; m < 8; m++)
+            if (!((m >> bit) & 1))
+                ld_swap_bit(&z[m], &z[m | (1 << bit)], bit);
+}
+#endif
+
 /* kt[i] lane j = element i of key j (at src + off + j*sl), widened, for j < nb; 0 past it. */
 static void ld_keys_t(const void *src, int dtype, int64_t off, int64_t sl, int64_t nb, int64_t d,
                       ld_v16 *restrict kt) {
 #if defined(LD_AVX512)
-    if ((d & 7) == 0) {  /* 8 columns at a time: 16 row loads and 24 permutes */
+    if ((d & 7) == 0) {
         int64_t esz = dtype == LD_F32 ? 4 : 2;
         for (int64_t c = 0; c < d; c += 8) {
             __m512 z[8];
             if ((c * esz) % 64 == 0)  /* the next block's rows, a cache line each column step */
                 for (int m = 0; m < LD_KB; m++)
                     _mm_prefetch((const char *)src + (off + (LD_KB + m) * sl + c) * esz, _MM_HINT_T0);
-            for (int m = 0; m < 8; m++) {
-                __m256 a = ld_seg8(src, dtype, off + m * sl + c, m < nb);
-                __m256 b = ld_seg8(src, dtype, off + (m + 8) * sl + c, m + 8 < nb);
-                z[m] = _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
-            }
-            for (int bit = 0; bit < 3; bit++)
-                for (int m = 0; m < 8; m++)
-                    if (!((m >> bit) & 1))
-                        ld_swap_bit(&z[m], &z[m | (1 << bit)], bit);
+            ld_tile8(src, dtype, off, sl, nb, c, z);
             for (int i = 0; i < 8; i++)
                 _mm512_store_ps((float *)&kt[c + i], z[i]);
         }
@@ -163,8 +179,9 @@ static void ld_keys_t(const void *src, int dtype, int64_t off, int64_t sl, int64
 }
 
 /* out[j] = scale * q·k_j for the nb keys of kt, each summed as ld_dot sums one key. */
-static inline void ld_scores(const float *restrict q, const ld_v16 *restrict kt, int64_t d, float scale,
-                             float *restrict out, int64_t nb) {
+static inline __attribute__((always_inline)) void ld_scores(const float *restrict q, const ld_v16 *restrict kt,
+                                                            int64_t d, float scale, float *restrict out,
+                                                            int64_t nb) {
     ld_v16 acc[8] = {{0}};
     int64_t d8 = d & ~(int64_t)7;
     for (int64_t i = 0; i < d8; i += 8)
@@ -174,41 +191,135 @@ static inline void ld_scores(const float *restrict q, const ld_v16 *restrict kt,
     for (int64_t i = d8; i < d; i++)
         sum += q[i] * kt[i];
     sum = sum * scale;
-    memcpy(out, &sum, sizeof(float) * (size_t)nb);
+    if (nb == LD_KB)
+        memcpy(out, &sum, sizeof sum);
+    else
+        memcpy(out, &sum, sizeof(float) * (size_t)nb);
 }
 
-/* sh[l] = e^(sh[l] - max) over the n scores; returns 1 / their sum. */
-static float ld_softmax(float *restrict sh, int64_t n) {
-    float m[LD_KB], p[LD_KB] = {0};
-    int64_t n16 = n & ~(int64_t)(LD_KB - 1);
+/* The scores of every head for keys l0.. of the group (s: rep rows of n). */
+static void ld_block_scores(const float *restrict q, const void *k, int dtype, int64_t off, int64_t sl,
+                            int64_t nb, int64_t d, int64_t rep, float scale, float *restrict s, int64_t n,
+                            int64_t l0) {
+    ld_v16 kt[LD_DMAX];
+#if defined(LD_AVX512)
+    if (d == 8) {  /* the block stays in registers: no transposed copy */
+        __m512 z[8];
+        ld_tile8(k, dtype, off, sl, nb, 0, z);
+        for (int64_t h = 0; h < rep; h++)
+            ld_scores(q + h * d, (const ld_v16 *)z, 8, scale, s + h * n + l0, nb);
+        return;
+    }
+#endif
+    ld_keys_t(k, dtype, off, sl, nb, d, kt);
+    for (int64_t h = 0; h < rep; h++)
+        ld_scores(q + h * d, kt, d, scale, s + h * n + l0, nb);
+}
+
+typedef int32_t ld_i16 __attribute__((vector_size(64), aligned(64)));
+
+static inline ld_v16 ld_select(ld_i16 m, ld_v16 a, ld_v16 b) {
+    return (ld_v16)((m & (ld_i16)a) | (~m & (ld_i16)b));
+}
+
+static inline ld_v16 ld_splat(float f) {
+    ld_v16 z = {0};
+    return z + f;
+}
+
+/* ld_exp_neg on 16 lanes: the same operations, lane by lane. */
+static inline ld_v16 ld_exp_neg16(ld_v16 x) {
+    ld_i16 low = x < -87.0f;
+    ld_v16 xc = ld_select(low, ld_splat(-87.0f), x);
+    ld_v16 n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    ld_v16 r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    ld_v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    ld_i16 bits = (__builtin_convertvector(n, ld_i16) + 127) << 23;
+    return ld_select(low, ld_splat(0.0f), p * (ld_v16)bits);
+}
+
+/* Lanes l0..l0+nb-1 of sh in a vector, ``pad`` past them. */
+static inline ld_v16 ld_lanes(const float *sh, int64_t nb, float pad) {
+    ld_v16 x;
+    if (nb == LD_KB) {
+        memcpy(&x, sh, sizeof x);
+        return x;
+    }
     for (int j = 0; j < LD_KB; j++)
-        m[j] = -__builtin_inff();
-    for (int64_t l = 0; l < n16; l += LD_KB)
-        for (int j = 0; j < LD_KB; j++)
-            m[j] = sh[l + j] > m[j] ? sh[l + j] : m[j];
-    for (int64_t l = n16; l < n; l++)
-        m[l - n16] = sh[l] > m[l - n16] ? sh[l] : m[l - n16];
+        x[j] = j < nb ? sh[j] : pad;
+    return x;
+}
+
+/* sh[l] = e^(sh[l] - max) over the n scores; returns 1 / their sum (16 partial sums by
+ * l mod 16, then a halving tree). */
+static float ld_softmax(float *restrict sh, int64_t n) {
+    ld_v16 m = ld_lanes(sh, n < LD_KB ? n : LD_KB, -__builtin_inff()), p = ld_splat(0.0f);
+    for (int64_t l = LD_KB; l < n; l += LD_KB) {
+        ld_v16 x = ld_lanes(sh + l, n - l < LD_KB ? n - l : LD_KB, -__builtin_inff());
+        m = ld_select(x > m, x, m);
+    }
     float mx = m[0];
     for (int j = 1; j < LD_KB; j++)
         mx = m[j] > mx ? m[j] : mx;
-    for (int64_t l = 0; l < n; l++)
-        sh[l] = ld_exp_neg(sh[l] - mx);
-    for (int64_t l = 0; l < n16; l += LD_KB)
-        for (int j = 0; j < LD_KB; j++)
-            p[j] += sh[l + j];
-    for (int64_t l = n16; l < n; l++)
-        p[l - n16] += sh[l];
+    for (int64_t l = 0; l < n; l += LD_KB) {
+        int64_t nb = n - l < LD_KB ? n - l : LD_KB;
+        ld_v16 e = ld_exp_neg16(ld_lanes(sh + l, nb, mx) - mx);
+        if (nb == LD_KB) {
+            memcpy(sh + l, &e, sizeof e);
+        } else {
+            memcpy(sh + l, &e, sizeof(float) * (size_t)nb);
+            for (int j = (int)nb; j < LD_KB; j++)
+                e[j] = 0.0f;
+        }
+        p += e;
+    }
+    float t[LD_KB];
+    memcpy(t, &p, sizeof t);
     for (int w = LD_KB / 2; w >= 1; w /= 2)
         for (int j = 0; j < w; j++)
-            p[j] = p[j] + p[j + w];
-    return 1.0f / p[0];
+            t[j] = t[j] + t[j + w];
+    return 1.0f / t[0];
 }
 
-/* acc[P][D] += e_l v_l over the nc value rows at vr (row l at vr + l*vs), key l into partial
- * l mod P; D and P constants where it is inlined, so the sums stay in registers. */
-static inline __attribute__((always_inline)) void ld_vacc(const float *restrict e, const float *restrict vr,
-                                                          int64_t vs, int64_t nc, const int D, const int P,
-                                                          float *restrict acc) {
+typedef uint16_t ld_h8 __attribute__((vector_size(16)));
+typedef uint32_t ld_u8 __attribute__((vector_size(32)));
+
+/* Elements at..at+7 of src (of type dtype) as float32. */
+static inline __attribute__((always_inline)) ld_v8 ld_load8(const void *src, const int dtype, int64_t at) {
+    ld_v8 x;
+    if (dtype == LD_F32) {
+        memcpy(&x, (const float *)src + at, sizeof x);
+        return x;
+    }
+    ld_h8 h;
+    memcpy(&h, (const uint16_t *)src + at, sizeof h);
+    if (dtype == LD_BF16) {
+        ld_u8 w = __builtin_convertvector(h, ld_u8) << 16;
+        memcpy(&x, &w, sizeof x);
+        return x;
+    }
+#if defined(__F16C__)
+    __m256 f = _mm256_cvtph_ps((__m128i)h);
+    memcpy(&x, &f, sizeof x);
+#else
+    for (int i = 0; i < 8; i++)
+        x[i] = ld_half_to_float(h[i]);
+#endif
+    return x;
+}
+
+/* acc[P][D] += e_l v_l over the nc value rows of type T at src + off + l*sl, key l into
+ * partial l mod P; D, P and T constants where it is inlined: the sums stay in registers and
+ * each row is widened as it is read. */
+static inline __attribute__((always_inline)) void ld_vacc(const float *restrict e, const void *src, const int T,
+                                                          int64_t off, int64_t sl, int64_t nc, const int D,
+                                                          const int P, float *restrict acc) {
     ld_v8 a[4][LD_DMAX / 8];
     for (int p = 0; p < P; p++)
         for (int c = 0; c < D / 8; c++)
@@ -216,23 +327,17 @@ static inline __attribute__((always_inline)) void ld_vacc(const float *restrict 
     int64_t l = 0;
     for (; l + P <= nc; l += P)
         for (int p = 0; p < P; p++)
-            for (int c = 0; c < D / 8; c++) {
-                ld_v8 x;
-                memcpy(&x, vr + (l + p) * vs + c * 8, 32);
-                a[p][c] += e[l + p] * x;
-            }
+            for (int c = 0; c < D / 8; c++)
+                a[p][c] += e[l + p] * ld_load8(src, T, off + (l + p) * sl + c * 8);
     for (int p = 0; p < P && l + p < nc; p++)
-        for (int c = 0; c < D / 8; c++) {
-            ld_v8 x;
-            memcpy(&x, vr + (l + p) * vs + c * 8, 32);
-            a[p][c] += e[l + p] * x;
-        }
+        for (int c = 0; c < D / 8; c++)
+            a[p][c] += e[l + p] * ld_load8(src, T, off + (l + p) * sl + c * 8);
     for (int p = 0; p < P; p++)
         for (int c = 0; c < D / 8; c++)
             memcpy(acc + p * D + c * 8, &a[p][c], 32);
 }
 
-/* The same for any d, one partial (P = 1). */
+/* The same for any d over float32 rows (row l at vr + l*vs), one partial (P = 1). */
 static void ld_vacc_any(const float *restrict e, const float *restrict vr, int64_t vs, int64_t nc, int64_t d,
                         float *restrict acc) {
     for (int64_t l = 0; l < nc; l++) {
@@ -245,60 +350,62 @@ static void ld_vacc_any(const float *restrict e, const float *restrict vr, int64
 
 static int ld_partials(int64_t d) { return d == 8 ? 4 : d == 16 ? 2 : 1; }
 
-static void ld_vacc_d(const float *e, const float *vr, int64_t vs, int64_t nc, int64_t d, float *acc) {
-    switch (d) {
-        case 8: ld_vacc(e, vr, vs, nc, 8, 4, acc); break;
-        case 16: ld_vacc(e, vr, vs, nc, 16, 2, acc); break;
-        case 32: ld_vacc(e, vr, vs, nc, 32, 1, acc); break;
-        case 64: ld_vacc(e, vr, vs, nc, 64, 1, acc); break;
-        case 128: ld_vacc(e, vr, vs, nc, 128, 1, acc); break;
-        default: ld_vacc_any(e, vr, vs, nc, d, acc);
+static int ld_vspecial(int64_t d) { return d == 8 || d == 16 || d == 32 || d == 64 || d == 128; }
+
+#define LD_VACC_D(T)                                                         \
+    switch (d) {                                                              \
+        case 8: ld_vacc(e, v, T, off, sl, nc, 8, 4, acc); break;              \
+        case 16: ld_vacc(e, v, T, off, sl, nc, 16, 2, acc); break;            \
+        case 32: ld_vacc(e, v, T, off, sl, nc, 32, 1, acc); break;            \
+        case 64: ld_vacc(e, v, T, off, sl, nc, 64, 1, acc); break;            \
+        default: ld_vacc(e, v, T, off, sl, nc, 128, 1, acc); break;           \
+    }
+
+/* ld_vacc for a d that ld_vspecial takes, with its P. */
+static void ld_vacc_d(const float *e, const void *v, int dtype, int64_t off, int64_t sl, int64_t nc, int64_t d,
+                      float *acc) {
+    if (dtype == LD_F32) {
+        LD_VACC_D(LD_F32)
+    } else if (dtype == LD_BF16) {
+        LD_VACC_D(LD_BF16)
+    } else {
+        LD_VACC_D(LD_F16)
     }
 }
 
 /* nc value rows (at src + off + l*sl) as float32 rows of d in buf. */
 static void ld_widen_rows(const void *src, int dtype, int64_t off, int64_t sl, int64_t nc, int64_t d,
                           float *restrict buf) {
-    const uint16_t *p = (const uint16_t *)src + off;
-    for (int64_t l = 0; l < nc; l++) {
-        const uint16_t *r = p + l * sl;
-        float *restrict o = buf + l * d;
-        if (dtype == LD_BF16) {
-            for (int64_t i = 0; i < d; i++) {
-                uint32_t b = (uint32_t)r[i] << 16;
-                memcpy(o + i, &b, 4);
-            }
-            continue;
-        }
-        int64_t i = 0;
-#if defined(__F16C__)
-        for (; i + 8 <= d; i += 8)
-            _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + i))));
-#endif
-        for (; i < d; i++)
-            o[i] = ld_half_to_float(r[i]);
-    }
+    for (int64_t l = 0; l < nc; l++)
+        for (int64_t i = 0; i < d; i++)
+            buf[l * d + i] = ld_widen(src, dtype, off + l * sl + i);
 }
 
-/* out[h] = (sum_l e[h][l] v_l) * inv[h] for the group's rep heads; e = s (rep rows of n). */
+/* out[h] = (sum_l e[h][l] v_l) * inv[h] for the group's rep heads; e = s (rep rows of n).
+ * Keys go in chunks of ~16 KB of values (they stay in L1 for the rep heads). */
 static void ld_values(const void *v, int dtype, int64_t base, int64_t sl, int64_t n, int64_t d, int64_t rep,
                       const float *s, const float *inv, float *restrict out) {
-    int P = ld_partials(d);
+    int P = ld_partials(d), special = ld_vspecial(d);
     float st[LD_REPMAX * 32] __attribute__((aligned(64)));  /* P > 1 only where d <= 16 */
     float vbuf[LD_VBUF] __attribute__((aligned(64)));
     float *acc = P > 1 ? st : out;
     memset(acc, 0, sizeof(float) * (size_t)(rep * P * d));
     int64_t ck = (LD_VBUF / d) & ~(int64_t)(LD_KB - 1);  /* a multiple of P: l mod P is global */
     for (int64_t c0 = 0; c0 < n; c0 += ck) {
-        int64_t nc = n - c0 < ck ? n - c0 : ck;
-        const float *vr = (const float *)v + base + c0 * sl;
+        int64_t nc = n - c0 < ck ? n - c0 : ck, off = base + c0 * sl;
+        if (special) {
+            for (int64_t h = 0; h < rep; h++)
+                ld_vacc_d(s + h * n + c0, v, dtype, off, sl, nc, d, acc + h * P * d);
+            continue;
+        }
+        const float *vr = (const float *)v + off;
         int64_t vs = sl;
         if (dtype != LD_F32) {
-            ld_widen_rows(v, dtype, base + c0 * sl, sl, nc, d, vbuf);
+            ld_widen_rows(v, dtype, off, sl, nc, d, vbuf);
             vr = vbuf, vs = d;
         }
         for (int64_t h = 0; h < rep; h++)
-            ld_vacc_d(s + h * n + c0, vr, vs, nc, d, acc + h * P * d);
+            ld_vacc_any(s + h * n + c0, vr, vs, nc, d, acc + h * d);
     }
     for (int64_t h = 0; h < rep; h++) {
         const float *a = acc + h * P * d;
@@ -318,13 +425,8 @@ void ld_attn_group(const float *restrict q, const void *k, const void *v, int dt
         ld_attn_group_rows(q, k, v, dtype, base, sl, n, d, rep, scale, s, tmp, out);
         return;
     }
-    ld_v16 kt[LD_DMAX];
-    for (int64_t l0 = 0; l0 < n; l0 += LD_KB) {
-        int64_t nb = n - l0 < LD_KB ? n - l0 : LD_KB;
-        ld_keys_t(k, dtype, base + l0 * sl, sl, nb, d, kt);
-        for (int64_t h = 0; h < rep; h++)
-            ld_scores(q + h * d, kt, d, scale, s + h * n + l0, nb);
-    }
+    for (int64_t l0 = 0; l0 < n; l0 += LD_KB)
+        ld_block_scores(q, k, dtype, base + l0 * sl, sl, n - l0 < LD_KB ? n - l0 : LD_KB, d, rep, scale, s, n, l0);
     float inv[LD_REPMAX];
     for (int64_t h = 0; h < rep; h++)
         inv[h] = ld_softmax(s + h * n, n);
