@@ -112,6 +112,7 @@ class Engine:
         # The measured time of a plain decode step per batch size: what drafting lanes'
         # tokens would have cost without drafting (their speed-up).
         self.plain_step_s: dict[int, float] = {}
+        self._choice_s = 0.0  # what one batched choice of tokens takes (a running mean)
         self._vocabulary: Vocabulary | None = None
 
     @property
@@ -362,21 +363,42 @@ class Engine:
                 step()
                 yield from self._advance(batch, drafting)
                 batch.compact(drafting.moved)  # lanes that stopped on verified drafts
-            if admit is not None and max_rows > len(batch.rows):
-                joining = list(admit(max_rows - len(batch.rows), len(batch.lanes)))
-            for j in joining:
-                step()
-                r0 = len(batch.rows)
-                yield from self._join(j, batch, drafting)
-                # its first token now, sent with the next step() before the next prompt's
-                # prefill: a burst of joiners no longer waits for every prefill of the burst
-                yield from self._choose(batch, drafting, range(r0, len(batch.rows)))
+            yield from self._joins(batch, drafting, joining, admit, max_rows, step)
             joining = []
             if not batch.rows:
                 return
             yield from self._choose(batch, drafting)
             if not batch.compact(drafting.moved) and admit is None:
                 return
+
+    def _joins(self, batch: Batch, drafting: Drafting, joining: list[Joining], admit, max_rows: int,
+               step: Callable[[], None]) -> Iterator[Event]:
+        """Prefill the joining requests one by one (and, serving, those that arrive
+        meanwhile) into the batch. The rows waiting for a choice (the decode step's, the
+        joiners' first tokens) are chosen together, in one batched pass, before the next
+        prefill once they have waited as long as a pass takes: a burst of joiners does not
+        wait for every prefill of the burst, nor pay one sampler pass each."""
+        waiting_since = time.perf_counter()
+        while True:
+            if admit is not None and max_rows > len(batch.rows):
+                joining = joining + list(admit(max_rows - len(batch.rows), len(batch.lanes)))
+            if not joining:
+                return
+            for j in joining:
+                if batch.waiting() and self._choice_due(time.perf_counter() - waiting_since):
+                    yield from self._choose(batch, drafting)
+                step()  # what was chosen goes out before this prefill
+                fresh = not batch.waiting()
+                yield from self._join(j, batch, drafting)
+                if fresh:
+                    waiting_since = time.perf_counter()
+            joining = []
+
+    def _choice_due(self, waited: float) -> bool:
+        """Whether rows that have waited ``waited`` seconds for a choice get it before the
+        next prefill: once they have waited as long as a batched choice takes, waiting for
+        more rows to share it would cost them more than it saves."""
+        return waited >= self._choice_s
 
     def _share_steps(self, shared: bool) -> None:
         """Run decode steps batch-invariant when they may be shared (see ``batch_invariant``)."""
@@ -445,13 +467,15 @@ class Engine:
             batch.ran(r, out[r])
             drafting.ran(li, took, plain)
 
-    def _choose(self, batch: Batch, drafting: Drafting, among: range | None = None) -> Iterator[Event]:
-        """Every row with logits to choose from (of ``among``, default all) picks its token in
-        one batched pass (a row's choice does not depend on the others in it)."""
-        rows = [r for r in batch.waiting() if among is None or r in among]
+    def _choose(self, batch: Batch, drafting: Drafting) -> Iterator[Event]:
+        """Every row with logits to choose from picks its token in one batched pass (a
+        row's choice does not depend on the others in it)."""
+        rows = batch.waiting()
         if not rows:
             return
+        t0 = time.perf_counter()
         step = batch.choose(rows)
+        self._choice_s = 0.5 * (self._choice_s + time.perf_counter() - t0)
         for k, r in enumerate(rows):
             li = batch.rows[r]
             ev = batch.take(li, k, step)

@@ -548,25 +548,3 @@ def test_logit_bias_by_text_uses_the_models_tokenizer(engine, lm):
     assert by_text.tokens == by_ids.tokens and not set(ids) & set(by_text.tokens)
     with pytest.raises(SettingsError, match="beam search"):
         SamplingParams(num_beams=2, logit_bias_text=("a=1",)).validate()
-
-
-def test_each_joiner_gets_its_first_token_before_the_next_prompt_is_prefilled(engine, lm):
-    """A burst of requests joining together: each one's first token comes right after its
-    own prefill (and reaches the server with the next on_step), not after every prefill of
-    the burst; the tokens are those of each request alone."""
-    from core.engine.engine import Joining
-    prompts = [lm.tokenizer.encode(t, bos=True) for t in ("Hi", "Once upon a time", "Numbers: 1 2 3")]
-    q = SamplingParams(temperature=0.8, seed=5, max_new_tokens=4)
-    pending = [[Joining(p, [q]) for p in prompts]]
-    engine.cache.reset()
-    evs = list(engine.serve(lambda free, nxt: pending.pop() if pending else [], max_rows=4))
-    kinds = [(type(e).__name__, getattr(e, "lane", None) if not isinstance(e, Prefilled) else e.lanes) for e in evs]
-    prefilled = [i for i, (k, _) in enumerate(kinds) if k == "Prefilled"]
-    firsts = [kinds.index(("Token", lane)) for lane in range(3)]
-    assert firsts[0] < prefilled[1] and firsts[1] < prefilled[2]
-    alone = []
-    for p in prompts:
-        engine.cache.reset()  # (a prefix the cache holds would be prefilled in other pieces)
-        alone.append([e.token_id for e in engine.generate_lanes(p, [q]) if isinstance(e, Token)])
-    got = [[e.token_id for e in evs if isinstance(e, Token) and e.lane == lane] for lane in range(3)]
-    assert got == alone
