@@ -256,6 +256,23 @@ static inline ld_v16 ld_lanes(const float *sh, int64_t nb, float pad) {
     return x;
 }
 
+typedef float ld_v4 __attribute__((vector_size(16)));
+typedef float ld_v2 __attribute__((vector_size(8)));
+
+/* lane j + lane j + w for w = 8, 4, 2, 1: the halves of a vector added, in registers */
+static inline float ld_halving_sum(ld_v16 x) {
+    ld_v8 a, b;
+    ld_v4 c, d;
+    ld_v2 e, f;
+    memcpy(&a, &x, 32), memcpy(&b, (const char *)&x + 32, 32);
+    a = a + b;
+    memcpy(&c, &a, 16), memcpy(&d, (const char *)&a + 16, 16);
+    c = c + d;
+    memcpy(&e, &c, 8), memcpy(&f, (const char *)&c + 8, 8);
+    e = e + f;
+    return e[0] + e[1];
+}
+
 /* sh[l] = e^(sh[l] - max) over the n scores; returns 1 / their sum (16 partial sums by
  * l mod 16, then a halving tree). */
 static float ld_softmax(float *restrict sh, int64_t n) {
@@ -279,12 +296,7 @@ static float ld_softmax(float *restrict sh, int64_t n) {
         }
         p += e;
     }
-    float t[LD_KB];
-    memcpy(t, &p, sizeof t);
-    for (int w = LD_KB / 2; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++)
-            t[j] = t[j] + t[j + w];
-    return 1.0f / t[0];
+    return 1.0f / ld_halving_sum(p);
 }
 
 typedef uint16_t ld_h8 __attribute__((vector_size(16)));
