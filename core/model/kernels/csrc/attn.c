@@ -82,8 +82,8 @@ static void ld_attn_group_rows(const float *restrict q, const void *k, const voi
  *   score_l = (q·k_l as ld_dot sums it) * scale   (8 interleaved partials, fixed tree, tail)
  *   e_l = ld_exp_neg(score_l - max), sum = 16 partials by l mod 16 then a halving tree
  *   out_i = (sum_l e_l v_l[i], P partials by l mod P then a halving tree) * (1 / sum)
- * with P = 4 for d = 8, 2 for d = 16, else 1 (enough independent sums to hide the adds'
- * latency). The arithmetic is written in GCC's generic vector types (every lane takes the
+ * with P = 4 for d = 8 and 16, 2 for d = 32, else 1 (enough independent sums to hide the
+ * adds' latency). The arithmetic is written in GCC's generic vector types (every lane takes the
  * scalar operations) and the AVX-512 transposes and widening move data only, so AVX-512,
  * AVX2 and plain C builds give the same bits. */
 #define LD_KB 16      /* keys a score block holds: one 16-lane vector */
@@ -178,44 +178,6 @@ static void ld_keys_t(const void *src, int dtype, int64_t off, int64_t sl, int64
             kt[i][j] = j < nb ? ld_widen(src, dtype, off + j * sl + i) : 0.0f;
 }
 
-/* out[j] = scale * q·k_j for the nb keys of kt, each summed as ld_dot sums one key. */
-static inline __attribute__((always_inline)) void ld_scores(const float *restrict q, const ld_v16 *restrict kt,
-                                                            int64_t d, float scale, float *restrict out,
-                                                            int64_t nb) {
-    ld_v16 acc[8] = {{0}};
-    int64_t d8 = d & ~(int64_t)7;
-    for (int64_t i = 0; i < d8; i += 8)
-        for (int j = 0; j < 8; j++)
-            acc[j] += q[i + j] * kt[i + j];
-    ld_v16 sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (int64_t i = d8; i < d; i++)
-        sum += q[i] * kt[i];
-    sum = sum * scale;
-    if (nb == LD_KB)
-        memcpy(out, &sum, sizeof sum);
-    else
-        memcpy(out, &sum, sizeof(float) * (size_t)nb);
-}
-
-/* The scores of every head for keys l0.. of the group (s: rep rows of n). */
-static void ld_block_scores(const float *restrict q, const void *k, int dtype, int64_t off, int64_t sl,
-                            int64_t nb, int64_t d, int64_t rep, float scale, float *restrict s, int64_t n,
-                            int64_t l0) {
-    ld_v16 kt[LD_DMAX];
-#if defined(LD_AVX512)
-    if (d == 8) {  /* the block stays in registers: no transposed copy */
-        __m512 z[8];
-        ld_tile8(k, dtype, off, sl, nb, 0, z);
-        for (int64_t h = 0; h < rep; h++)
-            ld_scores(q + h * d, (const ld_v16 *)z, 8, scale, s + h * n + l0, nb);
-        return;
-    }
-#endif
-    ld_keys_t(k, dtype, off, sl, nb, d, kt);
-    for (int64_t h = 0; h < rep; h++)
-        ld_scores(q + h * d, kt, d, scale, s + h * n + l0, nb);
-}
-
 typedef int32_t ld_i16 __attribute__((vector_size(64), aligned(64)));
 
 static inline ld_v16 ld_select(ld_i16 m, ld_v16 a, ld_v16 b) {
@@ -244,16 +206,89 @@ static inline ld_v16 ld_exp_neg16(ld_v16 x) {
     return ld_select(low, ld_splat(0.0f), p * (ld_v16)bits);
 }
 
-/* Lanes l0..l0+nb-1 of sh in a vector, ``pad`` past them. */
+/* sh[0..nb-1] in a vector's first lanes, ``pad`` past them (a masked load where there is one). */
 static inline ld_v16 ld_lanes(const float *sh, int64_t nb, float pad) {
     ld_v16 x;
     if (nb == LD_KB) {
         memcpy(&x, sh, sizeof x);
         return x;
     }
+#if defined(LD_AVX512)
+    __m512 m = _mm512_mask_loadu_ps(_mm512_set1_ps(pad), (__mmask16)((1u << nb) - 1u), sh);
+    memcpy(&x, &m, sizeof x);
+#else
     for (int j = 0; j < LD_KB; j++)
         x[j] = j < nb ? sh[j] : pad;
+#endif
     return x;
+}
+
+/* The first nb lanes of x to out. */
+static inline void ld_store_lanes(float *out, ld_v16 x, int64_t nb) {
+    if (nb == LD_KB) {
+        memcpy(out, &x, sizeof x);
+        return;
+    }
+#if defined(LD_AVX512)
+    _mm512_mask_storeu_ps(out, (__mmask16)((1u << nb) - 1u), (__m512)x);
+#else
+    memcpy(out, &x, sizeof(float) * (size_t)nb);
+#endif
+}
+
+/* lanes j < nb set */
+static inline ld_i16 ld_first(int64_t nb) {
+    const ld_i16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    return iota < (int32_t)nb;
+}
+
+/* The largest of the 16 lanes (any order gives the same: no NaN among scores of finite
+ * inputs). */
+static inline float ld_lanes_max(ld_v16 x) {
+    float t[LD_KB];
+    memcpy(t, &x, sizeof t);
+    for (int w = LD_KB / 2; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++)
+            t[j] = t[j + w] > t[j] ? t[j + w] : t[j];
+    return t[0];
+}
+
+/* out[j] = scale * q·k_j for the nb keys of kt, each summed as ld_dot sums one key; mx:
+ * the lanes' running maxima. */
+static inline __attribute__((always_inline)) void ld_scores(const float *restrict q, const ld_v16 *restrict kt,
+                                                            int64_t d, float scale, float *restrict out,
+                                                            int64_t nb, ld_v16 *restrict mx) {
+    ld_v16 acc[8] = {{0}};
+    int64_t d8 = d & ~(int64_t)7;
+    for (int64_t i = 0; i < d8; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += q[i + j] * kt[i + j];
+    ld_v16 sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for (int64_t i = d8; i < d; i++)
+        sum += q[i] * kt[i];
+    sum = sum * scale;
+    ld_store_lanes(out, sum, nb);
+    *mx = ld_select(ld_first(nb) & (sum > *mx), sum, *mx);
+}
+
+/* The scores of every head for keys l0.. of the group (s: rep rows of n), mh: each head's
+ * running lane maxima. */
+static void ld_block_scores(const float *restrict q, const void *k, int dtype, int64_t off, int64_t sl,
+                            int64_t nb, int64_t d, int64_t rep, float scale, float *restrict s, int64_t n,
+                            int64_t l0, ld_v16 *restrict mh) {
+    ld_v16 kt[LD_DMAX];
+#if defined(LD_AVX512)
+    if (d == 8) {  /* the block stays in registers: no transposed copy */
+        __m512 z[8];
+        ld_tile8(k, dtype, off, sl, nb, 0, z);
+        for (int64_t h = 0; h < rep; h++)
+            ld_scores(q + h * d, (const ld_v16 *)z, 8, scale, s + h * n + l0, nb, mh + h);
+        return;
+    }
+#endif
+    ld_keys_t(k, dtype, off, sl, nb, d, kt);
+    for (int64_t h = 0; h < rep; h++)
+        ld_scores(q + h * d, kt, d, scale, s + h * n + l0, nb, mh + h);
 }
 
 typedef float ld_v4 __attribute__((vector_size(16)));
@@ -273,28 +308,16 @@ static inline float ld_halving_sum(ld_v16 x) {
     return e[0] + e[1];
 }
 
-/* sh[l] = e^(sh[l] - max) over the n scores; returns 1 / their sum (16 partial sums by
- * l mod 16, then a halving tree). */
-static float ld_softmax(float *restrict sh, int64_t n) {
-    ld_v16 m = ld_lanes(sh, n < LD_KB ? n : LD_KB, -__builtin_inff()), p = ld_splat(0.0f);
-    for (int64_t l = LD_KB; l < n; l += LD_KB) {
-        ld_v16 x = ld_lanes(sh + l, n - l < LD_KB ? n - l : LD_KB, -__builtin_inff());
-        m = ld_select(x > m, x, m);
-    }
-    float mx = m[0];
-    for (int j = 1; j < LD_KB; j++)
-        mx = m[j] > mx ? m[j] : mx;
+/* sh[l] = e^(sh[l] - max) over the n scores (m: their lane maxima); returns 1 / their sum
+ * (16 partial sums by l mod 16, then a halving tree). */
+static float ld_softmax(float *restrict sh, int64_t n, ld_v16 m) {
+    float mx = ld_lanes_max(m);
+    ld_v16 p = ld_splat(0.0f);
     for (int64_t l = 0; l < n; l += LD_KB) {
         int64_t nb = n - l < LD_KB ? n - l : LD_KB;
         ld_v16 e = ld_exp_neg16(ld_lanes(sh + l, nb, mx) - mx);
-        if (nb == LD_KB) {
-            memcpy(sh + l, &e, sizeof e);
-        } else {
-            memcpy(sh + l, &e, sizeof(float) * (size_t)nb);
-            for (int j = (int)nb; j < LD_KB; j++)
-                e[j] = 0.0f;
-        }
-        p += e;
+        ld_store_lanes(sh + l, e, nb);
+        p += ld_select(ld_first(nb), e, ld_splat(0.0f));
     }
     return 1.0f / ld_halving_sum(p);
 }
@@ -326,27 +349,61 @@ static inline __attribute__((always_inline)) ld_v8 ld_load8(const void *src, con
     return x;
 }
 
+typedef uint16_t ld_h16 __attribute__((vector_size(32)));
+
+/* Elements at..at+15 of src (of type dtype) as float32. */
+static inline __attribute__((always_inline)) ld_v16 ld_load16(const void *src, const int dtype, int64_t at) {
+    ld_v16 x;
+    if (dtype == LD_F32) {
+        memcpy(&x, (const float *)src + at, sizeof x);
+        return x;
+    }
+    ld_h16 h;
+    memcpy(&h, (const uint16_t *)src + at, sizeof h);
+    if (dtype == LD_BF16) {
+        ld_i16 w = (ld_i16)(__builtin_convertvector(h, ld_i16) << 16);
+        memcpy(&x, &w, sizeof x);
+        return x;
+    }
+#if defined(LD_AVX512)
+    __m512 f = _mm512_cvtph_ps((__m256i)h);
+    memcpy(&x, &f, sizeof x);
+#else
+    ld_v8 lo = ld_load8(src, dtype, at), hi = ld_load8(src, dtype, at + 8);
+    memcpy(&x, &lo, sizeof lo), memcpy((char *)&x + sizeof lo, &hi, sizeof hi);
+#endif
+    return x;
+}
+
+/* ld_vacc's body for a vector type V of W lanes and its loader. */
+#define LD_VACC_BODY(V, W, LOAD)                                                       \
+    V a[4][LD_DMAX / W];                                                               \
+    for (int p = 0; p < P; p++)                                                        \
+        for (int c = 0; c < D / W; c++)                                                \
+            memcpy(&a[p][c], acc + p * D + c * W, sizeof(V));                          \
+    int64_t l = 0;                                                                     \
+    for (; l + P <= nc; l += P)                                                        \
+        for (int p = 0; p < P; p++)                                                    \
+            for (int c = 0; c < D / W; c++)                                            \
+                a[p][c] += e[l + p] * LOAD(src, T, off + (l + p) * sl + c * W);        \
+    for (int p = 0; p < P && l + p < nc; p++)                                          \
+        for (int c = 0; c < D / W; c++)                                                \
+            a[p][c] += e[l + p] * LOAD(src, T, off + (l + p) * sl + c * W);            \
+    for (int p = 0; p < P; p++)                                                        \
+        for (int c = 0; c < D / W; c++)                                                \
+            memcpy(acc + p * D + c * W, &a[p][c], sizeof(V));
+
 /* acc[P][D] += e_l v_l over the nc value rows of type T at src + off + l*sl, key l into
  * partial l mod P; D, P and T constants where it is inlined: the sums stay in registers and
  * each row is widened as it is read. */
 static inline __attribute__((always_inline)) void ld_vacc(const float *restrict e, const void *src, const int T,
                                                           int64_t off, int64_t sl, int64_t nc, const int D,
                                                           const int P, float *restrict acc) {
-    ld_v8 a[4][LD_DMAX / 8];
-    for (int p = 0; p < P; p++)
-        for (int c = 0; c < D / 8; c++)
-            memcpy(&a[p][c], acc + p * D + c * 8, 32);
-    int64_t l = 0;
-    for (; l + P <= nc; l += P)
-        for (int p = 0; p < P; p++)
-            for (int c = 0; c < D / 8; c++)
-                a[p][c] += e[l + p] * ld_load8(src, T, off + (l + p) * sl + c * 8);
-    for (int p = 0; p < P && l + p < nc; p++)
-        for (int c = 0; c < D / 8; c++)
-            a[p][c] += e[l + p] * ld_load8(src, T, off + (l + p) * sl + c * 8);
-    for (int p = 0; p < P; p++)
-        for (int c = 0; c < D / 8; c++)
-            memcpy(acc + p * D + c * 8, &a[p][c], 32);
+    if (D % 16 == 0) {
+        LD_VACC_BODY(ld_v16, 16, ld_load16)
+    } else {
+        LD_VACC_BODY(ld_v8, 8, ld_load8)
+    }
 }
 
 /* The same for any d over float32 rows (row l at vr + l*vs), one partial (P = 1). */
@@ -360,15 +417,15 @@ static void ld_vacc_any(const float *restrict e, const float *restrict vr, int64
     }
 }
 
-static int ld_partials(int64_t d) { return d == 8 ? 4 : d == 16 ? 2 : 1; }
+static int ld_partials(int64_t d) { return d == 8 || d == 16 ? 4 : d == 32 ? 2 : 1; }
 
 static int ld_vspecial(int64_t d) { return d == 8 || d == 16 || d == 32 || d == 64 || d == 128; }
 
 #define LD_VACC_D(T)                                                         \
     switch (d) {                                                              \
         case 8: ld_vacc(e, v, T, off, sl, nc, 8, 4, acc); break;              \
-        case 16: ld_vacc(e, v, T, off, sl, nc, 16, 2, acc); break;            \
-        case 32: ld_vacc(e, v, T, off, sl, nc, 32, 1, acc); break;            \
+        case 16: ld_vacc(e, v, T, off, sl, nc, 16, 4, acc); break;            \
+        case 32: ld_vacc(e, v, T, off, sl, nc, 32, 2, acc); break;            \
         case 64: ld_vacc(e, v, T, off, sl, nc, 64, 1, acc); break;            \
         default: ld_vacc(e, v, T, off, sl, nc, 128, 1, acc); break;           \
     }
@@ -398,7 +455,7 @@ static void ld_widen_rows(const void *src, int dtype, int64_t off, int64_t sl, i
 static void ld_values(const void *v, int dtype, int64_t base, int64_t sl, int64_t n, int64_t d, int64_t rep,
                       const float *s, const float *inv, float *restrict out) {
     int P = ld_partials(d), special = ld_vspecial(d);
-    float st[LD_REPMAX * 32] __attribute__((aligned(64)));  /* P > 1 only where d <= 16 */
+    float st[LD_REPMAX * 64] __attribute__((aligned(64)));  /* P > 1 only where P * d <= 64 */
     float vbuf[LD_VBUF] __attribute__((aligned(64)));
     float *acc = P > 1 ? st : out;
     memset(acc, 0, sizeof(float) * (size_t)(rep * P * d));
@@ -437,11 +494,15 @@ void ld_attn_group(const float *restrict q, const void *k, const void *v, int dt
         ld_attn_group_rows(q, k, v, dtype, base, sl, n, d, rep, scale, s, tmp, out);
         return;
     }
+    ld_v16 mh[LD_REPMAX];
+    for (int64_t h = 0; h < rep; h++)
+        mh[h] = ld_splat(-__builtin_inff());
     for (int64_t l0 = 0; l0 < n; l0 += LD_KB)
-        ld_block_scores(q, k, dtype, base + l0 * sl, sl, n - l0 < LD_KB ? n - l0 : LD_KB, d, rep, scale, s, n, l0);
+        ld_block_scores(q, k, dtype, base + l0 * sl, sl, n - l0 < LD_KB ? n - l0 : LD_KB, d, rep, scale, s, n, l0,
+                        mh);
     float inv[LD_REPMAX];
     for (int64_t h = 0; h < rep; h++)
-        inv[h] = ld_softmax(s + h * n, n);
+        inv[h] = ld_softmax(s + h * n, n, mh[h]);
     ld_values(v, dtype, base, sl, n, d, rep, s, inv, out);
 }
 
