@@ -166,9 +166,9 @@ class KVCache:
             n += 1
         return n
 
-    def row(self, index: int) -> "_RowView":
+    def row(self, index: int) -> "RowView":
         """A view with the same ``update`` that reads and writes row ``index`` alone."""
-        return _RowView(self, index)
+        return RowView(self, index)
 
 
 class StaticRows:
@@ -198,7 +198,7 @@ class StaticRows:
         return kc, vc
 
 
-class _RowView:
+class RowView:
     """One row of a KVCache, presented as a batch of one (for per-row prefill)."""
 
     def __init__(self, cache: KVCache, index: int):

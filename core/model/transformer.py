@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.model import fused
 from core.model.args import ModelArgs
 from core.model.f16 import Float16Linear
 from core.model.kernels import ops as kernel_ops
@@ -265,6 +266,8 @@ class Transformer(nn.Module):
         if args.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self._rope: torch.Tensor | None = None  # grown on demand, on the weights' device
+        # a forward over a KV cache runs in one C call when the model is small (core.model.fused)
+        self.fused = True
         self.invariant = False
         self.batch_invariant(True)
         if self.tok_embeddings.weight.device.type != "meta":
@@ -364,6 +367,10 @@ class Transformer(nn.Module):
         Returns:
             float32 logits [B, T, V].
         """
+        if cache is not None and not self.training:
+            logits = fused.forward(self, tokens, start_pos, cache, last_only, PLAIN_MODULES)
+            if logits is not None:
+                return logits
         h = self.tok_embeddings(tokens)
         rope, mask, start_pos = self.positions(h, start_pos, cache)
         for layer in self.layers:
@@ -380,3 +387,8 @@ class Transformer(nn.Module):
     def num_parameters(self) -> int:
         """Parameter count, tied weights counted once."""
         return sum(p.numel() for p in self.parameters())
+
+
+#: the modules of a Transformer that core.model.fused runs in C (any other, e.g. a packed or
+#: LoRA layer, keeps the model on the torch path)
+PLAIN_MODULES = (Embedding, RMSNorm, Linear, Attention, FeedForward, TransformerBlock, nn.ModuleList)

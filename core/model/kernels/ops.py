@@ -56,6 +56,11 @@ def typed(lib: ctypes.CDLL) -> ctypes.CDLL:
                 f = lib.ld_attn_decode
                 f.argtypes = [_P, _P, _P, ctypes.c_int, *[_I] * 7, _P, ctypes.c_float, _P]
                 f.restype = ctypes.c_int
+            if hasattr(lib, "ld_forward_f32"):  # csrc/layer.c: one struct of arguments
+                lib.ld_forward_f32.argtypes, lib.ld_forward_f32.restype = [_P], ctypes.c_int
+                lib.ld_forward_work_floats.argtypes, lib.ld_forward_work_floats.restype = [_P, _I], _I
+                lib.ld_layer_f32.argtypes, lib.ld_layer_f32.restype = [_P, _I, _P, _I, _P, _P], ctypes.c_int
+                lib.ld_mm_f32.argtypes, lib.ld_mm_f32.restype = [_P, _I, _I, _P, _I, _P], None
             for sym in DEQUANT.values():
                 if hasattr(lib, sym):
                     f = getattr(lib, sym)

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from core.checkpoints import load
 from core.engine.engine import Engine, Joining
 from core.engine.events import Done
 from core.engine.settings import SamplingParams
+from core.model.kernels import ops as kernel_ops
 
 DEMO = Path(__file__).resolve().parents[3] / "assets" / "models" / "llamadesk-demo"
 WORDS = "cat dog sun moon tree ship king bird rain fox".split()
@@ -102,8 +104,26 @@ def test_without_invariance_a_batch_changes_a_request(demo):
     lm, engine = demo
     reqs = requests(lm, 5)
     engine.batch_invariant = False
+    lm.model.fused = False  # (the demo model's forward in C is invariant whatever: below)
     try:
         alone = [serve_together(engine, [r])[0] for r in reqs]
         assert serve_together(engine, reqs) != alone
+    finally:
+        engine.batch_invariant = True
+        lm.model.fused = True
+
+
+def test_a_small_float32_model_in_c_is_invariant_without_the_invariant_path(demo):
+    """core.model.fused: every product one FMA chain per output, so no padding or per-row
+    attention is needed for a batch to leave a request's bits alone."""
+    lm, engine = demo
+    if lm.model.tok_embeddings.weight.dtype != torch.float32 or kernel_ops.kernels() is None:
+        pytest.skip("the C forward runs float32 models, with the kernels built")
+    reqs = requests(lm, 5)
+    engine.batch_invariant = False
+    try:
+        alone = [serve_together(engine, [r])[0] for r in reqs]
+        assert serve_together(engine, reqs) == alone
+        assert lm.model.__dict__["_fused_plan"].plan is not None  # it ran in C
     finally:
         engine.batch_invariant = True

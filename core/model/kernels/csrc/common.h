@@ -84,6 +84,14 @@ static inline float ld_exp_neg(float x) {
     return x < -87.0f ? 0.0f : p * scale;
 }
 
+/* silu(x) * y, every element by the same float operations wherever it sits (csrc/act.c,
+ * csrc/layer.c): e^-|x| cannot overflow. */
+static inline float ld_silu_times(float x, float y) {
+    float t = ld_exp_neg(x < 0.0f ? x : -x);
+    float s = x < 0.0f ? t / (1.0f + t) : 1.0f / (1.0f + t);  /* sigmoid(x) */
+    return x * s * y;
+}
+
 static inline uint16_t ld_read_u16(const uint8_t *p) {
     return (uint16_t)(p[0] | (p[1] << 8));
 }

@@ -92,6 +92,7 @@ def test_the_invariant_decode_step_runs_one_kernel_call_per_layer_and_no_sdpa(li
     torch.manual_seed(0)
     args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=64)
     model = Transformer(args).eval()
+    model.fused = False  # the torch path's step (a model this small otherwise runs in C)
     cache = KVCache.for_model(model, batch=3, capacity=32)
     with torch.inference_mode():
         for r, n in enumerate((5, 9, 2)):
