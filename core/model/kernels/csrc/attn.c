@@ -507,7 +507,7 @@ void ld_attn_group(const float *restrict q, const void *k, const void *v, int dt
 }
 
 /* (rows' keys x query heads x (d + 24)) past which ld_attn_decode splits the work */
-#define LD_ATTN_THREADS_FROM ((int64_t)1 << 21)
+#define LD_ATTN_THREADS_FROM ((int64_t)1 << 22)
 
 /* out [b, h, d] = attention of q [b, h, d] (float32) over keys/values of type ``dtype`` at
  * k/v + row*sb + kv_head*sh + pos*sl (elements; each row of d contiguous), row r reading
@@ -527,10 +527,11 @@ int ld_attn_decode(const float *q, const void *k, const void *v, int dtype, int6
     if (scratch == NULL)
         return -1;
 #ifdef _OPENMP
-    /* Threads only for a call of ~200 µs and more on one thread: a second thread saves at
-     * most half of it, and waking one costs 1-5 µs when its core is idle, tens of µs to
-     * milliseconds when the core is busy (docs/PERFORMANCE.md, "Decode attention for small
-     * heads"). (d + 24): a key's softmax and bookkeeping cost about 24 products' worth. */
+    /* Threads only for a call of ~250 µs and more on one thread: a second thread saves at
+     * most half of it, and waking one costs 1-5 µs when its core is idle, 26 µs on average
+     * and up to a scheduler slice (~8 ms) when the cores are busy (docs/PERFORMANCE.md,
+     * "Decode attention for small heads"). (d + 24): a key's softmax and bookkeeping cost
+     * about 24 products' worth. */
 #pragma omp parallel for schedule(static) if (work * h * (d + 24) > LD_ATTN_THREADS_FROM)
 #endif
     for (int64_t j = 0; j < jobs; j++) {
