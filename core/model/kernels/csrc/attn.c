@@ -93,6 +93,8 @@ static void ld_attn_group_rows(const float *restrict q, const void *k, const voi
 
 typedef float ld_v16 __attribute__((vector_size(64), aligned(64)));
 typedef float ld_v8 __attribute__((vector_size(32), aligned(4)));
+typedef float ld_v4 __attribute__((vector_size(16)));
+typedef float ld_v2 __attribute__((vector_size(8)));
 
 static inline float ld_widen(const void *src, int dtype, int64_t at) {
     if (dtype == LD_F32)
@@ -107,13 +109,13 @@ static inline float ld_widen(const void *src, int dtype, int64_t at) {
 }
 
 #if defined(LD_AVX512)
-/* Elements at..at+7 of a key row as float32 (zeros for a key past the block's end). */
+/* Elements at..at+7 of a key row as float32 (zeros for a key past the block's end: a
+ * masked load, which reads nothing there). */
 static inline __m256 ld_seg8(const void *src, int dtype, int64_t at, int valid) {
-    if (!valid)
-        return _mm256_setzero_ps();
+    __mmask8 m = (__mmask8)(valid ? 0xff : 0);
     if (dtype == LD_F32)
-        return _mm256_loadu_ps((const float *)src + at);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)src + at));
+        return _mm256_maskz_loadu_ps(m, (const float *)src + at);
+    __m128i h = _mm_maskz_loadu_epi16(m, (const uint16_t *)src + at);
     if (dtype == LD_F16)
         return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -165,7 +167,7 @@ static void ld_keys_t(const void *src, int dtype, int64_t off, int64_t sl, int64
             __m512 z[8];
             if ((c * esz) % 64 == 0)  /* the next block's rows, a cache line each column step */
                 for (int m = 0; m < LD_KB; m++)
-                    _mm_prefetch((const char *)src + (off + (LD_KB + m) * sl + c) * esz, _MM_HINT_T0);
+                    __builtin_prefetch((const char *)src + (off + (LD_KB + m) * sl + c) * esz);
             ld_tile8(src, dtype, off, sl, nb, c, z);
             for (int i = 0; i < 8; i++)
                 _mm512_store_ps((float *)&kt[c + i], z[i]);
@@ -242,15 +244,26 @@ static inline ld_i16 ld_first(int64_t nb) {
     return iota < (int32_t)nb;
 }
 
-/* The largest of the 16 lanes (any order gives the same: no NaN among scores of finite
- * inputs). */
+typedef int32_t ld_i8 __attribute__((vector_size(32)));
+typedef int32_t ld_i4 __attribute__((vector_size(16)));
+typedef int32_t ld_i2 __attribute__((vector_size(8)));
+
+/* The largest of the 16 lanes, halves against halves in registers (any order gives the
+ * same: no NaN among scores of finite inputs). */
 static inline float ld_lanes_max(ld_v16 x) {
-    float t[LD_KB];
-    memcpy(t, &x, sizeof t);
-    for (int w = LD_KB / 2; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++)
-            t[j] = t[j + w] > t[j] ? t[j + w] : t[j];
-    return t[0];
+    ld_v8 a, b;
+    ld_v4 c, d;
+    ld_v2 e, f;
+    memcpy(&a, &x, 32), memcpy(&b, (const char *)&x + 32, 32);
+    ld_i8 ab = b > a;
+    a = (ld_v8)((ab & (ld_i8)b) | (~ab & (ld_i8)a));
+    memcpy(&c, &a, 16), memcpy(&d, (const char *)&a + 16, 16);
+    ld_i4 cd = d > c;
+    c = (ld_v4)((cd & (ld_i4)d) | (~cd & (ld_i4)c));
+    memcpy(&e, &c, 8), memcpy(&f, (const char *)&c + 8, 8);
+    ld_i2 ef = f > e;
+    e = (ld_v2)((ef & (ld_i2)f) | (~ef & (ld_i2)e));
+    return e[1] > e[0] ? e[1] : e[0];
 }
 
 /* out[j] = scale * q·k_j for the nb keys of kt, each summed as ld_dot sums one key; mx:
@@ -291,8 +304,6 @@ static void ld_block_scores(const float *restrict q, const void *k, int dtype, i
         ld_scores(q + h * d, kt, d, scale, s + h * n + l0, nb, mh + h);
 }
 
-typedef float ld_v4 __attribute__((vector_size(16)));
-typedef float ld_v2 __attribute__((vector_size(8)));
 
 /* lane j + lane j + w for w = 8, 4, 2, 1: the halves of a vector added, in registers */
 static inline float ld_halving_sum(ld_v16 x) {
@@ -476,14 +487,34 @@ static void ld_values(const void *v, int dtype, int64_t base, int64_t sl, int64_
         for (int64_t h = 0; h < rep; h++)
             ld_vacc_any(s + h * n + c0, vr, vs, nc, d, acc + h * d);
     }
-    for (int64_t h = 0; h < rep; h++) {
+    for (int64_t h = 0; h < rep; h++) {  /* one loop per P: each vectorizes */
         const float *a = acc + h * P * d;
-        float *restrict o = out + h * d;
-        for (int64_t i = 0; i < d; i++) {
-            float x = P == 4 ? (a[i] + a[2 * d + i]) + (a[d + i] + a[3 * d + i]) : P == 2 ? a[i] + a[d + i] : a[i];
-            o[i] = x * inv[h];
-        }
+        float *restrict o = out + h * d, w = inv[h];
+        if (P == 4 && d == 8) {
+            ld_v8 x[4];
+            memcpy(x, a, sizeof x);
+            ld_v8 y = ((x[0] + x[2]) + (x[1] + x[3])) * w;
+            memcpy(o, &y, sizeof y);
+        } else if (P == 4)
+            for (int64_t i = 0; i < d; i++)
+                o[i] = ((a[i] + a[2 * d + i]) + (a[d + i] + a[3 * d + i])) * w;
+        else if (P == 2)
+            for (int64_t i = 0; i < d; i++)
+                o[i] = (a[i] + a[d + i]) * w;
+        else
+            for (int64_t i = 0; i < d; i++)
+                o[i] = a[i] * w;
     }
+}
+
+/* Asks for the first ~8 KB of n rows (contiguous when sl == d) to be brought in: a group's
+ * keys and values start cold in a decode step (the rest of the layer ran in between), and
+ * the hardware prefetcher only follows once a stream is under way. */
+static inline void ld_prefetch_rows(const void *src, int dtype, int64_t off, int64_t sl, int64_t n, int64_t d) {
+    int64_t esz = dtype == LD_F32 ? 4 : 2, bytes = (sl == d ? n * d : d) * esz;
+    const char *p = (const char *)src + off * esz;
+    for (int64_t b = 0; b < bytes && b < 8192; b += 64)
+        __builtin_prefetch(p + b);
 }
 
 /* (attn.h) Key blocks are read (and widened) once for all rep heads, values once a chunk. */
@@ -494,6 +525,8 @@ void ld_attn_group(const float *restrict q, const void *k, const void *v, int dt
         ld_attn_group_rows(q, k, v, dtype, base, sl, n, d, rep, scale, s, tmp, out);
         return;
     }
+    ld_prefetch_rows(k, dtype, base, sl, n, d);
+    ld_prefetch_rows(v, dtype, base, sl, n, d);
     ld_v16 mh[LD_REPMAX];
     for (int64_t h = 0; h < rep; h++)
         mh[h] = ld_splat(-__builtin_inff());
@@ -541,6 +574,11 @@ int ld_attn_decode(const float *q, const void *k, const void *v, int dtype, int6
         float *s = scratch;
 #endif
         int64_t r = j / hkv, g = j % hkv;
+        if (j + 1 < jobs) {  /* the next group's rows start arriving while this one runs */
+            int64_t rn = (j + 1) / hkv, gn = (j + 1) % hkv;
+            ld_prefetch_rows(k, dtype, rn * sb + gn * sh, sl, lengths[rn], d);
+            ld_prefetch_rows(v, dtype, rn * sb + gn * sh, sl, lengths[rn], d);
+        }
         ld_attn_group(q + j * rep * d, k, v, dtype, r * sb + g * sh, sl, lengths[r], d, rep, scale, s,
                       s + rep * most, out + j * rep * d);
     }
