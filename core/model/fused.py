@@ -11,7 +11,7 @@ construction, with or without ``Transformer.batch_invariant``).
 The rule (:func:`plan_for`): every module a plain one of core.model.transformer (no
 KernelLinear, Float16Linear, packed or LoRA layer), float32 weights on the CPU, at most
 :data:`MAX_PARAMS` parameters (measured: docs/PERFORMANCE.md, "A small model's forward in
-C"), the kernels built; and per call (:func:`forward`): eval mode, not compiling, no forward
+C"), the kernels built, ``LLAMADESK_FUSED`` not ``0``; and per call (:func:`forward`): eval mode, not compiling, no forward
 hooks (attribution's), no autograd wanted, a KVCache or one of its rows in float32.
 Otherwise, and without a C compiler, the torch path runs as before.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import math
 import operator
+import os
 
 import torch
 from torch import nn
@@ -30,6 +31,8 @@ from core.model.kv_cache import KVCache, RowView
 #: parameters up to which the C forward runs (measured against the torch path: decode at
 #: 1/4/16 rows and a 512-token prefill: 7.9M params won all four, 15M lost 4 rows; docs/PERFORMANCE.md)
 MAX_PARAMS = 10_000_000
+#: ``LLAMADESK_FUSED=0`` keeps every model on the torch path (to compare the two)
+ENV = "LLAMADESK_FUSED"
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -166,7 +169,7 @@ def _global_hooks() -> bool:
 def plan_for(model, plain: tuple[type, ...]) -> Plan | None:
     """A Plan when ``model`` falls under the rule (see the module), else None. ``plain``:
     the module types of a plain Transformer (core.model.transformer's own)."""
-    if (lib := kernel_ops.kernels()) is None:
+    if os.environ.get(ENV, "").strip() == "0" or (lib := kernel_ops.kernels()) is None:
         return None
     if not hasattr(lib, "ld_forward_f32") or model.num_parameters() > MAX_PARAMS:
         return None

@@ -123,6 +123,24 @@ def test_a_prompt_prefilled_at_once_in_chunks_or_token_by_token_is_the_same_bits
     assert torch.equal(once, chunks) and torch.equal(once, by_token)
 
 
+def test_a_verification_forward_of_several_rows_is_the_same_bits_as_token_by_token(lib):
+    """Speculative verification: k+1 tokens of each row in one forward at per-row positions."""
+    _, model = model_for("gqa_hd8_172")
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 96, (1, n), generator=g) for n in (4, 9)]
+    drafted = torch.randint(0, 96, (2, 3), generator=g)
+    with torch.no_grad():
+        cache = KVCache.for_model(model, batch=2, capacity=16)
+        for r, p in enumerate(prompts):
+            model(p, 0, cache.row(r))
+        together = model(drafted, torch.tensor([4, 9]), cache)
+        for r, p in enumerate(prompts):
+            own = KVCache.for_model(model, capacity=16)
+            model(p, 0, own)
+            steps = [model(drafted[r:r + 1, i:i + 1], p.shape[1] + i, own) for i in range(3)]
+            assert torch.equal(torch.cat(steps, 1), together[r:r + 1])
+
+
 def test_a_tensor_of_positions_and_last_only_match_the_int_form(lib):
     _, model = model_for("mha")
     ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(5))
@@ -215,11 +233,11 @@ def test_a_float64_model_or_one_that_wants_gradients_takes_the_torch_path(lib, m
 
 
 def test_kernels_turned_off_by_the_environment_take_the_torch_path(lib, monkeypatch, fresh_state):
-    monkeypatch.setenv("LLAMADESK_KERNELS", "0")
-    model = meta_from_hf(tiny_hf(**CONFIGS["mha"])).eval()
     seen = calls(monkeypatch)
-    with torch.no_grad():
-        model(torch.tensor([[1, 2]]), 0, KVCache.for_model(model, capacity=4))
+    for var in ("LLAMADESK_KERNELS", "LLAMADESK_FUSED"):
+        with monkeypatch.context() as m:
+            m.setenv(var, "0")
+            forward(rule_model())
     assert seen == []
 
 
