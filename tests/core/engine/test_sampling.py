@@ -3,12 +3,14 @@ import json
 import math
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import core.engine.sampling as sampling
+from core.engine import cpu_rows
 from core.engine.beam import beam_search
 from core.engine.sampling import (apply_repetition_penalty, choose_tokens, draw, filter_logits, inverse_cdf,
                                   filter_rows, min_p_filter, sample, seeded_generator, top_alternatives, top_k_filter,
@@ -505,11 +507,13 @@ def test_the_candidate_threshold_is_topks_kth_value():
         assert torch.equal(sampling._threshold(x[2], kc), x[2].topk(kc).values[-1])
 
 
+
 @pytest.mark.parametrize("levels", [0, 3, 40])
-def test_the_candidates_sort_by_value_alone_as_the_stable_sort_would_keep_them(levels):
-    """A small batch's top-p cut comes from the sorted values alone (no stable argsort):
-    the tokens and log-probs of the stable sort's path, bit for bit, with many ties
-    (``levels`` distinct values) at and across the cut, temperatures, min-p, biases."""
+def test_cpu_rows_draw_the_torch_paths_tokens_without_its_stable_sort(levels):
+    """A CPU batch's candidate draw in numpy, its top-p cut from the sorted values alone
+    (no stable argsort): the tokens and log-probs of the torch path, bit for bit, with
+    many ties (``levels`` distinct values) at and across the cut, temperatures, min-p,
+    biases, a row mostly -inf."""
     g = torch.Generator().manual_seed(levels + 1)
     B, V = 16, 512
     lg = torch.randn(B, V, generator=g) * 3
@@ -525,14 +529,14 @@ def test_the_candidates_sort_by_value_alone_as_the_stable_sort_would_keep_them(l
     with mock.patch.object(torch.Tensor, "sort", lambda self, *a, **k: sorts.append(1) or real_sort(self, *a, **k)):
         got = [choose_tokens(lg, qs, [None] * B, gens()) for _ in range(2)][-1]
     assert not sorts  # the value sort decided every row
-    with mock.patch.object(sampling, "sorted_values", lambda masked, cand: None):
+    with mock.patch.object(sampling, "candidate_draw", lambda *a: None):
         want = choose_tokens(lg, qs, [None] * B, gens())
     assert got.ids == want.ids and list(map(repr, got.logprobs)) == list(map(repr, want.logprobs))
 
 
 def test_a_kept_set_that_is_not_a_prefix_of_the_sorted_values_goes_to_the_sort():
-    masked = torch.tensor([[3.0, 2.0, 2.0, 1.0]])
-    vals_s = masked.clone()
-    assert sampling.kept_by_place(masked, vals_s, torch.tensor([[True, False, True, False]])) is None
-    assert sampling.kept_by_place(masked[:, [1, 0, 3, 2]], vals_s, torch.tensor([[True, True, False, False]])).tolist() == \
-        [[True, True, False, False]]  # of the tied 2.0s, the first by place
+    masked = np.array([[3.0, 2.0, 2.0, 1.0]], dtype=np.float32)
+    vals_s = masked.copy()
+    assert cpu_rows.kept_by_place(masked, vals_s, np.array([[True, False, True, False]])) is None
+    got = cpu_rows.kept_by_place(masked[:, [1, 0, 3, 2]], vals_s, np.array([[True, True, False, False]]))
+    assert got.tolist() == [[True, True, False, False]]  # of the tied 2.0s, the first by place
