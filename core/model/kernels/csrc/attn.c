@@ -271,12 +271,17 @@ static inline float ld_lanes_max(ld_v16 x) {
 static inline __attribute__((always_inline)) void ld_scores(const float *restrict q, const ld_v16 *restrict kt,
                                                             int64_t d, float scale, float *restrict out,
                                                             int64_t nb, ld_v16 *restrict mx) {
-    ld_v16 acc[8] = {{0}};
+    ld_v16 sum = ld_splat(0.0f);
     int64_t d8 = d & ~(int64_t)7;
-    for (int64_t i = 0; i < d8; i += 8)
+    if (d8) {  /* 8 partials, the first product each starts (no add to zero) */
+        ld_v16 acc[8];
         for (int j = 0; j < 8; j++)
-            acc[j] += q[i + j] * kt[i + j];
-    ld_v16 sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+            acc[j] = q[j] * kt[j];
+        for (int64_t i = 8; i < d8; i += 8)
+            for (int j = 0; j < 8; j++)
+                acc[j] += q[i + j] * kt[i + j];
+        sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    }
     for (int64_t i = d8; i < d; i++)
         sum += q[i] * kt[i];
     sum = sum * scale;
@@ -324,11 +329,16 @@ static inline float ld_halving_sum(ld_v16 x) {
 static float ld_softmax(float *restrict sh, int64_t n, ld_v16 m) {
     float mx = ld_lanes_max(m);
     ld_v16 p = ld_splat(0.0f);
-    for (int64_t l = 0; l < n; l += LD_KB) {
-        int64_t nb = n - l < LD_KB ? n - l : LD_KB;
-        ld_v16 e = ld_exp_neg16(ld_lanes(sh + l, nb, mx) - mx);
-        ld_store_lanes(sh + l, e, nb);
-        p += ld_select(ld_first(nb), e, ld_splat(0.0f));
+    int64_t l = 0;
+    for (; l + LD_KB <= n; l += LD_KB) {
+        ld_v16 e = ld_exp_neg16(ld_lanes(sh + l, LD_KB, mx) - mx);
+        ld_store_lanes(sh + l, e, LD_KB);
+        p += e;
+    }
+    if (l < n) {
+        ld_v16 e = ld_exp_neg16(ld_lanes(sh + l, n - l, mx) - mx);
+        ld_store_lanes(sh + l, e, n - l);
+        p += ld_select(ld_first(n - l), e, ld_splat(0.0f));
     }
     return 1.0f / ld_halving_sum(p);
 }
