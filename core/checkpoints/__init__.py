@@ -14,9 +14,11 @@ import torch
 
 from core.errors import CheckpointError
 from core.checkpoints.common import QUANT_DTYPES, LoadedModel, ProgressFn, auto_dtype, resolve_device, resolve_dtype
+from core.model import fused
 from core.model.kernels import build as kernel_build
 from core.model.kernels import ops as kernel_ops
 from core.model.memory import release_freed_heap
+from core.model.transformer import PLAIN_MODULES, Transformer
 
 GGUF_MAGIC = b"GGUF"
 
@@ -84,6 +86,8 @@ def load(path: str | Path, *, device="auto", dtype="auto", max_seq_len: int | No
         kernel_ops.kernels(tick=(lambda: progress(1.0, "compiling the CPU kernels")) if progress else None)
         # Model Info says which kernels run (their instruction set) or why there are none
         loaded.info.setdefault("kernels", kernel_build.describe())
+        if isinstance(loaded.model, Transformer) and fused.applies(loaded.model, PLAIN_MODULES):
+            loaded.info["kernels"] += " · the whole forward in one C call (a small float32 model)"
     if not isinstance(dtype, torch.dtype) and str(dtype or "auto") in ("auto", *QUANT_DTYPES):
         # info and the status bar's tooltip say what 'auto' chose and why.
         loaded.info.setdefault("dtype_reason", auto_dtype(resolve_device(device), loaded.args)[1])

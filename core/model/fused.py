@@ -21,6 +21,7 @@ import ctypes
 import math
 import operator
 import os
+import threading
 
 import torch
 from torch import nn
@@ -83,6 +84,7 @@ class Plan:
         self.start = (_I * 1)()
         self.bound: tuple | None = None  # (cache, k[0], v[-1], pointer arrays) the args point at
         self.rope: torch.Tensor | None = None
+        self.lock = threading.Lock()
 
     def hooked(self) -> bool:
         """Whether a forward hook would see a module's call (then the torch path runs)."""
@@ -101,7 +103,12 @@ class Plan:
 
     def run(self, tokens: torch.Tensor, start_pos, kv: KVCache, row0: int, last_only: bool) -> torch.Tensor:
         """Logits [B, T or 1, V] of tokens [B, T] at start_pos (int, or [B] per row) over
-        cache rows row0.. of ``kv``, whose keys/values at those positions it writes."""
+        cache rows row0.. of ``kv``, whose keys/values at those positions it writes. One
+        call at a time (the argument block and the work buffer are the plan's)."""
+        with self.lock:
+            return self._run(tokens, start_pos, kv, row0, last_only)
+
+    def _run(self, tokens, start_pos, kv: KVCache, row0: int, last_only: bool) -> torch.Tensor:
         b = self.bound
         if b is None or b[0] is not kv or b[1] is not kv.k[0] or b[2] is not kv.v[-1]:
             self.bind(kv)
@@ -166,23 +173,28 @@ def _global_hooks() -> bool:
     return bool(m._global_forward_hooks or m._global_forward_pre_hooks)
 
 
-def plan_for(model, plain: tuple[type, ...]) -> Plan | None:
-    """A Plan when ``model`` falls under the rule (see the module), else None. ``plain``:
+def applies(model, plain: tuple[type, ...]) -> bool:
+    """Whether ``model`` falls under the rule (see the module; kernels built). ``plain``:
     the module types of a plain Transformer (core.model.transformer's own)."""
     if os.environ.get(ENV, "").strip() == "0" or (lib := kernel_ops.kernels()) is None:
-        return None
+        return False
     if not hasattr(lib, "ld_forward_f32") or model.num_parameters() > MAX_PARAMS:
-        return None
+        return False
     a = model.args
     if a.n_heads % a.n_kv_heads or a.head_dim % 2 or not model.layers:
-        return None
+        return False
     if any(type(m) not in plain for m in model.modules() if m is not model):
-        return None
+        return False
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
-        return None
+        return False
     eps = {model.norm.eps} | {n.eps for layer in model.layers for n in (layer.attention_norm, layer.ffn_norm)}
     hidden = {layer.feed_forward.w1.weight.shape[0] for layer in model.layers}
-    return Plan(model, lib) if len(eps) == 1 and len(hidden) == 1 else None
+    return len(eps) == 1 and len(hidden) == 1
+
+
+def plan_for(model, plain: tuple[type, ...]) -> Plan | None:
+    """A Plan when ``model`` falls under the rule, else None."""
+    return Plan(model, kernel_ops.kernels()) if applies(model, plain) else None
 
 
 def forward(model, tokens: torch.Tensor, start_pos, cache, last_only: bool,

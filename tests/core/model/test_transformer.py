@@ -36,10 +36,12 @@ def test_logits_match_transformers(name):
     torch.testing.assert_close(torch.log_softmax(got, -1), torch.log_softmax(ref, -1), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["C", "torch"])
 @pytest.mark.parametrize("name", ["mha", "gqa2", "theta500k", "llama31_scaled", "tied"])
-def test_greedy_ids_and_logprobs_match_transformers(name):
+def test_greedy_ids_and_logprobs_match_transformers(name, fused):
     hf = tiny_hf(**CONFIGS[name])
     ours = meta_from_hf(hf)
+    ours.fused = fused  # a model this small runs its cached forward in C (core.model.fused)
     prompt = [1] + [5 + (i * 7) % 90 for i in range(120 if name == "llama31_scaled" else 12)]
     ref_ids, ref_lp = hf_greedy(hf, prompt, 24)
     got_ids, got_lp = greedy(ours, prompt, 24)
@@ -58,8 +60,10 @@ def test_scaled_rope_changes_long_range_logits():
     assert (a[0, -1] - b[0, -1]).abs().max() > 1e-2
 
 
-def test_cached_decode_equals_full_forward():
+@pytest.mark.parametrize("fused", [True, False], ids=["C", "torch"])
+def test_cached_decode_equals_full_forward(fused):
     model = meta_from_hf(tiny_hf(num_key_value_heads=2))
+    model.fused = fused
     ids = torch.randint(0, 96, (1, 30), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         full = model(ids)
@@ -70,8 +74,10 @@ def test_cached_decode_equals_full_forward():
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
 
 
-def test_batched_prefill_equals_token_by_token():
+@pytest.mark.parametrize("fused", [True, False], ids=["C", "torch"])
+def test_batched_prefill_equals_token_by_token(fused):
     model = meta_from_hf(tiny_hf())
+    model.fused = fused
     ids = torch.randint(0, 96, (1, 25), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         cache = KVCache.for_model(model, capacity=25)
@@ -201,6 +207,7 @@ def test_a_batch_invariant_decode_step_costs_few_torch_calls_per_layer():
         torch.manual_seed(0)
         model = Transformer(ModelArgs(dim=64, n_layers=layers, n_heads=4, n_kv_heads=2, vocab_size=64,
                                       max_seq_len=64)).eval()
+        model.fused = False  # the torch path's step (bigger models'; this one otherwise runs in C)
         cache = KVCache.for_model(model, batch=8, capacity=32)
         with torch.inference_mode():
             for r in range(8):
@@ -225,6 +232,7 @@ def test_decode_rows_are_the_same_bits_alone_and_batched_at_a_width_not_a_multip
     torch.manual_seed(0)
     model = Transformer(ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, hidden_dim=172,
                                   max_seq_len=64)).eval()
+    model.fused = False  # the torch path with act.c's silu (core.model.fused's C forward: test_layer.py)
     prompts = [torch.randint(0, 64, (1, 2 + r % 5)) for r in range(7)]
     x = torch.randint(0, 64, (7, 1))
     pos = torch.tensor([p.shape[1] for p in prompts])

@@ -128,4 +128,5 @@ def test_a_cpu_load_builds_the_kernels_on_the_loading_thread(monkeypatch):
     demo = Path(__file__).resolve().parents[4] / "assets" / "models" / "llamadesk-demo"
     lm = checkpoints.load(demo, device="cpu", progress=lambda f, s: None)
     assert calls and callable(calls[0])
-    assert lm.info["kernels"] == build.describe()  # Model Info's "CPU kernels" row
+    # Model Info's "CPU kernels" row (the demo model is small: its forward runs in one C call)
+    assert lm.info["kernels"].startswith(build.describe())

@@ -277,3 +277,11 @@ def test_a_copy_of_a_model_builds_its_own_plan(lib):
         for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
             assert torch.equal(twin(ids, 0, KVCache.for_model(twin, capacity=4)), want)
             assert twin._fused_plan.plan.model is twin
+
+
+def test_model_info_says_a_small_float32_model_runs_in_c(lib):
+    from core import checkpoints
+    from pathlib import Path
+    demo = Path(__file__).resolve().parents[4] / "assets" / "models" / "llamadesk-demo"
+    assert "whole forward in one C call" in checkpoints.load(demo, device="cpu", dtype="float32").info["kernels"]
+    assert "C call" not in checkpoints.load(demo, device="cpu", dtype="bfloat16").info["kernels"]
