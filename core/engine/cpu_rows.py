@@ -136,3 +136,19 @@ def inverse_cdf_rows(probs: torch.Tensor, u: torch.Tensor) -> np.ndarray:
     else:
         at = np.count_nonzero(c <= v[:, None], axis=1)
     return np.minimum(at, probs.shape[-1] - 1)
+
+
+def finite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """bool [B]: whether each row of logits [B, V] is finite throughout (its max and min
+    are finite exactly when all of it is: both propagate NaN), with the non-finite
+    entries zeroed in place (the identity on healthy rows). On CPU float32 rows numpy's
+    two reductions, and the zeroing only where a row needs it: ~5 torch calls less a step."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        a = logits.numpy()
+        finite = np.isfinite(a.max(-1)) & np.isfinite(a.min(-1))
+        if not finite.all():
+            np.nan_to_num(a, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+        return torch.from_numpy(finite)
+    finite = torch.isfinite(logits.amax(-1)) & torch.isfinite(logits.amin(-1))
+    torch.nan_to_num_(logits, nan=0.0, posinf=0.0, neginf=0.0)
+    return finite

@@ -1,10 +1,12 @@
 """The Batch of one decode loop on its own: compaction moves surviving lanes down (their
 cache rows and whatever follows a row), and what the rows hold is remembered for reuse."""
 import threading
+from unittest import mock
 
 import torch
 
 from core.engine.batch import Batch, Lane, finish
+from core.engine.cpu_rows import finite_rows
 from core.engine.settings import SamplingParams
 from core.model.kv_cache import KVCache
 
@@ -50,3 +52,21 @@ def test_settle_ends_a_lane_at_the_context_or_on_cancel_with_its_stats():
     assert batch.settle(1) is None
     ev.set()
     assert batch.settle(1).stop_reason == "cancelled"
+
+
+def test_rows_with_nan_or_inf_are_flagged_and_zeroed_healthy_rows_untouched():
+    """Batch.choose's check (core.engine.cpu_rows.finite_rows): a row is finite when every
+    entry is; non-finite entries become 0 (the sampler never sees them), on the numpy
+    path (CPU float32) and torch's (float64) alike."""
+    g = torch.Generator().manual_seed(2)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(5, 64, generator=g, dtype=dtype)
+        x[1, 3], x[2, 0], x[3, 63] = float("nan"), float("inf"), float("-inf")
+        want_flags, want = torch.isfinite(x).all(-1), torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+        got = x.clone()
+        assert finite_rows(got).tolist() == want_flags.tolist() == [True, False, False, False, True]
+        assert torch.equal(got, want)
+    healthy = torch.randn(3, 64, generator=g)
+    with mock.patch.object(torch, "nan_to_num_", side_effect=AssertionError("zeroed a healthy batch")):
+        before = healthy.clone()
+        assert finite_rows(healthy).all() and torch.equal(healthy, before)
