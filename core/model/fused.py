@@ -22,6 +22,7 @@ import math
 import operator
 import os
 import threading
+import weakref
 
 import torch
 from torch import nn
@@ -60,7 +61,9 @@ class Plan:
 
     def __init__(self, model, lib):
         a = model.args
-        self.model, self.lib = model, lib
+        # (weakly: the model holds its plan, and a cycle would keep an unloaded model's
+        # memory until the next full garbage collection)
+        self.model, self.lib = weakref.ref(model), lib
         self.sources = list(model.parameters())
         # every module's hook tables, looked at each call (a registered hook lands in one)
         self.hooks = [d for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks)]
@@ -112,7 +115,7 @@ class Plan:
         b = self.bound
         if b is None or b[0] is not kv or b[1] is not kv.k[0] or b[2] is not kv.v[-1]:
             self.bind(kv)
-        rope = self.model.rope(kv.capacity)
+        rope = self.model().rope(kv.capacity)
         if rope is not self.rope:
             self.rope = rope
             self.args.rope, self.args.rope_len = rope.data_ptr(), rope.shape[0]
@@ -219,7 +222,7 @@ def forward(model, tokens: torch.Tensor, start_pos, cache, last_only: bool,
         slot.sources = list(model.parameters())
         slot.plan, slot.signature = plan_for(model, plain), signature(slot.sources)
     plan = slot.plan
-    if plan is None or not model.fused or plan.hooked():
+    if plan is None or not model.__dict__.get("fused", True) or plan.hooked():
         return None
     if torch.is_grad_enabled() and any(p.requires_grad for p in plan.sources):
         return None  # someone wants gradients through it: torch's autograd

@@ -276,7 +276,18 @@ def test_a_copy_of_a_model_builds_its_own_plan(lib):
         want = model(ids, 0, KVCache.for_model(model, capacity=4))
         for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
             assert torch.equal(twin(ids, 0, KVCache.for_model(twin, capacity=4)), want)
-            assert twin._fused_plan.plan.model is twin
+            assert twin._fused_plan.plan.model() is twin
+
+
+def test_an_unloaded_model_is_freed_without_a_garbage_collection(lib):
+    import weakref
+    model = meta_from_hf(tiny_hf(**CONFIGS["mha"])).eval()
+    with torch.no_grad():
+        model(torch.tensor([[1, 2]]), 0, KVCache.for_model(model, capacity=4))
+    assert model._fused_plan.plan is not None
+    gone = weakref.ref(model)
+    del model
+    assert gone() is None  # no reference cycle through its plan
 
 
 def test_model_info_says_a_small_float32_model_runs_in_c(lib):
