@@ -19,6 +19,7 @@ CONFIGS = {
     # stories260K's shape: 8 heads of 8 over 4 kv heads, a 172-wide feed-forward
     "gqa_hd8_172": dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, intermediate_size=172),
     "hd64_mqa": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=200),
+    "hd32_not_dim_over_heads": dict(head_dim=32, num_attention_heads=4, num_key_value_heads=2),
     "llama31_tied": dict(tie_word_embeddings=True, num_key_value_heads=2, **LLAMA31),
 }
 _models: dict = {}
