@@ -213,7 +213,8 @@ def forward(model, tokens: torch.Tensor, start_pos, cache, last_only: bool,
         kv, row0 = cache, 0
     else:  # StaticRows (a fixed-shape step), or another cache
         return None
-    if kv.dtype != torch.float32 or kv.device.type != "cpu" or not tokens.is_cpu or tokens.dim() != 2:
+    if (kv.dtype != torch.float32 or kv.device.type != "cpu" or not tokens.is_cpu or tokens.dim() != 2
+            or tokens.shape[1] == 0):  # (no tokens: the torch path says what is wrong)
         return None
     slot = model.__dict__.get("_fused_plan")
     if slot is None:

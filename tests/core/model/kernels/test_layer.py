@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from core.model import fused
 from core.model.kernels import ops as kernel_ops
 from core.model.kv_cache import KVCache
+from core.model.transformer import PLAIN_MODULES
 from tests.helpers import meta_from_hf, tiny_hf
 
 LLAMA31 = dict(rope_theta=500000.0, max_position_embeddings=2048,
@@ -173,6 +174,15 @@ def test_bad_tokens_and_positions_raise(lib):
         model(torch.tensor([[1, 2]]), 255, cache)  # past the cache's 256 positions
     with torch.no_grad(), pytest.raises(IndexError):
         model(torch.tensor([[1], [2]]), 0, cache)  # two rows in a one-row cache
+
+
+def test_no_tokens_is_left_to_the_torch_path(lib):
+    _, model = model_for("mha")
+    empty = torch.zeros(1, 0, dtype=torch.long)
+    cache = KVCache.for_model(model, capacity=4)
+    with torch.no_grad():
+        assert fused.forward(model, empty, 0, cache, True, PLAIN_MODULES) is None
+        assert fused.forward(model, torch.tensor([[1]]), 0, cache, True, PLAIN_MODULES).shape == (1, 1, 96)
 
 
 def calls(monkeypatch):
