@@ -69,6 +69,7 @@ def test_a_non_finite_block_scale_is_refused(kind):
 def test_cpu_packing_never_widens_values_for_torchs_packer(kind, monkeypatch):
     """Every GGUF type's bytes reach the kernel's layout without torch's int32 packer (the
     largest single cost of opening a file before)."""
+    pack_cpu.layout_matches()  # the layout probe packs one small matrix through torch, once per process
     monkeypatch.setattr(torch, "_convert_weight_to_int4pack_for_cpu",
                         lambda *a: pytest.fail("packed through torch's int32 packer"))
     layer = pack.pack_gguf(as_raw(gguf_blocks(kind, n=64, k=K)), kind, 64, K, CPU)
