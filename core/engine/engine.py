@@ -384,6 +384,10 @@ class Engine:
                 joining = joining + list(admit(max_rows - len(batch.rows), len(batch.lanes)))
             if not joining:
                 return
+            # the burst's rows in one growth of the cache: grown joiner by joiner, a first
+            # burst of 16 reallocated every layer's keys and values 16 times (~13 ms here)
+            self.cache.ensure(len(batch.rows) + sum(len(j.lanes) for j in joining),
+                              self.capacity(max(self._positions_needed(j) for j in joining)))
             for j in joining:
                 if batch.waiting() and self._choice_due(time.perf_counter() - waiting_since):
                     yield from self._choose(batch, drafting)
@@ -406,16 +410,19 @@ class Engine:
         if getattr(self.model, "invariant", want) != want:
             self.model.batch_invariant(want)
 
+    def _positions_needed(self, j: Joining) -> int:
+        """Cache positions j's rows need as it joins: its prompt and every new token when the
+        cache is sized up front (preallocate, a static cache), else its prompt and one more."""
+        if self.preallocate or self._step.static:
+            return max(min(len(j.prompt) + q.max_new_tokens, self.max_context) for q in j.lanes)
+        return len(j.prompt) + 1
+
     def _join(self, j: Joining, batch: Batch, drafting: Drafting) -> Iterator[Event]:
         """Prefill j's prompt into the first free row, copy it into one row per lane."""
         t0 = time.perf_counter()
         first, r0, n = len(batch.lanes), len(batch.rows), len(j.lanes)
         stops = self._stops(j.stop_ids)
-        if self.preallocate or self._step.static:
-            need = max(min(len(j.prompt) + q.max_new_tokens, self.max_context) for q in j.lanes)
-        else:
-            need = len(j.prompt) + 1
-        self.cache.ensure(r0 + n, self.capacity(need))
+        self.cache.ensure(r0 + n, self.capacity(self._positions_needed(j)))
         for q in j.lanes:
             constraint = lane_constraint(q, j.tools)
             batch.add(Lane(len(batch.lanes), q, seeded_generator(q, self.device),

@@ -85,3 +85,22 @@ def test_a_request_that_arrives_while_others_join_joins_before_the_next_decode_s
     got = [[e.token_id for e in evs if isinstance(e, Token) and e.lane == lane] for lane in range(2)]
     monkeypatch.undo()
     assert got == _alone(engine, prompts, q)
+
+
+def test_a_burst_grows_the_cache_once_for_all_its_rows(engine, lm, monkeypatch):
+    """The joiners' rows are allocated together before their prefills, not one growth (a
+    reallocation of every layer's keys and values) per joiner."""
+    grown = []
+    real = type(engine.cache).ensure
+
+    def ensure(cache, rows, capacity):
+        if rows > cache.batch:
+            grown.append(rows)
+        return real(cache, rows, capacity)
+    monkeypatch.setattr(type(engine.cache), "ensure", ensure)
+    engine.cache.reset()
+    engine.cache.ensure(1, 0)
+    burst = [[Joining(lm.tokenizer.encode(t, bos=True), [SamplingParams(temperature=0, max_new_tokens=2)])
+              for t in TEXTS]]
+    list(engine.serve(lambda free, nxt: burst.pop() if burst else [], max_rows=8))
+    assert grown == [len(TEXTS)]
