@@ -236,11 +236,14 @@ def test_continue_after_stop(qtbot, loop, history):
     t = chat(qtbot, history, replies(until_stopped, " and more"))
     t.col.prompt.set_text("tell")
     t.c.send("tell")
-    run(loop, until(lambda: t.col.chat.stream_text, 5, "text"))
-    t.c.stop()
+
+    async def stop_once_streaming():  # Stop inside the running loop: stopped outside it, the
+        await until(lambda: t.col.chat.stream_text, 5, "text")  # Qt events it sends could wake
+        t.c.stop()  # the script's sleep with no loop running ("no running event loop")
+    run(loop, stop_once_streaming())
     finish(loop, t)
     w = t.col.chat.widgets[-1]
-    assert w.message["stop_reason"] == "cancelled" and offered(w)
+    assert w.message["stop_reason"] == "cancelled" and offered(w), (w.message, t.errors)
     w.buttons["continue"].click()
     finish(loop, t)
     assert t.bridge.requests[-1].continue_reply == "Part" and shown(t)[-1][1] == "Part and more"
