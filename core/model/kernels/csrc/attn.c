@@ -28,20 +28,6 @@ static inline const float *ld_row(const void *src, int dtype, int64_t off, int64
     return dst;
 }
 
-/* q·k over d inputs in one fixed order: 8 interleaved partial sums combined by a fixed
- * tree, then the inputs past the last multiple of 8 in order. */
-static inline float ld_dot(const float *restrict a, const float *restrict b, int64_t d) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t d8 = d & ~(int64_t)7;
-    for (int64_t i = 0; i < d8; i += 8)
-        for (int j = 0; j < 8; j++)
-            acc[j] += a[i + j] * b[i + j];
-    float sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (int64_t i = d8; i < d; i++)
-        sum += a[i] * b[i];
-    return sum;
-}
-
 /* The plain form, for shapes past the blocked one's buffers (d > LD_DMAX, rep > LD_REPMAX):
  * key by key, each key and value row read (and widened) once for all rep heads. */
 static void ld_attn_group_rows(const float *restrict q, const void *k, const void *v, int dtype, int64_t base,

@@ -92,6 +92,21 @@ static inline float ld_silu_times(float x, float y) {
     return x * s * y;
 }
 
+/* a·b over d inputs in one fixed order: 8 interleaved partial sums combined by a fixed
+ * tree, then the inputs past the last multiple of 8 in order (attention's q·k, RMSNorm's
+ * sum of squares). */
+static inline float ld_dot(const float *a, const float *b, int64_t d) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t d8 = d & ~(int64_t)7;
+    for (int64_t i = 0; i < d8; i += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += a[i + j] * b[i + j];
+    float sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for (int64_t i = d8; i < d; i++)
+        sum += a[i] * b[i];
+    return sum;
+}
+
 static inline uint16_t ld_read_u16(const uint8_t *p) {
     return (uint16_t)(p[0] | (p[1] << 8));
 }

@@ -160,19 +160,11 @@ void ld_mm_f32(const float *x, int64_t m, int64_t k, const float *wt, int64_t n,
     ld_matmul(x, m, k, wt, n, y, NULL);
 }
 
-/* out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w: the sum of squares in 8 interleaved partial
- * sums and a fixed tree, then the tail in order. */
+/* out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w: the sum of squares as ld_dot sums. */
 static void ld_rmsnorm(const float *x, int64_t m, int64_t dim, const float *w, float eps, float *out) {
     for (int64_t i = 0; i < m; i++) {
         const float *xr = x + i * dim;
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int64_t d8 = dim & ~(int64_t)7;
-        for (int64_t d = 0; d < d8; d += 8)
-            for (int j = 0; j < 8; j++)
-                acc[j] += xr[d + j] * xr[d + j];
-        float ss = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-        for (int64_t d = d8; d < dim; d++)
-            ss += xr[d] * xr[d];
+        float ss = ld_dot(xr, xr, dim);
         float r = 1.0f / __builtin_sqrtf(ss / (float)dim + eps);
         for (int64_t d = 0; d < dim; d++)
             out[i * dim + d] = xr[d] * r * w[d];
