@@ -421,8 +421,7 @@ class Engine:
         """Prefill j's prompt into the first free row, copy it into one row per lane."""
         t0 = time.perf_counter()
         first, r0, n = len(batch.lanes), len(batch.rows), len(j.lanes)
-        stops = self._stops(j.stop_ids)
-        self.cache.ensure(r0 + n, self.capacity(self._positions_needed(j)))
+        stops = self._stops(j.stop_ids)  # (its rows were allocated with its burst's: _joins)
         for q in j.lanes:
             constraint = lane_constraint(q, j.tools)
             batch.add(Lane(len(batch.lanes), q, seeded_generator(q, self.device),

@@ -257,7 +257,6 @@ def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
     return Choice(tokens, ids, lps, flag_list)
 
 
-
 def _prepared(logits: torch.Tensor, params: Sequence[SamplingParams], previous, bitmask) -> torch.Tensor:
     """The rows with the constraint mask, logit bias and repetition penalty applied
     (``logits`` itself when none applies). Temperature comes later, row by row: a
@@ -380,9 +379,6 @@ def _scan_at_once(logits: torch.Tensor, x: torch.Tensor, temps: Sequence[float],
     valid = (np.arange(n) < count) & (count <= n)
     ids[~valid] = 0
     return lse, (torch.from_numpy(m), total, torch.from_numpy(c), torch.from_numpy(ids), torch.from_numpy(valid))
-
-
-
 
 
 def _top_k_rows(x: torch.Tensor, qs: Sequence[SamplingParams]) -> tuple[torch.Tensor, list[float]]:

@@ -64,7 +64,6 @@ class Plan:
         # (weakly: the model holds its plan, and a cycle would keep an unloaded model's
         # memory until the next full garbage collection)
         self.model, self.lib = weakref.ref(model), lib
-        self.sources = list(model.parameters())
         # every module's hook tables, looked at each call (a registered hook lands in one)
         self.hooks = [d for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks)]
         keep = [model.tok_embeddings.weight.detach()]
@@ -225,6 +224,6 @@ def forward(model, tokens: torch.Tensor, start_pos, cache, last_only: bool,
     plan = slot.plan
     if plan is None or not model.__dict__.get("fused", True) or plan.hooked():
         return None
-    if torch.is_grad_enabled() and any(p.requires_grad for p in plan.sources):
+    if torch.is_grad_enabled() and any(p.requires_grad for p in slot.sources):
         return None  # someone wants gradients through it: torch's autograd
     return plan.run(tokens, start_pos, kv, row0, last_only)
