@@ -18,10 +18,11 @@ def weights(kind, n, k, seed=0):
     return as_raw(data), dequantize(data, Q[kind]).astype(np.float64).reshape(n, k)
 
 
-def quantized_x(x: np.ndarray):
-    """The int16 activations the kernel works on, as float64 (its definition: per 256
-    inputs s = max|x| / 32767, q = rint(x * float32(32767 / max|x|)))."""
-    xb = x.astype(np.float32).reshape(x.shape[0], -1, 256)
+def quantized_x(x: np.ndarray, block: int = 256):
+    """The int16 activations the kernels work on, as float64 (their definition: per
+    ``block`` inputs, 256 for the K-quants and 32 for Q8_0, s = max|x| / 32767,
+    q = rint(x * float32(32767 / max|x|)))."""
+    xb = x.astype(np.float32).reshape(x.shape[0], -1, block)
     amax = np.abs(xb).max(-1, keepdims=True)
     inv = np.float32(32767) / np.where(amax == 0, np.float32(1), amax)
     q = np.rint(xb * inv)

@@ -8,6 +8,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
 from core.model.kernels import ops
+from tests.core.model.kernels.test_kquants import quantized_x
 from tests.core.model.test_quant import as_raw, gguf_blocks
 
 
@@ -80,17 +81,6 @@ def test_rows_are_bit_identical_alone_batched_and_at_any_thread_count(kind, lib)
         torch.set_num_threads(threads)
 
 
-def q8_quantized_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The int16 activations the Q8_0 kernel works on, as float64 (its definition: per 32
-    inputs s = max|x| / 32767, q = rint(x * float32(32767 / max|x|)))."""
-    xb = x.astype(np.float32).reshape(x.shape[0], -1, 32)
-    amax = np.abs(xb).max(-1, keepdims=True)
-    inv = np.float32(32767) / np.where(amax == 0, np.float32(1), amax)
-    q = np.rint(xb * inv)
-    s = (amax / np.float32(32767)).astype(np.float32)
-    return (q.astype(np.float64) * s.astype(np.float64)).reshape(x.shape), s
-
-
 def q8_weights(n, k, seed=0, d=None):
     data = gguf_blocks("Q8_0", n=n, k=k, seed=seed)
     if d is not None:  # set the blocks' half scales
@@ -105,7 +95,7 @@ def test_q8_0_matches_gguf_dequantization_in_float64(d, lib):
     raw, w = q8_weights(n, k, d=d)
     x = rand_x(m, k)
     y = ops.mm("Q8_0", raw, n, k, x).double().numpy()
-    xq, s = q8_quantized_x(x.numpy())
+    xq, s = quantized_x(x.numpy(), block=32)
     # on its int16 activations the kernel is exact but for float32 rounding
     ref = xq @ w.T
     scale = np.abs(xq) @ np.abs(w).T
